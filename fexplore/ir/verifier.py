@@ -1,0 +1,110 @@
+"""The structural verifier: definitions before uses, every use defined, attributes complete and of
+the right kinds, stored types equal to re-inferred types, regions well formed, symbols declared.
+
+A failure shows a window of the IR around the bad node, the user's source line for it, and a hint.
+"""
+
+from __future__ import annotations
+
+from fexplore.errors import VerificationError
+
+from .graph import Attrs, Graph, Node
+from .printer import node_str
+from .types import DType
+
+
+def verify(g: Graph, *, stage: str | None = None) -> None:
+    """Raise VerificationError on the first broken invariant; return None when ``g`` is valid."""
+    _verify_graph(g, g, set(g.symbols), stage)
+
+
+def _fail(top: Graph, g: Graph, idx: int | None, msg: str, stage: str | None, hint: str):
+    where = f" after stage '{stage}'" if stage else ""
+    detail = _window(g, idx) if idx is not None else None
+    loc = g.nodes[idx].loc if idx is not None and idx < len(g.nodes) else None
+    raise VerificationError(f"invalid IR{where} in @{g.name}: {msg}", loc=loc, hint=hint,
+                            detail=detail)
+
+
+def _window(g: Graph, idx: int, radius: int = 3) -> str:
+    lines = []
+    for i in range(max(0, idx - radius), min(len(g.nodes), idx + radius + 1)):
+        mark = ">>" if i == idx else "  "
+        lines.append(f"  {mark} {node_str(g.nodes[i])}")
+    return "\n".join(lines)
+
+
+def _verify_graph(top: Graph, g: Graph, symbols: set[str], stage: str | None) -> None:
+    defined: dict[str, object] = {}
+
+    def define(name, idx, what):
+        if name in defined:
+            _fail(top, g, idx, f"%{name} ({what}) is defined twice", stage,
+                  "every value needs a unique name within its graph")
+        defined[name] = what
+
+    for v in g.inputs:
+        define(v.name, None, "input")
+        _check_symbols(top, g, None, v.type, symbols, stage)
+    for c in g.constants:
+        define(c.name, None, "constant")
+        if c.payload is not None:
+            if tuple(c.payload.shape) != c.type.shape or \
+                    DType.from_numpy(c.payload.dtype) != c.type.dtype:
+                _fail(top, g, None, f"constant %{c.name} holds {c.payload.dtype}{list(c.payload.shape)}"
+                      f" but is typed {c.type}", stage, "the payload must match the type")
+
+    for idx, node in enumerate(g.nodes):
+        _verify_node(top, g, idx, node, defined, symbols, stage)
+        for v in node.outputs:
+            define(v.name, idx, node.op.name)
+            _check_symbols(top, g, idx, v.type, symbols, stage)
+
+    for v in g.outputs:
+        if v.name not in defined:
+            _fail(top, g, len(g.nodes) - 1 if g.nodes else None, f"output %{v.name} is not defined",
+                  stage, "return only values the graph defines")
+
+
+def _verify_node(top, g, idx, node: Node, defined, symbols, stage):
+    op = node.op
+    for v in node.inputs:
+        if v.name not in defined:
+            _fail(top, g, idx, f"%{v.name} is used by {op.name} before it is defined (or never)",
+                  stage, "nodes must come after the nodes defining their inputs")
+    bad = op.check_arity(len(node.inputs))
+    if bad:
+        _fail(top, g, idx, bad, stage, f"see the OpDef of {op.name}")
+    try:
+        full = Attrs(op.complete_attrs(dict(node.attrs)))
+    except TypeError as e:
+        _fail(top, g, idx, str(e), stage, f"see the attribute schema of {op.name}")
+    if full != node.attrs:
+        _fail(top, g, idx, f"attributes {node.attrs} are missing defaults {full}", stage,
+              "nodes store every attribute explicitly")
+    if len(node.regions) != op.num_regions:
+        _fail(top, g, idx, f"{op.name} needs {op.num_regions} region(s), has {len(node.regions)}",
+              stage, "")
+    for r in node.regions:
+        _verify_graph(top, r, symbols, stage)
+    try:
+        inferred = op.infer_types([v.type for v in node.inputs], node.attrs, node.regions)
+    except TypeError as e:
+        _fail(top, g, idx, f"{op.name} rejects its operands: {e}", stage,
+              "the operands' types do not satisfy the op's type rule")
+    if len(inferred) != len(node.outputs):
+        _fail(top, g, idx, f"{op.name} yields {len(inferred)} results, node declares "
+              f"{len(node.outputs)}", stage, "")
+    for v, t in zip(node.outputs, inferred):
+        if v.type != t and not v.type.same_as(t):
+            _fail(top, g, idx, f"%{v.name} is typed {v.type} but {op.name} gives {t}", stage,
+                  "a pass changed operands without updating result types")
+
+
+def _check_symbols(top, g, idx, t, symbols, stage):
+    for d in t.shape:
+        if not isinstance(d, int):
+            unknown = {s.name for s in d.free_symbols} - symbols
+            if unknown:
+                _fail(top, g, idx, f"type {t} uses undeclared symbol(s) {sorted(unknown)}", stage,
+                      "declare every symbolic dim in the graph's symbols")

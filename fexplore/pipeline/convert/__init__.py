@@ -1,0 +1,6 @@
+"""ATen -> fexplore converters. Importing this package fills the registry."""
+
+from . import control, elementwise, movement, nn, reduction  # noqa: F401
+from .registry import CONVERTERS, ConvertContext, converter, ir_dtype, torch_dtype
+
+__all__ = ["CONVERTERS", "ConvertContext", "converter", "ir_dtype", "torch_dtype"]

@@ -1,0 +1,166 @@
+"""Converters for elementwise ATen ops: arithmetic, comparisons, activations, where, casts."""
+
+from __future__ import annotations
+
+from fexplore.ir import DType
+
+from .registry import ConvertContext, converter, ir_dtype
+
+_BINARY = {
+    "mul": "mul", "maximum": "maximum", "minimum": "minimum", "pow": "pow",
+    "remainder": "remainder", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt",
+    "ge": "ge", "logical_and": "logical_and", "logical_or": "logical_or",
+    "logical_xor": "logical_xor", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
+}
+
+for _aten, _ir in _BINARY.items():
+    def _binary(ctx: ConvertContext, _ir=_ir):
+        return ctx.emit(_ir, [ctx.args[0], ctx.args[1]])
+
+    converter(f"aten.{_aten}.Tensor", f"aten.{_aten}.Scalar", f"aten.{_aten}.default",
+              f"aten.{_aten}.Tensor_Tensor", f"aten.{_aten}.Tensor_Scalar",
+              f"aten.{_aten}.Scalar_Tensor")(_binary)
+
+
+def _with_alpha(ctx: ConvertContext, op: str):
+    a, b = ctx.args[0], ctx.args[1]
+    alpha = ctx.kwargs.get("alpha", ctx.arg(2, default=1))
+    if alpha != 1:
+        b = ctx.emit("mul", [b, alpha])
+    return ctx.emit(op, [a, b])
+
+
+@converter("aten.add.Tensor", "aten.add.Scalar")
+def _add(ctx):
+    return _with_alpha(ctx, "add")
+
+
+@converter("aten.sub.Tensor", "aten.sub.Scalar")
+def _sub(ctx):
+    return _with_alpha(ctx, "sub")
+
+
+@converter("aten.rsub.Scalar", "aten.rsub.Tensor")
+def _rsub(ctx):
+    a, b = ctx.args[0], ctx.args[1]
+    alpha = ctx.kwargs.get("alpha", 1)
+    if alpha != 1:
+        a = ctx.emit("mul", [a, alpha])
+    return ctx.emit("sub", [b, a])
+
+
+@converter("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode", "aten.div.Scalar_mode")
+def _div(ctx):
+    mode = ctx.kwargs.get("rounding_mode", ctx.arg(2))
+    return ctx.emit("div", [ctx.args[0], ctx.args[1]], {"rounding": mode or "none"})
+
+
+@converter("aten.floor_divide.default", "aten.floor_divide.Scalar")
+def _floor_divide(ctx):
+    return ctx.emit("div", [ctx.args[0], ctx.args[1]], {"rounding": "floor"})
+
+
+_UNARY = ["exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "erf", "sigmoid",
+          "silu", "neg", "abs", "relu", "floor", "ceil", "round", "sign", "logical_not"]
+
+for _name in _UNARY:
+    def _unary(ctx: ConvertContext, _name=_name):
+        return ctx.emit(_name, [ctx.args[0]])
+
+    converter(f"aten.{_name}.default")(_unary)
+
+
+@converter("aten.gelu.default")
+def _gelu(ctx):
+    return ctx.emit("gelu", [ctx.args[0]],
+                    {"approximate": ctx.kwargs.get("approximate", ctx.arg(1, default="none"))})
+
+
+@converter("aten.bitwise_not.default")
+def _bitwise_not(ctx):
+    x = ctx.args[0]
+    if x.type.dtype == DType.bool:
+        return ctx.emit("logical_not", [x])
+    return ctx.emit("sub", [ctx.emit("neg", [x]), 1])  # ~x == -x - 1 in two's complement
+
+
+@converter("aten.where.self", "aten.where.ScalarOther", "aten.where.ScalarSelf",
+           "aten.where.Scalar")
+def _where(ctx):
+    return ctx.emit("where", [ctx.args[0], ctx.args[1], ctx.args[2]])
+
+
+@converter("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(ctx):
+    x, mask, value = ctx.args[0], ctx.args[1], ctx.args[2]
+    if not isinstance(value, (int, float, bool)):
+        value = ctx.emit("cast", [value], {"dtype": x.type.dtype})
+    else:
+        value = ctx.scalar(value, x.type.dtype)
+    return ctx.emit("where", [mask, value, x])
+
+
+def _number(v):
+    return None if v is None else (float(v) if isinstance(v, float) else v)
+
+
+@converter("aten.clamp.default", "aten.clip.default")
+def _clamp(ctx):
+    lo = ctx.kwargs.get("min", ctx.arg(1))
+    hi = ctx.kwargs.get("max", ctx.arg(2))
+    return ctx.emit("clamp", [ctx.args[0]], {"min": _number(lo), "max": _number(hi)})
+
+
+@converter("aten.clamp_min.default")
+def _clamp_min(ctx):
+    return ctx.emit("clamp", [ctx.args[0]], {"min": _number(ctx.args[1])})
+
+
+@converter("aten.clamp_max.default")
+def _clamp_max(ctx):
+    return ctx.emit("clamp", [ctx.args[0]], {"max": _number(ctx.args[1])})
+
+
+@converter("aten.hardtanh.default")
+def _hardtanh(ctx):
+    return ctx.emit("clamp", [ctx.args[0]], {"min": float(ctx.arg(1, "min_val", -1.0)),
+                                             "max": float(ctx.arg(2, "max_val", 1.0))})
+
+
+@converter("aten.clamp.Tensor")
+def _clamp_tensor(ctx):
+    x = ctx.args[0]
+    lo, hi = ctx.kwargs.get("min", ctx.arg(1)), ctx.kwargs.get("max", ctx.arg(2))
+    if lo is not None:
+        x = ctx.emit("maximum", [x, lo])
+    if hi is not None:
+        x = ctx.emit("minimum", [x, hi])
+    return x
+
+
+@converter("aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout",
+           "aten._to_dtype.default", "aten.type_as.default")
+def _to_copy(ctx):
+    x = ctx.args[0]
+    dt = ctx.kwargs.get("dtype")
+    if dt is None and len(ctx.args) > 1 and not isinstance(ctx.args[1], bool):
+        dt = ctx.args[1]
+    target = ir_dtype(dt) if dt is not None else ctx.out_type().dtype
+    if target == x.type.dtype:
+        return x  # a device/layout/memory-format copy: no value change
+    return ctx.emit("cast", [x], {"dtype": target})
+
+
+@converter("aten.clone.default", "aten.alias.default", "aten.detach.default",
+           "aten.contiguous.default", "aten.lift_fresh_copy.default", "aten.dropout.default",
+           "aten.copy.default", "aten.alias_copy.default", "aten.detach_copy.default")
+def _identity(ctx):
+    # Value semantics: a copy is the same value. (copy(dst, src) is src's value in dst's shape.)
+    if str(ctx.node.target).startswith("aten.copy"):
+        src, dst = ctx.args[1], ctx.args[0]
+        if src.type.dtype != dst.type.dtype:
+            src = ctx.emit("cast", [src], {"dtype": dst.type.dtype})
+        if src.type.shape != dst.type.shape:
+            src = ctx.emit("expand", [src], {"shape": dst.type.shape})
+        return src
+    return ctx.args[0]

@@ -1,0 +1,297 @@
+"""Converters for views, shape changes, slicing, joining, gathers and tensor creation.
+
+torch is lenient (``-1`` in shapes, negative dims, slice ends past the size); the IR is strict, so
+these converters resolve every such argument, using torch's own result type where it helps.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import sympy
+
+from fexplore.ir import DType
+
+from .registry import ConvertContext, converter, ir_dtype
+
+
+def _axis(d: int, rank: int) -> int:
+    return d % rank if rank else 0
+
+
+def _reshape_to(ctx: ConvertContext, x, shape):
+    shape = tuple(shape)
+    if shape == x.type.shape:
+        return x
+    return ctx.emit("reshape", [x], {"shape": shape})
+
+
+@converter("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+           "aten.view_copy.default", "aten.unsqueeze.default", "aten.squeeze.dim",
+           "aten.squeeze.dims", "aten.squeeze.default", "aten.flatten.using_ints",
+           "aten.unflatten.int", "aten.unsqueeze_copy.default", "aten.squeeze_copy.dim")
+def _reshape(ctx):
+    # torch already computed the result shape (with -1 resolved): use it.
+    return _reshape_to(ctx, ctx.args[0], ctx.out_type().shape)
+
+
+@converter("aten.permute.default", "aten.permute_copy.default")
+def _permute(ctx):
+    x = ctx.args[0]
+    perm = tuple(_axis(p, x.type.rank) for p in ctx.args[1])
+    if perm == tuple(range(x.type.rank)):
+        return x
+    return ctx.emit("permute", [x], {"perm": perm})
+
+
+@converter("aten.transpose.int", "aten.t.default", "aten.transpose_copy.int", "aten.swapaxes.default")
+def _transpose(ctx):
+    x = ctx.args[0]
+    r = x.type.rank
+    if r < 2:
+        return x
+    d0, d1 = (ctx.args[1], ctx.args[2]) if len(ctx.args) > 2 else (0, 1)
+    perm = list(range(r))
+    a, b = _axis(d0, r), _axis(d1, r)
+    perm[a], perm[b] = perm[b], perm[a]
+    return ctx.emit("permute", [x], {"perm": tuple(perm)})
+
+
+@converter("aten.expand.default", "aten.expand_copy.default", "aten.expand_as.default",
+           "aten.broadcast_to.default")
+def _expand(ctx):
+    x = ctx.args[0]
+    shape = ctx.out_type().shape
+    if shape == x.type.shape:
+        return x
+    return ctx.emit("expand", [x], {"shape": shape})
+
+
+@converter("aten.repeat.default")
+def _repeat(ctx):
+    x, reps = ctx.args[0], tuple(ctx.args[1])
+    out = ctx.out_type().shape
+    src = (1,) * (len(reps) - x.type.rank) + x.type.shape
+    # repeat = interleave a new unit axis before each dim, expand it, then merge the pairs
+    x = _reshape_to(ctx, x, tuple(d for s in src for d in (1, s)))
+    x = ctx.emit("expand", [x], {"shape": tuple(d for r, s in zip(reps, src) for d in (r, s))})
+    return _reshape_to(ctx, x, out)
+
+
+@converter("aten.repeat_interleave.self_int")
+def _repeat_interleave(ctx):
+    x, reps = ctx.args[0], ctx.args[1]
+    dim = ctx.kwargs.get("dim", ctx.arg(2))
+    if dim is None:
+        raise NotImplementedError("repeat_interleave without dim")
+    ax = _axis(dim, x.type.rank)
+    shape = x.type.shape
+    x = _reshape_to(ctx, x, shape[:ax + 1] + (1,) + shape[ax + 1:])
+    x = ctx.emit("expand", [x], {"shape": shape[:ax + 1] + (reps,) + shape[ax + 1:]})
+    return _reshape_to(ctx, x, ctx.out_type().shape)
+
+
+def _clamp_index(v, size):
+    """torch's slice bound rules: negative counts from the end, then clamp to [0, size]."""
+    if v is None:
+        return None
+    if isinstance(v, int):
+        if v >= sys.maxsize:
+            return size
+        if v < 0:
+            v = v + size if isinstance(size, int) else size + v
+        if isinstance(size, int):
+            return max(0, min(v, size))
+        return max(0, v) if isinstance(v, int) else v
+    return v
+
+
+@converter("aten.slice.Tensor", "aten.slice_copy.Tensor")
+def _slice(ctx):
+    x = ctx.args[0]
+    ax = _axis(ctx.arg(1, "dim", 0), x.type.rank)
+    size = x.type.shape[ax]
+    start = _clamp_index(ctx.arg(2, "start", 0), size) or 0
+    end = _clamp_index(ctx.arg(3, "end", sys.maxsize), size)
+    step = ctx.arg(4, "step", 1)
+    length = ctx.out_type().shape[ax]
+    # torch knows the result length; state the end exactly (start + length*step, within size)
+    end = start + (length - 1) * step + 1 if step > 1 else start + length
+    if isinstance(end, sympy.Expr):
+        end = sympy.simplify(end)
+    if start == 0 and step == 1 and _same(end, size):
+        return x
+    return ctx.emit("slice", [x], {"axis": ax, "start": start, "end": end, "step": step})
+
+
+def _same(a, b) -> bool:
+    return a == b or (not isinstance(a, int) or not isinstance(b, int)) and \
+        sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+@converter("aten.select.int", "aten.select_copy.int")
+def _select(ctx):
+    x, dim, index = ctx.args[0], ctx.args[1], ctx.args[2]
+    ax = _axis(dim, x.type.rank)
+    if isinstance(index, int) and index < 0:
+        index = x.type.shape[ax] + index
+    return ctx.emit("select", [x], {"axis": ax, "index": index})
+
+
+@converter("aten.narrow.default")
+def _narrow(ctx):
+    x, dim, start, length = ctx.args[:4]
+    ax = _axis(dim, x.type.rank)
+    return ctx.emit("slice", [x], {"axis": ax, "start": start, "end": start + length})
+
+
+@converter("aten.cat.default", "aten.concat.default", "aten.concatenate.default")
+def _cat(ctx):
+    xs = [x for x in ctx.args[0] if not (x.type.rank == 1 and x.type.shape[0] == 0)]
+    dim = ctx.arg(1, "dim", 0)
+    if len(xs) == 1:
+        return xs[0]
+    return ctx.emit("concat", xs, {"axis": _axis(dim, xs[0].type.rank)})
+
+
+@converter("aten.stack.default")
+def _stack(ctx):
+    xs = ctx.args[0]
+    rank = xs[0].type.rank + 1
+    ax = _axis(ctx.arg(1, "dim", 0), rank)
+    parts = [_reshape_to(ctx, x, x.type.shape[:ax] + (1,) + x.type.shape[ax:]) for x in xs]
+    return parts[0] if len(parts) == 1 else ctx.emit("concat", parts, {"axis": ax})
+
+
+def _split_sizes(ctx, x, ax):
+    return tuple(ctx.out_type(i).shape[ax] for i in range(len(ctx.meta)))
+
+
+@converter("aten.split_with_sizes.default", "aten.split.Tensor", "aten.split.sizes",
+           "aten.chunk.default", "aten.tensor_split.sections", "aten.split_with_sizes_copy.default")
+def _split(ctx):
+    x = ctx.args[0]
+    dim = ctx.arg(2, "dim", 0)
+    ax = _axis(dim, x.type.rank)
+    sizes = _split_sizes(ctx, x, ax)
+    if len(sizes) == 1:
+        return (x,)
+    return ctx.emit("split", [x], {"axis": ax, "sizes": sizes}, n_results=len(sizes))
+
+
+@converter("aten.unbind.int", "aten.unbind_copy.int")
+def _unbind(ctx):
+    x = ctx.args[0]
+    ax = _axis(ctx.arg(1, "dim", 0), x.type.rank)
+    n = x.type.shape[ax]
+    parts = ctx.emit("split", [x], {"axis": ax, "sizes": (1,) * n}, n_results=n) if n > 1 else (x,)
+    return tuple(_reshape_to(ctx, p, p.type.shape[:ax] + p.type.shape[ax + 1:]) for p in parts)
+
+
+@converter("aten.constant_pad_nd.default", "aten.pad.default")
+def _pad(ctx):
+    x, pads = ctx.args[0], tuple(ctx.args[1])
+    mode = ctx.kwargs.get("mode", ctx.arg(2) if str(ctx.node.target) == "aten.pad.default"
+                          else "constant")
+    if mode not in (None, "constant"):
+        raise NotImplementedError(f"pad mode {mode!r}")
+    value = ctx.kwargs.get("value", ctx.arg(3 if "pad.default" in str(ctx.node.target) else 2))
+    value = 0.0 if value is None else value
+    return ctx.emit("pad", [x], {"pads": pads, "value": float(value) if isinstance(
+        value, float) else value})
+
+
+@converter("aten.gather.default")
+def _gather(ctx):
+    x, dim, idx = ctx.args[0], ctx.args[1], ctx.args[2]
+    return ctx.emit("gather", [x, idx], {"axis": _axis(dim, x.type.rank)})
+
+
+@converter("aten.index.Tensor", "aten._unsafe_index.Tensor")
+def _index(ctx):
+    x, indices = ctx.args[0], ctx.args[1]
+    axes, idx = [], []
+    for ax, t in enumerate(indices):
+        if t is not None:
+            if t.type.dtype == DType.bool:
+                raise NotImplementedError("boolean-mask indexing (its result size depends on data)")
+            axes.append(ax)
+            idx.append(t)
+    return ctx.emit("index", [x, *idx], {"axes": tuple(axes)})
+
+
+@converter("aten.index_select.default")
+def _index_select(ctx):
+    x, dim, idx = ctx.args[0], ctx.args[1], ctx.args[2]
+    return ctx.emit("index", [x, idx], {"axes": (_axis(dim, x.type.rank),)})
+
+
+@converter("aten.embedding.default")
+def _embedding(ctx):
+    return ctx.emit("embedding", [ctx.args[0], ctx.args[1]])
+
+
+# -- creation ---------------------------------------------------------------------------------
+
+def _created_dtype(ctx, default=None):
+    dt = ctx.kwargs.get("dtype")
+    if dt is not None:
+        return ir_dtype(dt)
+    return ctx.out_type().dtype if default is None else default
+
+
+def _fill(ctx, value):
+    t = ctx.out_type()
+    if isinstance(value, bool) and t.dtype != DType.bool:
+        value = int(value)
+    if t.dtype.is_float and isinstance(value, int):
+        value = float(value)
+    return ctx.emit("full", [], {"shape": t.shape, "value": value, "dtype": t.dtype})
+
+
+@converter("aten.full.default", "aten.new_full.default")
+def _full(ctx):
+    return _fill(ctx, ctx.args[1] if "new_full" not in str(ctx.node.target) else ctx.args[2])
+
+
+@converter("aten.full_like.default")
+def _full_like(ctx):
+    return _fill(ctx, ctx.args[1])
+
+
+@converter("aten.zeros.default", "aten.zeros_like.default", "aten.new_zeros.default")
+def _zeros(ctx):
+    return _fill(ctx, 0)
+
+
+@converter("aten.ones.default", "aten.ones_like.default", "aten.new_ones.default")
+def _ones(ctx):
+    return _fill(ctx, 1)
+
+
+@converter("aten.scalar_tensor.default")
+def _scalar_tensor(ctx):
+    return _fill(ctx, ctx.args[0])
+
+
+@converter("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+def _arange(ctx):
+    a = list(ctx.args)
+    if len(a) == 1:
+        start, end, step = 0, a[0], 1
+    else:
+        start, end, step = a[0], a[1], (a[2] if len(a) > 2 else 1)
+    dt = _created_dtype(ctx)
+    if dt.is_float:
+        start, end, step = (float(v) if isinstance(v, int) else v for v in (start, end, step))
+    return ctx.emit("arange", [], {"start": start, "end": end, "step": step, "dtype": dt})
+
+
+@converter("aten.tril.default")
+def _tril(ctx):
+    return ctx.emit("tril", [ctx.args[0]], {"diagonal": ctx.arg(1, "diagonal", 0)})
+
+
+@converter("aten.triu.default")
+def _triu(ctx):
+    return ctx.emit("triu", [ctx.args[0]], {"diagonal": ctx.arg(1, "diagonal", 0)})

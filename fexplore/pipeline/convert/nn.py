@@ -1,0 +1,157 @@
+"""Converters for the ops whose intent ingestion keeps: contractions, convolutions, pooling,
+normalizations and attention."""
+
+from __future__ import annotations
+
+from .registry import ConvertContext, converter
+
+
+@converter("aten.linear.default")
+def _linear(ctx):
+    x, w = ctx.args[0], ctx.args[1]
+    b = ctx.arg(2, "bias")
+    return ctx.emit("linear", [x, w] + ([b] if b is not None else []))
+
+
+@converter("aten.addmm.default")
+def _addmm(ctx):
+    bias, x, w = ctx.args[0], ctx.args[1], ctx.args[2]
+    beta, alpha = ctx.kwargs.get("beta", 1), ctx.kwargs.get("alpha", 1)
+    y = ctx.emit("matmul", [x, w])
+    if alpha != 1:
+        y = ctx.emit("mul", [y, alpha])
+    if beta != 1:
+        bias = ctx.emit("mul", [bias, beta])
+    return ctx.emit("add", [y, bias]) if beta != 0 else y
+
+
+@converter("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
+def _matmul(ctx):
+    return ctx.emit("matmul", [ctx.args[0], ctx.args[1]])
+
+
+def _pair(v):
+    v = tuple(v)
+    return v * 2 if len(v) == 1 else v
+
+
+@converter("aten.conv2d.default", "aten.conv1d.default", "aten.convolution.default")
+def _conv(ctx):
+    target = str(ctx.node.target)
+    x, w = ctx.args[0], ctx.args[1]
+    b = ctx.arg(2, "bias")
+    if target == "aten.convolution.default":
+        stride, padding, dilation, transposed, _, groups = ctx.args[3:9]
+        if transposed:
+            raise NotImplementedError("transposed convolution")
+    else:
+        stride = ctx.arg(3, "stride", (1,))
+        padding = ctx.arg(4, "padding", (0,))
+        dilation = ctx.arg(5, "dilation", (1,))
+        groups = ctx.arg(6, "groups", 1)
+    if isinstance(padding, str):
+        raise NotImplementedError(f"string padding {padding!r}; export gives explicit padding "
+                                  "for most models")
+    one_d = x.type.rank == 3
+    if one_d:  # conv1d is conv2d over a unit height
+        x = ctx.emit("reshape", [x], {"shape": x.type.shape[:2] + (1,) + x.type.shape[2:]})
+        w = ctx.emit("reshape", [w], {"shape": w.type.shape[:2] + (1,) + w.type.shape[2:]})
+        stride, padding, dilation = ((1,) + tuple(stride), (0,) + tuple(padding),
+                                     (1,) + tuple(dilation))
+    y = ctx.emit("conv2d", [x, w] + ([b] if b is not None else []),
+                 {"stride": _pair(stride), "padding": _pair(padding),
+                  "dilation": _pair(dilation), "groups": groups})
+    if one_d:
+        y = ctx.emit("reshape", [y], {"shape": y.type.shape[:2] + y.type.shape[3:]})
+    return y
+
+
+@converter("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default",
+           "aten._native_batch_norm_legit_functional.default",
+           "aten.native_batch_norm.default")
+def _batch_norm(ctx):
+    target = str(ctx.node.target)
+    x, w, b, mean, var = ctx.args[:5]
+    if target == "aten.batch_norm.default":
+        training, eps = ctx.args[5], ctx.args[7]
+    elif target.endswith("no_training.default"):
+        training, eps = False, ctx.args[6]
+    else:
+        training, eps = ctx.args[5], ctx.args[7]
+    if training:
+        raise NotImplementedError("batch norm in training mode (call model.eval() first)")
+    c = x.type.shape[1]
+    dt = x.type.dtype
+    if w is None:
+        w = ctx.emit("full", [], {"shape": (c,), "value": 1.0, "dtype": dt})
+    if b is None:
+        b = ctx.emit("full", [], {"shape": (c,), "value": 0.0, "dtype": dt})
+    y = ctx.emit("batch_norm", [x, w, b, mean, var], {"eps": float(eps)})
+    return y if target == "aten.batch_norm.default" else (y, None, None)
+
+
+@converter("aten.layer_norm.default", "aten.native_layer_norm.default")
+def _layer_norm(ctx):
+    x, shape = ctx.args[0], ctx.args[1]
+    w, b = ctx.arg(2, "weight"), ctx.arg(3, "bias")
+    eps = ctx.arg(4, "eps", 1e-5)
+    if w is None and b is not None:
+        w = ctx.emit("full", [], {"shape": b.type.shape, "value": 1.0, "dtype": b.type.dtype})
+    ins = [x] + [t for t in (w, b) if t is not None]
+    y = ctx.emit("layer_norm", ins, {"ndim": len(shape), "eps": float(eps)})
+    return y if str(ctx.node.target) == "aten.layer_norm.default" else (y, None, None)
+
+
+@converter("aten.rms_norm.default")
+def _rms_norm(ctx):
+    x, shape = ctx.args[0], ctx.args[1]
+    w = ctx.arg(2, "weight")
+    eps = ctx.arg(3, "eps")
+    return ctx.emit("rms_norm", [x] + ([w] if w is not None else []),
+                    {"ndim": len(shape), "eps": None if eps is None else float(eps)})
+
+
+@converter("aten.max_pool2d.default", "aten.max_pool2d_with_indices.default")
+def _max_pool(ctx):
+    x = ctx.args[0]
+    k = _pair(ctx.arg(1, "kernel_size"))
+    stride = ctx.arg(2, "stride") or k
+    attrs = {"kernel": k, "stride": _pair(stride), "padding": _pair(ctx.arg(3, "padding", (0,))),
+             "dilation": _pair(ctx.arg(4, "dilation", (1,))),
+             "ceil_mode": bool(ctx.arg(5, "ceil_mode", False))}
+    y = ctx.emit("max_pool2d", [x], attrs)
+    return y if str(ctx.node.target) == "aten.max_pool2d.default" else (y, None)
+
+
+@converter("aten.avg_pool2d.default")
+def _avg_pool(ctx):
+    x = ctx.args[0]
+    k = _pair(ctx.arg(1, "kernel_size"))
+    stride = ctx.arg(2, "stride") or k
+    return ctx.emit("avg_pool2d", [x], {
+        "kernel": k, "stride": _pair(stride), "padding": _pair(ctx.arg(3, "padding", (0,))),
+        "ceil_mode": bool(ctx.arg(4, "ceil_mode", False)),
+        "count_include_pad": bool(ctx.arg(5, "count_include_pad", True)),
+        "divisor": ctx.arg(6, "divisor_override")})
+
+
+@converter("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")
+def _adaptive_avg_pool(ctx):
+    x = ctx.args[0]
+    out = ctx.out_type().shape[-2:]
+    return ctx.emit("adaptive_avg_pool2d", [x], {"output_size": tuple(out)})
+
+
+@converter("aten.scaled_dot_product_attention.default")
+def _sdpa(ctx: ConvertContext):
+    q, k, v = ctx.args[:3]
+    mask = ctx.arg(3, "attn_mask")
+    dropout = ctx.arg(4, "dropout_p", 0.0)
+    if dropout:
+        raise NotImplementedError("attention dropout (call model.eval() first)")
+    attrs = {"causal": bool(ctx.arg(5, "is_causal", False)),
+             "scale": ctx.kwargs.get("scale", ctx.arg(6)),
+             "gqa": bool(ctx.kwargs.get("enable_gqa", ctx.arg(7, default=False)))}
+    if attrs["scale"] is not None:
+        attrs["scale"] = float(attrs["scale"])
+    return ctx.emit("attention", [q, k, v] + ([mask] if mask is not None else []), attrs)

@@ -1,0 +1,131 @@
+"""Converters for reductions, softmax and cumsum."""
+
+from __future__ import annotations
+
+from fexplore.ir import DType
+
+from .registry import ConvertContext, converter, ir_dtype
+
+
+def _axes(dims, rank):
+    if dims is None:
+        return ()
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted(d % rank for d in dims)) if rank else ()
+
+
+def _maybe_cast(ctx: ConvertContext, x):
+    dt = ctx.kwargs.get("dtype")
+    if dt is not None and ir_dtype(dt) != x.type.dtype:
+        return ctx.emit("cast", [x], {"dtype": ir_dtype(dt)})
+    return x
+
+
+def _reduce(op):
+    def conv(ctx: ConvertContext):
+        x = _maybe_cast(ctx, ctx.args[0])
+        dims = ctx.arg(1, "dim")
+        keep = ctx.arg(2, "keepdim", False)
+        if isinstance(dims, bool):  # any.default / sum.default have no dim argument
+            dims, keep = None, False
+        return ctx.emit(op, [x], {"axes": _axes(dims, x.type.rank), "keepdim": bool(keep)})
+
+    return conv
+
+
+for _aten, _ir in [("sum", "sum"), ("mean", "mean"), ("amax", "amax"), ("amin", "amin"),
+                   ("any", "any")]:
+    converter(f"aten.{_aten}.dim_IntList", f"aten.{_aten}.default", f"aten.{_aten}.dim",
+              f"aten.{_aten}.dims")(_reduce(_ir))
+
+converter("aten.max.default")(_reduce("amax"))
+converter("aten.min.default")(_reduce("amin"))
+
+
+@converter("aten.all.default", "aten.all.dim", "aten.all.dims")
+def _all(ctx):
+    # all(x) == not any(not x)
+    x = ctx.args[0]
+    if x.type.dtype != DType.bool:
+        x = ctx.emit("ne", [x, 0])
+    inner = _reduce("any")
+    ctx.args = (ctx.emit("logical_not", [x]),) + tuple(ctx.args[1:])
+    return ctx.emit("logical_not", [inner(ctx)])
+
+
+def _value_and_index(red_op):
+    def conv(ctx: ConvertContext):
+        x, dim = ctx.args[0], ctx.args[1]
+        keep = ctx.arg(2, "keepdim", False)
+        ax = dim % x.type.rank
+        values = ctx.emit(red_op, [x], {"axes": (ax,), "keepdim": keep})
+        if red_op == "amax":
+            idx = ctx.emit("argmax", [x], {"axis": ax, "keepdim": keep})
+        else:  # argmin(x) == argmax(-x) for the non-NaN values argmin is defined on here
+            idx = ctx.emit("argmax", [ctx.emit("neg", [x])], {"axis": ax, "keepdim": keep})
+        return (values, idx)
+
+    return conv
+
+
+converter("aten.max.dim")(_value_and_index("amax"))
+converter("aten.min.dim")(_value_and_index("amin"))
+
+
+@converter("aten.argmax.default")
+def _argmax(ctx):
+    x = ctx.args[0]
+    dim = ctx.arg(1, "dim")
+    keep = ctx.arg(2, "keepdim", False)
+    return ctx.emit("argmax", [x], {"axis": None if dim is None else dim % x.type.rank,
+                                    "keepdim": keep})
+
+
+@converter("aten.argmin.default")
+def _argmin(ctx):
+    x = ctx.args[0]
+    dim = ctx.arg(1, "dim")
+    keep = ctx.arg(2, "keepdim", False)
+    return ctx.emit("argmax", [ctx.emit("neg", [x])],
+                    {"axis": None if dim is None else dim % x.type.rank, "keepdim": keep})
+
+
+@converter("aten.var.correction", "aten.var.dim", "aten.var.default")
+def _var(ctx):
+    x = ctx.args[0]
+    dims = ctx.arg(1, "dim")
+    correction = ctx.kwargs.get("correction")
+    if correction is None:
+        unbiased = ctx.kwargs.get("unbiased", ctx.arg(2) if isinstance(ctx.arg(2), bool) else True)
+        correction = 1 if unbiased else 0
+    keep = ctx.kwargs.get("keepdim", False)
+    return ctx.emit("var", [x], {"axes": _axes(dims, x.type.rank), "keepdim": keep,
+                                 "correction": correction})
+
+
+def _softmax(op):
+    def conv(ctx: ConvertContext):
+        x = ctx.args[0]
+        dim = ctx.args[1]
+        half_to_float = ctx.arg(2)
+        if ctx.kwargs.get("dtype") is not None:
+            x = _maybe_cast(ctx, x)
+        y = ctx.emit(op, [x], {"axis": dim % x.type.rank})
+        want = ctx.out_type().dtype
+        if half_to_float is True or y.type.dtype != want:
+            y = ctx.emit("cast", [y], {"dtype": want}) if y.type.dtype != want else y
+        return y
+
+    return conv
+
+
+converter("aten.softmax.int", "aten._softmax.default", "aten.special_softmax.default")(
+    _softmax("softmax"))
+converter("aten.log_softmax.int", "aten._log_softmax.default")(_softmax("log_softmax"))
+
+
+@converter("aten.cumsum.default")
+def _cumsum(ctx):
+    x = _maybe_cast(ctx, ctx.args[0])
+    return ctx.emit("cumsum", [x], {"axis": ctx.args[1] % x.type.rank})

@@ -1,0 +1,141 @@
+"""The converter registry: ATen overload -> a function emitting fexplore ops.
+
+A converter receives a ``ConvertContext`` for one FX node and returns the IR value(s) standing for
+that node's result (a Value, or a tuple of Values for multi-result ops). It emits nodes with
+``ctx.emit``, which infers result types from the OpDef; ingestion then checks them against torch's
+own fake-tensor types, so a converter that misreads an op fails at once, on the user's line.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import sympy
+import torch
+
+from fexplore.errors import SourceLoc
+from fexplore.ir import Attrs, Constant, DType, Node, TensorType, Value, get_op
+
+Converter = Callable[["ConvertContext"], Any]
+CONVERTERS: dict[str, Converter] = {}
+
+
+def converter(*targets: str):
+    """Register a converter for one or more ATen overloads, by their printed name
+    (``"aten.add.Tensor"``), so that a lookup needs no torch op objects."""
+
+    def deco(fn: Converter) -> Converter:
+        for t in targets:
+            CONVERTERS[t] = fn
+        return fn
+
+    return deco
+
+
+_TORCH_DTYPES = {
+    torch.float32: DType.f32, torch.float16: DType.f16, torch.bfloat16: DType.bf16,
+    torch.float8_e4m3fn: DType.fp8, torch.int64: DType.i64, torch.int32: DType.i32,
+    torch.int8: DType.i8, torch.bool: DType.bool,
+}
+
+
+def ir_dtype(dt: torch.dtype) -> DType:
+    try:
+        return _TORCH_DTYPES[dt]
+    except KeyError:
+        raise TypeError(f"dtype {dt} has no IR counterpart") from None
+
+
+def torch_dtype(dt: DType) -> torch.dtype:
+    return {v: k for k, v in _TORCH_DTYPES.items()}[dt]
+
+
+class ConvertContext:
+    """What a converter sees: the FX node, its arguments resolved to IR values or dims, and ``emit``.
+
+    ``ctx.args``/``ctx.kwargs`` hold the node's arguments with FX nodes replaced by what ingestion
+    made of them: Values for tensors, ints or sympy expressions for SymInts.
+    """
+
+    def __init__(self, builder, fx_node, args, kwargs, loc: SourceLoc | None):
+        self.b = builder
+        self.node = fx_node
+        self.args = args
+        self.kwargs = kwargs
+        self.loc = loc
+        self._count = 0
+        self._literals = 0
+
+    # -- what torch says about this node --------------------------------------------------
+
+    @property
+    def meta(self):
+        return self.node.meta.get("val")
+
+    def out_type(self, i: int | None = None) -> TensorType:
+        """The type torch computed for result i (or the only result)."""
+        val = self.meta if i is None else self.meta[i]
+        return TensorType(tuple(self.b.symbols.dim(d) for d in val.shape), ir_dtype(val.dtype))
+
+    def arg(self, i: int, name: str | None = None, default=None):
+        if i < len(self.args):
+            return self.args[i]
+        if name is not None and name in self.kwargs:
+            return self.kwargs[name]
+        return default
+
+    # -- building --------------------------------------------------------------------------
+
+    def _name(self) -> str:
+        base = self.node.name
+        name = base if self._count == 0 else f"{base}.{self._count}"
+        self._count += 1
+        return name
+
+    def emit(self, op: str, inputs, attrs: dict | None = None, *, n_results: int | None = None):
+        """Emit one node; returns its Value (or a tuple of Values for multi-result ops)."""
+        opdef = get_op(op)
+        inputs = [self.value(x) for x in inputs]
+        full = Attrs(opdef.complete_attrs(dict(attrs or {})))
+        types = opdef.infer_types([v.type for v in inputs], full)
+        name = self._name()
+        if len(types) == 1 and n_results is None:
+            outs = [Value(name, types[0])]
+        else:
+            outs = [Value(f"{name}.{i}", t) for i, t in enumerate(types)]
+        self.b.nodes.append(Node(opdef, inputs, full, outs, self.loc))
+        return outs[0] if len(outs) == 1 and n_results is None else tuple(outs)
+
+    def emit_region_op(self, op: str, inputs, regions, attrs: dict | None = None):
+        opdef = get_op(op)
+        inputs = [self.value(x) for x in inputs]
+        full = Attrs(opdef.complete_attrs(dict(attrs or {})))
+        types = opdef.infer_types([v.type for v in inputs], full, regions)
+        name = self._name()
+        outs = [Value(f"{name}.{i}" if len(types) > 1 else name, t) for i, t in enumerate(types)]
+        self.b.nodes.append(Node(opdef, inputs, full, outs, self.loc, regions))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def value(self, x) -> Value:
+        """A tensor operand: Values pass through; Python numbers and dims become 0-d constants
+        (ints i64, floats f32, bools bool: torch's weak scalar types, see promote_types)."""
+        if isinstance(x, Value):
+            return x
+        if isinstance(x, bool):
+            return self.scalar(x, DType.bool)
+        if isinstance(x, int):
+            return self.scalar(x, DType.i64)
+        if isinstance(x, float):
+            return self.scalar(x, DType.f32)
+        if isinstance(x, sympy.Expr):  # a symbolic size used as a tensor operand
+            return self.emit("full", [], {"shape": (), "value": x, "dtype": DType.i64})
+        raise TypeError(f"cannot use {x!r} as a tensor operand")
+
+    def scalar(self, v, dtype: DType) -> Constant:
+        self._literals += 1
+        return self.b.literal(np.asarray(v, dtype=dtype.numpy),
+                              f"{self.node.name}.c{self._literals - 1}")
+
+    def dim(self, d):
+        return self.b.symbols.dim(d) if not isinstance(d, (Value,)) else d

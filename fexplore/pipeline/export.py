@@ -1,0 +1,64 @@
+"""Capture a model with torch.export, decomposed to core ATen but keeping the ops whose intent
+matters to an NPU (a matmul should arrive as a matmul, not be re-recognized from mul + sum)."""
+
+from __future__ import annotations
+
+import torch
+
+from fexplore.errors import ExportError
+
+# Ops kept whole through run_decompositions. Each is something the later stages map directly onto
+# the chip (contractions, normalizations, attention, activations with a native vector form).
+INTENT_OPS = [
+    "aten.linear.default",
+    "aten.addmm.default",
+    "aten.matmul.default",
+    "aten.layer_norm.default",
+    "aten.rms_norm.default",
+    "aten.softmax.int",
+    "aten.log_softmax.int",
+    "aten.scaled_dot_product_attention.default",
+    "aten.gelu.default",
+    "aten.silu.default",
+    "aten.conv1d.default",
+    "aten.conv2d.default",
+    "aten.batch_norm.default",
+    "aten.max_pool2d.default",
+    "aten.adaptive_avg_pool2d.default",
+    "aten.hardtanh.default",
+]
+
+
+def _overload(qualname: str):
+    ns, op, overload = qualname.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
+def decomposition_table() -> dict:
+    table = torch.export.default_decompositions()
+    for name in INTENT_OPS:
+        table.pop(_overload(name), None)
+    return table
+
+
+def export_model(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None):
+    """torch.export (non-strict) then decomposition with the intent-keeping table."""
+    try:
+        ep = torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as e:  # torch raises many kinds; the user needs the message, not our stack
+        raise ExportError(
+            f"torch.export could not capture the model: {type(e).__name__}: "
+            f"{_first_lines(str(e))}",
+            hint="fexplore compiles what torch.export accepts; check that the model runs on the "
+                 "example inputs, and for dynamic shapes that the Dim ranges are ones the model "
+                 "supports (torch's message above names the guard that failed)") from None
+    try:
+        return ep.run_decompositions(decomposition_table())
+    except Exception as e:
+        raise ExportError(f"decomposing the exported program failed: {type(e).__name__}: "
+                          f"{_first_lines(str(e))}") from None
+
+
+def _first_lines(s: str, n: int = 6) -> str:
+    lines = [ln for ln in s.strip().splitlines() if ln.strip()]
+    return "\n".join(lines[:n]) + ("\n..." if len(lines) > n else "")

@@ -1,0 +1,268 @@
+"""Ingestion: a torch.export ExportedProgram becomes an IR Graph.
+
+Parameters and buffers become named constants sharing the model's storage; user inputs become
+graph inputs with symbolic dims named after the user's ``torch.export.Dim``s; every call becomes
+IR nodes through the converter registry, each node carrying the user's file:line and module path.
+The model's input and output structure (tuples, dicts, dataclasses) is kept as pytree specs.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+from fexplore.errors import ExportError, FexploreError, SourceLoc, UnsupportedOperatorError
+from fexplore.ir import Constant, Graph, TensorType, Value
+
+from .convert import CONVERTERS, ConvertContext, ir_dtype
+from .symbols import SymbolTable, build_symbol_table
+
+
+class IngestionError(FexploreError):
+    """A converter produced something other than what torch says the op computes."""
+
+    code = "FX403"
+
+
+@dataclass
+class Ingested:
+    graph: Graph
+    in_spec: Any  # pytree spec of (args, kwargs)
+    out_spec: Any  # pytree spec of the model's output
+    exported: torch.export.ExportedProgram
+
+
+def tensor_payload(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor's storage (no copy); bf16/fp8 reinterpret their bits."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ir_dtype(t.dtype).numpy)
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8).numpy().view(ir_dtype(t.dtype).numpy)
+    return t.numpy()
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def source_loc(fx_node) -> SourceLoc | None:
+    """The user's line (the innermost frame of torch.export's stack trace outside torch itself,
+    so ``self.proj(x)`` points at the model, not at nn.Linear) and the module path."""
+    file = line = None
+    trace = fx_node.meta.get("stack_trace")
+    if trace:
+        frames = [(f, int(n)) for f, n in re.findall(r'File "([^"]+)", line (\d+)', trace)
+                  if not f.startswith(_TORCH_DIR)]
+        if frames:
+            file, line = frames[-1]
+    module = None
+    stack = fx_node.meta.get("nn_module_stack")
+    if stack:
+        module = _clean_module_path(list(stack.values())[-1][0])
+    if file is None and module is None:
+        return None
+    return SourceLoc(file, line, module)
+
+
+def _clean_module_path(path: str) -> str | None:
+    # torch gives "h.0.attn" in recent versions and "L['self'].h[0].attn" in some older ones.
+    path = re.sub(r"^L\['self'\]\.?", "", path)
+    path = re.sub(r"\[(\d+)\]", r".\1", path).strip(".")
+    return path or None
+
+
+class GraphBuilder:
+    """Accumulates one graph's constants and nodes while converters emit into it."""
+
+    def __init__(self, symbols: SymbolTable):
+        self.symbols = symbols
+        self.nodes: list = []
+        self.constants: list[Constant] = []
+        self._names: set[str] = set()
+
+    def literal(self, array: np.ndarray, name: str) -> Constant:
+        c = Constant(self._unique(name), TensorType(array.shape, _dtype_of(array)), array)
+        self.constants.append(c)
+        return c
+
+    def param(self, name: str, tensor: torch.Tensor, source: str | None) -> Constant:
+        payload = tensor_payload(tensor)
+        t = TensorType(tuple(payload.shape), ir_dtype(tensor.dtype))
+        c = Constant(self._unique(name), t, payload, source=source)
+        self.constants.append(c)
+        return c
+
+    def _unique(self, name: str) -> str:
+        base, k = name, 1
+        while name in self._names:
+            name, k = f"{base}_{k}", k + 1
+        self._names.add(name)
+        return name
+
+
+def _dtype_of(a: np.ndarray):
+    from fexplore.ir import DType
+
+    return DType.from_numpy(a.dtype)
+
+
+def ingest(ep: torch.export.ExportedProgram, *, name: str = "forward", dynamic_shapes=None,
+           forward=None) -> Ingested:
+    user_fakes = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"
+                  and _input_kind(ep, n.name) == InputKind.USER_INPUT]
+    symbols = build_symbol_table(ep, user_fakes, dynamic_shapes, forward)
+    graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True)
+    graph.symbols.update(symbols.ranges)
+    return Ingested(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, ep)
+
+
+def _input_kind(ep, placeholder_name: str):
+    for spec in ep.graph_signature.input_specs:
+        if spec.arg.name == placeholder_name:
+            return spec.kind
+    return None
+
+
+def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str,
+                   top: bool) -> Graph:
+    b = GraphBuilder(symbols)
+    env: dict[str, Any] = {}
+    inputs: list[Value] = []
+    specs = {s.arg.name: s for s in ep.graph_signature.input_specs} if top else {}
+    outputs: list[Value] = []
+
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            spec = specs.get(n.name)
+            if spec is not None and spec.kind in (InputKind.PARAMETER, InputKind.BUFFER,
+                                                  InputKind.CONSTANT_TENSOR):
+                tensor = ep.state_dict.get(spec.target)
+                if tensor is None:
+                    tensor = ep.constants[spec.target]
+                env[n.name] = b.param(spec.target, tensor, spec.target)
+            elif spec is not None and spec.kind != InputKind.USER_INPUT:
+                raise ExportError(f"unsupported model input kind {spec.kind.name} ({n.name})")
+            else:
+                val = n.meta.get("val")
+                if not isinstance(val, torch.Tensor):
+                    # non-tensor user inputs were specialized by export into the graph
+                    env[n.name] = val if not isinstance(val, torch.SymInt) else symbols.dim(val)
+                    continue
+                v = Value(b._unique(n.name), _fake_type(val, symbols))
+                env[n.name] = v
+                inputs.append(v)
+        elif n.op == "get_attr":
+            env[n.name] = getattr(gm, n.target)
+        elif n.op == "call_function":
+            env[n.name] = _convert_call(n, env, b, ep, symbols)
+        elif n.op == "output":
+            flat = n.args[0]
+            if top:
+                _check_outputs(ep)
+            for i, o in enumerate(flat):
+                v = env.get(o.name) if isinstance(o, torch.fx.Node) else o
+                if not isinstance(v, Value):
+                    raise ExportError(f"model output {i} is not a tensor ({v!r})",
+                                      hint="fexplore compiles models whose outputs are tensors "
+                                           "(in tuples, lists, dicts or dataclasses)")
+                outputs.append(v)
+    used = {v.name for node in b.nodes for v in node.inputs} | {v.name for v in outputs}
+    constants = [c for c in b.constants if c.name in used]  # tied weights leave orphans
+    return Graph(name, inputs, constants, b.nodes, outputs, {})
+
+
+def _check_outputs(ep) -> None:
+    for spec in ep.graph_signature.output_specs:
+        if spec.kind != OutputKind.USER_OUTPUT:
+            what = spec.target or spec.arg.name
+            raise ExportError(
+                f"the model mutates {what} in place ({spec.kind.name})",
+                hint="fexplore compiles pure functions: pass state (a KV cache, say) in as an "
+                     "input and return its new value instead of updating a buffer in place")
+
+
+def _fake_type(val: torch.Tensor, symbols: SymbolTable) -> TensorType:
+    return TensorType(tuple(symbols.dim(d) for d in val.shape), ir_dtype(val.dtype))
+
+
+_SKIPPED = ("aten._assert_scalar", "aten._assert_tensor_metadata", "aten.sym_constrain_range",
+            "aten._assert_async", "aten.sym_constrain_range_for_size", "aten._local_scalar_dense")
+
+
+def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
+    if n.target is operator.getitem:
+        seq, i = env[n.args[0].name], n.args[1]
+        r = seq[i]
+        if r is None:
+            raise IngestionError(f"result {i} of {n.args[0].target} is not supported",
+                                 loc=source_loc(n))
+        return r
+    val = n.meta.get("val")
+    target = op_key(n.target)
+    if target.startswith(_SKIPPED) or (val is None and "assert" in target):
+        return None
+    if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+        return symbols.dim(val)  # size arithmetic: folded into the dims that use it
+    if isinstance(val, (torch.SymBool, torch.SymFloat, bool, float)):
+        return val
+    loc = source_loc(n)
+    conv = CONVERTERS.get(target)
+    if conv is None:
+        raise UnsupportedOperatorError(
+            target, loc=loc,
+            hint=f"register it: for a torch.library custom op, fexplore.register_op("
+                 f"torch.ops.{target}, reference=...); for an ATen op, add a converter with "
+                 f"@fexplore.pipeline.convert.converter({target!r})")
+    ctx = ConvertContext(b, n, _map(n.args, env), _map(n.kwargs, env), loc)
+    ctx.graph_module_converter = lambda gm, nm: _convert_graph(gm, ep, symbols, nm, top=False)
+    try:
+        result = conv(ctx)
+    except FexploreError:
+        raise
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise IngestionError(f"cannot convert {target}: {e}", loc=loc,
+                             hint="this use of the op is not supported yet") from None
+    _check_result(ctx, result, target)
+    return result
+
+
+def op_key(target) -> str:
+    """The registry key of an FX call target: ``aten.add.Tensor``, ``mylib.foo.default``,
+    ``higher_order.cond``."""
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    return str(target)
+
+
+def _map(x, env):
+    if isinstance(x, torch.fx.Node):
+        return env[x.name]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(a, env) for a in x)
+    if isinstance(x, dict):
+        return {k: _map(v, env) for k, v in x.items()}
+    return x
+
+
+def _check_result(ctx: ConvertContext, result, target: str) -> None:
+    """Compare what the converter built with torch's fake-tensor result: same dtype, same dims."""
+    meta = ctx.meta
+    pairs = []
+    if isinstance(meta, torch.Tensor):
+        pairs = [(result, meta)]
+    elif isinstance(meta, (list, tuple)):
+        pairs = [(r, m) for r, m in zip(result, meta) if r is not None and
+                 isinstance(m, torch.Tensor)]
+    for r, m in pairs:
+        want = _fake_type(m, ctx.b.symbols)
+        if not isinstance(r, Value) or not r.type.same_as(want):
+            got = r.type if isinstance(r, Value) else r
+            raise IngestionError(f"converter for {target} produced {got}, torch computes {want}",
+                                 loc=ctx.loc, hint="this is a bug in fexplore's converter")

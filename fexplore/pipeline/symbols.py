@@ -1,0 +1,105 @@
+"""Symbolic dims from torch.export into the IR's own sympy symbols.
+
+torch names size symbols ``s0``, ``s45``...; the IR names each after the user's ``torch.export.Dim``
+when one is given (``seq``), so types read ``i64[1, seq]``. torch's sympy also has its own functions
+(FloorDiv, CeilDiv, Mod, ...); they become plain sympy here, so the IR needs nothing of torch to
+print, parse or evaluate a dim.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import sympy
+import torch
+
+from fexplore.ir.types import canon_dim, symbol
+
+
+class SymbolTable:
+    """Maps torch's symbols to IR symbols and carries their ranges."""
+
+    def __init__(self):
+        self.to_ir: dict[sympy.Symbol, sympy.Symbol] = {}
+        self.ranges: dict[str, tuple[int, int | None]] = {}
+
+    def add(self, torch_sym: sympy.Symbol, name: str, lo: int, hi: int | None) -> None:
+        taken = {s.name for s in self.to_ir.values()}
+        base, k = name, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        self.to_ir[torch_sym] = symbol(name)
+        self.ranges[name] = (lo, hi)
+
+    def dim(self, d):
+        """A torch dim (int, SymInt or sympy expr) as an IR dim."""
+        if isinstance(d, torch.SymInt):
+            expr = d.node.expr
+        elif isinstance(d, (int,)):
+            return int(d)
+        else:
+            expr = d
+        return canon_dim(sympy.sympify(self.expr(expr)))
+
+    def expr(self, e):
+        if isinstance(e, (int, float)):
+            return e
+        if e.is_Symbol:
+            if e not in self.to_ir:  # a symbol torch made on its own (an unbacked size, say)
+                self.add(e, e.name, 0, None)
+            return self.to_ir[e]
+        if e.is_Number:
+            return e
+        args = [self.expr(a) for a in e.args]
+        name = type(e).__name__
+        if name == "FloorDiv":
+            return sympy.floor(args[0] / args[1])
+        if name in ("CeilDiv", "IntTrueDiv", "CleanDiv"):
+            return sympy.ceiling(args[0] / args[1]) if name == "CeilDiv" else args[0] / args[1]
+        if name in ("Mod", "PythonMod"):
+            return sympy.Mod(args[0], args[1])
+        if name == "ModularIndexing":
+            return sympy.Mod(sympy.floor(args[0] / args[1]), args[2])
+        if name == "Max":
+            return sympy.Max(*args)
+        if name == "Min":
+            return sympy.Min(*args)
+        if name in ("TruncToInt", "FloorToInt", "RoundToInt"):
+            return sympy.floor(args[0])
+        if name == "CeilToInt":
+            return sympy.ceiling(args[0])
+        return e.func(*args)
+
+
+def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
+    """Name torch's symbols after the user's Dims, matching the dynamic_shapes spec against the
+    example inputs' dims; ranges come from the ExportedProgram's range constraints."""
+    table = SymbolTable()
+    names = _dim_names(user_inputs, dynamic_shapes, forward)
+    for sym, vr in ep.range_constraints.items():
+        lo = int(vr.lower)
+        hi = None if not vr.upper.is_finite else int(vr.upper)
+        table.add(sym, names.get(sym, sym.name), lo, hi)
+    return table
+
+
+def _dim_names(user_inputs, dynamic_shapes, forward) -> dict:
+    """{torch symbol: user Dim name} for the input dims declared dynamic."""
+    if not dynamic_shapes:
+        return {}
+    if isinstance(dynamic_shapes, dict):
+        params = list(inspect.signature(forward).parameters)
+        specs = [dynamic_shapes.get(p) for p in params[:len(user_inputs)]]
+    else:
+        specs = list(dynamic_shapes)
+    out = {}
+    for fake, spec in zip(user_inputs, specs):
+        if spec is None or not hasattr(fake, "shape"):
+            continue
+        items = spec.items() if isinstance(spec, dict) else enumerate(spec)
+        for axis, dim in items:
+            size = fake.shape[axis]
+            name = getattr(dim, "__name__", None)
+            if name and isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                out.setdefault(size.node.expr, name)
+    return out
