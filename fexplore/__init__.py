@@ -1,1 +1,11 @@
-"""fexplore"""
+"""fexplore: a Jupyter-first explorer over an NPU compiler front end.
+
+    cm = fexplore.compile(model, example_inputs)      # headless
+    ex = fexplore.explore(model, example_inputs)      # step through it in a notebook
+"""
+
+from . import errors
+from .pipeline import CompiledModel, Exploration, compile, explore, register_op
+
+__version__ = "0.1.0"
+__all__ = ["CompiledModel", "Exploration", "compile", "errors", "explore", "register_op"]

@@ -46,7 +46,8 @@ class Constant(Value):
         self.source = source
         if payload is not None:
             payload = np.asarray(payload)
-            if payload.flags.writeable and payload.base is None:
+            if payload.flags.writeable:
+                payload = payload.view()  # our own read-only view; the caller's array is untouched
                 payload.flags.writeable = False
         self.payload = payload
         self._digest = digest

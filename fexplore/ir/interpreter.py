@@ -31,7 +31,7 @@ def bind_symbols(g: Graph, arrays: Sequence[np.ndarray]) -> dict:
         t = v.type
         if a.ndim != t.rank:
             raise InputError(f"input %{v.name} expects rank {t.rank} ({t}), got shape {a.shape}")
-        if DType.from_numpy(a.dtype) != t.dtype:
+        if a.dtype != t.dtype.numpy:
             raise InputError(f"input %{v.name} expects {t.dtype}, got {a.dtype}")
         for d, n in zip(t.shape, a.shape):
             if isinstance(d, int):
@@ -68,7 +68,7 @@ def _is_symbolic(v) -> bool:
 
 def _concrete(v, bindings):
     if isinstance(v, sympy.Expr):
-        r = v.xreplace(bindings)
+        r = sympy.sympify(v.xreplace(bindings))  # a bare symbol is replaced by a Python int
         return int(r) if r.is_integer else float(r)
     if isinstance(v, tuple):
         return tuple(_concrete(x, bindings) for x in v)

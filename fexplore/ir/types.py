@@ -54,8 +54,6 @@ class DType(enum.Enum):
         for k, v in _NUMPY.items():
             if v == dt:
                 return k
-        if dt == np.float64:  # numpy's default float; the IR computes in f32
-            return DType.f32
         raise TypeError(f"no IR dtype for numpy dtype {dt}")
 
 

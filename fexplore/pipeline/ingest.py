@@ -59,7 +59,7 @@ def source_loc(fx_node) -> SourceLoc | None:
     trace = fx_node.meta.get("stack_trace")
     if trace:
         frames = [(f, int(n)) for f, n in re.findall(r'File "([^"]+)", line (\d+)', trace)
-                  if not f.startswith(_TORCH_DIR)]
+                  if not f.startswith((_TORCH_DIR, "<"))]  # "<eval_with_key>": FX code
         if frames:
             file, line = frames[-1]
     module = None
@@ -215,11 +215,14 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
     loc = source_loc(n)
     conv = CONVERTERS.get(target)
     if conv is None:
-        raise UnsupportedOperatorError(
-            target, loc=loc,
-            hint=f"register it: for a torch.library custom op, fexplore.register_op("
-                 f"torch.ops.{target}, reference=...); for an ATen op, add a converter with "
-                 f"@fexplore.pipeline.convert.converter({target!r})")
+        if target.startswith(("aten.", "prims.", "higher_order.")):
+            hint = (f"fexplore has no converter for {target} yet; add one with "
+                    f"@fexplore.pipeline.convert.converter({target!r})")
+        else:
+            hint = (f"register the custom op once before compiling: "
+                    f"fexplore.register_op(torch.ops.{target}) (its eager kernel becomes the "
+                    f"reference, its fake kernel the type rule; both can be given explicitly)")
+        raise UnsupportedOperatorError(target, loc=loc, hint=hint)
     ctx = ConvertContext(b, n, _map(n.args, env), _map(n.kwargs, env), loc)
     ctx.graph_module_converter = lambda gm, nm: _convert_graph(gm, ep, symbols, nm, top=False)
     try:

@@ -50,6 +50,13 @@ def _gelu(x, approximate):
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
 
+def _sign(x):
+    # torch's sign: a bool is its own sign (numpy has no bool loop), and sign(NaN) is 0
+    if x.dtype == np.bool_:
+        return x
+    return np.where(np.isnan(x), 0, np.sign(x)) if x.dtype.kind == "f" else np.sign(x)
+
+
 def _unary_type(float_only: bool):
     def infer(ins, attrs):
         (t,) = ins
@@ -90,7 +97,7 @@ unary("relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), float_only=False)
 unary("floor", np.floor, float_only=False)
 unary("ceil", np.ceil, float_only=False)
 unary("round", np.round, float_only=False)
-unary("sign", np.sign, float_only=False)
+unary("sign", _sign, float_only=False)
 register(OpDef("logical_not", Category.elementwise,
                lambda ins, a: [TensorType(ins[0].shape, DType.bool)],
                lambda xs, a: [np.logical_not(xs[0])], elementwise_cost(1)))
@@ -206,6 +213,8 @@ register(OpDef("where", Category.elementwise, _where_type, _where_ref, elementwi
 
 def _clamp_ref(xs, a):
     (x,) = xs
+    if x.dtype.kind != "f" and any(isinstance(a[k], float) for k in ("min", "max")):
+        x = x.astype(np.float32)  # a float bound promotes the ints first (see _clamp_type)
     if a["min"] is not None:
         x = np.maximum(x, np.asarray(a["min"]).astype(x.dtype))
     if a["max"] is not None:
@@ -231,6 +240,8 @@ def _cast_ref(xs, a):
     target = a["dtype"]
     if x.dtype.kind == "f" and target.is_int:
         x = np.trunc(x)  # torch truncates toward zero; numpy's astype does too, but NaN/inf vary
+    if x.dtype.kind == "f" and target == DType.fp8:
+        x = np.clip(x, -448.0, 448.0)  # torch saturates to e4m3fn's max (ml_dtypes gives NaN)
     return [x.astype(target.numpy)]
 
 

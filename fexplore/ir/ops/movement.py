@@ -170,6 +170,8 @@ def _pad_type(ins, a):
     pads = a["pads"]  # (before, after) per axis, for the last len(pads)//2 axes, innermost first
     if len(pads) % 2 or len(pads) // 2 > t.rank:
         raise TypeRuleError(f"pad: bad pads {list(pads)} for rank {t.rank}")
+    if any(p < 0 for p in pads):
+        raise TypeRuleError(f"pad: negative padding {list(pads)} is not supported")
     shape = list(t.shape)
     for i in range(len(pads) // 2):
         ax = t.rank - 1 - i
@@ -197,15 +199,24 @@ register(OpDef("pad", Category.movement, _pad_type, _pad_ref, movement_cost,
 
 def _gather_type(ins, a):
     x, idx = ins
-    norm_axis(a["axis"], x.rank)
+    axis = norm_axis(a["axis"], x.rank)
     if idx.dtype not in (DType.i64, DType.i32) or idx.rank != x.rank:
         raise TypeRuleError("gather: index must be an integer tensor of the input's rank")
+    for i, (n, m) in enumerate(zip(idx.shape, x.shape)):
+        if i != axis and isinstance(n, int) and isinstance(m, int) and n > m:
+            raise TypeRuleError(f"gather: index {idx} is larger than input {x} in dim {i}")
     return [TensorType(idx.shape, x.dtype)]
 
 
-register(OpDef("gather", Category.movement, _gather_type,
-               lambda xs, a: [np.take_along_axis(xs[0], xs[1], axis=norm_axis(a["axis"],
-                                                                              xs[0].ndim))],
+def _gather_ref(xs, a):
+    x, idx = xs
+    axis = norm_axis(a["axis"], x.ndim)
+    # torch lets the index be smaller than x in the other dims; take_along_axis wants them equal
+    x = x[tuple(slice(None) if i == axis else slice(0, n) for i, n in enumerate(idx.shape))]
+    return [np.take_along_axis(x, idx, axis=axis)]
+
+
+register(OpDef("gather", Category.movement, _gather_type, _gather_ref,
                movement_cost, attrs=(AttrSpec("axis", "int"),), arity=2))
 
 

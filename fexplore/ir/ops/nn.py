@@ -293,8 +293,8 @@ def _rms_norm_ref(xs, a):
     x = _f(xs[0]).astype(np.float64)
     axes = tuple(range(x.ndim - a["ndim"], x.ndim))
     eps = a["eps"]
-    if eps is None:  # torch's default: the input dtype's machine epsilon
-        eps = float(np.finfo(np.float32).eps) if xs[0].dtype.itemsize >= 4 else 2.0 ** -7
+    if eps is None:  # torch's default: f32's machine epsilon (for bf16 and f16 inputs too)
+        eps = float(np.finfo(np.float32).eps)
     y = x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
     if len(xs) > 1:
         y = y * _f(xs[1])

@@ -1,0 +1,177 @@
+"""Orchestration: ``compile()`` and ``explore()``.
+
+An Exploration holds the model, the options, and the stage records made so far; ``step()`` runs the
+next stage. ``compile()`` is an Exploration run to the end. The first stage, ``ingest``, turns the
+model into a graph; the graph stages after it run through the pass manager, whose hook verifies
+each one (structure, then numbers against PyTorch eager).
+"""
+
+from __future__ import annotations
+
+import time
+import torch
+
+from fexplore.errors import FexploreError, NumericMismatchError, VerificationError
+from fexplore.ir import verify
+
+from .compiled import CompiledModel
+from .export import export_model
+from .ingest import Ingested, ingest
+from .numeric import Oracle, check_graph
+from .options import CompileOptions
+from .passmanager import PassManager
+from .stage import Stage, StageRecord, Verification, graph_stats
+
+# The graph stages after ingestion, in DESIGN.md's order. Later stages append here.
+GRAPH_STAGES: list[Stage] = []
+
+
+class Exploration:
+    """A compile you can step through: ``step()``, ``run_all()``, ``ex["ingest"]``, ``result``."""
+
+    def __init__(self, model: torch.nn.Module, example_inputs, options: CompileOptions,
+                 stages: list[Stage] | None = None):
+        if not isinstance(model, torch.nn.Module):
+            raise FexploreError(f"expected a torch.nn.Module, got {type(model).__name__}",
+                                hint="pass the model object itself, e.g. fexplore.compile(model, "
+                                     "(x,))")
+        self.model = model
+        self.example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
+            else (example_inputs,)
+        self.options = options
+        self.graph_stages = list(GRAPH_STAGES if stages is None else stages)
+        self.records: list[StageRecord] = []
+        self._ingested: Ingested | None = None
+        self._oracle: Oracle | None = None
+        self._result: CompiledModel | None = None
+        self._pm = PassManager(self.graph_stages, hooks=[self._verify_hook])
+
+    # -- stepping --------------------------------------------------------------------------
+
+    @property
+    def stage_names(self) -> list[str]:
+        return ["ingest"] + [s.name for s in self.graph_stages]
+
+    @property
+    def done(self) -> bool:
+        return len(self.records) == len(self.stage_names)
+
+    def step(self) -> StageRecord:
+        """Run the next stage and return its record (it renders itself in a notebook)."""
+        if self.done:
+            raise FexploreError("every stage has run", hint="see ex.result or ex.records")
+        if not self.records:
+            rec = self._ingest()
+        else:
+            stage = self.graph_stages[len(self.records) - 1]
+            rec = self._pm.run_stage(stage, self.records[-1].after, self.options)
+        self.records.append(rec)
+        return rec
+
+    def run_all(self) -> "Exploration":
+        while not self.done:
+            self.step()
+        return self
+
+    def __getitem__(self, name: str) -> StageRecord:
+        if name not in self.stage_names:
+            raise KeyError(f"no stage {name!r}; stages are {self.stage_names}")
+        while not any(r.name == name for r in self.records):
+            self.step()
+        return next(r for r in self.records if r.name == name)
+
+    @property
+    def result(self) -> CompiledModel:
+        if self._result is None:
+            self.run_all()
+            first_bad = next((r for r in self.records
+                              if r.verification is not None and not r.verification.ok), None)
+            if first_bad is not None:
+                _raise_failed(first_bad)
+            self._result = CompiledModel(self.records, self._ingested, self.options)
+        return self._result
+
+    def __repr__(self) -> str:
+        done = [r.name for r in self.records]
+        todo = self.stage_names[len(done):]
+        return f"<Exploration done={done} next={todo}>"
+
+    # -- stages ----------------------------------------------------------------------------
+
+    def _ingest(self) -> StageRecord:
+        t0 = time.perf_counter()
+        with _model_untouched(self.model):
+            ep = export_model(self.model, self.example_inputs,
+                              dynamic_shapes=self.options.dynamic_shapes)
+            t_export = time.perf_counter() - t0
+            self._ingested = ingest(ep, dynamic_shapes=self.options.dynamic_shapes,
+                                    forward=self.model.forward)
+        elapsed = time.perf_counter() - t0
+        g = self._ingested.graph
+        stats = {**graph_stats(g), "export_s": t_export, "convert_s": elapsed - t_export}
+        rec = StageRecord("ingest", None, g, stats, [], None, elapsed)
+        self._verify_hook(rec)
+        return rec
+
+    def _verify_hook(self, rec: StageRecord) -> None:
+        if not self.options.verify:
+            return
+        try:
+            verify(rec.after, stage=rec.name)
+            structural = (True, None)
+        except VerificationError as e:
+            structural = (False, str(e))
+        numeric = None
+        if structural[0]:
+            if self._oracle is None:
+                with _model_untouched(self.model):
+                    self._oracle = Oracle(self.model, self.example_inputs,
+                                          random_sets=self.options.random_input_sets,
+                                          seed=self.options.seed)
+            numeric = check_graph(rec.after, self._oracle, before=rec.before)
+        rec.verification = Verification(structural[0], structural[1], numeric)
+
+
+def _raise_failed(rec: StageRecord):
+    v = rec.verification
+    if not v.structural_ok:
+        raise VerificationError(f"stage '{rec.name}' produced invalid IR",
+                                detail=v.structural_error)
+    n = v.numeric
+    where = f"; first divergent node: {n.first_divergent}" if n.first_divergent else ""
+    raise NumericMismatchError(
+        f"stage '{rec.name}' changed the model's numbers: {n.detail}{where}",
+        hint="explore the compile (fexplore.explore) to see this stage's diff; "
+             "compile(..., verify=False) skips the checks")
+
+
+class _model_untouched:
+    """Restores every module's training flag, whatever export or the oracle did; the user's
+    parameters are never written (constants share their storage read-only)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def __enter__(self):
+        self.flags = [(m, m.training) for m in self.model.modules()]
+
+    def __exit__(self, *exc):
+        for m, flag in self.flags:
+            m.training = flag
+        return False
+
+
+def explore(model, example_inputs, *, target="rngd", dynamic_shapes=None, precision="fp32",
+            verify=True, **extra) -> Exploration:
+    """An Exploration of compiling ``model``: nothing runs until you step."""
+    options = CompileOptions(target=target, dynamic_shapes=dynamic_shapes, precision=precision,
+                             verify=verify, **extra)
+    return Exploration(model, example_inputs, options)
+
+
+def compile(model, example_inputs, *, target="rngd", dynamic_shapes=None, precision="fp32",
+            verify=True, **extra) -> CompiledModel:
+    """Compile ``model`` through every stage, verifying each; returns a CompiledModel."""
+    return explore(model, example_inputs, target=target, dynamic_shapes=dynamic_shapes,
+                   precision=precision, verify=verify, **extra).result
+

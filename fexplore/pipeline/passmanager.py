@@ -1,0 +1,46 @@
+"""The pass manager: runs stages in order and calls a hook between them.
+
+The hook is what feeds verification, progress bars and the explorer's views; a stage knows nothing
+about notebooks or about being checked.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from fexplore.ir import Graph
+
+from .stage import Stage, StageRecord, graph_stats
+
+Hook = Callable[[StageRecord], None]
+
+
+class PassManager:
+    def __init__(self, stages: Sequence[Stage], hooks: Sequence[Hook] = ()):
+        self.stages = list(stages)
+        self.hooks = list(hooks)
+
+    def run_stage(self, stage: Stage, graph: Graph, options) -> StageRecord:
+        t0 = time.perf_counter()
+        result = stage.run(graph, options)
+        elapsed = time.perf_counter() - t0
+        if result.graph is graph:
+            raise AssertionError(f"stage {stage.name} returned its input graph object; stages "
+                                 "build new graphs so that snapshots never change")
+        stats = {**graph_stats(result.graph), **result.stats}
+        record = StageRecord(stage.name, graph, result.graph, stats, result.rewrites, None, elapsed)
+        self.notify(record)
+        return record
+
+    def notify(self, record: StageRecord) -> None:
+        for hook in self.hooks:
+            hook(record)
+
+    def run(self, graph: Graph, options) -> list[StageRecord]:
+        records = []
+        for stage in self.stages:
+            rec = self.run_stage(stage, graph, options)
+            records.append(rec)
+            graph = rec.after
+        return records
