@@ -1,0 +1,143 @@
+"""The verifier explains itself; a wrong stage fails verification and bisection names the node."""
+
+import numpy as np
+import pytest
+import torch
+
+import fexplore
+from fexplore import ir
+from fexplore.errors import NumericMismatchError, SourceLoc, VerificationError
+from fexplore.ir import DType, Graph, Node, TensorType, Value
+from fexplore.models import ZOO
+from fexplore.pipeline import Exploration, Stage, StageResult
+from fexplore.pipeline.options import CompileOptions
+
+
+def f32(*shape):
+    return TensorType(shape, DType.f32)
+
+
+def test_use_before_definition_shows_a_window_and_the_source_line():
+    x = Value("x", f32(3))
+    a, b = Value("a", f32(3)), Value("b", f32(3))
+    loc = SourceLoc(__file__, 1, "blk")
+    g = Graph("g", [x], [], [Node("relu", [b], {}, [a], loc), Node("exp", [x], {}, [b])], [a])
+    with pytest.raises(VerificationError) as info:
+        ir.verify(g, stage="simplify")
+    msg = str(info.value)
+    assert "%b is used by relu before it is defined" in msg
+    assert "after stage 'simplify'" in msg
+    assert ">> %a: f32[3] = relu(%b)" in msg  # the window marks the bad node
+    assert f"{__file__}:1" in msg and "in blk" in msg
+    assert "hint:" in msg
+
+
+def test_stored_type_must_equal_the_reinferred_type():
+    x = Value("x", f32(2, 3))
+    y = Value("y", f32(3, 2))  # permute would give (3, 2); claim (2, 3) below
+    bad = Value("y", f32(2, 3))
+    ir.verify(Graph("ok", [x], [], [Node("permute", [x], {"perm": (1, 0)}, [y])], [y]))
+    with pytest.raises(VerificationError, match=r"typed f32\[2, 3\] but permute gives f32\[3, 2\]"):
+        ir.verify(Graph("bad", [x], [], [Node("permute", [x], {"perm": (1, 0)}, [bad])], [bad]))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda x: Node("softmax", [x], {}, [Value("y", f32(3))]), "missing attribute 'axis'"),
+    (lambda x: Node("relu", [x], {"bogus": 1}, [Value("y", f32(3))]), "unknown attribute"),
+    (lambda x: Node("add", [x], {}, [Value("y", f32(3))]), "takes 2 input"),
+    (lambda x: Node("relu", [x], {}, [Value("x", f32(3))]), "defined twice"),
+])
+def test_malformed_nodes_are_rejected(make, match):
+    x = Value("x", f32(3))
+    n = make(x)
+    with pytest.raises(VerificationError, match=match):
+        ir.verify(Graph("g", [x], [], [n], [n.outputs[0]]))
+
+
+def test_undeclared_symbol_is_rejected():
+    x = Value("x", TensorType((ir.symbol("n"),), DType.f32))
+    with pytest.raises(VerificationError, match="undeclared symbol"):
+        ir.verify(Graph("g", [x], [], [], [x]))
+
+
+def _drop_gelu(graph: Graph, options) -> StageResult:
+    """A deliberately wrong rewrite: replace every gelu by its input (epilogue dropped)."""
+    rename, nodes = {}, []
+    for n in graph.nodes:
+        ins = [rename.get(v.name, v) for v in n.inputs]
+        if n.op.name == "gelu":
+            rename[n.output.name] = ins[0]
+            continue
+        nodes.append(Node(n.op, ins, n.attrs, n.outputs, n.loc, n.regions))
+    outs = [rename.get(v.name, v) for v in graph.outputs]
+    return StageResult(Graph(graph.name, graph.inputs, graph.constants, nodes, outs,
+                             graph.symbols))
+
+
+def test_a_wrong_rewrite_is_caught_and_the_divergent_node_named():
+    model, inputs = ZOO["mlp"](activation="gelu")
+    ex = Exploration(model, inputs, CompileOptions(), stages=[Stage("broken", _drop_gelu)])
+    ex.run_all()
+    ingest, broken = ex.records
+    assert ingest.verification.ok
+    assert broken.verification.structural_ok  # the IR is well formed...
+    assert not broken.verification.numeric.ok  # ...but it computes something else
+    # the first value that differs from the input graph: the one that used gelu's result
+    users = [n for n in ingest.after.nodes
+             if any(v.name.startswith("gelu") for v in n.inputs)]
+    assert broken.verification.numeric.first_divergent.startswith(f"%{users[0].output.name} =")
+    with pytest.raises(NumericMismatchError, match="stage 'broken'"):
+        ex.result
+
+
+def test_compile_options_are_validated():
+    model, inputs = ZOO["mlp"]()
+    with pytest.raises(fexplore.errors.ConfigError, match="precision"):
+        fexplore.compile(model, inputs, precision="fp4")
+    with pytest.raises(fexplore.errors.ConfigError, match="target"):
+        fexplore.compile(model, inputs, target="gpu")
+    with pytest.raises(fexplore.errors.FexploreError, match="torch.nn.Module"):
+        fexplore.compile(lambda x: x, inputs)
+
+
+def test_bad_models_get_clear_errors_not_tracebacks():
+    class Mutates(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(1))
+
+        def forward(self, x):
+            self.count.add_(1)
+            return x * 2
+
+    with pytest.raises(fexplore.errors.ExportError, match="mutates count"):
+        fexplore.compile(Mutates(), (torch.randn(2),))
+
+    class Fourier(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x).abs()  # THE FFT LINE
+
+    with pytest.raises(fexplore.errors.UnsupportedOperatorError) as info:
+        fexplore.compile(Fourier(), (torch.randn(8),))
+    e = info.value
+    assert "fft" in e.op and e.loc.file == __file__
+    assert "THE FFT LINE" in open(__file__).read().splitlines()[e.loc.line - 1]
+
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            return x @ torch.ones(3, 3)
+
+    with pytest.raises(fexplore.errors.ExportError, match="torch.export could not capture"):
+        fexplore.compile(Broken(), (torch.randn(2, 4),))
+
+
+def test_exploration_steps_one_stage_at_a_time():
+    model, inputs = ZOO["mlp"]()
+    ex = fexplore.explore(model, inputs)
+    assert ex.records == [] and not ex.done
+    rec = ex.step()
+    assert rec.name == "ingest" and rec.before is None and rec.verification.ok
+    assert ex["ingest"] is rec
+    cm = ex.result
+    np.testing.assert_allclose(cm(*inputs).numpy(), model(*inputs).detach().numpy(),
+                               rtol=1.3e-6, atol=1e-5)
