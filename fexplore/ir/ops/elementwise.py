@@ -40,11 +40,11 @@ def _f64(fn):
     return lambda x: fn(np.asarray(x, dtype=np.float64))
 
 
-def _sigmoid(x):
+def sigmoid(x):
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free form of 1 / (1 + exp(-x))
 
 
-def _gelu(x, approximate):
+def gelu(x, approximate="none"):
     if approximate == "tanh":
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
@@ -87,9 +87,9 @@ unary("sin", np.sin, flops=4)
 unary("cos", np.cos, flops=4)
 unary("tanh", np.tanh, flops=4)
 unary("erf", erf, flops=8)
-unary("sigmoid", _sigmoid, flops=4)
-unary("silu", lambda x: x * _sigmoid(x), flops=5)
-unary("gelu", _gelu, flops=8, attrs=[AttrSpec("approximate", "str", "none")],
+unary("sigmoid", sigmoid, flops=4)
+unary("silu", lambda x: x * sigmoid(x), flops=5)
+unary("gelu", gelu, flops=8, attrs=[AttrSpec("approximate", "str", "none")],
       doc="approximate is 'none' (exact, erf) or 'tanh' (GPT-2's)")
 unary("neg", np.negative, float_only=False)
 unary("abs", np.abs, float_only=False)

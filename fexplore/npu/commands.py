@@ -1,0 +1,311 @@
+"""The NPU command set, and the memory objects commands name.
+
+Memory: a `DramTensor` is a named, row-major array in DRAM (an input, an output, or scratch); a
+`DramRef` is a box of one (``A[0:64, 128:256]``). A `Buffer` is a named array in one PE's SRAM.
+
+Commands, one engine each (per PE: DMA, tensor, vector):
+  Load      DMA     DRAM box -> SRAM buffer
+  Store     DMA     SRAM buffer -> DRAM box
+  Contract  tensor  einsum of two SRAM buffers, f32 accumulation, into (or accumulating onto) a buffer
+  Vector    vector  an op from `vector_ops.VECTOR_OPS` over buffers and scalars
+  Sync      none    a join point: done when its dependencies are; costs nothing
+
+Every command names the SRAM buffers it reads and writes, the commands it depends on (ids), and
+the source location (model op or kernel line) it came from. A command is also the handle the
+builder returns, so it can be passed as a dependency.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fexplore.errors import SourceLoc
+from fexplore.npu import dtypes
+from fexplore.npu.vector_ops import VectorOpDef
+
+ENGINES = ("dma", "tensor", "vector")
+DMA, TENSOR, VECTOR = 0, 1, 2
+NO_ENGINE = -1  # Sync
+
+
+# ---- memory -----------------------------------------------------------------------------------
+class DramTensor:
+    """A named row-major tensor in DRAM. Index it with slices to get a box for a DMA."""
+
+    __slots__ = ("name", "shape", "dtype", "kind", "nbytes")
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, kind: str):
+        self.name = name
+        self.shape = shape
+        self.dtype = dtype
+        self.kind = kind  # "input" | "output" | "scratch"
+        self.nbytes = math.prod(shape) * dtypes.itemsize(dtype)
+
+    def __getitem__(self, index) -> "DramRef":
+        return DramRef.from_index(self, index)
+
+    def full(self) -> "DramRef":
+        return DramRef(self, (0,) * len(self.shape), self.shape)
+
+    def __repr__(self) -> str:
+        return f"dram.{self.kind} {self.name}<{_shape_str(self.shape)} {self.dtype}>"
+
+
+class DramRef:
+    """A box of a DRAM tensor: per dim an offset and an extent (unit stride)."""
+
+    __slots__ = ("tensor", "offsets", "shape")
+
+    def __init__(self, tensor: DramTensor, offsets: tuple[int, ...], shape: tuple[int, ...]):
+        self.tensor = tensor
+        self.offsets = offsets
+        self.shape = shape
+
+    @classmethod
+    def from_index(cls, tensor: DramTensor, index) -> "DramRef":
+        if not isinstance(index, tuple):
+            index = (index,)
+        if len(index) > len(tensor.shape):
+            raise IndexError(f"{tensor.name} has {len(tensor.shape)} dims, indexed with {len(index)}")
+        offsets, shape = [], []
+        for i, dim in enumerate(tensor.shape):
+            ix = index[i] if i < len(index) else slice(None)
+            if isinstance(ix, slice):
+                start, stop, step = ix.indices(dim)
+                if step != 1:
+                    raise IndexError(f"{tensor.name}: DMA boxes have unit stride, got step {step}")
+                if stop <= start:
+                    raise IndexError(f"{tensor.name}: empty box {start}:{stop} in dim {i}")
+                offsets.append(start)
+                shape.append(stop - start)
+            else:  # an int index keeps the dim with extent 1
+                ix = int(ix)
+                if not -dim <= ix < dim:
+                    raise IndexError(f"{tensor.name}: index {ix} out of range for dim {i} of size {dim}")
+                offsets.append(ix % dim)
+                shape.append(1)
+        return cls(tensor, tuple(offsets), tuple(shape))
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        return tuple(slice(o, o + n) for o, n in zip(self.offsets, self.shape))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Byte strides of the box in DRAM (the tensor is row-major)."""
+        out, acc = [], dtypes.itemsize(self.tensor.dtype)
+        for d in reversed(self.tensor.shape):
+            out.append(acc)
+            acc *= d
+        return tuple(reversed(out))
+
+    def contiguous_run(self) -> int:
+        """Elements per contiguous run: trailing dims merge while the box spans them fully."""
+        run = 1
+        for box, full in zip(reversed(self.shape), reversed(self.tensor.shape)):
+            run *= box
+            if box != full:
+                break
+        return run
+
+    def overlaps(self, other: "DramRef") -> bool:
+        for o1, n1, o2, n2 in zip(self.offsets, self.shape, other.offsets, other.shape):
+            if o1 + n1 <= o2 or o2 + n2 <= o1:
+                return False
+        return True
+
+    def __str__(self) -> str:
+        if self.shape == self.tensor.shape:
+            return self.tensor.name
+        return f"{self.tensor.name}[{', '.join(f'{o}:{o + n}' for o, n in zip(self.offsets, self.shape))}]"
+
+
+class Buffer:
+    """A named array in one PE's SRAM. Its lifetime (and so its address) is decided by the program:
+    from the first command that touches it to the last."""
+
+    __slots__ = ("name", "shape", "dtype", "pe", "nbytes", "id", "loc")
+
+    def __init__(self, name, shape, dtype, pe, id, loc=None):
+        self.name = name
+        self.shape = shape
+        self.dtype = dtype
+        self.pe = pe
+        self.nbytes = math.prod(shape) * dtypes.itemsize(dtype)
+        self.id = id
+        self.loc = loc
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __repr__(self) -> str:
+        return f"pe{self.pe}.{self.name}<{_shape_str(self.shape)} {self.dtype}>"
+
+
+def _shape_str(shape) -> str:
+    return "x".join(map(str, shape)) if shape else "scalar"
+
+
+def _squeeze(shape) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+# ---- commands ---------------------------------------------------------------------------------
+class Command:
+    __slots__ = ("id", "pe", "engine", "reads", "writes", "deps", "loc")
+    kind = "command"
+
+    def _init(self, pe: int, engine: int, reads, writes, loc: SourceLoc | None):
+        self.id = -1  # set by the builder: the index in the program
+        self.pe = pe
+        self.engine = engine
+        self.reads = tuple(reads)
+        self.writes = tuple(writes)
+        self.deps: tuple[int, ...] = ()
+        self.loc = loc
+
+    @property
+    def name(self) -> str:
+        return self.kind
+
+    def _args(self) -> str:
+        return ""
+
+    def __str__(self) -> str:
+        engine = ENGINES[self.engine] if self.engine >= 0 else "-"
+        deps = f"  after({', '.join(f'%{d}' for d in self.deps)})" if self.deps else ""
+        loc = f"  # {self.loc}" if self.loc is not None else ""
+        return f"%{self.id} = pe{self.pe}.{engine} {self._text()}{deps}{loc}"
+
+    def _text(self) -> str:
+        return f"{self.kind} {self._args()}".rstrip()
+
+    def __repr__(self) -> str:
+        return f"<%{self.id} {self.name} on pe{self.pe}>"
+
+
+class _DMA(Command):
+    """Shared by Load and Store: the DRAM box (`ref`), the SRAM buffer, and the payload. The bytes
+    really moved depend on the chip's minimum transfer (`cost.dma_moved_bytes`)."""
+
+    __slots__ = ()
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.ref.strides
+
+
+class Load(_DMA):
+    __slots__ = ("src", "dst")
+    kind = "load"
+
+    def __init__(self, dst: Buffer, src: DramRef, loc=None):
+        self._init(dst.pe, DMA, (), (dst,), loc)
+        self.src, self.dst = src, dst
+
+    @property
+    def ref(self) -> DramRef:
+        return self.src
+
+    @property
+    def buffer(self) -> Buffer:
+        return self.dst
+
+    @property
+    def name(self) -> str:
+        return f"load {self.src.tensor.name}"
+
+    def _args(self) -> str:
+        return f"{self.src} -> {self.dst.name}"
+
+
+class Store(_DMA):
+    __slots__ = ("src", "dst")
+    kind = "store"
+
+    def __init__(self, dst: DramRef, src: Buffer, loc=None):
+        self._init(src.pe, DMA, (src,), (), loc)
+        self.src, self.dst = src, dst
+
+    @property
+    def ref(self) -> DramRef:
+        return self.dst
+
+    @property
+    def buffer(self) -> Buffer:
+        return self.src
+
+    @property
+    def name(self) -> str:
+        return f"store {self.dst.tensor.name}"
+
+    def _args(self) -> str:
+        return f"{self.src.name} -> {self.dst}"
+
+
+class Contract(Command):
+    """``out (+)= einsum(spec, a, b)`` on the tensor unit. Index letters group into batch (in a, b
+    and out), m (a and out), n (b and out) and k (summed); `sizes` holds each group's extent, the
+    unit the tile quantization pads."""
+
+    __slots__ = ("spec", "a", "b", "out", "accumulate", "dtype", "sizes")
+    kind = "contract"
+
+    def __init__(self, spec, a, b, out, accumulate, dtype, sizes, loc=None):
+        reads = (a, b, out) if accumulate else (a, b)
+        self._init(out.pe, TENSOR, reads, (out,), loc)
+        self.spec, self.a, self.b, self.out = spec, a, b, out
+        self.accumulate, self.dtype, self.sizes = accumulate, dtype, sizes
+
+    @property
+    def macs(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def name(self) -> str:
+        return f"contract {self.spec}"
+
+    def _args(self) -> str:
+        op = "+=" if self.accumulate else "="
+        return f"{self.out.name} {op} {self.spec}({self.a.name}, {self.b.name}) {self.dtype}"
+
+
+class Vector(Command):
+    __slots__ = ("op", "operands", "out", "axis", "keepdims", "elements")
+    kind = "vector"
+
+    def __init__(self, op: VectorOpDef, operands, out, axis, keepdims, loc=None):
+        reads = [x for x in operands if isinstance(x, Buffer)]
+        self._init(out.pe, VECTOR, dict.fromkeys(reads), (out,), loc)
+        self.op, self.operands, self.out = op, tuple(operands), out
+        self.axis, self.keepdims = axis, keepdims
+        self.elements = max([out.size] + [x.size for x in reads])
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    def _args(self) -> str:
+        args = ", ".join(x.name if isinstance(x, Buffer) else repr(x) for x in self.operands)
+        red = f", axis={self.axis}" if self.op.kind == "reduction" else ""
+        return f"{self.out.name} = {self.op.name}({args}{red})"
+
+    def _text(self) -> str:
+        return self._args()
+
+
+class Sync(Command):
+    __slots__ = ()
+    kind = "sync"
+
+    def __init__(self, pe: int, loc=None):
+        self._init(pe, NO_ENGINE, (), (), loc)

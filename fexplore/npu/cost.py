@@ -1,0 +1,51 @@
+"""The timing model, in one place: what each command costs on a given chip.
+
+  DMA       start-up + moved bytes / bandwidth, where moved bytes round every contiguous run up to
+            the DRAM's minimum transfer (256 B on rngd), and the bandwidth is the DMA engine's,
+            shared fairly with other PEs' transfers when DRAM is the bottleneck (the simulator
+            does the sharing; `dma_alone_cycles` is the uncontended figure).
+  tensor    batch x ceil(m/tm) x ceil(n/tn) x ceil(k/tk) + pipeline latency: the contraction is
+            padded to the unit's native tile (tm, tn, tk) for its dtype (tile quantization), so
+            a 100x100x100 matmul costs what a 128x112x112 one does on rngd.
+  vector    ceil(elements x passes / lanes) + latency, elements being the largest operand.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fexplore.npu import dtypes
+from fexplore.npu.commands import Contract, DramRef, Vector
+from fexplore.npu.config import NPUConfig
+
+
+def dma_moved_bytes(ref: DramRef, cfg: NPUConfig) -> int:
+    """Bytes the DMA really moves for `ref`: each contiguous run rounded up to the minimum transfer."""
+    run_elems = ref.contiguous_run()
+    run_bytes = run_elems * dtypes.itemsize(ref.tensor.dtype)
+    line = cfg.dram_min_transfer_bytes
+    return (ref.size // run_elems) * (-(-run_bytes // line)) * line
+
+
+def dma_rate(cfg: NPUConfig, concurrent: int = 1) -> float:
+    """Bytes per cycle each of `concurrent` transfers gets: fair shares of DRAM, capped by the engine."""
+    return min(cfg.dma_bytes_per_cycle, cfg.dram_bytes_per_cycle / concurrent)
+
+
+def dma_alone_cycles(nbytes_moved: int, cfg: NPUConfig) -> float:
+    """A DMA with the DRAM to itself: start-up + bytes / min(engine, DRAM) bandwidth."""
+    return cfg.dma_startup_cycles + nbytes_moved / dma_rate(cfg)
+
+
+def contract_tiles(cmd: Contract, cfg: NPUConfig) -> int:
+    batch, m, n, k = cmd.sizes
+    tm, tn, tk = cfg.native_tile(cmd.dtype)
+    return batch * math.ceil(m / tm) * math.ceil(n / tn) * math.ceil(k / tk)
+
+
+def contract_cycles(cmd: Contract, cfg: NPUConfig) -> int:
+    return contract_tiles(cmd, cfg) + cfg.tensor_latency_cycles
+
+
+def vector_cycles(cmd: Vector, cfg: NPUConfig) -> int:
+    return math.ceil(cmd.elements * cmd.op.passes / cfg.vector_lanes) + cfg.vector_latency_cycles

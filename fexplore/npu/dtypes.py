@@ -1,0 +1,51 @@
+"""Element types as the NPU sees them: a name, a numpy dtype (bf16/fp8 via ml_dtypes), a size.
+
+The names are the IR's spellings (``f32``, ``bf16``, ``fp8`` ...), so an ``fexplore.ir`` DType (an
+enum whose ``.value`` is the name), a numpy dtype, or a plain string all resolve to the same thing.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from fexplore.npu.errors import ProgramError
+
+NUMPY = {
+    "f32": np.dtype(np.float32),
+    "f16": np.dtype(np.float16),
+    "bf16": np.dtype(ml_dtypes.bfloat16),
+    "fp8": np.dtype(ml_dtypes.float8_e4m3fn),
+    "i64": np.dtype(np.int64),
+    "i32": np.dtype(np.int32),
+    "i8": np.dtype(np.int8),
+    "bool": np.dtype(np.bool_),
+}
+_BY_NUMPY = {v: k for k, v in NUMPY.items()}
+_BY_NUMPY[np.dtype(np.float64)] = "f32"  # numpy's default float; the NPU has no f64
+
+
+def dtype_name(dt) -> str:
+    """The NPU name of ``dt`` (a name, an IR DType, or anything numpy understands)."""
+    if isinstance(dt, str) and dt in NUMPY:
+        return dt
+    value = getattr(dt, "value", None)  # fexplore.ir.DType
+    if isinstance(value, str) and value in NUMPY:
+        return value
+    try:
+        return _BY_NUMPY[np.dtype(dt)]
+    except (TypeError, KeyError):
+        raise ProgramError(f"unsupported dtype {dt!r}",
+                           hint=f"use one of {', '.join(NUMPY)}") from None
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    return NUMPY[name]
+
+
+def itemsize(name: str) -> int:
+    return NUMPY[name].itemsize
+
+
+def is_float(name: str) -> bool:
+    return name in ("f32", "f16", "bf16", "fp8")

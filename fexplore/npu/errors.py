@@ -1,0 +1,23 @@
+"""Errors the NPU layer can raise at a user.
+
+Codes FX5xx belong to the NPU (programs, memory, simulation). Each derives from
+``fexplore.errors.FexploreError``, so it carries a stable code, a message in the user's terms, the
+source location of the command (model op or kernel line) that caused it, and a hint.
+Invalid chip configs raise the shared ``fexplore.errors.ConfigError`` (FX100).
+"""
+
+from __future__ import annotations
+
+from fexplore.errors import FexploreError
+
+
+class SRAMOverflowError(FexploreError):
+    """The buffers live on one PE at some point of the program do not fit in its SRAM."""
+
+    code = "FX500"
+
+
+class ProgramError(FexploreError):
+    """A command program is malformed: wrong PE, shape or dtype mismatch, unknown op, bad einsum."""
+
+    code = "FX501"

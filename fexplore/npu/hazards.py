@@ -1,0 +1,125 @@
+"""Dependency inference: program order is the meaning, dependencies make it safe to run in parallel.
+
+Every command reads and writes memory: SRAM buffers (whole buffers) and DRAM boxes. A command
+depends on every earlier command it conflicts with: read-after-write, write-after-read and
+write-after-write. Hand-written programs, the kernel language and the scheduler therefore never
+have to spell out data dependencies; explicit `deps=` only add ordering (e.g. for a barrier).
+Because every dependency points to an earlier command, program order is always a valid execution
+order, and the simulator cannot deadlock.
+
+DRAM conflicts are tracked per box: stores of disjoint tiles of one tensor from different PEs stay
+independent, while a load of data a store produced waits for that store, whatever the tilings.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from fexplore.npu.commands import Buffer, DramRef
+
+
+class _Access:
+    """Last writer and the readers since, of one buffer or one DRAM box."""
+
+    __slots__ = ("writer", "readers")
+
+    def __init__(self):
+        self.writer = -1
+        self.readers: list[int] = []
+
+    def final(self) -> list[int]:
+        """The commands whose completion ends all use of the data so far."""
+        return ([self.writer] if self.writer >= 0 else []) + self.readers
+
+
+class _TensorIndex:
+    """The accessed boxes of one DRAM tensor, bucketed by their dim-0 interval. Buckets are kept
+    sorted, so the search for overlapping boxes looks only at nearby rows: a few boxes for tiled
+    access patterns, however long the program."""
+
+    __slots__ = ("keys", "buckets", "max_extent", "written")
+
+    def __init__(self):
+        self.keys: list[tuple[int, int]] = []   # sorted dim-0 intervals (lo, hi)
+        self.buckets: dict[tuple[int, int], dict[tuple, tuple[DramRef, _Access]]] = {}
+        self.max_extent = 0
+        self.written = False
+
+    def overlapping(self, ref: DramRef):
+        lo, hi = _dim0(ref)
+        keys = self.keys
+        i = bisect.bisect_left(keys, (lo - self.max_extent + 1,))
+        j = bisect.bisect_left(keys, (hi,))
+        for key in keys[i:j]:
+            if key[1] > lo:
+                for box, acc in self.buckets[key].values():
+                    if box.overlaps(ref):
+                        yield acc
+
+    def entry(self, ref: DramRef) -> _Access:
+        key = _dim0(ref)
+        boxes = self.buckets.get(key)
+        if boxes is None:
+            boxes = self.buckets[key] = {}
+            bisect.insort(self.keys, key)
+            self.max_extent = max(self.max_extent, key[1] - key[0])
+        box_key = (ref.offsets, ref.shape)
+        found = boxes.get(box_key)
+        if found is None:
+            found = boxes[box_key] = (ref, _Access())
+        return found[1]
+
+
+class HazardTracker:
+    def __init__(self):
+        self._buffers: dict[int, _Access] = {}
+        self._dram: dict[str, _TensorIndex] = {}
+
+    # ---- SRAM --------------------------------------------------------------------------------
+    def buffer_deps(self, cid: int, reads: tuple[Buffer, ...], writes: tuple[Buffer, ...]) -> set[int]:
+        deps: set[int] = set()
+        for buf in reads:
+            acc = self._buffers.get(buf.id)
+            if acc is not None and acc.writer >= 0:
+                deps.add(acc.writer)
+        for buf in writes:
+            acc = self._buffers.get(buf.id)
+            if acc is not None:
+                deps.update(acc.final())
+        for buf in reads:
+            self._buffers.setdefault(buf.id, _Access()).readers.append(cid)
+        for buf in writes:
+            acc = self._buffers.setdefault(buf.id, _Access())
+            acc.writer, acc.readers = cid, []
+        deps.discard(cid)
+        return deps
+
+    def final_accessors(self, buf: Buffer) -> list[int]:
+        acc = self._buffers.get(buf.id)
+        return acc.final() if acc is not None else []
+
+    # ---- DRAM --------------------------------------------------------------------------------
+    def dram_deps(self, cid: int, ref: DramRef, write: bool) -> set[int]:
+        index = self._dram.get(ref.tensor.name)
+        if index is None:
+            index = self._dram[ref.tensor.name] = _TensorIndex()
+        deps: set[int] = set()
+        if write:
+            for acc in index.overlapping(ref):
+                deps.update(acc.final())
+            index.written = True
+            acc = index.entry(ref)
+            acc.writer, acc.readers = cid, []
+        else:
+            if index.written:  # a tensor nothing stored to has no writers to wait for
+                for acc in index.overlapping(ref):
+                    if acc.writer >= 0:
+                        deps.add(acc.writer)
+            index.entry(ref).readers.append(cid)
+        return deps
+
+
+def _dim0(ref: DramRef) -> tuple[int, int]:
+    if not ref.shape:
+        return (0, 1)
+    return (ref.offsets[0], ref.offsets[0] + ref.shape[0])

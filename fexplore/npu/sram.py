@@ -1,0 +1,169 @@
+"""The SRAM allocator: gives every buffer an address in its PE's SRAM for its lifetime.
+
+A buffer lives from the first command that touches it to the last (program order); there is no
+explicit free. Walking the program in order, a buffer is placed when its first command comes and
+released after its last. If it does not fit, `SRAMOverflowError` names the buffer, its size, the
+capacity, and every buffer live at that point.
+
+Reusing an address is a hazard on a real chip: the new buffer's first writer must not run before
+the old buffer's last reader has finished. The allocator returns those reuse dependencies, and the
+program adds them, so the simulated SRAM occupancy never exceeds the capacity. To keep such waits
+rare it places a buffer in never-used space first, else where the previous occupant finished
+longest ago, so a program that frees a tile and allocates the next still overlaps them when
+SRAM has room.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from fexplore.npu.commands import Buffer, Command
+from fexplore.npu.config import NPUConfig
+from fexplore.npu.errors import SRAMOverflowError
+
+
+class Allocation:
+    """Where each buffer lives: `offset[buffer id]`, its aligned `size`, lifetime `first`..`last`
+    (command ids); per PE the `peak` bytes live at once and the `footprint` (highest address
+    used); `reuse_deps[cmd id]` the commands that must finish before that command may overwrite
+    the space."""
+
+    __slots__ = ("offset", "size", "first", "last", "peak", "footprint", "reuse_deps")
+
+    def __init__(self, num_buffers: int, num_pes: int):
+        self.offset = [-1] * num_buffers
+        self.size = [0] * num_buffers
+        self.first = [-1] * num_buffers
+        self.last = [-1] * num_buffers
+        self.peak = [0] * num_pes        # most bytes live at once, in program order
+        self.footprint = [0] * num_pes   # highest address used + 1
+        self.reuse_deps: dict[int, list[int]] = {}
+
+
+class _PESpace:
+    """Free segments of one PE's SRAM (sorted by offset), plus who last occupied each freed range."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.free = [(0, capacity)]          # (offset, size), sorted, coalesced
+        self.live: dict[int, Buffer] = {}    # buffer id -> buffer
+        self.live_bytes = 0
+        # freed ranges and who used them last: (start, end, final accessors, latest accessor)
+        self.vacated: list[tuple[int, int, tuple[int, ...], int]] = []
+
+    def place(self, size: int) -> int:
+        """An offset for `size` bytes, or -1. Among the places that fit, prefer space never used, then
+        space whose last occupant finished longest ago (program order): reusing just-freed space
+        would make the new buffer wait for the old one's last reader and serialize the program."""
+        best = None
+        for off0, n in self.free:
+            if n < size:
+                continue
+            candidates = {off0, off0 + n - size}
+            candidates.update(s for s, _, _, _ in self.vacated if off0 <= s and s + size <= off0 + n)
+            for off in candidates:
+                age = max((a for s, e, _, a in self.vacated if s < off + size and off < e), default=-1)
+                if best is None or (age, off) < best:
+                    best = (age, off)
+        if best is None:
+            return -1
+        off = best[1]
+        for i, (off0, n) in enumerate(self.free):
+            if off0 <= off and off + size <= off0 + n:
+                pieces = [(off0, off - off0), (off + size, off0 + n - off - size)]
+                self.free[i:i + 1] = [p for p in pieces if p[1] > 0]
+                break
+        return off
+
+    def release(self, off: int, size: int) -> None:
+        i = bisect.bisect_left(self.free, (off, 0))
+        self.free.insert(i, (off, size))
+        # coalesce with the neighbours
+        if i + 1 < len(self.free) and off + size == self.free[i + 1][0]:
+            self.free[i] = (off, size + self.free[i + 1][1])
+            del self.free[i + 1]
+        if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == off:
+            self.free[i - 1] = (self.free[i - 1][0], self.free[i - 1][1] + self.free[i][1])
+            del self.free[i]
+
+    def previous_occupants(self, start: int, end: int) -> list[int]:
+        """Final accessors of buffers that used [start, end) before; forget ranges now covered."""
+        deps, keep = [], []
+        for rec in self.vacated:
+            s, e, accessors, _ = rec
+            if s < end and start < e:
+                deps.extend(accessors)
+                if start <= s and e <= end:
+                    continue  # fully re-occupied: the new buffer's own accessors come after these
+            keep.append(rec)
+        self.vacated = keep
+        return deps
+
+
+def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cfg: NPUConfig) -> Allocation:
+    """Assign SRAM addresses. `final_accessors(buffer)` gives the commands whose completion frees it
+    (its last writer and the readers after it)."""
+    alloc = Allocation(len(buffers), cfg.num_pes)
+    align = cfg.sram_alignment_bytes
+    for c in commands:
+        for buf in c.reads + c.writes:
+            if alloc.first[buf.id] < 0:
+                alloc.first[buf.id] = c.id
+            alloc.last[buf.id] = c.id
+
+    births: dict[int, list[Buffer]] = {}
+    deaths: dict[int, list[Buffer]] = {}
+    for buf in buffers:
+        if alloc.first[buf.id] >= 0:  # a buffer no command touches takes no space
+            births.setdefault(alloc.first[buf.id], []).append(buf)
+            deaths.setdefault(alloc.last[buf.id], []).append(buf)
+
+    spaces = [_PESpace(cfg.sram_bytes_per_pe) for _ in range(cfg.num_pes)]
+    for c in commands:
+        for buf in births.get(c.id, ()):
+            space = spaces[buf.pe]
+            size = -(-buf.nbytes // align) * align
+            off = space.place(size)
+            if off < 0:
+                raise _overflow(buf, size, space, c, cfg)
+            alloc.offset[buf.id], alloc.size[buf.id] = off, size
+            space.live[buf.id] = buf
+            space.live_bytes += size
+            alloc.peak[buf.pe] = max(alloc.peak[buf.pe], space.live_bytes)
+            alloc.footprint[buf.pe] = max(alloc.footprint[buf.pe], off + size)
+            before = space.previous_occupants(off, off + size)
+            if before:
+                alloc.reuse_deps.setdefault(c.id, []).extend(before)
+        for buf in deaths.get(c.id, ()):
+            space = spaces[buf.pe]
+            off, size = alloc.offset[buf.id], alloc.size[buf.id]
+            space.release(off, size)
+            del space.live[buf.id]
+            space.live_bytes -= size
+            accessors = tuple(final_accessors(buf))
+            space.vacated.append((off, off + size, accessors, max(accessors, default=-1)))
+    return alloc
+
+
+def _overflow(buf: Buffer, size: int, space: _PESpace, cmd: Command, cfg: NPUConfig) -> SRAMOverflowError:
+    live = sorted(space.live.values(), key=lambda b: -b.nbytes)
+    listing = "\n".join(f"    {b.name:<20} {_fmt_bytes(b.nbytes):>12}  {b!r}" for b in live) or "    (none)"
+    largest = max((n for _, n in space.free), default=0)
+    free = space.capacity - space.live_bytes
+    why = ("it is fragmented: " if free >= size else "") + \
+        f"{_fmt_bytes(free)} free, largest free block {_fmt_bytes(largest)}"
+    return SRAMOverflowError(
+        f"SRAM overflow on PE {buf.pe} of target {cfg.name!r}: buffer {buf.name!r} "
+        f"({buf.nbytes} bytes, {buf.shape} {buf.dtype}) does not fit; capacity "
+        f"{cfg.sram_bytes_per_pe} bytes, {space.live_bytes} bytes live in {len(live)} buffers ({why})",
+        loc=cmd.loc or buf.loc,
+        detail=f"  needed by {cmd}\n  live buffers on PE {buf.pe}:\n{listing}",
+        hint="use smaller tiles, or end a buffer's life earlier: a buffer lives from the first command "
+             "that uses it to the last, so reuse one buffer instead of allocating a new one per tile")
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

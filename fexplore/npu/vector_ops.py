@@ -1,0 +1,132 @@
+"""The vector unit's operations: one table, one entry per op, everything about the op in its entry.
+
+Each `VectorOpDef` holds its arity, kind (elementwise, reduction, compare), numpy meaning, and cost
+in vector-unit passes per element. The simulator's timing and functional modes, and the builder's
+shape checks, all read this table; nothing else knows about individual vector ops.
+
+Semantics: operands are SRAM buffers or Python scalars (immediates); they broadcast like numpy.
+The unit computes in f32 (bf16/fp8 inputs are widened) and the result is cast to the output
+buffer's dtype on write, so ``cast`` is simply ``copy`` into a buffer of another dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from fexplore.ir.ops import elementwise as ir_elementwise
+
+
+@dataclass(frozen=True)
+class VectorOpDef:
+    name: str
+    arity: int
+    kind: str                 # "elementwise" | "reduction" | "compare"
+    fn: Callable              # numpy meaning, on f32 arrays (reductions also take axis, keepdims)
+    passes: int = 1           # [ASSUMPTION] vector-unit passes per element; transcendentals take 2
+    flops: int = 1            # flops per element, for reports
+
+
+# The math of each op is the IR's (fexplore.ir.ops.elementwise): one meaning, not two.
+def _gelu(x):
+    return ir_elementwise.gelu(x.astype(np.float64)).astype(np.float32)
+
+
+def _gelu_tanh(x):
+    return ir_elementwise.gelu(x.astype(np.float64), "tanh").astype(np.float32)
+
+
+def _sigmoid(x):
+    return ir_elementwise.sigmoid(x)
+
+
+def _ew(name, arity, fn, passes=1, flops=1):
+    return VectorOpDef(name, arity, "elementwise", fn, passes, flops)
+
+
+def _red(name, fn):
+    return VectorOpDef(name, 1, "reduction", fn, 1, 1)
+
+
+def _cmp(name, fn):
+    return VectorOpDef(name, 2, "compare", fn, 1, 1)
+
+
+VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
+    # data movement inside SRAM; into a buffer of another dtype this is the cast
+    _ew("fill", 1, lambda x: x, flops=0),   # out[...] = scalar; the one op whose result is out's shape
+    _ew("copy", 1, lambda x: x, flops=0),
+    _ew("cast", 1, lambda x: x, flops=0),
+    # unary
+    _ew("neg", 1, np.negative),
+    _ew("abs", 1, np.abs),
+    _ew("relu", 1, lambda x: np.maximum(x, np.float32(0))),
+    _ew("exp", 1, np.exp, passes=2, flops=4),
+    _ew("log", 1, np.log, passes=2, flops=4),
+    _ew("sqrt", 1, np.sqrt, passes=2, flops=4),
+    _ew("rsqrt", 1, lambda x: 1.0 / np.sqrt(x), passes=2, flops=4),
+    _ew("reciprocal", 1, lambda x: 1.0 / x, passes=2, flops=4),
+    _ew("tanh", 1, np.tanh, passes=2, flops=8),
+    _ew("sigmoid", 1, _sigmoid, passes=2, flops=8),
+    _ew("silu", 1, lambda x: x * _sigmoid(x), passes=2, flops=9),
+    _ew("gelu", 1, _gelu, passes=2, flops=12),            # erf form, torch's default
+    _ew("gelu_tanh", 1, _gelu_tanh, passes=2, flops=12),  # torch's approximate="tanh"
+    # binary
+    _ew("add", 2, np.add),
+    _ew("sub", 2, np.subtract),
+    _ew("mul", 2, np.multiply),
+    _ew("div", 2, np.divide, passes=2, flops=4),
+    _ew("maximum", 2, np.maximum),
+    _ew("minimum", 2, np.minimum),
+    _ew("pow", 2, np.power, passes=2, flops=8),
+    # select: where(cond, a, b)
+    _ew("where", 3, lambda c, a, b: np.where(c != 0, a, b)),
+    # comparisons produce masks (write them into bool or numeric buffers)
+    _cmp("eq", np.equal),
+    _cmp("ne", np.not_equal),
+    _cmp("lt", np.less),
+    _cmp("le", np.less_equal),
+    _cmp("gt", np.greater),
+    _cmp("ge", np.greater_equal),
+    # reductions over `axis` (default -1), keepdims by default so results broadcast back
+    _red("sum", np.sum),
+    _red("max", np.max),
+    _red("min", np.min),
+    _red("mean", np.mean),
+]}
+
+
+def result_shape(op: VectorOpDef, shapes: list[tuple[int, ...]], axis, keepdims: bool) -> tuple[int, ...]:
+    """Shape of `op` applied to operands of `shapes` (a scalar operand has shape ()).
+    Raises ValueError with a readable reason on a mismatch."""
+    if op.kind == "reduction":
+        (shape,) = shapes
+        axes = _norm_axes(axis, len(shape))
+        if keepdims:
+            return tuple(1 if i in axes else d for i, d in enumerate(shape))
+        return tuple(d for i, d in enumerate(shape) if i not in axes)
+    return tuple(np.broadcast_shapes(*shapes))
+
+
+def _norm_axes(axis, ndim: int) -> tuple[int, ...]:
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"axis {a} out of range for a {ndim}-d operand")
+        out.append(a % ndim)
+    return tuple(sorted(set(out)))
+
+
+def apply(op: VectorOpDef, args: list, axis, keepdims: bool) -> np.ndarray:
+    """Run `op` on numpy arrays / scalars, computing in f32."""
+    vals = [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype != np.float32 else a
+            for a in args]
+    vals = [np.float32(v) if not isinstance(v, np.ndarray) else v for v in vals]
+    with np.errstate(all="ignore"):  # NaN/inf propagate like on the chip; reads of fresh SRAM are NaN
+        if op.kind == "reduction":
+            return op.fn(vals[0], axis=_norm_axes(axis, vals[0].ndim), keepdims=keepdims)
+        return op.fn(*vals)

@@ -1,0 +1,126 @@
+"""The builder: inferred dependencies, explicit ones, barriers, and errors in the user's terms."""
+
+import pytest
+
+from fexplore.errors import SourceLoc
+from fexplore.npu import ProgramBuilder, ProgramError
+
+
+def _buf(b, name, shape=(8, 8), dtype="f32", pe=0):
+    return b.alloc(name, shape, dtype, pe=pe)
+
+
+def test_dependencies_are_inferred_from_reads_and_writes():
+    b = ProgramBuilder("tiny")
+    A, C = b.input("A", (8, 8)), b.output("C", (8, 8))
+    x, y = _buf(b, "x"), _buf(b, "y")
+    ld = b.load(x, A)
+    ex = b.vector(y, "exp", x)              # reads x: after the load (RAW)
+    ld2 = b.load(x, A)                      # overwrites x: after exp has read it (WAR)
+    st = b.store(C, y)                      # reads y: after exp (RAW)
+    st2 = b.store(C, x)                     # same DRAM box: after the first store (WAW)
+    b.build()
+    assert ex.deps == (ld.id,)
+    assert ex.id in ld2.deps
+    assert st.deps == (ex.id,)
+    assert st.id in st2.deps and ld2.id in st2.deps
+
+
+def test_dram_dependencies_follow_boxes_across_pes():
+    b = ProgramBuilder("tiny")
+    H = b.scratch("H", (16, 8))
+    p0, p1 = _buf(b, "p0", pe=0), _buf(b, "p1", pe=1)
+    q1 = _buf(b, "q1", (16, 8), pe=1)
+    b.vector(p0, "fill", 1.0)
+    b.vector(p1, "fill", 2.0)
+    s0 = b.store(H[0:8], p0)
+    s1 = b.store(H[8:16], p1)               # a disjoint tile: independent of s0
+    ld = b.load(q1, H)                      # reads both tiles: waits for both stores
+    b.build()
+    assert s0.id not in s1.deps
+    assert {s0.id, s1.id} <= set(ld.deps)
+
+
+def test_explicit_deps_sync_and_barrier():
+    b = ProgramBuilder("tiny")
+    x0, x1 = _buf(b, "x0", pe=0), _buf(b, "x1", pe=1)
+    f0 = b.vector(x0, "fill", 0.0)
+    f1 = b.vector(x1, "fill", 1.0)
+    join = b.sync(f0, f1)
+    after = b.vector(x0, "add", x0, 1.0, deps=[join])
+    assert join.deps == (f0.id, f1.id) and join.id in after.deps
+    bar = b.barrier()
+    g1 = b.vector(x1, "mul", x1, 3.0)        # on PE1: must wait for everything before the barrier
+    assert bar.id in g1.deps and after.id in bar.deps
+    res = b.build().simulate()
+    ev = {e.cmd: e for e in res.timeline.events}
+    assert ev[g1.id].start >= max(ev[after.id].end, ev[f1.id].end)
+
+
+def test_commands_carry_source_locations():
+    b = ProgramBuilder("tiny")
+    x = _buf(b, "x")
+    c = b.vector(x, "fill", 0.0)
+    assert c.loc.file.endswith("test_npu_builder.py") and c.loc.line > 0
+    given = SourceLoc("model.py", 12, "model.layers.0.mlp")
+    c2 = b.vector(x, "add", x, 1.0, loc=given)
+    assert c2.loc is given
+    prog = b.build()
+    assert "model.py:12 in model.layers.0.mlp" in str(prog)
+    assert ProgramBuilder("tiny", capture_locs=False).vector  # capture can be switched off
+    nb = ProgramBuilder("tiny", capture_locs=False)
+    assert nb.vector(_buf(nb, "y"), "fill", 0.0).loc is None
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda b: b.load(_buf(b, "x", (4, 4)), b.input("A", (8, 8))), "shapes differ"),
+    (lambda b: b.load(_buf(b, "x", dtype="bf16"), b.input("A", (8, 8))), "dtypes differ"),
+    (lambda b: b.contract(_buf(b, "o"), "mk,kn->mn", _buf(b, "a"), _buf(b, "c", pe=1)), "different PEs"),
+    (lambda b: b.contract(_buf(b, "o"), "mk,kn->mn", _buf(b, "a", (8, 4)), _buf(b, "c")), "index 'k'"),
+    (lambda b: b.contract(_buf(b, "o", (8, 4)), "mk,kn->mn", _buf(b, "a"), _buf(b, "c")), "result shape"),
+    (lambda b: b.contract(_buf(b, "o"), "mk,kn", _buf(b, "a"), _buf(b, "c")), "not of the form"),
+    (lambda b: b.contract(_buf(b, "o"), "mk,kn->mn", _buf(b, "a", dtype="i32"), _buf(b, "c", dtype="i32")),
+     "no i32 mode"),
+    (lambda b: b.vector(_buf(b, "o"), "softplus", _buf(b, "a")), "unknown vector op"),
+    (lambda b: b.vector(_buf(b, "o"), "add", _buf(b, "a")), "takes 2 operand"),
+    (lambda b: b.vector(_buf(b, "o", (8, 1)), "add", _buf(b, "a"), 1.0), "does not match output"),
+    (lambda b: b.vector(_buf(b, "o", (8, 1)), "sum", _buf(b, "a"), axis=2), "out of range"),
+    (lambda b: _buf(b, "x", pe=2), "PE 2 does not exist"),
+    (lambda b: b.vector(_buf(b, "o"), "add", _buf(b, "a"), "x"), "neither"),
+])
+def test_malformed_commands_raise_program_error(make, match):
+    b = ProgramBuilder("tiny")
+    with pytest.raises(ProgramError, match=match) as err:
+        make(b)
+    assert err.value.code == "FX501"
+    assert err.value.loc is not None  # points at the user's line
+
+
+def test_a_builder_builds_once_and_rejects_foreign_handles():
+    b1, b2 = ProgramBuilder("tiny"), ProgramBuilder("tiny")
+    x = _buf(b1, "x")
+    with pytest.raises(ProgramError, match="not an SRAM buffer of this program"):
+        b2.vector(x, "fill", 0.0)
+    b1.vector(x, "fill", 0.0)
+    b1.build()
+    with pytest.raises(ProgramError, match="already built"):
+        b1.vector(x, "fill", 1.0)
+
+
+def test_program_text_lists_memory_and_commands():
+    b = ProgramBuilder("tiny", name="demo", capture_locs=False)
+    A, C = b.input("A", (8, 8)), b.output("C", (8, 8))
+    x = _buf(b, "x")
+    b.load(x, A[0:8, 0:8])
+    b.vector(x, "exp", x)
+    b.store(C, x)
+    text = str(b.build())
+    assert text.splitlines() == [
+        "program demo on tiny:",
+        "  dram.input A<8x8 f32>",
+        "  dram.output C<8x8 f32>",
+        "  sram pe0.x<8x8 f32> @0x0",
+        "  %0 = pe0.dma load A -> x",
+        "  %1 = pe0.vector x = exp(x)  after(%0)",
+        "  %2 = pe0.dma store x -> C  after(%1)",
+    ]

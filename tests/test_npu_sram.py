@@ -1,0 +1,91 @@
+"""The SRAM allocator: lifetimes, address reuse, and the overflow error."""
+
+import numpy as np
+import pytest
+
+from fexplore.errors import FexploreError
+from fexplore.npu import ProgramBuilder, SRAMOverflowError, get_target
+
+TINY = get_target("tiny")   # 64 KiB per PE
+
+
+def _three_live_buffers():
+    b = ProgramBuilder(TINY)
+    X = b.input("X", (3, 96, 64), "f32")
+    Y = b.output("Y", (96, 64), "f32")
+    bufs = [b.alloc(name, (96, 64), "f32") for name in ("x0", "x1", "x2")]  # 24 KiB each
+    for i, buf in enumerate(bufs):
+        b.load(buf, X[i])
+    b.vector(bufs[0], "add", bufs[0], bufs[1])
+    b.vector(bufs[0], "add", bufs[0], bufs[2])
+    b.store(Y, bufs[0])
+    return b
+
+
+def test_tiny_rejects_live_buffers_beyond_sram():
+    b = _three_live_buffers()
+    with pytest.raises(SRAMOverflowError) as err:
+        b.build()
+    e = err.value
+    msg = str(e)
+    assert e.code == "FX500" and isinstance(e, FexploreError)
+    assert "'x2'" in msg and "24576 bytes" in msg             # the buffer and its size
+    assert "65536" in msg                                       # the capacity
+    assert "x0" in msg and "x1" in msg                          # what was live
+    assert "PE 0" in msg and e.hint
+    assert e.loc is not None and e.loc.file.endswith("test_npu_sram.py")  # the command's line
+
+
+def test_the_same_program_fits_rngd():
+    b = ProgramBuilder("rngd")
+    X = b.input("X", (3, 96, 64), "f32")
+    bufs = [b.alloc(f"x{i}", (96, 64), "f32") for i in range(3)]
+    for i, buf in enumerate(bufs):
+        b.load(buf, X[i])
+    b.vector(bufs[0], "add", bufs[1], bufs[2])
+    prog = b.build()
+    assert prog.allocation.peak[0] == 3 * 96 * 64 * 4
+
+
+def test_a_buffer_larger_than_sram_is_rejected_at_alloc():
+    b = ProgramBuilder(TINY)
+    with pytest.raises(SRAMOverflowError, match="'huge'.*larger than the whole SRAM"):
+        b.alloc("huge", (256, 256), "f32")
+
+
+def test_buffers_live_only_from_first_to_last_use():
+    """Four 24 KiB buffers used one after another fit in 64 KiB: each takes space freed by an
+    earlier one, and that reuse waits for the earlier buffer's last reader. Space freed longest ago
+    is taken first, so the vector unit can fill one tile while the DMA stores the previous one."""
+    b = ProgramBuilder(TINY)
+    Y = b.output("Y", (4, 96, 64), "f32")
+    fills, stores = [], []
+    for i in range(4):
+        buf = b.alloc(f"t{i}", (96, 64), "f32")
+        fills.append(b.vector(buf, "fill", float(i)))
+        stores.append(b.store(Y[i], buf))
+    prog = b.build()
+    alloc = prog.allocation
+    assert alloc.peak[0] == 24576                                # in program order one is live at a time
+    assert alloc.offset[0] != alloc.offset[1]                    # t1 takes fresh space: no wait on t0
+    assert alloc.offset[2] == alloc.offset[0]                    # t2 reuses t0's space ...
+    assert stores[0].id in fills[2].deps                         # ... after t0's store has read it
+    assert fills[1].deps == ()
+    res = prog.simulate({})
+    expect = np.broadcast_to(np.arange(4, dtype=np.float32)[:, None, None], (4, 96, 64))
+    np.testing.assert_array_equal(res.outputs["Y"], expect)
+    # in the run two tiles share SRAM (one stored while the next is filled), never more than fits
+    assert res.sram_peak == [2 * 24576, 0]
+    ev = {e.cmd: e for e in res.timeline.events}
+    assert ev[fills[1].id].start < ev[stores[0].id].end
+
+
+def test_buffers_are_aligned():
+    b = ProgramBuilder(TINY)
+    X = b.input("X", (10,), "f32")
+    small = [b.alloc(f"s{i}", (10,), "f32") for i in range(3)]    # 40 bytes each
+    for s in small:
+        b.load(s, X)
+    b.vector(small[0], "add", small[1], small[2])
+    alloc = b.build().allocation
+    assert [alloc.offset[s.id] for s in small] == [0, 64, 128]
