@@ -71,7 +71,7 @@ class CompiledModel:
         """A readable account of the compile, for terminals (``fexplore demo`` prints it)."""
         g = self.graph
         lines = [f"compiled @{g.name}: {len(g.inputs)} input(s), {len(g.outputs)} output(s), "
-                 f"target {self.options.target}, precision {self.options.precision}"]
+                 f"target {self.options.chip.name}, precision {self.options.precision}"]
         if g.symbols:
             dims = ", ".join(f"{k} in [{lo}, {'inf' if hi is None else hi}]"
                              for k, (lo, hi) in g.symbols.items())

@@ -7,8 +7,9 @@ from typing import Any
 
 from fexplore.errors import ConfigError
 
+from fexplore.npu import NPUConfig, get_target
+
 PRECISIONS = ("fp32", "bf16", "fp8")
-KNOWN_TARGETS = ("rngd", "tiny")
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,15 @@ class CompileOptions:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {self.precision!r}",
                               hint=f"one of {', '.join(PRECISIONS)}")
-        if isinstance(self.target, str) and self.target not in KNOWN_TARGETS:
-            raise ConfigError(f"unknown target {self.target!r}",
-                              hint=f"a preset ({', '.join(KNOWN_TARGETS)}) or an NPUConfig")
+        get_target(self.target)  # raises ConfigError for an unknown preset
         if not isinstance(self.verify, bool):
             raise ConfigError("verify must be True or False")
         if self.random_input_sets < 0:
             raise ConfigError("random_input_sets must be >= 0")
+
+    @property
+    def chip(self) -> NPUConfig:
+        return get_target(self.target)
 
     def replace(self, **changes) -> "CompileOptions":
         return replace(self, **changes)
