@@ -8,4 +8,12 @@ from . import errors
 from .pipeline import CompiledModel, Exploration, compile, explore, register_op
 
 __version__ = "0.1.0"
-__all__ = ["CompiledModel", "Exploration", "compile", "errors", "explore", "register_op"]
+__all__ = ["CompiledModel", "Exploration", "compile", "errors", "explore", "load_ipython_extension",
+           "register_op"]
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext fexplore``: registers the ``%%furiosa_kernel`` cell magic."""
+    from .lang.magic import load_ipython_extension as _load
+
+    _load(ipython)
