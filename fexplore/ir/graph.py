@@ -194,6 +194,13 @@ class Graph:
             return f"<pre>{html.escape(str(self))}</pre>"
         return graph_html(self)
 
+    def view(self, **options):
+        """A graph picture (``expand="layers.0"``, ``collapse=``, ``depth=``, ``max_nodes=``);
+        rendering lives in ``fexplore.viz``, imported only when asked for."""
+        from fexplore.viz.graph_view import GraphView
+
+        return GraphView(self, **options)
+
     def walk(self) -> Iterator[Node]:
         """Every node, including those inside regions (depth first)."""
         for n in self.nodes:

@@ -187,6 +187,9 @@ class TensorType:
     def with_shape(self, shape) -> "TensorType":
         return TensorType(tuple(shape), self.dtype, None)
 
+    def with_layout(self, layout: Layout | None) -> "TensorType":
+        return TensorType(self.shape, self.dtype, layout)
+
     def with_dtype(self, dtype: DType) -> "TensorType":
         return TensorType(self.shape, dtype, self.layout)
 

@@ -22,8 +22,10 @@ from .options import CompileOptions
 from .passmanager import PassManager
 from .stage import Stage, StageRecord, Verification, graph_stats
 
-# The graph stages after ingestion, in DESIGN.md's order. Later stages append here.
-GRAPH_STAGES: list[Stage] = []
+from .stages import GRAPH_STAGE_LIST
+
+# The graph stages after ingestion, in DESIGN.md's order.
+GRAPH_STAGES: list[Stage] = list(GRAPH_STAGE_LIST)
 
 
 class Exploration:

@@ -46,7 +46,7 @@ def sigmoid(x):
 
 def gelu(x, approximate="none"):
     if approximate == "tanh":
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
 

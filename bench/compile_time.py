@@ -1,0 +1,201 @@
+"""Front-end compile time: ingestion vs torch.export, and the reference interpreter vs torch eager.
+
+Model: `fexplore.models.gpt` (GPT-2 style) at several depths, width 768, 12 heads, seq 128, batch 1.
+vocab is 8192, not GPT-2's 50257: the tied LM head would otherwise dominate every figure and hide
+how the per-layer costs scale. Goals (from the issue):
+  1. ingest() after export <= 0.25x torch.export.export's own time, at every depth;
+  2. ingest time grows linearly with layers (least-squares fit of ingest_s on layers, R^2);
+  3. ir.run() <= 2x torch eager (under no_grad) on the same inputs.
+
+    .venv/bin/python bench/compile_time.py [--layers 1,2,4,8,16] [--quick] [--profile]
+
+Every figure is a ratio of two things timed in the same run, because the machine is shared and noisy.
+Prints a table and writes bench/results/compile_time.md. No assertion: a benchmark reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import gc
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from fexplore import ir  # noqa: E402
+from fexplore.models.gpt import gpt  # noqa: E402
+from fexplore.pipeline.export import decomposition_table  # noqa: E402
+from fexplore.pipeline.ingest import ingest  # noqa: E402
+
+INGEST_GOAL, INTERP_GOAL, R2_GOAL = 0.25, 2.0, 0.98
+# torch's own pytree code trips its own deprecation on every export; it says nothing about us.
+warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+
+
+def timed(fn, repeat: int):
+    """Median wall time of ``repeat`` calls, and the last result."""
+    gc.collect()  # don't charge this measurement for the garbage the previous one left
+    times, out = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def measure(layers: int, cfg: dict, reps: dict) -> dict:
+    model, args = gpt(layers=layers, **cfg)
+    # The raw capture and the decomposition are timed apart: the goal compares against the former.
+    export_s, raw = timed(lambda: torch.export.export(model, args, strict=False), reps["export"])
+    decomp_s, ep = timed(lambda: raw.run_decompositions(decomposition_table()), reps["decomp"])
+    ingest_s, ing = timed(lambda: ingest(ep), reps["ingest"])
+    x = [a.numpy() for a in args]
+    eager, interp = [], []
+    with torch.no_grad():
+        model(*args), ir.run(ing.graph, x)  # warm-up: first calls allocate, later ones reuse
+        # Alternated, so a burst of load from other work hits both sides of the ratio alike.
+        for _ in range(reps["run"]):
+            eager.append(timed(lambda: model(*args), 1))
+            interp.append(timed(lambda: ir.run(ing.graph, x), 1))
+    eager_s, ref = statistics.median(t for t, _ in eager), eager[-1][1]
+    interp_s, out = statistics.median(t for t, _ in interp), interp[-1][1][0]
+    return dict(layers=layers, nodes=len(ing.graph.nodes), export=export_s, decomp=decomp_s,
+                ingest=ingest_s, eager=eager_s, interp=interp_s,
+                err=float(np.abs(out - ref.numpy()).max()), ingested=ing, inputs=x)
+
+
+def linear_fit(xs, ys):
+    """Least-squares y = a*x + b and its R^2."""
+    a, b = np.polyfit(xs, ys, 1)
+    pred = np.polyval([a, b], xs)
+    ss_tot = float(np.sum((np.asarray(ys) - np.mean(ys)) ** 2))
+    r2 = 1.0 - float(np.sum((np.asarray(ys) - pred) ** 2)) / ss_tot if ss_tot else 1.0
+    return float(a), float(b), r2
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def report(rows, cfg, reps) -> str:
+    fit = linear_fit([r["layers"] for r in rows], [r["ingest"] for r in rows])
+    worst_ingest = max(r["ingest"] / r["export"] for r in rows)
+    worst_interp = max(r["interp"] / r["eager"] for r in rows)
+    linear = verdict(fit[2] >= R2_GOAL) if len(rows) >= 3 else "n/a (fewer than 3 depths)"
+    lines = [
+        "# Front-end compile time: ingest vs torch.export, interpreter vs eager",
+        "",
+        f"Run {datetime.datetime.now():%Y-%m-%d %H:%M}; {os.cpu_count()} cores (shared, noisy), "
+        f"torch {torch.__version__} with {torch.get_num_threads()} threads, numpy {np.__version__} "
+        f"(OpenBLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}"
+        ", i.e. its default of one per core).",
+        f"Model: `gpt(vocab={cfg['vocab']}, width={cfg['width']}, heads={cfg['heads']}, "
+        f"seq_len={cfg['seq_len']}, max_seq={cfg['max_seq']}, batch=1)`; vocab shrunk from 50257 so "
+        "the tied LM head does not swamp the per-layer costs.",
+        "A throwaway export + ingest + run of a tiny model ran first, so torch.export's one-time "
+        f"costs are not charged to the first row. Medians of: export {reps['export']}, "
+        f"decomposition {reps['decomp']}, ingest {reps['ingest']}, eager/interp {reps['run']} "
+        "runs (after one warm-up run each; eager and interp runs alternate).",
+        "",
+        "| layers | IR nodes | export s | decomp s | ingest s | ingest / export | "
+        "ingest s / layer | eager s | interp s | interp / eager | max abs err |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['layers']} | {r['nodes']} | {r['export']:.3f} | {r['decomp']:.3f} | "
+            f"{r['ingest']:.3f} | {r['ingest'] / r['export']:.2f}x | "
+            f"{r['ingest'] / r['layers']:.4f} | {r['eager']:.4f} | {r['interp']:.4f} | "
+            f"{r['interp'] / r['eager']:.2f}x | {r['err']:.1e} |")
+    lines += [
+        "",
+        f"Ingest time fit: {fit[0]:.4f} s/layer + {fit[1]:.4f} s, R^2 = {fit[2]:.4f}.",
+        "",
+        "| goal | measured | result |",
+        "|---|---|---|",
+        f"| ingest <= {INGEST_GOAL}x torch.export.export, every depth | worst "
+        f"{worst_ingest:.2f}x | {verdict(worst_ingest <= INGEST_GOAL)} |",
+        f"| ingest grows linearly with layers (R^2 >= {R2_GOAL}, >= 3 depths) | "
+        f"R^2 {fit[2]:.4f} over {len(rows)} depths | {linear} |",
+        f"| interpreter <= {INTERP_GOAL}x torch eager, every depth | worst {worst_interp:.2f}x | "
+        f"{verdict(worst_interp <= INTERP_GOAL)} |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def profile(row) -> str:
+    """Where the time goes at the deepest model: ingest() under cProfile, interpreter per op."""
+    prof = cProfile.Profile()
+    prof.runcall(ingest, row["ingested"].exported)
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(15)
+    runs = []  # per-op seconds, one dict per run; the median per op damps bursts of load
+    for _ in range(3):
+        per_op, count, last = defaultdict(float), defaultdict(int), [time.perf_counter()]
+
+        def hook(node, outs):  # time since the previous node finished = this node's evaluation
+            now = time.perf_counter()
+            per_op[node.op.name] += now - last[0]
+            count[node.op.name] += 1
+            last[0] = now
+
+        last[0] = time.perf_counter()
+        ir.run(row["ingested"].graph, row["inputs"], hook=hook)
+        runs.append(per_op)
+    per_op = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
+    total = sum(per_op.values())
+    ops = "\n".join(f"  {name:<24} {count[name]:>5}  {s:8.4f} s  {s / total:6.1%}"
+                    for name, s in sorted(per_op.items(), key=lambda kv: -kv[1])[:15])
+    return (f"## ingest() profile, {row['layers']} layers (top 15 by cumulative time)\n"
+            f"{buf.getvalue()}\n## interpreter time per op, {row['layers']} layers (median of 3)\n"
+            f"  {'op':<24} {'count':>5}  {'time':>10}  share\n{ops}\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", default="1,2,4,8,16")
+    ap.add_argument("--quick", action="store_true", help="layers 1,2 at width 128: a smoke run")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print a cProfile of ingest() and per-op interpreter times")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "compile_time.md"))
+    args = ap.parse_args(argv)
+    cfg = dict(vocab=8192, width=768, heads=12, seq_len=128, max_seq=256)
+    # ingest takes milliseconds, so many repetitions are cheap and a few are too noisy to fit a line to.
+    reps = dict(export=2, decomp=1, ingest=15, run=5)
+    layers = [int(n) for n in args.layers.split(",")]
+    if args.quick:
+        cfg.update(vocab=512, width=128, heads=4)
+        layers = [1, 2]
+    # Warm-up: the first torch.export in a process pays for imports, dispatcher and dynamo setup.
+    measure(1, dict(cfg, width=64, heads=4, vocab=128, seq_len=16),
+            dict(export=1, decomp=1, ingest=1, run=1))
+    rows = []
+    for n in layers:
+        rows.append(measure(n, cfg, reps))
+        print(f"  {n} layers done", file=sys.stderr, flush=True)
+    text = report(rows, cfg, reps)
+    print(text)
+    out = Path(args.out)
+    if not args.quick:  # a smoke run must not overwrite the recorded table
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    if args.profile:
+        print(profile(rows[-1]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

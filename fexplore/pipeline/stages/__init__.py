@@ -1,0 +1,11 @@
+"""The graph stages, in DESIGN.md's order. Each is a function ``(graph, options) -> StageResult``
+that builds a new graph (never edits its input) and is idempotent."""
+
+from ..stage import Stage
+from .fold import fold
+from .simplify import simplify
+
+GRAPH_STAGE_LIST = [
+    Stage("fold", fold, "constant folding through the interpreter; conv + batch norm folding"),
+    Stage("simplify", simplify, "canonicalization rules, CSE, DCE"),
+]

@@ -1,0 +1,103 @@
+"""fold: constant folding and propagation, by running the reference interpreter.
+
+Everything computed from constants alone becomes a constant: masks, position ids, aranges,
+transposed or reshaped weights, rotary tables. A batch norm after a convolution with constant
+weights folds into the convolution's weight and bias. The fold size limit (an option) keeps huge
+results from being materialized, and broadcasts stay lazy (an expanded constant is cheaper to
+regenerate than to store).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fexplore.ir import Constant, Graph, Node, evaluate_node
+
+from ..stage import StageResult
+from .rewrite import Rewriter
+
+_NEVER_FOLD = {"expand"}  # materializing a broadcast only bloats the constant pool
+
+
+def fold(graph: Graph, options) -> StageResult:
+    limit = options.fold_limit_bytes
+    users = graph.users()
+    rw = Rewriter(graph)
+    folded = skipped_for_size = 0
+    folded_bytes = 0
+    absorbed: set[str] = set()  # conv outputs whose batch norm folds into them
+
+    producers = graph.producers()
+    for node in graph.nodes:
+        if node.op.name == "conv2d" and _conv_bn_pair(node, users, rw):
+            absorbed.add(node.output.name)  # emitted at its batch norm, with the folded weights
+            continue
+        if node.op.name == "batch_norm" and node.inputs[0].name in absorbed:
+            _fold_conv_bn(rw, producers[node.inputs[0].name], node)
+            continue
+        ins = [rw.lookup(v) for v in node.inputs]
+        if not _foldable(node, ins):
+            rw.keep(node)
+            continue
+        nbytes = sum(int(v.type.nbytes()) for v in node.outputs)
+        if nbytes > limit:
+            skipped_for_size += 1
+            rw.keep(node)
+            continue
+        arrays = evaluate_node(node, [c.payload for c in ins])
+        for v, a in zip(node.outputs, arrays):
+            rw.replace(v, rw.constant(v.name, np.asarray(a, order="C"), type=v.type))
+        folded += 1
+        folded_bytes += nbytes
+        rw.record("fold-constant", [v.name for v in node.outputs])
+    g = rw.finish()
+    stats = {"constants_folded": folded, "folded_bytes": folded_bytes,
+             "conv_batchnorm_folded": len(absorbed),
+             "not_folded_over_size_limit": skipped_for_size}
+    return StageResult(g, stats, rw.rewrites)
+
+
+def _foldable(node: Node, ins) -> bool:
+    if node.regions or node.op.name in _NEVER_FOLD:
+        return False
+    if not all(isinstance(v, Constant) and v.payload is not None for v in ins):
+        return False
+    if not all(v.type.is_static for v in node.outputs):
+        return False
+    return not any(_symbolic(a) for a in node.attrs.values())
+
+
+def _symbolic(v) -> bool:
+    if isinstance(v, tuple):
+        return any(_symbolic(x) for x in v)
+    return hasattr(v, "free_symbols")
+
+
+def _is_const(rw: Rewriter, v) -> bool:
+    v = rw.lookup(v)
+    return isinstance(v, Constant) and v.payload is not None
+
+
+def _conv_bn_pair(conv: Node, users, rw: Rewriter) -> bool:
+    """A conv2d with constant weight (and bias) whose only user is a batch norm with constant
+    statistics and affine parameters."""
+    us = users.get(conv.output.name, [])
+    if len(us) != 1 or us[0].op.name != "batch_norm" or us[0].inputs[0] is not conv.output:
+        return False
+    return all(_is_const(rw, v) for v in conv.inputs[1:]) and \
+        all(_is_const(rw, v) for v in us[0].inputs[1:])
+
+
+def _fold_conv_bn(rw: Rewriter, conv: Node, bn: Node) -> None:
+    w = rw.lookup(conv.inputs[1]).payload.astype(np.float64)
+    b = rw.lookup(conv.inputs[2]).payload.astype(np.float64) if len(conv.inputs) == 3 else 0.0
+    gamma, beta, mean, var = (rw.lookup(v).payload.astype(np.float64) for v in bn.inputs[1:])
+    scale = gamma / np.sqrt(var + bn.attrs["eps"])
+    dt = conv.inputs[1].type.dtype.numpy
+    new_w = rw.constant(f"{bn.output.name}.weight", (w * scale.reshape(-1, 1, 1, 1)).astype(dt))
+    new_b = rw.constant(f"{bn.output.name}.bias", ((b - mean) * scale + beta).astype(dt))
+    x = rw.lookup(conv.inputs[0])
+    out = rw.emit("conv2d", [x, new_w, new_b], dict(conv.attrs), name=bn.output.name,
+                  loc=conv.loc)
+    rw.replace(bn.output, out)
+    rw.record("fold-conv-batchnorm", [conv.output.name, bn.output.name], [out.name])

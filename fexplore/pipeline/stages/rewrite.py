@@ -1,0 +1,128 @@
+"""The one rewrite engine the graph stages share.
+
+A stage walks its input graph in order and, for each node, either keeps it (re-typed if its inputs
+changed), replaces its results with other values, or emits new nodes. Nothing is edited in place:
+the Rewriter builds a new graph, reusing every untouched Node object, so the input snapshot stays
+valid and cheap.
+
+Names stay stable: a kept node keeps its result names; a node that replaces another takes the
+replaced value's name, so diffs between stages line up.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from fexplore.errors import SourceLoc
+from fexplore.ir import Attrs, Constant, DType, Graph, Node, TensorType, Value, get_op
+
+from ..stage import Rewrite
+
+
+class Rewriter:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.nodes: list[Node] = []
+        self.constants: list[Constant] = list(graph.constants)
+        self.rewrites: list[Rewrite] = []
+        self._subst: dict[str, Value] = {}
+        self._names = {v.name for v in graph.inputs} | {c.name for c in graph.constants} | \
+            {v.name for n in graph.nodes for v in n.outputs}
+
+    # -- values ------------------------------------------------------------------------------
+
+    def lookup(self, v: Value) -> Value:
+        while v.name in self._subst and self._subst[v.name] is not v:
+            v = self._subst[v.name]
+        return v
+
+    def replace(self, old: Value, new: Value) -> None:
+        """Every later use of ``old`` reads ``new`` instead."""
+        if old.name != new.name or old is not new:
+            self._subst[old.name] = new
+
+    def fresh_name(self, base: str) -> str:
+        name, k = base, 1
+        while name in self._names:
+            name, k = f"{base}.{k}", k + 1
+        self._names.add(name)
+        return name
+
+    def constant(self, name: str, payload: np.ndarray, *, source: str | None = None,
+                 type: TensorType | None = None) -> Constant:
+        t = type or TensorType(payload.shape, DType.from_numpy(payload.dtype))
+        c = Constant(name if name not in {x.name for x in self.constants} else
+                     self.fresh_name(name), t, payload, source=source)
+        self._names.add(c.name)
+        self.constants.append(c)
+        return c
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def keep(self, node: Node) -> Node:
+        """Keep ``node``, reading its inputs through the substitutions; re-type it if needed."""
+        ins = [self.lookup(v) for v in node.inputs]
+        if all(a is b for a, b in zip(ins, node.inputs)):
+            self.nodes.append(node)
+            return node
+        return self.rebuild(node, ins)
+
+    def rebuild(self, node: Node, ins: list[Value], attrs=None, regions=None) -> Node:
+        attrs = node.attrs if attrs is None else Attrs(attrs)
+        regions = node.regions if regions is None else regions
+        types = node.op.infer_types([v.type for v in ins], attrs, regions)
+        outs = []
+        for old, t in zip(node.outputs, types):
+            if old.type.layout is not None and t.layout is None:
+                t = TensorType(t.shape, t.dtype, old.type.layout)
+            new = old if old.type == t else Value(old.name, t)
+            if new is not old:
+                self.replace(old, new)
+            outs.append(new)
+        n = Node(node.op, ins, attrs, outs, node.loc, regions)
+        self.nodes.append(n)
+        return n
+
+    def emit(self, op: str, inputs: Iterable[Value], attrs: dict | None = None, *, name: str,
+             loc: SourceLoc | None = None, layout=None) -> Value:
+        """A new single-result node; ``name`` should come from the value it stands for."""
+        opdef = get_op(op)
+        ins = [self.lookup(v) for v in inputs]
+        full = Attrs(opdef.complete_attrs(dict(attrs or {})))
+        (t,) = opdef.infer_types([v.type for v in ins], full)
+        if layout is not None:
+            t = TensorType(t.shape, t.dtype, layout)
+        out = Value(name, t)
+        self._names.add(name)
+        self.nodes.append(Node(opdef, ins, full, [out], loc))
+        return out
+
+    def record(self, rule: str, nodes: Iterable[str], result: Iterable[str] = ()) -> None:
+        self.rewrites.append(Rewrite(rule, tuple(nodes), tuple(result)))
+
+    # -- the result --------------------------------------------------------------------------
+
+    def finish(self, outputs: list[Value] | None = None, *, prune: bool = True) -> Graph:
+        outs = [self.lookup(v) for v in (outputs if outputs is not None else self.graph.outputs)]
+        consts = self.constants
+        if prune:  # constants no node reads any more (folded away, deduplicated)
+            used = {v.name for n in self.nodes for v in n.inputs} | {v.name for v in outs}
+            consts = [c for c in consts if c.name in used]
+        return Graph(self.graph.name, list(self.graph.inputs), consts, self.nodes, outs,
+                     dict(self.graph.symbols))
+
+
+def map_regions(graph: Graph, fn) -> Graph:
+    """Apply a graph -> graph function to every region body, recursively, and to ``graph``."""
+    if not any(n.regions for n in graph.nodes):
+        return fn(graph)
+    rw = Rewriter(graph)
+    for n in graph.nodes:
+        if n.regions:
+            rw.rebuild(n, [rw.lookup(v) for v in n.inputs],
+                       regions=[map_regions(r, fn) for r in n.regions])
+        else:
+            rw.keep(n)
+    return fn(rw.finish(prune=False))

@@ -1,0 +1,211 @@
+"""simplify: canonicalization by named rules, then CSE and DCE, to a fixed point.
+
+Each rule looks at one node (and the node producing its input) and either answers with a value
+that replaces the node's result or declines. Every firing is recorded (rule, nodes) for the
+explorer. A rule may only replace a result with a value of exactly the same type (layout
+included), which keeps every rewrite local and the verifier's job easy.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from fexplore.ir import Constant, Graph, Node, Value
+
+from ..stage import Rewrite, StageResult
+from .rewrite import Rewriter, map_regions
+
+Rule = Callable[[Rewriter, Node, list, dict], "Value | None"]
+RULES: list[tuple[str, Rule]] = []
+
+
+def rule(name: str):
+    def deco(fn: Rule) -> Rule:
+        RULES.append((name, fn))
+        return fn
+
+    return deco
+
+
+def _const_all(v: Value, x: float) -> bool:
+    return isinstance(v, Constant) and v.payload is not None and v.payload.size <= 1 << 16 \
+        and bool(np.all(v.payload == x))
+
+
+@rule("drop-identity-reshape")
+def _identity_reshape(rw, n, ins, made):
+    return ins[0] if n.op.name == "reshape" and ins[0].type.shape == n.output.type.shape else None
+
+
+@rule("collapse-reshape-chain")
+def _reshape_chain(rw, n, ins, made):
+    if n.op.name != "reshape":
+        return None
+    inner = made.get(ins[0].name)
+    if inner is None or inner.op.name != "reshape":
+        return None
+    src = inner.inputs[0]
+    if src.type.shape == n.output.type.shape:
+        return src
+    return rw.emit("reshape", [src], dict(n.attrs), name=n.output.name,
+                   loc=n.loc, layout=n.output.type.layout)
+
+
+@rule("drop-identity-permute")
+def _identity_permute(rw, n, ins, made):
+    if n.op.name == "permute" and tuple(n.attrs["perm"]) == tuple(range(len(n.attrs["perm"]))):
+        return ins[0]
+    return None
+
+
+@rule("cancel-transpose-pair")
+def _permute_pair(rw, n, ins, made):
+    if n.op.name != "permute":
+        return None
+    inner = made.get(ins[0].name)
+    if inner is None or inner.op.name != "permute":
+        return None
+    p, q = inner.attrs["perm"], n.attrs["perm"]
+    perm = tuple(p[i] for i in q)
+    src = inner.inputs[0]
+    if perm == tuple(range(len(perm))):
+        return src
+    return rw.emit("permute", [src], {"perm": perm}, name=n.output.name,
+                   loc=n.loc, layout=n.output.type.layout)
+
+
+@rule("drop-noop-expand")
+def _noop_expand(rw, n, ins, made):
+    return ins[0] if n.op.name == "expand" and ins[0].type.shape == n.output.type.shape else None
+
+
+@rule("drop-noop-cast")
+def _noop_cast(rw, n, ins, made):
+    return ins[0] if n.op.name == "cast" and ins[0].type.dtype == n.attrs["dtype"] else None
+
+
+@rule("drop-full-slice")
+def _full_slice(rw, n, ins, made):
+    if n.op.name == "slice" and n.attrs["start"] == 0 and n.attrs["step"] == 1 and \
+            ins[0].type.shape == n.output.type.shape:
+        return ins[0]
+    return None
+
+
+@rule("drop-single-concat")
+def _single_concat(rw, n, ins, made):
+    return ins[0] if n.op.name == "concat" and len(ins) == 1 else None
+
+
+@rule("drop-multiply-by-one")
+def _mul_one(rw, n, ins, made):
+    if n.op.name == "mul":
+        for x, c in ((ins[0], ins[1]), (ins[1], ins[0])):
+            if _const_all(c, 1):
+                return x
+    if n.op.name == "div" and n.attrs["rounding"] == "none" and _const_all(ins[1], 1):
+        return ins[0]
+    return None
+
+
+@rule("drop-add-zero")
+def _add_zero(rw, n, ins, made):
+    if n.op.name == "add":
+        for x, c in ((ins[0], ins[1]), (ins[1], ins[0])):
+            if _const_all(c, 0):
+                return x
+    if n.op.name == "sub" and _const_all(ins[1], 0):
+        return ins[0]
+    return None
+
+
+@rule("drop-where-same-branches")
+def _where_same(rw, n, ins, made):
+    return ins[1] if n.op.name == "where" and ins[1] is ins[2] else None
+
+
+def simplify(graph: Graph, options) -> StageResult:
+    rewrites: list[Rewrite] = []
+    for _ in range(20):  # a fixed point comes in two or three rounds; the bound is a guard
+        new = map_regions(graph, lambda g: _round(g, rewrites))
+        if new == graph:
+            break
+        graph = new
+    fired: dict[str, int] = {}
+    for r in rewrites:
+        fired[r.rule] = fired.get(r.rule, 0) + 1
+    return StageResult(graph, {"rules_fired": fired}, rewrites)
+
+
+def _round(graph: Graph, rewrites: list[Rewrite]) -> Graph:
+    rw = Rewriter(graph)
+    made: dict[str, Node] = {}  # value name -> the node that now produces it
+    seen: dict[tuple, Node] = {}  # CSE table
+    _dedupe_constants(rw)
+    for node in graph.nodes:
+        ins = [rw.lookup(v) for v in node.inputs]
+        if len(node.outputs) == 1 and not node.regions and _apply_rules(rw, node, ins, made):
+            continue
+        key = None if node.regions else (node.op.name, tuple(v.name for v in ins), node.attrs)
+        if key is not None and key in seen:
+            for old, new in zip(node.outputs, seen[key].outputs):
+                rw.replace(old, new)
+            rw.record("cse", [v.name for v in node.outputs], [v.name for v in seen[key].outputs])
+            continue
+        kept = rw.keep(node)
+        for v in kept.outputs:
+            made[v.name] = kept
+        if key is not None:
+            seen[key] = kept
+    g = _dce(rw)
+    rewrites.extend(rw.rewrites)
+    return g
+
+
+def _apply_rules(rw: Rewriter, node: Node, ins, made) -> bool:
+    for name, fn in RULES:
+        before = len(rw.nodes)
+        result = fn(rw, node, ins, made)
+        if result is None:
+            continue
+        if result.type != node.output.type:  # a rule must not change a value's type
+            del rw.nodes[before:]
+            continue
+        for n in rw.nodes[before:]:
+            for v in n.outputs:
+                made[v.name] = n
+        rw.replace(node.output, result)
+        rw.record(name, [node.output.name], [result.name])
+        return True
+    return False
+
+
+def _dedupe_constants(rw: Rewriter) -> None:
+    """Identical literal or folded constants (same type and content) become one."""
+    first: dict[tuple, Constant] = {}
+    for c in rw.constants:
+        if c.source is not None or c.payload is None:
+            continue
+        key = (c.type, c.digest)
+        if key in first:
+            rw.replace(c, first[key])
+            rw.record("dedupe-constant", [c.name], [first[key].name])
+        else:
+            first[key] = c
+
+
+def _dce(rw: Rewriter) -> Graph:
+    """Drop nodes none of whose results are used (every op is pure)."""
+    outs = [rw.lookup(v) for v in rw.graph.outputs]
+    live = {v.name for v in outs}
+    kept = []
+    for n in reversed(rw.nodes):
+        if any(v.name in live for v in n.outputs):
+            kept.append(n)
+            live.update(v.name for v in n.inputs)
+        else:
+            rw.record("dce", [v.name for v in n.outputs])
+    rw.nodes = kept[::-1]
+    return rw.finish()
