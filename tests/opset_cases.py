@@ -711,4 +711,11 @@ case("attention", "bf16", [randn(1, 2, 4, 8, dtype=bf16), randn(1, 2, 4, 8, dtyp
                            randn(1, 2, 4, 8, dtype=bf16)], _sdpa(), atol=2.0 ** -7)
 
 
+
+# -- relayout: a physical layout change; the values (what torch sees) are unchanged ---------------
+case("relayout", "nhwc", [randn(2, 3, 4, 5)], lambda x: x.clone(), order=(0, 2, 3, 1))
+case("relayout", "tiled", [randn(32, 48)], lambda x: x.clone(), order=(0, 1), tile=(16, 16))
+case("relayout", "back-to-default", [randint(0, 9, 3, 4)], lambda x: x.clone(), order=(0, 1))
+
+
 COVERED = {c.op for c in CASES}

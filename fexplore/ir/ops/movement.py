@@ -13,7 +13,7 @@ import sympy
 
 from ..opdef import AttrSpec, Category, Cost, OpDef, io_bytes, movement_cost
 from ..opset import register
-from ..types import DType, TensorType, dims_equal, numel
+from ..types import DType, Layout, TensorType, dims_equal, numel
 from .rules import TypeRuleError, broadcast_shapes, ceil_div, norm_axis
 
 
@@ -307,3 +307,23 @@ register(OpDef("arange", Category.broadcast, _arange_type, _arange_ref, _creatio
                attrs=(AttrSpec("start", "scalar", 0), AttrSpec("end", "scalar"),
                       AttrSpec("step", "scalar", 1), AttrSpec("dtype", "dtype", DType.i64)),
                arity=0))
+
+
+# -- layout ---------------------------------------------------------------------------------
+
+def _relayout_type(ins, a):
+    (t,) = ins
+    order, tile = tuple(a["order"]), tuple(a["tile"])
+    if sorted(order) != list(range(t.rank)):
+        raise TypeRuleError(f"relayout: order {list(order)} is not a permutation of rank {t.rank}")
+    if len(tile) > t.rank:
+        raise TypeRuleError(f"relayout: tile {list(tile)} has more dims than rank {t.rank}")
+    default = order == tuple(range(t.rank)) and not tile
+    return [TensorType(t.shape, t.dtype, None if default else Layout(order, tile))]
+
+
+register(OpDef("relayout", Category.movement, _relayout_type, lambda xs, a: [xs[0]],
+               movement_cost,
+               attrs=(AttrSpec("order", "ints"), AttrSpec("tile", "ints", ())), arity=1,
+               doc="changes only the physical layout (dims outermost to innermost, optional "
+                   "tiling of the innermost dims); the values are the same"))

@@ -3,9 +3,16 @@ that builds a new graph (never edits its input) and is idempotent."""
 
 from ..stage import Stage
 from .fold import fold
+from .layout import layout
+from .shapes import shapes, specialize, specialize_buckets
 from .simplify import simplify
 
 GRAPH_STAGE_LIST = [
     Stage("fold", fold, "constant folding through the interpreter; conv + batch norm folding"),
     Stage("simplify", simplify, "canonicalization rules, CSE, DCE"),
+    Stage("shapes", shapes, "shape inference to a fixed point, symbolic dims simplified"),
+    Stage("layout", layout, "NPU layouts (channels-last, tiled weights), relayouts sunk and "
+                            "cancelled"),
 ]
+
+__all__ = ["GRAPH_STAGE_LIST", "specialize", "specialize_buckets"]
