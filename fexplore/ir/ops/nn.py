@@ -31,7 +31,7 @@ def _matmul_type(ins, a):
     shape = batch + ((xs[-2],) if x.rank > 1 else ()) + ((ys[-1],) if y.rank > 1 else ())
     if x.dtype != y.dtype:
         raise TypeRuleError(f"matmul: operand dtypes differ: {x.dtype} vs {y.dtype}")
-    return [TensorType(shape, x.dtype)]
+    return [TensorType(shape, a["out_dtype"] or x.dtype)]
 
 
 def _matmul_cost(ins, outs, a) -> Cost:
@@ -40,8 +40,13 @@ def _matmul_cost(ins, outs, a) -> Cost:
     return Cost(flops=2 * numel(outs[0].shape) * k, bytes=io_bytes(ins, outs))
 
 
+# Contractions accumulate in f32 whatever their operands; ``out_dtype`` (default: the operands'
+# dtype) says what they write, so bf16/fp8 operands can feed an f32 epilogue.
+_OUT_DTYPE = AttrSpec("out_dtype", "dtype", None, optional=True)
+
 register(OpDef("matmul", Category.contraction, _matmul_type,
                lambda xs, a: [np.matmul(_f(xs[0]), _f(xs[1]))], _matmul_cost, arity=2,
+               attrs=(_OUT_DTYPE,),
                doc="torch.matmul semantics, batch dims broadcast"))
 
 
@@ -51,7 +56,7 @@ def _linear_type(ins, a):
         raise TypeRuleError(f"linear: weight {w} does not fit input {x}")
     if len(ins) == 3 and (ins[2].rank != 1 or not dims_equal(ins[2].shape[0], w.shape[0])):
         raise TypeRuleError(f"linear: bias {ins[2]} does not fit weight {w}")
-    return [TensorType(x.shape[:-1] + (w.shape[0],), x.dtype)]
+    return [TensorType(x.shape[:-1] + (w.shape[0],), a["out_dtype"] or x.dtype)]
 
 
 def _linear_ref(xs, a):
@@ -62,7 +67,8 @@ def _linear_ref(xs, a):
 
 
 register(OpDef("linear", Category.contraction, _linear_type, _linear_ref, _matmul_cost,
-               arity=None, min_inputs=2, doc="y = x @ w.T (+ b); inputs (x, w) or (x, w, b)"))
+               attrs=(_OUT_DTYPE,), arity=None, min_inputs=2,
+               doc="y = x @ w.T (+ b); inputs (x, w) or (x, w, b)"))
 
 
 def _conv_out(size, k, stride, pad, dil):
@@ -83,7 +89,7 @@ def _conv2d_type(ins, a):
     (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
     oh = _conv_out(x.shape[2], w.shape[2], sh, ph, dh)
     ow = _conv_out(x.shape[3], w.shape[3], sw, pw, dw)
-    return [TensorType((x.shape[0], w.shape[0], oh, ow), x.dtype)]
+    return [TensorType((x.shape[0], w.shape[0], oh, ow), a["out_dtype"] or x.dtype)]
 
 
 def _windows(x: np.ndarray, kh, kw, stride, dilation) -> np.ndarray:
@@ -121,7 +127,7 @@ def _conv2d_cost(ins, outs, a) -> Cost:
 
 
 register(OpDef("conv2d", Category.contraction, _conv2d_type, _conv2d_ref, _conv2d_cost,
-               attrs=_CONV_ATTRS, arity=None, min_inputs=2,
+               attrs=_CONV_ATTRS + (_OUT_DTYPE,), arity=None, min_inputs=2,
                doc="NCHW input, OIHW weight, optional bias"))
 
 
@@ -316,7 +322,7 @@ def _sdpa_type(ins, a):
         raise TypeRuleError(f"attention: q {q}, k {k}, v {v} do not fit together")
     if q.rank >= 3 and not a["gqa"] and not dims_equal(q.shape[-3], k.shape[-3]):
         raise TypeRuleError("attention: head counts differ; set gqa for grouped-query attention")
-    return [TensorType(q.shape[:-1] + (v.shape[-1],), q.dtype)]
+    return [TensorType(q.shape[:-1] + (v.shape[-1],), a["out_dtype"] or q.dtype)]
 
 
 def _sdpa_ref(xs, a):
@@ -348,7 +354,7 @@ def _sdpa_cost(ins, outs, a) -> Cost:
 register(OpDef("attention", Category.opaque, _sdpa_type, _sdpa_ref, _sdpa_cost,
                attrs=(AttrSpec("causal", "bool", False),
                       AttrSpec("scale", "float", None, optional=True),
-                      AttrSpec("gqa", "bool", False)),
+                      AttrSpec("gqa", "bool", False), _OUT_DTYPE),
                arity=None, min_inputs=3,
                doc="scaled_dot_product_attention: (q, k, v) or (q, k, v, mask); a bool mask keeps "
                    "True, a float mask is added to the scores"))

@@ -3,7 +3,9 @@ that builds a new graph (never edits its input) and is idempotent."""
 
 from ..stage import Stage
 from .fold import fold
+from .fusion import fusion
 from .layout import layout
+from .precision import precision
 from .shapes import shapes, specialize, specialize_buckets
 from .simplify import simplify
 
@@ -13,6 +15,9 @@ GRAPH_STAGE_LIST = [
     Stage("shapes", shapes, "shape inference to a fixed point, symbolic dims simplified"),
     Stage("layout", layout, "NPU layouts (channels-last, tiled weights), relayouts sunk and "
                             "cancelled"),
+    Stage("fusion", fusion, "fused regions: attention, contraction + epilogue, norms, "
+                            "elementwise chains; split to fit SRAM"),
+    Stage("precision", precision, "the cast policy (fp32, bf16, fp8 with f32 accumulation)"),
 ]
 
 __all__ = ["GRAPH_STAGE_LIST", "specialize", "specialize_buckets"]

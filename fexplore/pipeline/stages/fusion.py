@@ -1,0 +1,366 @@
+"""fusion: group nodes into fused regions, each a ``region`` node owning its body graph.
+
+Patterns, claimed in this order (a node joins at most one region):
+1. attention: the ``attention`` op, or q·kᵀ -> scale -> mask -> softmax -> ·v written out, with
+   what feeds it exclusively (head reshapes and transposes, the qkv split, rotary embedding on q
+   and k, grouped-query expansion);
+2. contraction + epilogue: linear / matmul / conv2d with the elementwise chain after it (bias,
+   activation, scaling, residual add), and as prologue the views and the norm feeding it
+   exclusively;
+3. reductions with their surroundings: layer_norm, rms_norm (also written out: pow -> mean ->
+   rsqrt -> mul), batch norm, softmax, with the residual add before a norm when no epilogue took it;
+4. elementwise chains: what is left, grouped vertically and with siblings.
+
+Every region must be convex (no path leaves it and comes back) and its working set (every value
+it touches) must fit one PE's SRAM on the target; a region that does not fit is split by giving
+its last nodes back, and the split is reported. Regions stay interpretable: the interpreter runs
+their bodies.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from fexplore.ir import Category, Constant, Graph, Node, Value
+
+from ..stage import Rewrite, StageResult
+from .traffic import compulsory_traffic, graph_traffic, type_bytes
+
+_NORMS = {"layer_norm", "rms_norm", "batch_norm", "softmax", "log_softmax"}
+_REDUCTIONS = {"sum", "mean", "amax", "amin", "var"}
+_CONTRACTIONS = {"linear", "matmul", "conv2d"}
+_NOT_ABSORBED = {"embedding", "gather", "index"}  # gathers are kernels of their own
+
+
+@dataclass
+class _Group:
+    kind: str
+    anchor: int
+    members: set[int] = field(default_factory=set)
+
+
+class _Fuser:
+    def __init__(self, graph: Graph, sram_bytes: int):
+        self.g = graph
+        self.nodes = graph.nodes
+        self.sram = sram_bytes
+        self.producer = {v.name: i for i, n in enumerate(self.nodes) for v in n.outputs}
+        self.users: dict[str, list[int]] = {}
+        for i, n in enumerate(self.nodes):
+            for v in n.inputs:
+                self.users.setdefault(v.name, []).append(i)
+        self.graph_outputs = {v.name for v in graph.outputs}
+        self.claimed: dict[int, _Group] = {}
+        self.groups: list[_Group] = []
+        self.splits: list[dict] = []
+        self.rejected: list[dict] = []
+
+    # -- predicates ----------------------------------------------------------------------------
+
+    def op(self, i: int) -> str:
+        return self.nodes[i].op.name
+
+    def free(self, i: int) -> bool:
+        return i not in self.claimed and not self.nodes[i].regions
+
+    def elementwise(self, i: int) -> bool:
+        return self.nodes[i].op.category == Category.elementwise and not self.nodes[i].regions
+
+    def movement(self, i: int) -> bool:
+        n = self.nodes[i]
+        return n.op.category in (Category.movement, Category.broadcast) and \
+            n.op.name not in _NOT_ABSORBED and bool(n.inputs)
+
+    def exclusive_to(self, i: int, members: set[int]) -> bool:
+        for v in self.nodes[i].outputs:
+            if v.name in self.graph_outputs:
+                return False
+            if any(u not in members for u in self.users.get(v.name, [])):
+                return False
+        return True
+
+    # -- growing ---------------------------------------------------------------------------
+
+    def absorb_producers(self, members: set[int], ok) -> None:
+        """Pull in producers used only by the group (and accepted by ``ok``), to a fixed point."""
+        changed = True
+        while changed:
+            changed = False
+            for m in sorted(members, reverse=True):
+                for v in self.nodes[m].inputs:
+                    p = self.producer.get(v.name)
+                    if p is None or p in members or not self.free(p) or not ok(p):
+                        continue
+                    if self.exclusive_to(p, members):
+                        members.add(p)
+                        changed = True
+
+    def extend_chain(self, members: set[int], tail: int) -> int:
+        """Follow single-use elementwise consumers from ``tail`` (an epilogue)."""
+        while len(self.nodes[tail].outputs) == 1:
+            v = self.nodes[tail].output
+            us = self.users.get(v.name, [])
+            if len(us) != 1 or v.name in self.graph_outputs:
+                break
+            u = us[0]
+            if not self.free(u) or not self.elementwise(u):
+                break
+            members.add(u)
+            tail = u
+        return tail
+
+    def extend_closure(self, members: set[int]) -> None:
+        """Add elementwise consumers all of whose inputs the group already has (a norm's tail)."""
+        changed = True
+        while changed:
+            changed = False
+            known = {v.name for m in members for v in self.nodes[m].outputs} | \
+                    {v.name for m in members for v in self.nodes[m].inputs}
+            for m in sorted(members):
+                for v in self.nodes[m].outputs:
+                    for u in self.users.get(v.name, []):
+                        if u in members or not self.free(u) or not self.elementwise(u):
+                            continue
+                        if all(x.name in known or isinstance(x, Constant)
+                               for x in self.nodes[u].inputs):
+                            members.add(u)
+                            changed = True
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def convex(self, members: set[int]) -> bool:
+        """No path leaves the group and re-enters it."""
+        top = max(members)
+        seen: set[int] = set()
+        stack = [u for m in members for v in self.nodes[m].outputs
+                 for u in self.users.get(v.name, []) if u not in members and u < top]
+        while stack:
+            i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            for v in self.nodes[i].outputs:
+                for u in self.users.get(v.name, []):
+                    if u in members:
+                        return False
+                    if u < top and u not in seen:
+                        stack.append(u)
+        return True
+
+    def working_set(self, members: set[int]) -> int:
+        values: dict[str, Value] = {}
+        for m in members:
+            for v in list(self.nodes[m].inputs) + list(self.nodes[m].outputs):
+                values[v.name] = v
+        return sum(type_bytes(v.type, self.g.symbols) for v in values.values())
+
+    def claim(self, kind: str, anchor: int, members: set[int]) -> None:
+        members = set(members)
+        if not self.convex(members):
+            self.rejected.append({"region": self.nodes[anchor].name, "kind": kind,
+                                  "reason": "not convex"})
+            return
+        size = self.working_set(members)
+        dropped = []
+        while size > self.sram and len(members) > 1:
+            last = max(m for m in members if m != anchor) if members - {anchor} else anchor
+            members.discard(last)
+            dropped.append(self.nodes[last].name)
+            size = self.working_set(members)
+        if dropped or size > self.sram:
+            self.splits.append({"region": self.nodes[anchor].name, "kind": kind,
+                                "working_set_bytes": self.working_set(members | {anchor}),
+                                "sram_bytes": self.sram, "given_back": dropped,
+                                "fused": size <= self.sram and len(members) > 1})
+        if size > self.sram or len(members) < 2:
+            return
+        group = _Group(kind, anchor, members)
+        for m in members:
+            self.claimed[m] = group
+        self.groups.append(group)
+
+    # -- the patterns ----------------------------------------------------------------------
+
+    def attention(self) -> None:
+        for i, n in enumerate(self.nodes):
+            if not self.free(i):
+                continue
+            if n.op.name == "attention":
+                members = {i}
+            elif n.op.name == "softmax":
+                members = self._written_out_attention(i)
+                if members is None:
+                    continue
+            else:
+                continue
+            self.absorb_producers(members, lambda p: self.elementwise(p) or self.movement(p))
+            self.claim("attention", i, members)
+
+    def _written_out_attention(self, s: int):
+        us = self.users.get(self.nodes[s].output.name, [])
+        if len(us) != 1 or self.op(us[0]) != "matmul" or \
+                self.nodes[us[0]].inputs[0].name != self.nodes[s].output.name:
+            return None
+        frontier, path = [s], {s}
+        for _ in range(6):  # scale, mask, bias... a handful of elementwise steps at most
+            nxt = []
+            for i in frontier:
+                for v in self.nodes[i].inputs:
+                    p = self.producer.get(v.name)
+                    if p is None or not self.free(p):
+                        continue
+                    if self.op(p) == "matmul":
+                        return path | {p, us[0]}
+                    if self.elementwise(p):
+                        nxt.append(p)
+            frontier = nxt
+        return None
+
+    def epilogues(self) -> None:
+        for i, n in enumerate(self.nodes):
+            if n.op.name not in _CONTRACTIONS or not self.free(i):
+                continue
+            members = {i}
+            self.extend_chain(members, i)
+            # a prologue: views, and a norm whose only reader is this contraction
+            self.absorb_producers(members, lambda p: self.movement(p) or
+                                  self.op(p) in ("layer_norm", "rms_norm"))
+            self.claim("contraction", i, members)
+
+    def reductions(self) -> None:
+        for i, n in enumerate(self.nodes):
+            if not self.free(i) or n.op.name not in _NORMS | _REDUCTIONS:
+                continue
+            members = {i}
+            self.absorb_producers(members, lambda p: self.elementwise(p))
+            if n.op.name in ("layer_norm", "rms_norm") or n.op.name in _REDUCTIONS:
+                self._take_residual_add(members)
+            self.extend_closure(members)
+            self.claim("norm" if n.op.name not in ("softmax", "log_softmax") else "softmax",
+                       i, members)
+
+    def _take_residual_add(self, members: set[int]) -> None:
+        first = min(members)
+        p = self.producer.get(self.nodes[first].inputs[0].name)
+        if p is not None and self.free(p) and self.op(p) == "add":
+            members.add(p)
+
+    def chains(self) -> None:
+        free = [i for i in range(len(self.nodes)) if self.free(i) and self.elementwise(i)]
+        parent = {i: i for i in free}
+
+        def find(i):
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for i in free:
+            for v in self.nodes[i].inputs:
+                p = self.producer.get(v.name)
+                if p in parent:
+                    parent[find(i)] = find(p)  # vertical
+            for v in self.nodes[i].inputs:  # siblings: elementwise ops reading one value
+                if isinstance(v, Constant):
+                    continue
+                for u in self.users.get(v.name, []):
+                    if u in parent and u != i:
+                        parent[find(i)] = find(u)
+        comps: dict[int, set[int]] = {}
+        for i in free:
+            comps.setdefault(find(i), set()).add(i)
+        for members in sorted(comps.values(), key=min):
+            if len(members) >= 2:
+                self.claim("elementwise", min(members), members)
+
+
+def fusion(graph: Graph, options) -> StageResult:
+    sram = options.chip.sram_bytes_per_pe
+    f = _Fuser(graph, sram)
+    f.attention()
+    f.epilogues()
+    f.reductions()
+    f.chains()
+    new_graph, rewrites = _build(graph, f)
+    by_kind: dict[str, int] = {}
+    for n in new_graph.nodes:
+        if n.op.name == "region":
+            by_kind[n.attrs["kind"]] = by_kind.get(n.attrs["kind"], 0) + 1
+    before = graph_traffic(graph)
+    after = graph_traffic(new_graph)
+    compulsory = compulsory_traffic(graph)
+    stats = {
+        "fused_regions": sum(by_kind.values()),
+        "regions_by_kind": by_kind,
+        "nodes_fused": sum(len(g.members) for g in f.groups),
+        "dram_bytes_before": before,
+        "dram_bytes_after": after,
+        "dram_bytes_compulsory": compulsory,
+        "traffic_after_over_before": after / before if before else 1.0,
+        "traffic_after_over_compulsory": after / compulsory if compulsory else 1.0,
+        "sram_bytes_per_pe": sram,
+        "split_for_sram": f.splits,
+        "rejected": f.rejected,
+    }
+    return StageResult(new_graph, stats, rewrites)
+
+
+def _build(graph: Graph, f: _Fuser) -> tuple[Graph, list[Rewrite]]:
+    """Replace each group by a region node; order units topologically (regions may need to move
+    past nodes that sat between their members)."""
+    units: list[tuple[int, object]] = []  # (first index, node or group)
+    for i, n in enumerate(graph.nodes):
+        g = f.claimed.get(i)
+        if g is None:
+            units.append((i, n))
+        elif i == min(g.members):
+            units.append((i, g))
+    made = [_region_node(graph, f, u) if isinstance(u, _Group) else u for _, u in units]
+    defined_by = {v.name: k for k, n in enumerate(made) for v in n.outputs}
+    deps = [{defined_by[v.name] for v in n.inputs if v.name in defined_by} for n in made]
+    waiting = [len(d) for d in deps]
+    dependents: dict[int, list[int]] = {}
+    for k, d in enumerate(deps):
+        for j in d:
+            dependents.setdefault(j, []).append(k)
+    ready = [(units[k][0], k) for k in range(len(made)) if waiting[k] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        order.append(made[k])
+        for j in dependents.get(k, []):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, (units[j][0], j))
+    assert len(order) == len(made), "fusion produced a cycle; convexity should have prevented it"
+    rewrites = [Rewrite(f"fuse-{g.kind}", tuple(graph.nodes[m].name for m in sorted(g.members)),
+                        (_region_outputs(graph, f, g)[0].name,)) for g in f.groups]
+    return Graph(graph.name, list(graph.inputs), list(graph.constants), order,
+                 list(graph.outputs), dict(graph.symbols)), rewrites
+
+
+def _region_outputs(graph: Graph, f: _Fuser, g: _Group) -> list[Value]:
+    outs = []
+    for m in sorted(g.members):
+        for v in graph.nodes[m].outputs:
+            if v.name in f.graph_outputs or any(u not in g.members
+                                                for u in f.users.get(v.name, [])):
+                outs.append(v)
+    return outs
+
+
+def _region_node(graph: Graph, f: _Fuser, g: _Group) -> Node:
+    members = [graph.nodes[m] for m in sorted(g.members)]
+    inside = {v.name for n in members for v in n.outputs}
+    inputs: dict[str, Value] = {}
+    for n in members:
+        for v in n.inputs:
+            if v.name not in inside:
+                inputs.setdefault(v.name, v)
+    outs = _region_outputs(graph, f, g)
+    anchor = graph.nodes[g.anchor]
+    body = Graph(f"{g.kind}_{anchor.name}".replace(".", "_"), list(inputs.values()), [],
+                 members, outs, {})
+    return Node("region", list(inputs.values()), {"kind": g.kind}, outs, anchor.loc, [body])
