@@ -107,6 +107,13 @@ class _Fuser:
             if not self.free(u) or not self.elementwise(u):
                 break
             members.add(u)
+            # a sibling contraction feeding the same op (SwiGLU's up projection, a ResNet
+            # block's projection shortcut) joins too, when the op is its only reader
+            for x in self.nodes[u].inputs:
+                p = self.producer.get(x.name)
+                if p is not None and p not in members and self.free(p) and \
+                        self.op(p) in _CONTRACTIONS and self.exclusive_to(p, members):
+                    members.add(p)
             tail = u
         return tail
 
@@ -161,20 +168,23 @@ class _Fuser:
             self.rejected.append({"region": self.nodes[anchor].name, "kind": kind,
                                   "reason": "not convex"})
             return
-        size = self.working_set(members)
+        size = original = self.working_set(members)
         dropped = []
+        # Give back the last node until the rest fits: dropping a convex group's last node
+        # keeps it convex (nothing after it can lead back in).
         while size > self.sram and len(members) > 1:
-            last = max(m for m in members if m != anchor) if members - {anchor} else anchor
+            last = max(members)
             members.discard(last)
             dropped.append(self.nodes[last].name)
             size = self.working_set(members)
-        if dropped or size > self.sram:
+        fits = size <= self.sram and len(members) > 1
+        if dropped:
             self.splits.append({"region": self.nodes[anchor].name, "kind": kind,
-                                "working_set_bytes": self.working_set(members | {anchor}),
-                                "sram_bytes": self.sram, "given_back": dropped,
-                                "fused": size <= self.sram and len(members) > 1})
-        if size > self.sram or len(members) < 2:
+                                "working_set_bytes": original,
+                                "sram_bytes": self.sram, "given_back": dropped, "fused": fits})
+        if not fits:
             return
+        anchor = anchor if anchor in members else max(members)
         group = _Group(kind, anchor, members)
         for m in members:
             self.claimed[m] = group

@@ -99,6 +99,7 @@ class _Policy:
                 rw.record(f"narrow-to-{self.dtype.value}", [node.name])
             else:
                 rw.keep(node)
+        self.rewrites.extend(rw.rewrites)
         return rw.finish()
 
     def region(self, rw: Rewriter, node: Node, ins: list[Value], top: bool) -> None:

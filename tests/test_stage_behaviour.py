@@ -1,0 +1,80 @@
+"""Stage behaviour beyond the golden rules: a broken simplify rule is caught by verification;
+regions that do not fit a PE's SRAM are split; symbolic graphs specialize to static buckets."""
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+import fexplore
+from fexplore import ir
+from fexplore.errors import NumericMismatchError
+from fexplore.models import DYNAMIC_SEQ, ZOO
+from fexplore.pipeline.stages import specialize, specialize_buckets
+
+
+simplify_module = importlib.import_module("fexplore.pipeline.stages.simplify")
+
+
+def test_a_wrong_simplify_rule_is_caught_by_the_stage_check(monkeypatch):
+    def drop_gelu(rw, n, ins, made):  # "gelu is the identity": wrong, and well typed
+        return ins[0] if n.op.name == "gelu" else None
+
+    monkeypatch.setattr(simplify_module, "RULES",
+                        simplify_module.RULES + [("drop-gelu", drop_gelu)])
+    model, inputs = ZOO["mlp"](activation="gelu")
+    ex = fexplore.explore(model, inputs)
+    with pytest.raises(NumericMismatchError, match="stage 'simplify'") as info:
+        ex.result
+    rec = ex["simplify"]
+    assert rec.verification.structural_ok and not rec.verification.numeric.ok
+    assert any(r.rule == "drop-gelu" for r in rec.rewrites)
+    assert "first divergent node" in str(info.value)
+    assert ex["fold"].verification.ok  # the stages before it are fine
+
+
+def test_regions_too_big_for_the_tiny_target_are_split():
+    model, inputs = ZOO["gpt"]()
+    cm = fexplore.compile(model, inputs, target="tiny")
+    fusion = next(r for r in cm.stages if r.name == "fusion")
+    sram = fusion.stats["sram_bytes_per_pe"]
+    assert sram == fexplore.npu.get_target("tiny").sram_bytes_per_pe
+    assert fusion.stats["split_for_sram"], "tiny's SRAM should force splits"
+    for split in fusion.stats["split_for_sram"]:
+        assert split["working_set_bytes"] > sram or split["given_back"]
+    # every region that remains fits
+    from fexplore.pipeline.stages.traffic import type_bytes
+
+    for n in fusion.after.nodes:
+        if n.op.name == "region":
+            touched = {v.name: v for m in n.regions[0].nodes
+                       for v in list(m.inputs) + list(m.outputs)}
+            assert sum(type_bytes(v.type, {}) for v in touched.values()) <= sram
+    rng = fexplore.compile(model, inputs)  # the default target fuses more
+    rng_fusion = next(r for r in rng.stages if r.name == "fusion")
+    assert rng_fusion.stats["nodes_fused"] > fusion.stats["nodes_fused"]
+    assert all(r.verification.ok for r in cm.stages)
+
+
+def test_specialize_binds_symbolic_dims_to_static_buckets():
+    model, (ids,) = ZOO["llama"](layers=1)
+    cm = fexplore.compile(model, (ids,), dynamic_shapes=DYNAMIC_SEQ["llama"](model))
+    g = cm.graph
+    assert "seq" in g.symbols
+    buckets = specialize_buckets(g, {"seq": [8, 12]})
+    assert [k for k in buckets] == [(("seq", 8),), (("seq", 12),)]
+    for (key,), static in buckets.items():
+        length = key[1]
+        ir.verify(static)
+        assert static.symbols == {}
+        assert all(n.outputs[0].type.is_static for n in static.walk())
+        x = np.random.default_rng(length).integers(0, 100, (1, length))
+        (got,) = ir.run(static, [x])
+        (want,) = ir.run(g, [x])
+        np.testing.assert_array_equal(got, want)
+        with torch.no_grad():
+            np.testing.assert_allclose(got, model(torch.from_numpy(x)).numpy(),
+                                       rtol=1.3e-6, atol=2e-5)
+    with pytest.raises(fexplore.errors.ConfigError, match="outside its range"):
+        specialize(g, seq=10_000)
