@@ -53,7 +53,7 @@ graph @g(%x: f32[1, 1, 3, 3]) {
 graph @g(%x: f32[1, 1, 3, 3]) {
   const %y.weight: f32[2, 1, 1, 1] = dense [0.37499952, -0.70709974]
   const %y.bias: f32[2] = dense [-0.049999814, -0.65354985]
-  %y: f32[1, 2, 3, 3] = conv2d(%x, %y.weight, %y.bias) {dilation=[1, 1], groups=1, out_dtype=none, padding=[0, 0], stride=[1, 1]}
+  %y: f32[1, 2, 3, 3] = conv2d(%x, %y.weight, %y.bias)
   return %y
 }
 """)
@@ -113,12 +113,12 @@ graph @g(%x: f32[1, 2, 4, 4]) {
 graph @g(%x: f32[1, 2, 4, 4]) {
   const %w1.nhwc: f32[2, 2, 1, 1]{0,2,3,1} = dense [1.0, 0.5, -0.5, 2.0]
   const %w2.nhwc: f32[2, 2, 1, 1]{0,2,3,1} = dense [0.25, -1.0, 1.5, 0.75]
-  %x.nhwc: f32[1, 2, 4, 4]{0,2,3,1} = relayout(%x) {order=[0, 2, 3, 1], tile=[]}
-  %c1: f32[1, 2, 4, 4]{0,2,3,1} = conv2d(%x.nhwc, %w1.nhwc) {dilation=[1, 1], groups=1, out_dtype=none, padding=[0, 0], stride=[1, 1]}
+  %x.nhwc: f32[1, 2, 4, 4]{0,2,3,1} = relayout(%x) {order=[0, 2, 3, 1]}
+  %c1: f32[1, 2, 4, 4]{0,2,3,1} = conv2d(%x.nhwc, %w1.nhwc)
   %r1: f32[1, 2, 4, 4]{0,2,3,1} = relu(%c1)
-  %c2: f32[1, 2, 4, 4]{0,2,3,1} = conv2d(%r1, %w2.nhwc) {dilation=[1, 1], groups=1, out_dtype=none, padding=[0, 0], stride=[1, 1]}
+  %c2: f32[1, 2, 4, 4]{0,2,3,1} = conv2d(%r1, %w2.nhwc)
   %s: f32[1, 2, 4, 4]{0,2,3,1} = add(%c2, %r1)
-  %s.rowmajor: f32[1, 2, 4, 4] = relayout(%s) {order=[0, 1, 2, 3], tile=[]}
+  %s.rowmajor: f32[1, 2, 4, 4] = relayout(%s) {order=[0, 1, 2, 3]}
   %f: f32[1, 32] = reshape(%s.rowmajor) {shape=[1, 32]}
   return %f
 }
@@ -151,14 +151,14 @@ graph @g(%x: f32[4, 4], %q: f32[1, 2, 4, 4], %k: f32[1, 2, 4, 4], %v: f32[1, 2, 
   const %g: f32[4] = dense [1.0, 0.5, 2.0, 1.5]
   %a: f32[4, 4] = region(%x, %w) {kind="contraction"} {
     graph @contraction_h(%x: f32[4, 4], %w: f32[4, 4]) {
-      %h: f32[4, 4] = linear(%x, %w) {out_dtype=none}
-      %a: f32[4, 4] = gelu(%h) {approximate="none"}
+      %h: f32[4, 4] = linear(%x, %w)
+      %a: f32[4, 4] = gelu(%h)
       return %a
     }
   }
   %e2: f32[4, 4] = region(%a, %g) {kind="norm"} {
     graph @norm_n(%a: f32[4, 4], %g: f32[4]) {
-      %n: f32[4, 4] = layer_norm(%a, %g) {eps=1e-05, ndim=1}
+      %n: f32[4, 4] = layer_norm(%a, %g)
       %e1: f32[4, 4] = exp(%n)
       %e2: f32[4, 4] = tanh(%e1)
       return %e2
@@ -167,10 +167,10 @@ graph @g(%x: f32[4, 4], %q: f32[1, 2, 4, 4], %k: f32[1, 2, 4, 4], %v: f32[1, 2, 
   %o: f32[1, 2, 4, 4] = region(%k, %q, %v) {kind="attention"} {
     graph @attention_p(%k: f32[1, 2, 4, 4], %q: f32[1, 2, 4, 4], %v: f32[1, 2, 4, 4]) {
       %kt: f32[1, 2, 4, 4] = permute(%k) {perm=[0, 1, 3, 2]}
-      %s: f32[1, 2, 4, 4] = matmul(%q, %kt) {out_dtype=none}
+      %s: f32[1, 2, 4, 4] = matmul(%q, %kt)
       %sc: f32[1, 2, 4, 4] = mul(%s, %s)
       %p: f32[1, 2, 4, 4] = softmax(%sc) {axis=-1}
-      %o: f32[1, 2, 4, 4] = matmul(%p, %v) {out_dtype=none}
+      %o: f32[1, 2, 4, 4] = matmul(%p, %v)
       return %o
     }
   }

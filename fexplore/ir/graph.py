@@ -138,7 +138,9 @@ class Node:
 
         self.op = get_op(op) if isinstance(op, str) else op
         self.inputs = tuple(inputs)
-        self.attrs = attrs if isinstance(attrs, Attrs) else Attrs(attrs)
+        if not isinstance(attrs, Attrs):  # hand-built: fill in the defaults the OpDef declares
+            attrs = Attrs({**self.op.defaults(), **dict(attrs)})
+        self.attrs = attrs
         self.outputs = tuple(outputs)
         self.loc = loc
         self.regions = tuple(regions)

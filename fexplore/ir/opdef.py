@@ -120,6 +120,16 @@ class OpDef:
                 return a
         return None
 
+    def defaults(self) -> dict:
+        return {a.name: a.default for a in self.attrs if a.default is not REQUIRED}
+
+    def is_default(self, name: str, value) -> bool:
+        from .graph import attr_equal
+
+        spec = self.attr_spec(name)
+        return spec is not None and spec.default is not REQUIRED and \
+            attr_equal(spec.default, value)
+
     def complete_attrs(self, given: dict) -> dict:
         """Fill defaults and check kinds; raises TypeError naming the bad attribute."""
         out = {}

@@ -349,6 +349,10 @@ class _Parser:
                 key = self.ident()
                 self.expect("=")
                 attrs[key] = self.attr_value()
+        try:
+            attrs = op.complete_attrs(attrs)
+        except TypeError as e:
+            self.error(str(e))
         loc = None
         self.skip_ws(newlines=False)
         if self.accept("loc("):

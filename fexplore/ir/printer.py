@@ -128,8 +128,10 @@ def node_str(n: Node, files: dict[str, str] | None = None) -> str:
     outs = ", ".join(f"%{v.name}: {type_str(v.type)}" for v in n.outputs)
     ins = ", ".join(f"%{v.name}" for v in n.inputs)
     s = f"{outs} = {n.op.name}({ins})"
-    if n.attrs:
-        s += " {" + ", ".join(f"{k}={attr_str(v)}" for k, v in n.attrs.items()) + "}"
+    # attributes at their OpDef default are left out (the parser puts them back)
+    shown = [(k, v) for k, v in n.attrs.items() if not n.op.is_default(k, v)]
+    if shown:
+        s += " {" + ", ".join(f"{k}={attr_str(v)}" for k, v in shown) + "}"
     if n.loc is not None and n.loc.file and n.loc.file not in files:
         files = {**files, n.loc.file: json.dumps(n.loc.file)}  # printed alone: spell the path
     return s + loc_str(n.loc, files)
