@@ -25,7 +25,7 @@ class PassManager:
         t0 = time.perf_counter()
         result = stage.run(graph, options)
         elapsed = time.perf_counter() - t0
-        stats = {**graph_stats(result.graph), **result.stats}
+        stats = {"nodes_before": len(graph.nodes), **graph_stats(result.graph), **result.stats}
         record = StageRecord(stage.name, graph, result.graph, stats, result.rewrites, None, elapsed)
         self.notify(record)
         return record
