@@ -20,6 +20,15 @@ from fexplore.errors import SourceLoc
 from .types import TensorType
 
 
+def unique_name(base: str, taken: set[str], sep: str = ".") -> str:
+    """``base``, or ``base.1``, ``base.2``... whichever is free; the result is added to ``taken``."""
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}{sep}{k}", k + 1
+    taken.add(name)
+    return name
+
+
 class Value:
     """An SSA value: a graph input, a constant, or a node result."""
 

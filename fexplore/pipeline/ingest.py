@@ -20,6 +20,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from fexplore.errors import ExportError, FexploreError, SourceLoc, UnsupportedOperatorError
 from fexplore.ir import Constant, Graph, TensorType, Value
+from fexplore.ir.graph import unique_name
 
 from .convert import CONVERTERS, ConvertContext, ir_dtype
 from .symbols import SymbolTable, build_symbol_table
@@ -100,11 +101,7 @@ class GraphBuilder:
         return c
 
     def _unique(self, name: str) -> str:
-        base, k = name, 1
-        while name in self._names:
-            name, k = f"{base}_{k}", k + 1
-        self._names.add(name)
-        return name
+        return unique_name(name, self._names, sep="_")
 
 
 def _dtype_of(a: np.ndarray):

@@ -17,6 +17,7 @@ import numpy as np
 
 from fexplore.errors import SourceLoc
 from fexplore.ir import Attrs, Constant, DType, Graph, Node, TensorType, Value, get_op
+from fexplore.ir.graph import unique_name
 
 from ..stage import Rewrite
 
@@ -44,11 +45,7 @@ class Rewriter:
             self._subst[old.name] = new
 
     def fresh_name(self, base: str) -> str:
-        name, k = base, 1
-        while name in self._names:
-            name, k = f"{base}.{k}", k + 1
-        self._names.add(name)
-        return name
+        return unique_name(base, self._names)
 
     def constant(self, name: str, payload: np.ndarray, *, source: str | None = None,
                  type: TensorType | None = None) -> Constant:
