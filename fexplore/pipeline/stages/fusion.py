@@ -72,17 +72,28 @@ class _Fuser:
         return n.op.category in (Category.movement, Category.broadcast) and \
             n.op.name not in _NOT_ABSORBED and bool(n.inputs)
 
-    def exclusive_to(self, i: int, members: set[int]) -> bool:
+    def exclusive_to(self, i: int, members: set[int], exported_ok: bool = False) -> bool:
+        """Every reader of node i's results is in ``members`` (with ``exported_ok``, a model
+        output may read them too: the region then exports the value, as for a KV cache)."""
         for v in self.nodes[i].outputs:
-            if v.name in self.graph_outputs:
+            if v.name in self.graph_outputs and not exported_ok:
                 return False
-            if any(u not in members for u in self.users.get(v.name, [])):
+            outside = [u for u in self.users.get(v.name, []) if u not in members]
+            if outside and not (exported_ok and all(self.feeds_only_outputs(u) for u in outside)):
                 return False
         return True
 
+    def feeds_only_outputs(self, i: int) -> bool:
+        """Node i only rearranges data on its way to model outputs (stacking a KV cache)."""
+        if not self.movement(i):
+            return False
+        return all(v.name in self.graph_outputs or
+                   all(self.feeds_only_outputs(u) for u in self.users.get(v.name, []))
+                   for v in self.nodes[i].outputs)
+
     # -- growing ---------------------------------------------------------------------------
 
-    def absorb_producers(self, members: set[int], ok) -> None:
+    def absorb_producers(self, members: set[int], ok, exported_ok: bool = False) -> None:
         """Pull in producers used only by the group (and accepted by ``ok``), to a fixed point."""
         changed = True
         while changed:
@@ -92,7 +103,7 @@ class _Fuser:
                     p = self.producer.get(v.name)
                     if p is None or p in members or not self.free(p) or not ok(p):
                         continue
-                    if self.exclusive_to(p, members):
+                    if self.exclusive_to(p, members, exported_ok):
                         members.add(p)
                         changed = True
 
@@ -204,7 +215,10 @@ class _Fuser:
                     continue
             else:
                 continue
-            self.absorb_producers(members, lambda p: self.elementwise(p) or self.movement(p))
+            # the new keys and values a decode step appends to its KV cache are computed here
+            # and exported, rather than left as kernels of their own
+            self.absorb_producers(members, lambda p: self.elementwise(p) or self.movement(p),
+                                  exported_ok=True)
             self.claim("attention", i, members)
 
     def _written_out_attention(self, s: int):

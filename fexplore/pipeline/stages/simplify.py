@@ -129,10 +129,10 @@ def _where_same(rw, n, ins, made):
 def simplify(graph: Graph, options) -> StageResult:
     rewrites: list[Rewrite] = []
     for _ in range(20):  # a fixed point comes in two or three rounds; the bound is a guard
-        new = map_regions(graph, lambda g: _round(g, rewrites))
-        if new == graph:
+        fired = len(rewrites)
+        graph = map_regions(graph, lambda g: _round(g, rewrites))
+        if len(rewrites) == fired:  # a round with no rewrite changed nothing
             break
-        graph = new
     fired: dict[str, int] = {}
     for r in rewrites:
         fired[r.rule] = fired.get(r.rule, 0) + 1
