@@ -1,0 +1,116 @@
+"""Issue order: which command each engine queue gets next.
+
+Each engine of the chip runs its queue in order, so the order commands are issued in decides the
+overlap. Issued in trace order, a kernel stalls: a store at the end of one tile sits in the DMA queue
+in front of the next tile's loads, waiting for the tile's last contraction; in flash attention the
+next block's scores wait behind this block's P @ V, which waits for the softmax. So the lowering
+issues ops by a list scheduler instead. Repeatedly, among the ready ops (all the ops they depend on
+issued), take the one with the earliest estimated start (its inputs ready, its engine free); but if
+another op for the same engine could start before that one would finish and lies on a longer path
+to the end of the kernel (its "height"), take that one: a load feeding the next computation goes
+before a store nothing waits for. Dependencies (data hazards on buffers and DRAM boxes, and waits)
+are never crossed, so the result is what trace order computes; the simulator's functional mode
+checks that.
+
+The look-ahead is a window of `window` ops per PE past the first one not yet issued (PEs do not
+share engines, so each PE gets its own window): wide enough to reach into the next loop iteration,
+bounded so scheduling stays linear in the number of ops.
+"""
+
+from __future__ import annotations
+
+MAX_PASSES = 2   # how often an op may be passed over for one on a longer path
+
+
+def list_schedule(pe_of: list[int], engine_of: list[int], duration: list[float], deps: list[list[int]],
+                  num_pes: int, *, window: int = 64) -> list[int]:
+    """Issue order of ops 0..n-1. `engine_of[i]` is 0/1/2 (dma/tensor/vector) or -1 (no engine);
+    `deps[i]` lists earlier ops that must be issued (and, in the estimate, finished) before op i."""
+    n = len(pe_of)
+    pending = [len(d) for d in deps]
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            dependents[d].append(i)
+    height = list(duration)      # longest path of estimated cycles from the op to the end
+    for i in range(n - 1, -1, -1):
+        if dependents[i]:
+            height[i] += max(height[j] for j in dependents[i])
+    seqs: list[list[int]] = [[] for _ in range(num_pes)]
+    for i in range(n):
+        seqs[pe_of[i]].append(i)
+    head = [0] * num_pes          # position of the first op of the PE not issued yet
+    limit = [0] * num_pes         # ops at positions < limit are in the window
+    admitted = [False] * n
+    issued = [False] * n
+    ready: list[list[int]] = [[] for _ in range(num_pes)]
+    inputs_at = [0.0] * n         # when the last dependency is estimated to finish
+    free = [[0.0, 0.0, 0.0] for _ in range(num_pes)]
+    best: list[tuple | None] = [None] * num_pes
+    passed = [0] * n              # how often the earliest-starting op was passed over for another
+
+    def admit(p: int) -> None:
+        seq, stop = seqs[p], min(len(seqs[p]), head[p] + window)
+        while limit[p] < stop:
+            i = seq[limit[p]]
+            admitted[i] = True
+            limit[p] += 1
+            if pending[i] == 0:
+                ready[p].append(i)
+
+    def pick(p: int):
+        fp = free[p]
+        starts = []
+        first = None
+        for i in ready[p]:
+            e = engine_of[i]
+            t = inputs_at[i] if e < 0 or fp[e] < inputs_at[i] else fp[e]
+            starts.append((t, i))
+            if first is None or (t, i) < first:
+                first = (t, i)
+        if first is None:
+            return None
+        t0, i0 = first
+        if passed[i0] >= MAX_PASSES:   # no starving: an op passed over often enough goes now
+            return first + (i0,)
+        e0, horizon = engine_of[i0], t0 + duration[i0]
+        best = first
+        for t, i in starts:   # a longer path to the end that can start before `first` would finish
+            if engine_of[i] == e0 and t < horizon and (height[i], -t, -i) > (height[best[1]], -best[0], -best[1]):
+                best = (t, i)
+        return best + (i0,)
+
+    for p in range(num_pes):
+        admit(p)
+        best[p] = pick(p)
+    order: list[int] = []
+    while len(order) < n:
+        choice = None
+        for p in range(num_pes):
+            b = best[p]
+            if b is not None and (choice is None or b < choice[0]):
+                choice = (b, p)
+        (start, i, first), p = choice
+        if first != i:
+            passed[first] += 1
+        order.append(i)
+        issued[i] = True
+        ready[p].remove(i)
+        end = start + duration[i]
+        if engine_of[i] >= 0:
+            free[p][engine_of[i]] = end
+        dirty = {p}
+        for d in dependents[i]:
+            pending[d] -= 1
+            if inputs_at[d] < end:
+                inputs_at[d] = end
+            if pending[d] == 0 and admitted[d]:
+                ready[pe_of[d]].append(d)
+                dirty.add(pe_of[d])
+        seq = seqs[p]
+        while head[p] < len(seq) and issued[seq[head[p]]]:
+            head[p] += 1
+        admit(p)
+        for q in dirty:
+            best[q] = pick(q)
+    return order

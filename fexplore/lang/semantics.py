@@ -1,0 +1,367 @@
+"""The semantic layer: every builtin comes through here, is checked, and is recorded as an op.
+
+One checker for all back ends. Shapes, named axes, dtypes, memory spaces, PEs, DRAM bounds and
+initialization are checked at trace time, on the author's line; the interpreter and the lowering
+never check anything and never see an ill-formed op. This file holds the operand checks every op
+shares, DRAM and DMA, tiles made from nothing, and the end of a trace; `compute.py` the tensor and
+vector units. (SRAM capacity needs the whole trace, so `plan.py` checks it when tracing ends.)
+"""
+
+from __future__ import annotations
+
+from numbers import Number
+
+import numpy as np
+
+from fexplore.lang import ir
+from fexplore.lang.errors import (AxisError, DTypeError, MemorySpaceError,
+                                  OutOfBoundsError, OutputError, ShapeError, TraceError,
+                                  UninitializedReadError)
+from fexplore.lang.tracer import Tracer, current, user_loc
+from fexplore.lang.types import ACC, SRAM, DType, TensorSpec, as_dtype, f32, i32, shape_text
+from fexplore.lang.values import DMA, DramSlice, DramTensor, Tile
+
+
+def describe(x) -> str:
+    if isinstance(x, Tile):
+        return f"tile {x.name!r} ({x.space} {x.dtype}[{shape_text(x.shape, x.axes)}])"
+    if isinstance(x, DramTensor):
+        return f"DRAM tensor {x.name!r} ({x.dtype}[{shape_text(x.shape, x.axes)}])"
+    if isinstance(x, DramSlice):
+        return f"DRAM box {x} ({x.dtype}[{shape_text(x.shape, x.axes)}])"
+    return f"{type(x).__name__} {x!r}"
+
+
+# ---- operands -----------------------------------------------------------------------------------
+def operand_tile(tr: Tracer, x, what: str, loc, *, spaces=(SRAM, ACC), read: bool = True) -> Tile:
+    """Check that `x` is a tile of this trace, on the current PE, in one of `spaces`, and (if it is
+    read) written before."""
+    if isinstance(x, (DramTensor, DramSlice)):
+        raise MemorySpaceError(
+            f"{what} needs a tile in {' or '.join(s.upper() for s in spaces)}, not a DRAM value",
+            expected=f"a tile in {' or '.join(spaces)}", given=describe(x), loc=loc,
+            hint="DRAM is reached only by DMA: load the box into SRAM first, e.g. "
+                 "t = fl.load(A[rows, cols])")
+    if not isinstance(x, Tile):
+        raise TraceError(f"{what} needs a tile", expected="a tile", given=describe(x), loc=loc)
+    if x.trace is not tr.trace:
+        raise TraceError(f"{what}: tile {x.name!r} belongs to another trace of a kernel",
+                         expected="a tile made in this run of the kernel", given=describe(x), loc=loc,
+                         hint="tiles live only while their kernel is traced; do not keep them across calls")
+    if x.space not in spaces:
+        hint = ("the tensor unit cannot read its accumulator: move the tile to SRAM on the vector unit "
+                "first, e.g. p = s.astype(fl.bf16)" if x.space == ACC else
+                "make an accumulator with fl.contract(..., acc=None) or fl.zeros(shape, space=fl.ACC)")
+        raise MemorySpaceError(f"{what} needs a tile in {' or '.join(s.upper() for s in spaces)}",
+                               expected=f"space {' or '.join(spaces)}", given=describe(x), loc=loc, hint=hint)
+    if x.pe != tr.pe:
+        raise MemorySpaceError(
+            f"{what}: tile {x.name!r} lives in the SRAM of PE {x.pe}, but this code runs on PE {tr.pe}",
+            expected=f"a tile on PE {tr.pe}", given=describe(x) + f" on PE {x.pe}", loc=loc,
+            hint="each PE has its own SRAM: load the data inside the fl.parallel loop that uses it")
+    if read and not x.written:
+        raise UninitializedReadError(
+            f"{what} reads tile {x.name!r} before anything was written to it",
+            expected="a tile that was loaded (fl.load), computed, or filled (fl.zeros / fl.full)",
+            given=f"tile {x.name!r}, made by {x.origin}, never written", loc=loc,
+            hint="fresh SRAM holds garbage (the interpreter fills it with NaN to show it)")
+    return x
+
+
+def destination_tile(tr: Tracer, out, what: str, loc, shape, *, spaces=(SRAM, ACC)) -> Tile:
+    """`out=` / `into=`: a tile of this trace and PE of exactly `shape` (it is written, not read)."""
+    t = operand_tile(tr, out, what, loc, spaces=spaces, read=False)
+    if t.shape != tuple(shape):
+        raise ShapeError(f"{what}: the result does not fit the destination tile {t.name!r}",
+                         expected=f"a destination of shape {tuple(shape)}", given=describe(t), loc=loc)
+    return t
+
+
+def mark_written(t: Tile) -> Tile:
+    t.written = True
+    return t
+
+
+def tile_value(t: Tile):
+    tr = current("Tile.numpy")
+    if tr.interp is None:
+        raise TraceError("a tile has a value only when the numpy interpreter runs the kernel",
+                         expected="a kernel called on arrays, e.g. k(a, b)",
+                         given="tile.numpy() while tracing for the simulator (values are not computed)",
+                         loc=tr.where()[0], hint="use the interpreter to look at values: k(a, b)")
+    operand_tile(tr, t, "Tile.numpy", tr.where()[0])
+    return tr.interp.value(t).copy()
+
+
+def no_value(t: Tile, how: str):
+    raise TraceError(
+        f"tile {t.name!r} was {how}, but tiles have no value while the kernel is traced",
+        expected="Python control flow on trace-time values only (ints, shapes, loop indices)",
+        given=describe(t), loc=user_loc(),
+        hint="pick values on the vector unit with fl.where(mask, a, b); loop bounds come from shapes")
+
+
+def no_sram_slicing(t: Tile):
+    raise TraceError(f"tile {t.name!r} is indexed, but tiles in SRAM cannot be sliced",
+                     expected="a box of a DRAM tensor, e.g. X[rows, cols]", given=describe(t) + "[...]",
+                     loc=user_loc(), hint="load the part you need from DRAM as its own tile")
+
+
+# ---- DRAM -----------------------------------------------------------------------------------------
+def dram_slice(tensor: DramTensor, index) -> DramSlice:
+    tr = current("DramTensor[...]")
+    loc = tr.where()[0]
+    if tensor.trace is not tr.trace:
+        raise TraceError(f"DRAM tensor {tensor.name!r} belongs to another trace", given=describe(tensor), loc=loc)
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) > tensor.ndim:
+        raise OutOfBoundsError(f"{tensor.name} has {tensor.ndim} axes but is indexed with {len(index)}",
+                               expected=f"at most {tensor.ndim} indices ({', '.join(map(str, tensor.axes))})",
+                               given=f"{len(index)} indices", loc=loc)
+    offsets, sizes, kept = [], [], []
+    for dim in range(tensor.ndim):
+        ix = index[dim] if dim < len(index) else slice(None)
+        n = tensor.shape[dim]
+        axis = tensor.axes[dim] or f"dim {dim}"
+        if isinstance(ix, Tile):
+            raise TraceError(f"{tensor.name} is indexed by tile {ix.name!r}: DMA boxes are fixed at trace time",
+                             expected="ints or slices of ints", given=describe(ix), loc=loc)
+        if isinstance(ix, slice):
+            if ix.step not in (None, 1):
+                raise OutOfBoundsError(f"{tensor.name}: a DMA box has unit stride along {axis}",
+                                       expected="a slice with step 1", given=f"step {ix.step}", loc=loc)
+            start, stop = _int_or(ix.start, 0, loc), _int_or(ix.stop, n, loc)
+            start, stop = start + n if start < 0 else start, stop + n if stop < 0 else stop
+            if not 0 <= start < stop <= n:
+                raise OutOfBoundsError(
+                    f"{tensor.name}: the box {start}:{stop} leaves axis {axis} (size {n})",
+                    expected=f"0 <= start < stop <= {n} along {axis} (dim {dim})",
+                    given=f"{ix.start}:{ix.stop}" + (f" (= {start}:{stop})" if (start, stop) !=
+                                                      (ix.start, ix.stop) else ""), loc=loc)
+            offsets.append(start), sizes.append(stop - start), kept.append(True)
+        elif isinstance(ix, (int, np.integer)) and not isinstance(ix, bool):
+            i = int(ix) + n if ix < 0 else int(ix)
+            if not 0 <= i < n:
+                raise OutOfBoundsError(f"{tensor.name}: index {ix} is outside axis {axis} (size {n})",
+                                       expected=f"-{n} <= index < {n} along {axis} (dim {dim})",
+                                       given=f"index {ix}", loc=loc)
+            offsets.append(i), sizes.append(1), kept.append(False)
+        else:
+            raise TraceError(f"{tensor.name} indexed with {ix!r}", expected="ints and slices",
+                             given=describe(ix), loc=loc, hint="fl.tiles(n, size) gives slices that tile an axis")
+    return DramSlice(tensor, offsets, sizes, kept)
+
+
+def _int_or(v, default: int, loc) -> int:
+    if v is None:
+        return default
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return int(v)
+    raise TraceError("a slice bound is not an int", expected="int slice bounds", given=describe(v), loc=loc)
+
+
+def _as_box(x, what: str, loc) -> DramSlice:
+    if isinstance(x, DramTensor):
+        return x.full()
+    if isinstance(x, DramSlice):
+        return x
+    if isinstance(x, Tile):
+        raise MemorySpaceError(f"{what} moves data between DRAM and SRAM; this side must be DRAM",
+                               expected="a DRAM tensor or a box of one, e.g. X[rows, :]", given=describe(x),
+                               loc=loc, hint="a tile is already in SRAM: use it directly")
+    raise TraceError(f"{what} needs a DRAM tensor or a box of one", given=describe(x), loc=loc)
+
+
+def output(spec, dtype=None, *, axes=None, name=None, kind="output") -> DramTensor:
+    tr = current("output" if kind == "output" else "scratch")
+    loc, site = tr.where()
+    if isinstance(spec, TensorSpec):
+        try:
+            shape = spec.resolve(tr.trace.axes)
+        except KeyError as e:
+            raise AxisError(f"fl.{kind}: axis {e.args[0]!r} is not bound by any parameter",
+                            expected=f"axes among {sorted(tr.trace.axes)} (or an int size)",
+                            given=repr(spec), loc=loc) from None
+        dt = spec.dtype or (as_dtype(dtype) if dtype is not None else None)
+        axes = spec.axes
+        if dt is None:
+            raise DTypeError(f"fl.{kind}: no dtype", expected="fl.bf16['M', 'N'] or a dtype= argument",
+                             given=repr(spec), loc=loc)
+    else:
+        shape = parse_shape(spec, f"fl.{kind}", loc)
+        dt = parse_dtype(dtype if dtype is not None else f32, f"fl.{kind}", loc)
+        axes = parse_axes(axes, len(shape), f"fl.{kind}", loc)
+    name = name or tr.assigned_name(site, f"out{len(tr.trace.outputs)}")
+    taken = {t.name for t in tr.trace.tensors}
+    base, k = name, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    t = DramTensor(tr.trace, name, shape, dt, axes, kind, loc)
+    tr.trace.tensors.append(t)
+    tr.coverage[name] = np.zeros(shape, dtype=bool)
+    return t
+
+
+# ---- DMA ------------------------------------------------------------------------------------------
+def load(src, into=None) -> Tile:
+    tr = current("load")
+    loc, site = tr.where()
+    box = _as_box(src, "fl.load", loc)
+    if box.tensor.trace is not tr.trace:
+        raise TraceError("fl.load from a DRAM tensor of another trace", given=describe(box), loc=loc)
+    mask = tr.coverage.get(box.tensor.name)
+    if mask is not None and not mask[box.slices].all():
+        raise UninitializedReadError(
+            f"fl.load reads {box} before all of it was stored",
+            expected=f"a box of {box.tensor.kind} {box.tensor.name!r} that earlier stores covered",
+            given=f"{int((~mask[box.slices]).sum())} of {mask[box.slices].size} elements never stored",
+            loc=loc, hint="store the data first (outputs and scratch start out uninitialized)")
+    if into is None:
+        dst = tr.new_tile(box.shape, box.dtype, box.axes, SRAM, loc=loc, site=site,
+                          name=tr.assigned_name(site, box.tensor.name.lower()),
+                          origin=f"fl.load at line {loc.line if loc else '?'}")
+    else:
+        dst = destination_tile(tr, into, "fl.load(into=)", loc, box.shape, spaces=(SRAM,))
+        if dst.dtype != box.dtype:
+            raise DTypeError("fl.load(into=): DMA copies bytes, so the tile's dtype must be the tensor's",
+                             expected=f"a {box.dtype} tile", given=describe(dst), loc=loc,
+                             hint="load into a tile of the tensor's dtype, then cast it: t.astype(...)")
+    tr.record(ir.Load(dst, box, tr.pe, loc))
+    return mark_written(dst)
+
+
+def store(dst, src) -> DMA:
+    tr = current("store")
+    loc, _ = tr.where()
+    box = _as_box(dst, "fl.store", loc)
+    if box.tensor.kind == "input":
+        raise OutputError(f"fl.store into parameter {box.tensor.name!r}: parameters are read-only",
+                          expected="a box of a tensor made with fl.output(...) or fl.scratch(...)",
+                          given=describe(box), loc=loc, hint="declare an output: C = fl.output(fl.f32['M', 'N'])")
+    t = operand_tile(tr, src, "fl.store", loc)
+    if t.shape != box.shape:
+        raise ShapeError(f"fl.store: the tile does not fit the box {box}",
+                         expected=f"a tile of shape {box.shape} (the box's)", given=describe(t), loc=loc,
+                         hint="store the tile into a box of its own shape")
+    if t.dtype != box.dtype:
+        raise DTypeError(f"fl.store: DMA copies bytes, so the tile's dtype must be {box.tensor.name}'s",
+                         expected=f"a {box.dtype} tile", given=describe(t), loc=loc,
+                         hint=f"cast it first: fl.store(..., {t.name}.astype(fl.{box.dtype}))")
+    op = tr.record(ir.Store(box, t, tr.pe, loc))
+    tr.coverage[box.tensor.name][box.slices] = True
+    return DMA(tr.trace, op)
+
+
+def wait(handle) -> None:
+    tr = current("wait")
+    loc, _ = tr.where()
+    if isinstance(handle, DMA):
+        target = handle.op
+    elif isinstance(handle, Tile):
+        operand_tile(tr, handle, "fl.wait", loc, spaces=(SRAM,))
+        target = next((op for op in reversed(tr.trace.ops)
+                       if isinstance(op, ir.Load) and op.dst is handle), None)
+        if target is None:
+            raise TraceError(f"fl.wait: nothing was loaded into tile {handle.name!r}",
+                             expected="a tile made by fl.load, or a store's handle", given=describe(handle), loc=loc)
+    else:
+        raise TraceError("fl.wait takes a DMA handle or a loaded tile", given=describe(handle), loc=loc)
+    if handle.trace is not tr.trace:
+        raise TraceError("fl.wait on a DMA of another trace", given=repr(handle), loc=loc)
+    tr.record(ir.Wait(target, tr.pe, loc))
+
+
+# ---- tiles made from nothing -------------------------------------------------------------------
+def fill(shape, value, dtype, axes, space: str, *, what: str) -> Tile:
+    tr = current(what)
+    loc, site = tr.where()
+    t = empty(shape, dtype, axes, space, what=what, _where=(loc, site))
+    if not isinstance(value, Number) or isinstance(value, bool):
+        raise TraceError(f"fl.{what}: the fill value is not a number", given=describe(value), loc=loc)
+    tr.record(ir.Fill(t, float(value), tr.pe, loc))
+    return mark_written(t)
+
+
+def empty(shape, dtype, axes, space: str, *, what: str = "empty", _where=None) -> Tile:
+    tr = current(what)
+    loc, site = _where or tr.where()
+    shape = parse_shape(shape, f"fl.{what}", loc)
+    dt = parse_dtype(dtype, f"fl.{what}", loc)
+    if space not in (SRAM, ACC):
+        raise MemorySpaceError(f"fl.{what}: tiles live in SRAM or in the accumulator",
+                               expected="space=fl.SRAM or fl.ACC", given=f"space={space!r}", loc=loc)
+    if space == ACC and dt not in (f32, i32):
+        raise DTypeError(f"fl.{what}: accumulators hold f32 (or i32 for integer contractions)",
+                         expected="dtype f32", given=f"dtype {dt}", loc=loc)
+    return tr.new_tile(shape, dt, parse_axes(axes, len(shape), f"fl.{what}", loc), space, loc=loc, site=site,
+                       name=tr.assigned_name(site, what),
+                       origin=f"fl.{what} at line {loc.line if loc else '?'}")
+
+
+# ---- small parsers ----------------------------------------------------------------------------------
+def parse_shape(shape, what: str, loc) -> tuple[int, ...]:
+    """A shape of ints; a slice counts as its extent (``fl.zeros((rows, 1))`` with rows a slice)."""
+    if isinstance(shape, (int, np.integer, slice)):
+        shape = (shape,)
+    out = []
+    for d in shape if isinstance(shape, (tuple, list)) else [shape]:
+        if isinstance(d, slice) and isinstance(d.start, int) and isinstance(d.stop, int):
+            d = d.stop - d.start
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d <= 0:
+            raise ShapeError(f"{what}: {shape!r} is not a shape", expected="a tuple of positive ints (or slices)",
+                             given=repr(shape), loc=loc)
+        out.append(int(d))
+    return tuple(out)
+
+
+def parse_dtype(dt, what: str, loc) -> DType:
+    try:
+        return as_dtype(dt)
+    except ValueError as e:
+        raise DTypeError(f"{what}: {e}", expected="fl.bf16, fl.f32, ... or their names",
+                         given=repr(dt), loc=loc) from None
+
+
+def parse_axes(axes, ndim: int, what: str, loc) -> tuple:
+    if axes is None:
+        return (None,) * ndim
+    if isinstance(axes, str):
+        axes = axes.replace(",", " ").split()
+    axes = tuple(None if a in (None, "_") else a for a in axes)
+    if len(axes) != ndim or not all(a is None or (isinstance(a, str) and a.isidentifier()) for a in axes):
+        raise AxisError(f"{what}: axes {axes!r} do not name the tile's {ndim} axes",
+                        expected=f"{ndim} names (or None)", given=repr(axes), loc=loc)
+    return axes
+
+
+# ---- the end of a trace -----------------------------------------------------------------------------
+def finish(tr: Tracer, returned, fn_loc) -> None:
+    """Check what the kernel returned, and that every output element was stored."""
+    trace = tr.trace
+    values = returned if isinstance(returned, tuple) else (returned,)
+    trace.returns_tuple = isinstance(returned, tuple)
+    outs = []
+    for v in values:
+        if not (isinstance(v, DramTensor) and v.kind == "output" and v.trace is trace):
+            raise OutputError("a kernel returns the outputs it declared",
+                              expected="the DRAM tensors made with fl.output(...), e.g. `return C`",
+                              given=f"return {describe(v) if v is not None else 'None'}", loc=fn_loc)
+        outs.append(v)
+    declared = [t for t in trace.tensors if t.kind == "output"]
+    missing = [t.name for t in declared if all(t is not o for o in outs)]
+    if missing:
+        raise OutputError(f"output(s) {', '.join(missing)} are declared but not returned",
+                          expected=f"return {', '.join(t.name for t in declared)}",
+                          given=f"return {', '.join(t.name for t in outs)}", loc=fn_loc)
+    for t in outs:
+        mask = tr.coverage[t.name]
+        if not mask.all():
+            first = tuple(int(i) for i in np.argwhere(~mask)[0])
+            raise OutputError(
+                f"output {t.name!r}: {int((~mask).sum()):,} of {mask.size:,} elements are never stored",
+                expected="stores that cover the whole output",
+                given=f"first element never stored: {t.name}{list(first)}", loc=t.loc,
+                hint="check the tiling loops' bounds: fl.tiles(n, size) covers [0, n) including a short "
+                     "last tile")
+    trace.outputs = outs
