@@ -3,6 +3,8 @@ matters to an NPU (a matmul should arrive as a matmul, not be re-recognized from
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from fexplore.errors import ExportError
@@ -43,6 +45,13 @@ def decomposition_table() -> dict:
 
 def export_model(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None):
     """torch.export (non-strict) then decomposition with the intent-keeping table."""
+    with warnings.catch_warnings():
+        # torch.export's own pytree deprecation chatter, not the user's business
+        warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
+        return _export(model, args, dynamic_shapes)
+
+
+def _export(model, args, dynamic_shapes):
     try:
         ep = torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch raises many kinds; the user needs the message, not our stack

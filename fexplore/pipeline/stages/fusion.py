@@ -148,22 +148,26 @@ class _Fuser:
     # -- checks ----------------------------------------------------------------------------
 
     def convex(self, members: set[int]) -> bool:
-        """No path leaves the group and re-enters it."""
-        top = max(members)
+        """No path leaves the group and comes back, counting regions already formed as single
+        nodes: two groups that are each convex can still feed each other (A -> B and B -> A
+        through different members), which would make the fused graph cyclic."""
         seen: set[int] = set()
         stack = [u for m in members for v in self.nodes[m].outputs
-                 for u in self.users.get(v.name, []) if u not in members and u < top]
+                 for u in self.users.get(v.name, []) if u not in members]
         while stack:
             i = stack.pop()
             if i in seen:
                 continue
             seen.add(i)
-            for v in self.nodes[i].outputs:
-                for u in self.users.get(v.name, []):
-                    if u in members:
-                        return False
-                    if u < top and u not in seen:
-                        stack.append(u)
+            group = self.claimed.get(i)
+            for j in (group.members if group is not None else (i,)):
+                seen.add(j)
+                for v in self.nodes[j].outputs:
+                    for u in self.users.get(v.name, []):
+                        if u in members:
+                            return False
+                        if u not in seen:
+                            stack.append(u)
         return True
 
     def working_set(self, members: set[int]) -> int:
@@ -175,14 +179,9 @@ class _Fuser:
 
     def claim(self, kind: str, anchor: int, members: set[int]) -> None:
         members = set(members)
-        if not self.convex(members):
-            self.rejected.append({"region": self.nodes[anchor].name, "kind": kind,
-                                  "reason": "not convex"})
-            return
         size = original = self.working_set(members)
         dropped = []
-        # Give back the last node until the rest fits: dropping a convex group's last node
-        # keeps it convex (nothing after it can lead back in).
+        # Give back the last node until the rest fits (convexity is checked after).
         while size > self.sram and len(members) > 1:
             last = max(members)
             members.discard(last)
@@ -194,6 +193,10 @@ class _Fuser:
                                 "working_set_bytes": original,
                                 "sram_bytes": self.sram, "given_back": dropped, "fused": fits})
         if not fits:
+            return
+        if not self.convex(members):
+            self.rejected.append({"region": self.nodes[anchor].name, "kind": kind,
+                                  "reason": "not convex"})
             return
         anchor = anchor if anchor in members else max(members)
         group = _Group(kind, anchor, members)
