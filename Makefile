@@ -8,14 +8,25 @@ PIP    := $(PY) -m pip
 # The CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 STAMP  := $(VENV)/.installed
+# nbval runs every tutorial in notebooks/ and compares its outputs with the stored ones, through
+# the sanitizers (timings, addresses, paths) in notebooks/nbval_sanitize.cfg.
+NBVAL  := --nbval --nbval-current-env --nbval-cell-timeout=600 \
+          --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: demo test install system-deps clean
+.PHONY: demo test notebooks install system-deps browser-deps apt-install clean
 
 demo: install
 	$(VENV)/bin/fexplore demo
 
-test: install
-	$(PY) -m pytest -q tests
+# One pytest run: the suite (the real-browser test included) and every notebook.
+test: install browser-deps
+	$(PY) -m pytest -q tests notebooks $(NBVAL)
+
+# Re-execute every tutorial in place, storing fresh outputs; run it after changing what a
+# tutorial shows (a stage, a view), then `make test` checks that they are stable.
+notebooks: install
+	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	  --ExecutePreprocessor.timeout=600 notebooks/*.ipynb
 
 install: $(STAMP) system-deps
 
@@ -26,15 +37,25 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -e '.[dev]'
 	touch $(STAMP)
 
-# graphviz's `dot` renders the graph views; install it when missing and we are root.
+# Debian packages, installed when missing and we are root: graphviz's `dot` renders the graph
+# views; chromium is the browser the real-browser test drives through Playwright (Playwright's
+# own browser download needs a network we do not have, so the test uses this one).
 system-deps:
-	@if ! command -v dot >/dev/null 2>&1; then \
+	@$(MAKE) --no-print-directory apt-install CMD=dot PKG=graphviz \
+	  WHY="graph views will fall back to text"
+
+browser-deps:
+	@$(MAKE) --no-print-directory apt-install CMD=chromium PKG=chromium \
+	  WHY="the real-browser test will be skipped"
+
+apt-install:
+	@if ! command -v $(CMD) >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y graphviz; \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(PKG); \
 	  else \
-	    echo "note: graphviz 'dot' is missing and we are not root; graph views will fall back to text"; \
+	    echo "note: $(PKG) ('$(CMD)') is missing and we are not root; $(WHY)"; \
 	  fi; \
 	fi
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info test-artifacts fexplore-report

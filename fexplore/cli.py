@@ -1,13 +1,45 @@
-"""The ``fexplore`` command: ``fexplore demo``, ``fexplore compile MODULE:FACTORY``."""
+"""The ``fexplore`` command: ``fexplore demo`` and ``fexplore compile MODULE:FACTORY``.
+
+Both compile headless through every stage, verifying each, print a summary, and write a report
+folder: the IR text of every stage, ``verification.csv`` and ``report.html`` (every view on one
+self-contained page that opens offline).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 
 from fexplore.errors import FexploreError
+
+DEFAULT_OUT = "fexplore-report"
+
+DESCRIPTION = """\
+Compile PyTorch models through fexplore's NPU compiler front end, headless.
+
+A model goes through the pipeline's stages (ingest from torch.export, then the graph stages:
+constant folding, simplification, and whichever later stages this version has). Every stage is
+verified twice: the IR's structure, and its numbers against PyTorch eager on the example inputs.
+The report folder holds the IR text of every stage, verification.csv, and report.html: the
+explorer's views (diffs, graphs, statistics) on one page that opens offline in a browser.
+
+In a notebook, the same compile can be stepped through:
+    ex = fexplore.explore(model, example_inputs); ex.widget()
+"""
+
+EPILOG = """\
+examples:
+  fexplore demo                                  compile the bundled GPT-style model
+  fexplore compile fexplore.models:gpt           a factory returning (model, example_inputs)
+  fexplore compile llama --target tiny           a model of the bundled zoo, by name
+  fexplore compile mypkg.nets:build --out build/fx --precision bf16
+
+exit status: 0 compiled and verified; 1 a stage failed verification (the report shows which);
+2 a usage error (bad factory, unknown target, unsupported operator, ...).
+"""
 
 
 def _quiet_torch():
@@ -16,69 +48,123 @@ def _quiet_torch():
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
-def cmd_demo(args) -> int:
+def _load_factory(spec: str):
+    """``MODULE:FACTORY``, or the name of a zoo model (``gpt``, ``llama``, ...)."""
+    if ":" not in spec:
+        from fexplore.models import ZOO
+
+        if spec in ZOO:
+            return ZOO[spec]
+        raise FexploreError(f"expected MODULE:FACTORY or a zoo model name, got {spec!r}",
+                            hint=f"e.g. fexplore compile fexplore.models:gpt; zoo models: "
+                                 f"{', '.join(ZOO)}")
+    mod, fn = spec.split(":", 1)
+    sys.path.insert(0, os.getcwd())  # as `python -m` does: the user's own modules import
+    try:
+        module = importlib.import_module(mod)
+    except ImportError as e:
+        raise FexploreError(f"cannot import {mod}: {e}",
+                            hint="run from the folder that holds the module, or install it") from None
+    finally:
+        sys.path.remove(os.getcwd())
+    factory = getattr(module, fn, None)
+    if factory is None or not callable(factory):
+        raise FexploreError(f"{mod} has no function {fn}",
+                            hint="FACTORY is a function returning (model, example_inputs)")
+    return factory
+
+
+def _build(factory):
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise FexploreError(f"the factory returned {type(made).__name__}, not "
+                            "(model, example_inputs)")
+    return made
+
+
+def compile_and_report(model, inputs, args):
+    """Compile, print the summary, write the report folder. A stage that fails verification still
+    gets its report written: that is when a person most needs to look. Returns (status, model)."""
     import fexplore
+    from fexplore.pipeline import CompiledModel
+
+    ex = fexplore.explore(model, inputs, target=args.target, precision=args.precision,
+                          verify=not args.no_verify)
+    ex.run_all()
+    status = 0
+    try:
+        cm = ex.result
+    except FexploreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        cm = CompiledModel(ex.records, ex._ingested, ex.options)  # for the report only
+        status = 1
+    print(cm.summary())
+    if args.out:
+        folder = cm.save(args.out)
+        print(f"\nwrote {folder}/: the IR of {len(cm.stages)} stages, verification.csv and "
+              f"report.html (open {os.path.join(folder, 'report.html')} in a browser)")
+    return status, cm
+
+
+def cmd_demo(args) -> int:
     from fexplore.models import ZOO
 
     model, inputs = ZOO["gpt"]()
     print("fexplore demo: compiling the bundled GPT-style model "
           f"({sum(p.numel() for p in model.parameters()):,} parameters, "
           f"input {tuple(inputs[0].shape)})\n")
-    cm = fexplore.compile(model, inputs, target=args.target)
-    print(cm.summary())
-    import torch
+    status, cm = compile_and_report(model, inputs, args)
+    if status == 0:
+        import torch
 
-    with torch.no_grad():
-        err = float((cm(*inputs) - model(*inputs)).abs().max())
-    print(f"\nrunning the compiled model on the example input: max |compiled - eager| = {err:.2e}")
-    if args.out:
-        print(f"wrote {cm.save(args.out)}")
-    return 0
-
-
-def _load_factory(spec: str):
-    if ":" not in spec:
-        raise FexploreError(f"expected MODULE:FACTORY, got {spec!r}",
-                            hint="e.g. fexplore compile fexplore.models:gpt")
-    mod, fn = spec.split(":", 1)
-    try:
-        module = importlib.import_module(mod)
-    except ImportError as e:
-        raise FexploreError(f"cannot import {mod}: {e}") from None
-    factory = getattr(module, fn, None)
-    if factory is None:
-        raise FexploreError(f"{mod} has no {fn}")
-    return factory
+        with torch.no_grad():
+            err = float((cm(*inputs) - model(*inputs)).abs().max())
+        print(f"running the compiled model on the example input: max |compiled - eager| = {err:.2e}")
+    return status
 
 
 def cmd_compile(args) -> int:
-    import fexplore
+    model, inputs = _build(_load_factory(args.factory))
+    return compile_and_report(model, inputs, args)[0]
 
-    model, inputs = _load_factory(args.factory)()
-    cm = fexplore.compile(model, inputs, target=args.target)
-    print(cm.summary())
-    if args.out:
-        print(f"wrote {cm.save(args.out)}")
-    return 0
+
+def _common(p: argparse.ArgumentParser, out_help: str) -> None:
+    p.add_argument("--target", default="rngd", help="NPU preset: rngd (default) or tiny")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp8"),
+                   help="compute precision (default fp32)")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=out_help)
+    p.add_argument("--no-report", dest="out", action="store_const", const=None,
+                   help="print the summary only; write nothing")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the structural and numeric checks after each stage")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fexplore", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    d = sub.add_parser("demo", help="compile the bundled GPT-style model, print a summary and "
+                                    "write a report",
+                       description="Compile the bundled GPT-style model on the default target, "
+                                   "print a summary, write a report, and run the compiled model.")
+    _common(d, f"report folder (default {DEFAULT_OUT})")
+    d.set_defaults(func=cmd_demo)
+    c = sub.add_parser("compile", help="compile MODULE:FACTORY (or a zoo model name) and write "
+                                       "the IR of every stage, a verification CSV and an HTML "
+                                       "report",
+                       description="Compile the model that FACTORY returns. FACTORY is a function "
+                                   "taking no arguments and returning (model, example_inputs); "
+                                   "a bare name (gpt, llama, cnn, mlp, vit, vla) picks a model "
+                                   "of the bundled zoo.")
+    c.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. fexplore.models:gpt, or gpt")
+    _common(c, f"report folder (default {DEFAULT_OUT})")
+    c.set_defaults(func=cmd_compile)
+    return p
 
 
 def main(argv=None) -> int:
     _quiet_torch()
-    p = argparse.ArgumentParser(
-        prog="fexplore",
-        description="Compile PyTorch models through fexplore's verified NPU front end.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="compile the bundled GPT-style model and print a summary")
-    d.add_argument("--target", default="rngd", help="NPU preset (rngd, tiny)")
-    d.add_argument("--out", default=None, help="also write the stage IR and reports here")
-    d.set_defaults(func=cmd_demo)
-    c = sub.add_parser("compile", help="compile MODULE:FACTORY, a function returning "
-                                       "(model, example_inputs)")
-    c.add_argument("factory", help="e.g. fexplore.models:gpt")
-    c.add_argument("--target", default="rngd")
-    c.add_argument("--out", default=None, help="folder for the stage IR and verification CSV")
-    c.set_defaults(func=cmd_compile)
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         return args.func(args)
     except FexploreError as e:

@@ -91,13 +91,18 @@ class CompiledModel:
         lines.append("ops: " + ", ".join(f"{k}×{v}" for k, v in counts))
         return "\n".join(lines)
 
-    def save(self, folder: str | os.PathLike) -> str:
-        """Write the IR text of every stage and the verification table into ``folder``."""
+    def save(self, folder: str | os.PathLike, *, report: bool = True) -> str:
+        """Write the IR text of every stage and the verification table into ``folder``, and
+        (``report=True``) ``report.html``: every view on one self-contained page."""
         os.makedirs(folder, exist_ok=True)
         for i, r in enumerate(self.stages):
             with open(os.path.join(folder, f"{i:02d}_{r.name}.fx.txt"), "w") as f:
                 f.write(str(r.after))
         self.verification.to_csv(os.path.join(folder, "verification.csv"), index=False)
+        if report:
+            from fexplore.viz.report import write_report  # lazy: rendering is not headless work
+
+            write_report(self, os.path.join(folder, "report.html"))
         return str(folder)
 
     def __repr__(self) -> str:

@@ -70,9 +70,23 @@ class Exploration:
         self.records.append(rec)
         return rec
 
-    def run_all(self) -> "Exploration":
-        while not self.done:
-            self.step()
+    def run_all(self, *, progress: bool = True) -> "Exploration":
+        """Run every remaining stage. ``progress`` shows a tqdm bar (a widget in notebooks, stderr
+        in terminals) once the compile has taken more than a moment."""
+        if not progress:
+            while not self.done:
+                self.step()
+            return self
+        from tqdm.auto import tqdm  # lazy: only a long compile needs it
+
+        with tqdm(total=len(self.stage_names), initial=len(self.records), unit="stage",
+                  desc="fexplore", delay=0.5) as bar:
+            while not self.done:
+                bar.set_postfix_str(self.stage_names[len(self.records)])  # the stage now running
+                self.step()
+                if not self.done:
+                    bar.set_postfix_str(self.stage_names[len(self.records)], refresh=False)
+                bar.update(1)
         return self
 
     def __getitem__(self, name: str) -> StageRecord:
@@ -97,6 +111,27 @@ class Exploration:
         done = [r.name for r in self.records]
         todo = self.stage_names[len(done):]
         return f"<Exploration done={done} next={todo}>"
+
+    # -- views (rendering lives in fexplore.viz, imported only when asked for) -------------
+
+    def overview(self):
+        """A pandas DataFrame: one row per stage (done, next or pending), what it changed, key
+        statistics, verification and time."""
+        from fexplore.viz.exploration_view import overview_frame
+
+        return overview_frame(self)
+
+    def widget(self, view: str = "graph"):
+        """An ipywidgets stepper: pick a stage, step back and forth, switch views ("diff",
+        "graph", "IR", "stats", "pipeline"). Runs the first stage if nothing has run yet."""
+        from fexplore.viz.stepper import Stepper
+
+        return Stepper(self, view=view)
+
+    def _repr_html_(self) -> str:
+        from fexplore.viz.exploration_view import exploration_html
+
+        return exploration_html(self)
 
     # -- stages ----------------------------------------------------------------------------
 
