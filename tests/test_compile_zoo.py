@@ -116,3 +116,10 @@ def test_demo_prints_a_readable_summary(capsys):
     out = capsys.readouterr().out
     assert "ingest" in out and "✓" in out
     assert "linear" in out and "max |compiled - eager|" in out
+
+
+def test_compiled_model_indexes_its_stages_by_name(zoo_compiled):
+    cm = zoo_compiled("mlp")[2]
+    assert cm["fusion"] is next(r for r in cm.stages if r.name == "fusion")
+    with pytest.raises(KeyError, match="stages are"):
+        cm["nope"]

@@ -25,6 +25,13 @@ class CompiledModel:
         """The final stage's graph."""
         return self.stages[-1].after
 
+    def __getitem__(self, name: str):
+        """The record of the stage called ``name`` (``cm["fusion"]``)."""
+        for r in self.stages:
+            if r.name == name:
+                return r
+        raise KeyError(f"no stage {name!r}; stages are {[r.name for r in self.stages]}")
+
     @property
     def exported(self) -> torch.export.ExportedProgram:
         return self._ingested.exported
