@@ -1,4 +1,5 @@
-"""The ``fexplore`` command: ``fexplore demo`` and ``fexplore compile MODULE:FACTORY``.
+"""The ``fexplore`` command: ``fexplore demo``, ``fexplore compile MODULE:FACTORY`` and
+``fexplore kernel FILE.py``.
 
 Both compile headless through every stage, verifying each, print a summary, and write a report
 folder: the IR text of every stage, ``verification.csv`` and ``report.html`` (every view on one
@@ -36,6 +37,8 @@ examples:
   fexplore compile fexplore.models:gpt           a factory returning (model, example_inputs)
   fexplore compile llama --target tiny           a model of the bundled zoo, by name
   fexplore compile mypkg.nets:build --out build/fx --precision bf16
+  fexplore kernel kernels.py                     list the kernels a file defines
+  fexplore kernel kernels.py --kernel matmul --shapes M=256,K=128,N=64 --ref ref_matmul
 
 exit status: 0 compiled and verified; 1 a stage failed verification (the report shows which);
 2 a usage error (bad factory, unknown target, unsupported operator, ...).
@@ -128,6 +131,60 @@ def cmd_compile(args) -> int:
     return compile_and_report(model, inputs, args)[0]
 
 
+def cmd_kernel(args) -> int:
+    """Check, run and simulate a kernel defined in a Python file, as the cell magic does."""
+    import runpy
+
+    from fexplore import lang
+    from fexplore.lang import magic
+    from fexplore.lang.kernel import Kernel
+
+    if not os.path.exists(args.file):
+        raise FexploreError(f"no file {args.file}")
+    ns = runpy.run_path(args.file, init_globals={"fl": lang}, run_name="__fexplore_kernel__")
+    path = os.path.abspath(args.file)
+    kernels = {}
+    for name, value in ns.items():
+        if isinstance(value, Kernel):
+            kernels[name] = value
+        elif callable(value) and getattr(getattr(value, "__code__", None), "co_filename",
+                                         None) == path:
+            k = Kernel(value)
+            if k.tensor_params:
+                kernels[name] = k
+    if not kernels:
+        raise FexploreError(f"{args.file} defines no kernel",
+                            hint="a kernel is a function whose parameters are annotated with "
+                                 "tensor specs, e.g. a: fl.f32['M', 'K']")
+    if args.shapes is None:
+        for k in kernels.values():
+            print(f"kernel {k._signature_text()}")
+        return 0
+    name = args.kernel or list(kernels)[-1]
+    if name not in kernels:
+        raise FexploreError(f"--kernel {name!r}: {args.file} defines {', '.join(kernels)}")
+    k = kernels[name]
+    opts = argparse.Namespace(shapes=args.shapes, inputs=None, seed=args.seed, ref=args.ref,
+                              target=args.target, sim=not args.no_sim, timeline=False)
+    from IPython.core.error import UsageError
+
+    try:
+        inputs = magic._inputs(k, opts, ns)
+    except UsageError as e:
+        raise FexploreError(str(e).replace("%%furiosa_kernel ", "")) from None
+    static = magic._static(args.static)
+    try:
+        magic._check(k, inputs, static, opts, ns)
+    except magic.ReferenceMismatchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.trace and not args.no_sim:
+        res = k.simulate(*inputs, target=args.target, **static)
+        res.timeline.to_perfetto(args.trace)
+        print(f"  wrote the timeline to {args.trace} (Perfetto's UI or chrome://tracing opens it)")
+    return 0
+
+
 def _common(p: argparse.ArgumentParser, out_help: str) -> None:
     p.add_argument("--target", default="rngd", help="NPU preset: rngd (default) or tiny")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp8"),
@@ -159,6 +216,22 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. fexplore.models:gpt, or gpt")
     _common(c, f"report folder (default {DEFAULT_OUT})")
     c.set_defaults(func=cmd_compile)
+    k = sub.add_parser("kernel", help="check, run and simulate a kernel-language kernel from a "
+                                      "file",
+                       description="Load FILE.py (with the kernel language in scope as fl), list "
+                                   "its kernels, or run one on seeded random inputs: the numpy "
+                                   "interpreter, an optional reference, then the simulator.")
+    k.add_argument("file", metavar="FILE.py")
+    k.add_argument("--kernel", help="which kernel (default: the last one defined)")
+    k.add_argument("--shapes", help="axis sizes for random inputs, e.g. M=256,K=128,N=64")
+    k.add_argument("--static", help="static arguments, e.g. tile=64")
+    k.add_argument("--ref", help="a function in FILE.py giving the expected output")
+    k.add_argument("--target", default="rngd", help="NPU preset: rngd (default) or tiny")
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--no-sim", action="store_true", help="run the interpreter only")
+    k.add_argument("--trace", metavar="OUT.json", help="write the simulated timeline as "
+                                                       "Chrome/Perfetto trace JSON")
+    k.set_defaults(func=cmd_kernel)
     return p
 
 
