@@ -136,6 +136,3 @@ class ConvertContext:
         self._literals += 1
         return self.b.literal(np.asarray(v, dtype=dtype.numpy),
                               f"{self.node.name}.c{self._literals - 1}")
-
-    def dim(self, d):
-        return self.b.symbols.dim(d) if not isinstance(d, (Value,)) else d
