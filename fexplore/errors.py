@@ -50,9 +50,10 @@ class FexploreError(Exception):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        lines = [f"[{self.code}] {self.message}"]
-        if self.loc is not None and (self.loc.file or self.loc.module):
-            lines.append(f"  at {self.loc}")
+        lines = [f"[{self.code}] {self.message}", *self._facts()]
+        where = self._where()
+        if where:
+            lines.append(f"  at {where}")
             src = self.loc.source_line()
             if src:
                 lines.append(f"    {src}")
@@ -60,7 +61,21 @@ class FexploreError(Exception):
             lines.append(self.detail)
         if self.hint:
             lines.append(f"  hint: {self.hint}")
+        lines.extend(self._epilogue())
         return "\n".join(lines)
+
+    # Subclasses add lines without re-writing the layout (the kernel language's errors say what
+    # was expected and given, and end with a fixed example).
+    def _facts(self) -> list[str]:
+        return []
+
+    def _where(self) -> str | None:
+        if self.loc is not None and (self.loc.file or self.loc.module):
+            return str(self.loc)
+        return None
+
+    def _epilogue(self) -> list[str]:
+        return []
 
 
 class ConfigError(FexploreError):

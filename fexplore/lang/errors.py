@@ -55,26 +55,21 @@ class KernelError(FexploreError):
     def line(self) -> int | None:
         return self.loc.line if self.loc is not None else None
 
-    def _render(self) -> str:
-        lines = [f"[{self.code}] {self.message}"]
+    def _facts(self) -> list[str]:
+        lines = []
         if self.expected is not None:
             lines.append(f"  expected: {self.expected}")
         if self.given is not None:
             lines.append(f"  given:    {self.given}")
-        where = describe_loc(self.loc)
-        if where:
-            lines.append(f"  at {where}")
-            src = self.loc.source_line()
-            if src:
-                lines.append(f"    {src}")
-        if self.detail:
-            lines.append(self.detail)
-        if self.hint:
-            lines.append(f"  hint: {self.hint}")
-        if self.example:
-            lines.append("  example:")
-            lines.extend(f"    {ln}" for ln in self.example.splitlines())
-        return "\n".join(lines)
+        return lines
+
+    def _where(self) -> str | None:
+        return describe_loc(self.loc)
+
+    def _epilogue(self) -> list[str]:
+        if not self.example:
+            return []
+        return ["  example:", *(f"    {ln}" for ln in self.example.splitlines())]
 
     def _render_traceback_(self) -> list[str]:
         # IPython shows these lines instead of a traceback: the author's line, not fexplore's.
