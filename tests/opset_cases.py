@@ -718,4 +718,44 @@ case("relayout", "tiled", [randn(32, 48)], lambda x: x.clone(), order=(0, 1), ti
 case("relayout", "back-to-default", [randint(0, 9, 3, 4)], lambda x: x.clone(), order=(0, 1))
 
 
+# -- log1p, expm1, fmod ---------------------------------------------------------------------------
+case("log1p", "small-and-large", [arr([1e-8, -0.5, 0.0, 3.0, 1e6])], torch.log1p)
+case("expm1", "small-and-large", [arr([1e-8, -0.5, 0.0, 3.0, -20.0])], torch.expm1)
+case("fmod", "signs-follow-dividend", [arr([5.5, -5.5, 5.5, -5.5]), arr([2.0, 2.0, -2.0, -2.0])],
+     torch.fmod)
+case("fmod", "int-by-scalar", [randint(-9, 9, 6), scalar(4, np.int64)], torch.fmod)
+
+# -- prod -----------------------------------------------------------------------------------------
+case("prod", "axis-neg", [randn(3, 4)], lambda x: torch.prod(x, -1), axes=(-1,))
+case("prod", "int-keepdim", [randint(-3, 4, 2, 3)], lambda x: torch.prod(x, 0, keepdim=True),
+     axes=(0,), keepdim=True)
+
+# -- sort, topk (distinct values: indices are then unambiguous) ------------------------------------
+_distinct = (_rng.permutation(20).reshape(4, 5) - 7.5).astype(np.float32)
+case("sort", "ascending", [_distinct], lambda x: tuple(torch.sort(x, -1)))
+case("sort", "descending-axis0", [_distinct], lambda x: tuple(torch.sort(x, 0, descending=True)),
+     axis=0, descending=True)
+case("topk", "largest", [_distinct], lambda x: tuple(torch.topk(x, 3, -1)), k=3)
+case("topk", "smallest-axis0", [_distinct], lambda x: tuple(torch.topk(x, 2, 0, largest=False)),
+     k=2, axis=0, largest=False)
+
+# -- writes into a copy: index_put, scatter, slice_scatter -----------------------------------------
+case("index_put", "rows", [np.zeros((5, 3), np.float32), randn(2, 3), arr([1, 3], np.int64)],
+     lambda x, v, i: x.index_put((i,), v), axes=(0,))
+case("index_put", "accumulate-dup", [randn(4, 2), randn(3, 2), arr([0, 2, 0], np.int64)],
+     lambda x, v, i: x.index_put((i,), v, accumulate=True), axes=(0,), accumulate=True)
+case("index_put", "two-axes", [randn(3, 4, 2), randn(2, 2), arr([0, 2], np.int64),
+                               arr([1, 3], np.int64)],
+     lambda x, v, i, j: x.index_put((i, j), v), axes=(0, 1))
+case("scatter", "axis1", [np.zeros((3, 5), np.float32), arr([[0, 4], [2, 1], [3, 3]], np.int64),
+                          randn(3, 2)],
+     lambda x, i, s: torch.scatter(x, 1, i, s), axis=1)
+case("scatter", "add", [randn(3, 4), arr([[0, 0, 1], [3, 3, 3], [2, 1, 0]], np.int64), randn(3, 3)],
+     lambda x, i, s: torch.scatter_add(x, 1, i, s), axis=1, reduce="add")
+case("slice_scatter", "middle", [randn(4, 6), randn(4, 2)],
+     lambda x, v: torch.slice_scatter(x, v, 1, 2, 4), axis=1, start=2, end=4)
+case("slice_scatter", "strided", [randn(6, 3), randn(3, 3)],
+     lambda x, v: torch.slice_scatter(x, v, 0, 0, 6, 2), axis=0, start=0, end=5, step=2)
+
+
 COVERED = {c.op for c in CASES}

@@ -1,3 +1,3 @@
 """The built-in opset. Importing this package registers every OpDef (see ``fexplore.ir.opset``)."""
 
-from . import elementwise, movement, nn, reduction, regions  # noqa: F401
+from . import elementwise, movement, nn, ordering, reduction, regions, scatter  # noqa: F401

@@ -80,6 +80,8 @@ def unary(name: str, fn, *, float_only: bool = True, flops: int = 1, attrs=(), d
 
 unary("exp", np.exp, flops=4)
 unary("log", np.log, flops=4)
+unary("log1p", np.log1p, flops=4)
+unary("expm1", np.expm1, flops=4)
 unary("sqrt", np.sqrt, flops=2)
 unary("rsqrt", lambda x: 1.0 / np.sqrt(x), flops=2)
 unary("reciprocal", lambda x: 1.0 / x)
@@ -179,6 +181,7 @@ binary("maximum", np.maximum)
 binary("minimum", np.minimum)
 binary("pow", np.power, flops=4)
 binary("remainder", np.mod)  # Python's (and torch's) sign convention: follows the divisor
+binary("fmod", np.fmod)  # C's convention: the sign follows the dividend
 binary("eq", np.equal, result="bool")
 binary("ne", np.not_equal, result="bool")
 binary("lt", np.less, result="bool")

@@ -53,6 +53,8 @@ def reduction(name, fn, *, result="same", extra_attrs=()):
 
 
 reduction("sum", lambda x, axis, keepdims: np.sum(x, axis=axis, keepdims=keepdims), result="sum")
+reduction("prod", lambda x, axis, keepdims: np.prod(x, axis=axis, keepdims=keepdims),
+          result="sum")
 reduction("mean", lambda x, axis, keepdims: np.mean(x, axis=axis, keepdims=keepdims),
           result="float")
 reduction("amax", lambda x, axis, keepdims: np.max(x, axis=axis, keepdims=keepdims))

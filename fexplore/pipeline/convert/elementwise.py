@@ -8,8 +8,8 @@ from .registry import ConvertContext, converter, ir_dtype
 
 _BINARY = {
     "mul": "mul", "maximum": "maximum", "minimum": "minimum", "pow": "pow",
-    "remainder": "remainder", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt",
-    "ge": "ge", "logical_and": "logical_and", "logical_or": "logical_or",
+    "remainder": "remainder", "fmod": "fmod", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le",
+    "gt": "gt", "ge": "ge", "logical_and": "logical_and", "logical_or": "logical_or",
     "logical_xor": "logical_xor", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
 }
 
@@ -60,7 +60,7 @@ def _floor_divide(ctx):
     return ctx.emit("div", [ctx.args[0], ctx.args[1]], {"rounding": "floor"})
 
 
-_UNARY = ["exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "erf", "sigmoid",
+_UNARY = ["exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "erf", "sigmoid",
           "silu", "neg", "abs", "relu", "floor", "ceil", "round", "sign", "logical_not"]
 
 for _name in _UNARY:
@@ -164,3 +164,51 @@ def _identity(ctx):
             src = ctx.emit("expand", [src], {"shape": dst.type.shape})
         return src
     return ctx.args[0]
+
+
+# -- activations torch keeps as core ATen ops, written with IR elementwise ops -------------------
+
+@converter("aten.elu.default")
+def _elu(ctx):
+    # scale * (x if x > 0 else alpha * (exp(x * input_scale) - 1))
+    x = ctx.args[0]
+    alpha, scale, in_scale = (float(ctx.arg(i, n, d)) for i, n, d in
+                              ((1, "alpha", 1.0), (2, "scale", 1.0), (3, "input_scale", 1.0)))
+    inner = ctx.emit("exp", [ctx.emit("mul", [x, in_scale]) if in_scale != 1 else x])
+    neg = ctx.emit("mul", [ctx.emit("sub", [inner, 1.0]), alpha])
+    y = ctx.emit("where", [ctx.emit("gt", [x, 0.0]), x, neg])
+    return ctx.emit("mul", [y, scale]) if scale != 1 else y
+
+
+@converter("aten.leaky_relu.default")
+def _leaky_relu(ctx):
+    x = ctx.args[0]
+    slope = float(ctx.arg(1, "negative_slope", 0.01))
+    return ctx.emit("where", [ctx.emit("gt", [x, 0.0]), x, ctx.emit("mul", [x, slope])])
+
+
+@converter("aten.softplus.default")
+def _softplus(ctx):
+    # log(1 + exp(beta x)) / beta, linear past the threshold (as torch, for overflow's sake)
+    x = ctx.args[0]
+    beta, threshold = float(ctx.arg(1, "beta", 1.0)), float(ctx.arg(2, "threshold", 20.0))
+    bx = ctx.emit("mul", [x, beta]) if beta != 1 else x
+    soft = ctx.emit("log", [ctx.emit("add", [ctx.emit("exp", [bx]), 1.0])])
+    if beta != 1:
+        soft = ctx.emit("div", [soft, beta])
+    return ctx.emit("where", [ctx.emit("gt", [bx, threshold]), x, soft])
+
+
+@converter("aten.hardsigmoid.default")
+def _hardsigmoid(ctx):
+    x = ctx.args[0]
+    return ctx.emit("div", [ctx.emit("clamp", [ctx.emit("add", [x, 3.0])],
+                                     {"min": 0.0, "max": 6.0}), 6.0])
+
+
+@converter("aten.hardswish.default")
+def _hardswish(ctx):
+    x = ctx.args[0]
+    gate = ctx.emit("div", [ctx.emit("clamp", [ctx.emit("add", [x, 3.0])],
+                                     {"min": 0.0, "max": 6.0}), 6.0])
+    return ctx.emit("mul", [x, gate])

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import sympy
 
-from fexplore.ir import DType
+from fexplore.ir import DType, Value
 
 from .registry import ConvertContext, converter, ir_dtype
 
@@ -295,3 +296,120 @@ def _tril(ctx):
 @converter("aten.triu.default")
 def _triu(ctx):
     return ctx.emit("triu", [ctx.args[0]], {"diagonal": ctx.arg(1, "diagonal", 0)})
+
+
+# -- flips, rolls, nearest upsampling: gathers with constant indices ------------------------------
+
+def _gather_axis(ctx, x, axis: int, indices) -> Value:
+    idx = ctx.b.literal(np.asarray(indices, dtype=np.int64), f"{ctx.node.name}.idx{axis}")
+    return ctx.emit("index", [x, idx], {"axes": (axis,)})
+
+
+@converter("aten.flip.default")
+def _flip(ctx):
+    x = ctx.args[0]
+    for d in ctx.args[1]:
+        ax = _axis(d, x.type.rank)
+        size = x.type.shape[ax]
+        if not isinstance(size, int):
+            raise NotImplementedError("flip along a symbolic dim")
+        x = _gather_axis(ctx, x, ax, np.arange(size - 1, -1, -1))
+    return x
+
+
+@converter("aten.roll.default")
+def _roll(ctx):
+    x, shifts = ctx.args[0], list(ctx.args[1])
+    dims = list(ctx.arg(2, "dims", []))
+    if not dims:  # roll of the flattened tensor
+        raise NotImplementedError("roll without dims")
+    for s, d in zip(shifts, dims):
+        ax = _axis(d, x.type.rank)
+        size = x.type.shape[ax]
+        if not isinstance(size, int):
+            raise NotImplementedError("roll along a symbolic dim")
+        x = _gather_axis(ctx, x, ax, (np.arange(size) - s) % size)
+    return x
+
+
+@converter("aten.upsample_nearest2d.vec", "aten.upsample_nearest2d.default")
+def _upsample_nearest(ctx):
+    x = ctx.args[0]
+    oh, ow = ctx.out_type().shape[-2:]
+    h, w = x.type.shape[-2:]
+    if not all(isinstance(d, int) for d in (oh, ow, h, w)):
+        raise NotImplementedError("nearest upsampling with symbolic sizes")
+    # torch's nearest: source index floor(dst * in / out)
+    ih = (np.arange(oh) * h) // oh
+    iw = (np.arange(ow) * w) // ow
+    rows = ctx.b.literal(ih.reshape(oh, 1).astype(np.int64), f"{ctx.node.name}.rows")
+    cols = ctx.b.literal(iw.reshape(1, ow).astype(np.int64), f"{ctx.node.name}.cols")
+    return ctx.emit("index", [x, rows, cols], {"axes": (x.type.rank - 2, x.type.rank - 1)})
+
+
+# -- in-place updates, as value-semantics writes into a copy -----------------------------------
+
+@converter("aten.index_put.default", "aten._unsafe_index_put.default")
+def _index_put(ctx):
+    x, indices, values = ctx.args[0], ctx.args[1], ctx.args[2]
+    accumulate = bool(ctx.arg(3, "accumulate", False))
+    axes, idx = [], []
+    for ax, t in enumerate(indices):
+        if t is not None:
+            if t.type.dtype == DType.bool:
+                raise NotImplementedError("index_put with a boolean mask")
+            axes.append(ax)
+            idx.append(t)
+    if values.type.dtype != x.type.dtype:
+        values = ctx.emit("cast", [values], {"dtype": x.type.dtype})
+    return ctx.emit("index_put", [x, values, *idx], {"axes": tuple(axes),
+                                                     "accumulate": accumulate})
+
+
+@converter("aten.index_copy.default")
+def _index_copy(ctx):
+    x, dim, index, src = ctx.args[:4]
+    ax = _axis(dim, x.type.rank)
+    # out[..., index[i], ...] = src[..., i, ...] along ax: numpy's rule for a single advanced
+    # index keeps the indexed block in place, so src already has the shape x[..., index, ...] has
+    return ctx.emit("index_put", [x, src, index], {"axes": (ax,)})
+
+
+@converter("aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
+           "aten.scatter.reduce", "aten.scatter.value_reduce")
+def _scatter(ctx):
+    x, dim, index, src = ctx.args[:4]
+    target = str(ctx.node.target)
+    reduce = "add" if target == "aten.scatter_add.default" else ctx.kwargs.get("reduce", ctx.arg(4))
+    if reduce not in (None, "add", "sum"):
+        raise NotImplementedError(f"scatter with reduce={reduce!r}")
+    if not isinstance(src, Value):
+        src = ctx.scalar(src, x.type.dtype)
+    elif src.type.dtype != x.type.dtype:
+        src = ctx.emit("cast", [src], {"dtype": x.type.dtype})
+    return ctx.emit("scatter", [x, index, src], {"axis": _axis(dim, x.type.rank),
+                                                "reduce": "add" if reduce else "none"})
+
+
+@converter("aten.slice_scatter.default")
+def _slice_scatter(ctx):
+    x, src = ctx.args[0], ctx.args[1]
+    ax = _axis(ctx.arg(2, "dim", 0), x.type.rank)
+    size = x.type.shape[ax]
+    start = _clamp_index(ctx.arg(3, "start", 0), size) or 0
+    end = _clamp_index(ctx.arg(4, "end", sys.maxsize), size)
+    step = ctx.arg(5, "step", 1)
+    length = src.type.shape[ax]
+    end = start + (length - 1) * step + 1 if step > 1 else start + length
+    return ctx.emit("slice_scatter", [x, src], {"axis": ax, "start": start, "end": end,
+                                               "step": step})
+
+
+@converter("aten.select_scatter.default")
+def _select_scatter(ctx):
+    x, src, dim, index = ctx.args[:4]
+    ax = _axis(dim, x.type.rank)
+    if isinstance(index, int) and index < 0:
+        index = x.type.shape[ax] + index
+    src = ctx.emit("reshape", [src], {"shape": src.type.shape[:ax] + (1,) + src.type.shape[ax:]})
+    return ctx.emit("slice_scatter", [x, src], {"axis": ax, "start": index, "end": index + 1})

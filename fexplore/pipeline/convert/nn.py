@@ -3,6 +3,8 @@ normalizations and attention."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .registry import ConvertContext, converter
 
 
@@ -155,3 +157,74 @@ def _sdpa(ctx: ConvertContext):
     if attrs["scale"] is not None:
         attrs["scale"] = float(attrs["scale"])
     return ctx.emit("attention", [q, k, v] + ([mask] if mask is not None else []), attrs)
+
+
+@converter("aten.native_group_norm.default", "aten.group_norm.default")
+def _group_norm(ctx):
+    """Group norm is a layer norm over (channels of a group x spatial): reshape to
+    (N, G, C/G * HW), normalize the last axis, reshape back, then the per-channel affine."""
+    target = str(ctx.node.target)
+    x = ctx.args[0]
+    if target == "aten.group_norm.default":
+        groups, w, b, eps = ctx.args[1], ctx.arg(2, "weight"), ctx.arg(3, "bias"), \
+            ctx.arg(4, "eps", 1e-5)
+    else:
+        w, b, groups, eps = ctx.args[1], ctx.args[2], ctx.args[6], ctx.args[7]
+    shape = x.type.shape
+    n, c = shape[0], shape[1]
+    flat = ctx.emit("reshape", [x], {"shape": (n, groups, _numel(shape[1:]) // groups)})
+    y = ctx.emit("layer_norm", [flat], {"ndim": 1, "eps": float(eps)})
+    y = ctx.emit("reshape", [y], {"shape": shape})
+    per_channel = (c,) + (1,) * (len(shape) - 2)
+    if w is not None:
+        y = ctx.emit("mul", [y, ctx.emit("reshape", [w], {"shape": per_channel})])
+    if b is not None:
+        y = ctx.emit("add", [y, ctx.emit("reshape", [b], {"shape": per_channel})])
+    return y if target == "aten.group_norm.default" else (y, None, None)
+
+
+def _numel(dims):
+    n = 1
+    for d in dims:
+        n = n * d
+    return n
+
+
+@converter("aten.upsample_bilinear2d.vec", "aten.upsample_bilinear2d.default")
+def _upsample_bilinear(ctx):
+    """Bilinear resizing is two small contractions with constant interpolation matrices,
+    rows then columns: y = A_h @ x @ A_w^T. On a contraction NPU that is the natural form."""
+    x = ctx.args[0]
+    align = bool(ctx.arg(2, "align_corners", False))
+    scales = ctx.arg(3, "scale_factors") if str(ctx.node.target).endswith(".vec") else None
+    oh, ow = ctx.out_type().shape[-2:]
+    h, w = x.type.shape[-2:]
+    if not all(isinstance(d, int) for d in (oh, ow, h, w)):
+        raise NotImplementedError("bilinear upsampling with symbolic sizes")
+    sh = sw = None
+    if scales:
+        sh, sw = scales
+    a_h = _interp_matrix(h, oh, align, sh)
+    a_w = _interp_matrix(w, ow, align, sw)
+    dt = x.type.dtype.numpy
+    rows = ctx.b.literal(a_h.astype(dt), f"{ctx.node.name}.rows")
+    cols = ctx.b.literal(np.ascontiguousarray(a_w.T).astype(dt), f"{ctx.node.name}.cols")
+    y = ctx.emit("matmul", [rows, x])
+    return ctx.emit("matmul", [y, cols])
+
+
+def _interp_matrix(size: int, out: int, align_corners: bool, scale) -> np.ndarray:
+    """(out, size) weights of torch's linear interpolation along one axis."""
+    m = np.zeros((out, size), dtype=np.float64)
+    for i in range(out):
+        if align_corners:
+            src = i * (size - 1) / (out - 1) if out > 1 else 0.0
+        else:
+            ratio = 1.0 / scale if scale else size / out
+            src = max((i + 0.5) * ratio - 0.5, 0.0)
+        lo = min(int(np.floor(src)), size - 1)
+        hi = min(lo + 1, size - 1)
+        frac = src - lo
+        m[i, lo] += 1.0 - frac
+        m[i, hi] += frac
+    return m

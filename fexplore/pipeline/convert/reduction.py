@@ -129,3 +129,48 @@ converter("aten.log_softmax.int", "aten._log_softmax.default")(_softmax("log_sof
 def _cumsum(ctx):
     x = _maybe_cast(ctx, ctx.args[0])
     return ctx.emit("cumsum", [x], {"axis": ctx.args[1] % x.type.rank})
+
+
+@converter("aten.prod.dim_int", "aten.prod.default")
+def _prod(ctx):
+    x = _maybe_cast(ctx, ctx.args[0])
+    dim = ctx.arg(1, "dim")
+    keep = ctx.arg(2, "keepdim", False)
+    return ctx.emit("prod", [x], {"axes": _axes(dim, x.type.rank), "keepdim": bool(keep)})
+
+
+@converter("aten.linalg_vector_norm.default")
+def _vector_norm(ctx):
+    x = ctx.args[0]
+    order = ctx.arg(1, "ord", 2)
+    axes = _axes(ctx.arg(2, "dim"), x.type.rank)
+    keep = bool(ctx.arg(3, "keepdim", False))
+    red = {"axes": axes, "keepdim": keep}
+    mag = ctx.emit("abs", [x])
+    if order == float("inf"):
+        return ctx.emit("amax", [mag], red)
+    if order == 2:
+        return ctx.emit("sqrt", [ctx.emit("sum", [ctx.emit("mul", [x, x])], red)])
+    if order == 1:
+        return ctx.emit("sum", [mag], red)
+    p = float(order)
+    return ctx.emit("pow", [ctx.emit("sum", [ctx.emit("pow", [mag, p])], red), 1.0 / p])
+
+
+@converter("aten.topk.default")
+def _topk(ctx):
+    x, k = ctx.args[0], ctx.args[1]
+    axis = ctx.arg(2, "dim", -1) % x.type.rank
+    return ctx.emit("topk", [x], {"k": k, "axis": axis, "largest": bool(ctx.arg(3, "largest", True))},
+                    n_results=2)
+
+
+@converter("aten.sort.default", "aten.sort.stable")
+def _sort(ctx):
+    x = ctx.args[0]
+    if str(ctx.node.target) == "aten.sort.stable":
+        axis, desc = ctx.kwargs.get("dim", -1), ctx.kwargs.get("descending", False)
+    else:
+        axis, desc = ctx.arg(1, "dim", -1), ctx.arg(2, "descending", False)
+    return ctx.emit("sort", [x], {"axis": axis % x.type.rank, "descending": bool(desc)},
+                    n_results=2)
