@@ -63,6 +63,10 @@ def _cases():
                      (r(2, 3, 4),)),
             "baddbmm": (Fn(lambda s, a, b, c: torch.baddbmm(c, a, b)),
                         (r(2, 3, 4), r(2, 4, 5), r(2, 3, 5))),
+            "conv_transpose": (Fn(lambda s, x: s.mods[0](x), nn.ConvTranspose2d(
+                2, 3, 3, stride=2, padding=1, output_padding=1)), (r(1, 2, 4, 5),)),
+            "conv_transpose_grouped": (Fn(lambda s, x: s.mods[0](x), nn.ConvTranspose2d(
+                4, 6, (2, 3), stride=(2, 1), groups=2, dilation=(1, 2))), (r(2, 4, 3, 3),)),
         }
 
 
@@ -80,8 +84,9 @@ def test_common_module_compiles_and_matches_eager(name):
 
 
 def test_an_unsupported_form_is_a_clear_error_on_the_users_line():
-    model = Fn(lambda s, x: s.mods[0](x), nn.ConvTranspose2d(2, 3, 3, stride=2)).eval()
+    model = Fn(lambda s, x: x[x > 0].sum()).eval()  # a boolean mask: data-dependent size
     with pytest.raises(fexplore.errors.FexploreError) as info:
-        fexplore.compile(model, (torch.randn(1, 2, 4, 4),))
-    assert "transposed convolution" in str(info.value)
+        fexplore.compile(model, (torch.randn(8),))
+    assert info.value.code.startswith("FX4")
+    assert "boolean-mask" in str(info.value)
     assert info.value.loc is not None and info.value.loc.file == __file__

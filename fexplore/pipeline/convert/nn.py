@@ -43,9 +43,9 @@ def _conv(ctx):
     x, w = ctx.args[0], ctx.args[1]
     b = ctx.arg(2, "bias")
     if target == "aten.convolution.default":
-        stride, padding, dilation, transposed, _, groups = ctx.args[3:9]
+        stride, padding, dilation, transposed, out_pad, groups = ctx.args[3:9]
         if transposed:
-            raise NotImplementedError("transposed convolution")
+            return _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups)
     else:
         stride = ctx.arg(3, "stride", (1,))
         padding = ctx.arg(4, "padding", (0,))
@@ -66,6 +66,38 @@ def _conv(ctx):
     if one_d:
         y = ctx.emit("reshape", [y], {"shape": y.type.shape[:2] + y.type.shape[3:]})
     return y
+
+
+def _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups):
+    """A transposed convolution is a plain one over the input with zeros between its pixels,
+    with the kernel flipped and its in/out channels swapped (per group), and the padding
+    mirrored. Built from IR ops; the weight rearrangement folds away at compile time."""
+    if x.type.rank != 4:
+        raise NotImplementedError("transposed convolution other than 2-D")
+    n, c, h, wd = x.type.shape
+    cin, cout_g, kh, kw = w.type.shape
+    (sh, sw), (ph, pw), (dh, dw), (oph, opw) = (_pair(stride), _pair(padding), _pair(dilation),
+                                                _pair(out_pad))
+    pad_h, pad_w = dh * (kh - 1) - ph, dw * (kw - 1) - pw
+    if pad_h < 0 or pad_w < 0:
+        raise NotImplementedError("transposed convolution with padding beyond the kernel")
+    if sh > 1 or sw > 1:  # zeros between pixels: (N,C,H,1,W,1) padded to (N,C,H,sh,W,sw)
+        x = ctx.emit("reshape", [x], {"shape": (n, c, h, 1, wd, 1)})
+        x = ctx.emit("pad", [x], {"pads": (0, sw - 1, 0, 0, 0, sh - 1), "value": 0.0})
+        x = ctx.emit("reshape", [x], {"shape": (n, c, h * sh, wd * sw)})
+        x = ctx.emit("slice", [x], {"axis": 2, "start": 0, "end": (h - 1) * sh + 1})
+        x = ctx.emit("slice", [x], {"axis": 3, "start": 0, "end": (wd - 1) * sw + 1})
+    x = ctx.emit("pad", [x], {"pads": (pad_w, pad_w + opw, pad_h, pad_h + oph), "value": 0.0})
+    flip_h = ctx.b.literal(np.arange(kh - 1, -1, -1, dtype=np.int64), f"{ctx.node.name}.fliph")
+    flip_w = ctx.b.literal(np.arange(kw - 1, -1, -1, dtype=np.int64), f"{ctx.node.name}.flipw")
+    w = ctx.emit("index", [w, flip_h], {"axes": (2,)})
+    w = ctx.emit("index", [w, flip_w], {"axes": (3,)})
+    # (Cin, Cout/g, k, k) -> (g, Cin/g, Cout/g, k, k) -> (g, Cout/g, Cin/g, k, k) -> (Cout, Cin/g..)
+    w = ctx.emit("reshape", [w], {"shape": (groups, cin // groups, cout_g, kh, kw)})
+    w = ctx.emit("permute", [w], {"perm": (0, 2, 1, 3, 4)})
+    w = ctx.emit("reshape", [w], {"shape": (groups * cout_g, cin // groups, kh, kw)})
+    return ctx.emit("conv2d", [x, w] + ([b] if b is not None else []),
+                    {"stride": (1, 1), "padding": (0, 0), "dilation": (dh, dw), "groups": groups})
 
 
 @converter("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default",
