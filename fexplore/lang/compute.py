@@ -17,6 +17,7 @@ from fexplore.lang.semantics import (describe, destination_tile, mark_written, o
 from fexplore.lang.tracer import current
 from fexplore.lang.types import ACC, SRAM, bool_, f32, i32, shape_text
 from fexplore.lang.values import DramSlice, DramTensor, Tile
+from fexplore.npu.builder import einsum_groups
 from fexplore.npu.vector_ops import VECTOR_OPS
 
 _SPEC = re.compile(r"^([a-zA-Z]+),([a-zA-Z]+)->([a-zA-Z]*)$")
@@ -65,7 +66,7 @@ def contract(spec: str, a, b, acc=None) -> Tile:
             raise DTypeError(f"fl.contract: the tensor unit accumulates {ta.dtype} products in {acc_dtype}",
                              expected=f"a {acc_dtype} accumulator", given=describe(out), loc=loc)
         accumulate = True
-    tr.record(ir.Contract(out, spec, ta, tb, accumulate, _mnk(sizes, la, lb, lo), tr.pe, loc))
+    tr.record(ir.Contract(out, spec, ta, tb, accumulate, einsum_groups(sizes, la, lb, lo), tr.pe, loc))
     return mark_written(out)
 
 
@@ -101,18 +102,6 @@ def _bind_letters(spec, la, lb, ta: Tile, tb: Tile, loc) -> tuple[dict, dict]:
             if ch not in names or (names[ch][0] is None and ax):
                 names[ch] = (ax, t.name)
     return sizes, names
-
-
-def _mnk(sizes: dict, la: str, lb: str, lo: str) -> tuple[int, int, int, int]:
-    """(batch, m, n, k): letters in both operands and the result are batch, in one operand and the
-    result m or n, summed letters k -- the extents the tensor unit's tile quantization pads."""
-    group = {"batch": 1, "m": 1, "n": 1, "k": 1}
-    for ch, d in sizes.items():
-        in_a, in_b, in_o = ch in la, ch in lb, ch in lo
-        key = "batch" if (in_a and in_b and in_o) else "m" if (in_a and in_o) else \
-            "n" if (in_b and in_o) else "k"
-        group[key] *= d
-    return group["batch"], group["m"], group["n"], group["k"]
 
 
 # ---- vector unit ----------------------------------------------------------------------------------

@@ -288,6 +288,12 @@ def _einsum_sizes(spec: str, a: Buffer, b: Buffer, out: Buffer, loc) -> tuple[in
     expect = tuple(extents[ch] for ch in so)
     if expect != out.shape:
         raise ProgramError(f"contract {spec}: result shape {expect} does not match output {out!r}", loc=loc)
+    return einsum_groups(extents, sa, sb, so)
+
+
+def einsum_groups(extents: dict, sa: str, sb: str, so: str) -> tuple[int, int, int, int]:
+    """(batch, m, n, k) of a contraction: indices in both operands and the result are batch, in
+    one operand and the result m or n, summed ones k -- the extents tile quantization pads."""
     group = {"batch": 1, "m": 1, "n": 1, "k": 1}
     for ch, d in extents.items():
         in_a, in_b, in_o = ch in sa, ch in sb, ch in so

@@ -88,7 +88,7 @@ class CompiledModel:
         for r in self.stages:
             v = r.verification.summary() if r.verification else "not verified"
             lines.append(f"{r.name:<12}{len(r.after.nodes):>7}{r.elapsed_s * 1e3:>8.0f}ms  "
-                         f"{v:<46}{stage_note(r)}")
+                         f"{v:<46}{r.summary}")
         stats = self.stages[-1].stats
         lines.append("")
         cats = ", ".join(f"{k} {v}" for k, v in stats.get("ops_by_category", {}).items())
@@ -127,29 +127,3 @@ class CompiledModel:
             return f"<pre>{html.escape(self.summary())}</pre>" + self.verification.to_html()
         return compiled_html(self)
 
-
-def stage_note(r) -> str:
-    """One line on what a stage did, from its statistics."""
-    st = r.stats
-    if r.name == "ingest":
-        return f"{st['constants']} constants ({st['constant_bytes'] / 1e6:.2f} MB)"
-    if r.name == "fold":
-        return (f"{st['constants_folded']} values folded, "
-                f"{st['conv_batchnorm_folded']} conv+batch-norm pairs")
-    if r.name == "simplify":
-        fired = st.get("rules_fired", {})
-        return f"{sum(fired.values())} rewrites" + (
-            f" ({', '.join(f'{k} {v}' for k, v in sorted(fired.items()))})" if fired else "")
-    if r.name == "shapes":
-        return f"{st['dynamic_values']} symbolic values, {st['dims_simplified']} dims simplified"
-    if r.name == "layout":
-        return (f"{st['layout_conversions']} relayouts (naive {st['layout_conversions_naive']}), "
-                f"{st['weights_laid_out']} weights laid out")
-    if r.name == "fusion":
-        kinds = ", ".join(f"{k} {v}" for k, v in sorted(st["regions_by_kind"].items()))
-        return (f"{st['fused_regions']} regions ({kinds}); DRAM traffic "
-                f"{st['traffic_after_over_before']:.2f}x before, "
-                f"{st['traffic_after_over_compulsory']:.2f}x compulsory")
-    if r.name == "precision":
-        return f"policy {st['policy']}, {st['contractions']} contractions narrowed"
-    return ""

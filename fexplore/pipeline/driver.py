@@ -146,7 +146,9 @@ class Exploration:
         elapsed = time.perf_counter() - t0
         g = self._ingested.graph
         stats = {**graph_stats(g), "export_s": t_export, "convert_s": elapsed - t_export}
-        rec = StageRecord("ingest", None, g, stats, [], None, elapsed)
+        rec = StageRecord("ingest", None, g, stats, [], None, elapsed,
+                          f"{stats['nodes']} nodes, {stats['constants']} constants "
+                          f"({stats['constant_bytes'] / 1e6:.2f} MB, shared with the model)")
         self._verify_hook(rec)
         return rec
 

@@ -26,7 +26,8 @@ class PassManager:
         result = stage.run(graph, options)
         elapsed = time.perf_counter() - t0
         stats = {"nodes_before": len(graph.nodes), **graph_stats(result.graph), **result.stats}
-        record = StageRecord(stage.name, graph, result.graph, stats, result.rewrites, None, elapsed)
+        record = StageRecord(stage.name, graph, result.graph, stats, result.rewrites, None, elapsed,
+                             result.summary)
         self.notify(record)
         return record
 

@@ -28,6 +28,7 @@ class StageResult:
     graph: Graph
     stats: dict[str, Any] = field(default_factory=dict)
     rewrites: list[Rewrite] = field(default_factory=list)
+    summary: str = ""  # one line on what the stage did, in its own words
 
 
 @dataclass
@@ -81,6 +82,7 @@ class StageRecord:
     rewrites: list[Rewrite]
     verification: Verification | None
     elapsed_s: float
+    summary: str = ""
 
     @property
     def changed(self) -> bool:

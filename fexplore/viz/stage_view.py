@@ -68,7 +68,9 @@ def header_html(rec) -> str:
         items.append(f"<span>{len(rec.rewrites)} rewrite(s)</span>")
     if rec.before is not None and not rec.changed:
         items.append('<span class="muted">no change</span>')
-    return f'<div class="fx-head">{"".join(items)}</div>'
+    head = f'<div class="fx-head">{"".join(items)}</div>'
+    summary = getattr(rec, "summary", "")
+    return head + (f'<div class="muted">{esc(summary)}</div>' if summary else "")
 
 
 def verification_text(v) -> str:

@@ -208,9 +208,8 @@ def _gather(ctx):
     return ctx.emit("gather", [x, idx], {"axis": _axis(dim, x.type.rank)})
 
 
-@converter("aten.index.Tensor", "aten._unsafe_index.Tensor")
-def _index(ctx):
-    x, indices = ctx.args[0], ctx.args[1]
+def _advanced_indices(indices) -> tuple[tuple[int, ...], list]:
+    """torch's index list (None for a whole axis) as the IR's (axes, index tensors)."""
     axes, idx = [], []
     for ax, t in enumerate(indices):
         if t is not None:
@@ -218,7 +217,13 @@ def _index(ctx):
                 raise NotImplementedError("boolean-mask indexing (its result size depends on data)")
             axes.append(ax)
             idx.append(t)
-    return ctx.emit("index", [x, *idx], {"axes": tuple(axes)})
+    return tuple(axes), idx
+
+
+@converter("aten.index.Tensor", "aten._unsafe_index.Tensor")
+def _index(ctx):
+    axes, idx = _advanced_indices(ctx.args[1])
+    return ctx.emit("index", [ctx.args[0], *idx], {"axes": axes})
 
 
 @converter("aten.index_select.default")
@@ -351,19 +356,12 @@ def _upsample_nearest(ctx):
 
 @converter("aten.index_put.default", "aten._unsafe_index_put.default")
 def _index_put(ctx):
-    x, indices, values = ctx.args[0], ctx.args[1], ctx.args[2]
-    accumulate = bool(ctx.arg(3, "accumulate", False))
-    axes, idx = [], []
-    for ax, t in enumerate(indices):
-        if t is not None:
-            if t.type.dtype == DType.bool:
-                raise NotImplementedError("index_put with a boolean mask")
-            axes.append(ax)
-            idx.append(t)
+    x, values = ctx.args[0], ctx.args[2]
+    axes, idx = _advanced_indices(ctx.args[1])
     if values.type.dtype != x.type.dtype:
         values = ctx.emit("cast", [values], {"dtype": x.type.dtype})
-    return ctx.emit("index_put", [x, values, *idx], {"axes": tuple(axes),
-                                                     "accumulate": accumulate})
+    return ctx.emit("index_put", [x, values, *idx],
+                    {"axes": axes, "accumulate": bool(ctx.arg(3, "accumulate", False))})
 
 
 @converter("aten.index_copy.default")

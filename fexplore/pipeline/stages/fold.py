@@ -54,7 +54,8 @@ def fold(graph: Graph, options) -> StageResult:
     stats = {"constants_folded": folded, "folded_bytes": folded_bytes,
              "conv_batchnorm_folded": len(absorbed),
              "not_folded_over_size_limit": skipped_for_size}
-    return StageResult(g, stats, rw.rewrites)
+    summary = f"{folded} values folded ({folded_bytes:,} B), {len(absorbed)} conv+batch-norm pairs"
+    return StageResult(g, stats, rw.rewrites, summary)
 
 
 def _foldable(node: Node, ins) -> bool:

@@ -330,7 +330,11 @@ def fusion(graph: Graph, options) -> StageResult:
         "split_for_sram": f.splits,
         "rejected": f.rejected,
     }
-    return StageResult(new_graph, stats, rewrites)
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items()))
+    summary = (f"{stats['fused_regions']} regions ({kinds}); DRAM traffic "
+               f"{stats['traffic_after_over_before']:.2f}x before, "
+               f"{stats['traffic_after_over_compulsory']:.2f}x compulsory")
+    return StageResult(new_graph, stats, rewrites, summary)
 
 
 def _build(graph: Graph, f: _Fuser) -> tuple[Graph, list[Rewrite]]:

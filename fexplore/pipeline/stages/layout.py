@@ -37,7 +37,8 @@ def layout(graph: Graph, options) -> StageResult:
     after = _conversions(result.graph)
     stats = {"layout_conversions_naive": before, "layout_conversions": after,
              "weights_laid_out": result.weights, "relayout_bytes": _relayout_bytes(result.graph)}
-    return StageResult(result.graph, stats, result.rw.rewrites)
+    summary = f"{after} relayouts (naive {before}), {result.weights} weights laid out"
+    return StageResult(result.graph, stats, result.rw.rewrites, summary)
 
 
 def _weight_tile(options) -> tuple[int, int]:

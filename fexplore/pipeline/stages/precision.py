@@ -29,13 +29,16 @@ def precision(graph: Graph, options) -> StageResult:
     target = POLICIES[options.precision]
     if target is None:
         return StageResult(graph, {"policy": options.precision, "casts_inserted": 0,
-                                   "weights_converted": 0, "contractions": 0}, [])
+                                   "weights_converted": 0, "contractions": 0}, [],
+                           "policy fp32: nothing to narrow")
     p = _Policy(target)
     g = p.apply(graph, top=True)
     stats = {"policy": options.precision, "casts_inserted": p.casts,
              "weights_converted": len(p.converted), "contractions": p.contractions,
              "weight_bytes_saved": p.bytes_saved}
-    return StageResult(g, stats, p.rewrites)
+    summary = (f"policy {options.precision}: {p.contractions} contractions narrowed, "
+               f"{len(p.converted)} weights converted, {p.casts} casts")
+    return StageResult(g, stats, p.rewrites, summary)
 
 
 class _Policy:

@@ -72,7 +72,7 @@ def shapes(graph: Graph, options) -> StageResult:
     total = sum(len(n.outputs) for n in graph.walk())
     stats = {"dims_simplified": simplified, "dynamic_values": dynamic,
              "static_values": total - dynamic}
-    return StageResult(graph, stats, [])
+    return StageResult(graph, stats, [], f"{dynamic} symbolic values, {simplified} dims simplified")
 
 
 def _propagate(graph: Graph, ranges) -> tuple[Graph, int]:

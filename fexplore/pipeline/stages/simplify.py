@@ -136,7 +136,9 @@ def simplify(graph: Graph, options) -> StageResult:
     fired: dict[str, int] = {}
     for r in rewrites:
         fired[r.rule] = fired.get(r.rule, 0) + 1
-    return StageResult(graph, {"rules_fired": fired}, rewrites)
+    summary = f"{len(rewrites)} rewrites" + (
+        f" ({', '.join(f'{k} {v}' for k, v in sorted(fired.items()))})" if fired else "")
+    return StageResult(graph, {"rules_fired": fired}, rewrites, summary)
 
 
 def _round(graph: Graph, rewrites: list[Rewrite]) -> Graph:
