@@ -88,6 +88,8 @@ def scalar_str(x, dtype: DType) -> str:
         return "true" if bool(x) else "false"
     if dtype.is_int:
         return str(int(x))
+    if dtype == DType.f64:
+        return repr(float(x))
     # numpy's shortest repr that reads back to the same f32 (bf16/fp8 values are exact in f32)
     return str(np.float32(x))
 

@@ -18,13 +18,16 @@ import sympy
 class DType(enum.Enum):
     """Element types. The value is the IR spelling."""
 
+    f64 = "f64"
     f32 = "f32"
     f16 = "f16"
     bf16 = "bf16"
     fp8 = "fp8"  # float8 e4m3 (fn: finite, no inf), the NPU's 8-bit float
     i64 = "i64"
     i32 = "i32"
+    i16 = "i16"
     i8 = "i8"
+    u8 = "u8"
     bool = "bool"
 
     def __repr__(self) -> str:
@@ -42,11 +45,11 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.f32, DType.f16, DType.bf16, DType.fp8)
+        return self in (DType.f64, DType.f32, DType.f16, DType.bf16, DType.fp8)
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.i64, DType.i32, DType.i8)
+        return self in (DType.i64, DType.i32, DType.i16, DType.i8, DType.u8)
 
     @staticmethod
     def from_numpy(dt) -> "DType":
@@ -58,19 +61,22 @@ class DType(enum.Enum):
 
 
 _NUMPY = {
+    DType.f64: np.dtype(np.float64),
     DType.f32: np.dtype(np.float32),
     DType.f16: np.dtype(np.float16),
     DType.bf16: np.dtype(ml_dtypes.bfloat16),
     DType.fp8: np.dtype(ml_dtypes.float8_e4m3fn),
     DType.i64: np.dtype(np.int64),
     DType.i32: np.dtype(np.int32),
+    DType.i16: np.dtype(np.int16),
     DType.i8: np.dtype(np.int8),
+    DType.u8: np.dtype(np.uint8),
     DType.bool: np.dtype(np.bool_),
 }
 
 # Promotion order inside one category (torch's lattice, restricted to our dtypes).
-_FLOAT_RANK = {DType.fp8: 0, DType.bf16: 1, DType.f16: 1, DType.f32: 3}
-_INT_RANK = {DType.bool: 0, DType.i8: 1, DType.i32: 2, DType.i64: 3}
+_FLOAT_RANK = {DType.fp8: 0, DType.bf16: 1, DType.f16: 1, DType.f32: 3, DType.f64: 4}
+_INT_RANK = {DType.bool: 0, DType.u8: 1, DType.i8: 1, DType.i16: 2, DType.i32: 3, DType.i64: 4}
 
 
 def _category(d: DType) -> int:
@@ -88,6 +94,8 @@ def promote_pair(a: DType, b: DType) -> DType:
         if {a, b} == {DType.bf16, DType.f16}:
             return DType.f32
         return a if _FLOAT_RANK[a] >= _FLOAT_RANK[b] else b
+    if {a, b} == {DType.u8, DType.i8}:  # neither holds the other's range
+        return DType.i16
     return a if _INT_RANK[a] >= _INT_RANK[b] else b
 
 

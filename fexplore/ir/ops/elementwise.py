@@ -9,7 +9,7 @@ import numpy as np
 from ..opdef import AttrSpec, Category, Cost, OpDef, elementwise_cost, io_bytes
 from ..opset import register
 from ..types import DType, TensorType, promote_types
-from .rules import TypeRuleError, broadcast_shapes, float_result
+from .rules import TypeRuleError, broadcast_shapes, float_compute_type, float_result
 
 
 def erf(x: np.ndarray) -> np.ndarray:
@@ -131,7 +131,7 @@ def binary(name: str, fn, *, result: str = "promote", flops: int = 1, attrs=(), 
         common = _common_dtype(x, y)
         if result == "float":
             common = float_result(common)
-        ct = np.float32 if common.is_float else common.numpy
+        ct = float_compute_type(common) if common.is_float else common.numpy
         return [fn(x.astype(ct, copy=False), y.astype(ct, copy=False), **dict(a))]
 
     return register(OpDef(name, Category.elementwise, infer, reference, elementwise_cost(flops),
@@ -170,7 +170,8 @@ def _common_dtype(*arrays: np.ndarray) -> DType:
 
 def _div_operands(xs, a):
     common = _common_dtype(*xs)
-    ct = np.float32 if a["rounding"] == "none" or common.is_float else common.numpy
+    ct = float_compute_type(common) if a["rounding"] == "none" or common.is_float \
+        else common.numpy
     return [x.astype(ct, copy=False) for x in xs]
 
 

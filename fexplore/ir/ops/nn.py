@@ -14,7 +14,9 @@ from .rules import TypeRuleError, broadcast_shapes, float_result
 
 
 def _f(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float32, copy=False) if x.dtype.kind == "f" else x
+    if x.dtype.kind != "f" or x.dtype == np.float64:
+        return x
+    return x.astype(np.float32, copy=False)
 
 
 # -- contractions -----------------------------------------------------------------------------

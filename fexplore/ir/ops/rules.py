@@ -57,6 +57,12 @@ def as_compute(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def float_compute_type(dtype: DType):
+    """The numpy type float math of ``dtype`` runs in: f64 in f64, every narrower float in f32
+    (torch's CPU kernels do the same), rounded to the result dtype once at the end."""
+    return np.float64 if dtype == DType.f64 else np.float32
+
+
 def sym(d: Dim):
     return d if isinstance(d, int) else sympy.sympify(d)
 

@@ -34,9 +34,9 @@ def converter(*targets: str):
 
 
 _TORCH_DTYPES = {
-    torch.float32: DType.f32, torch.float16: DType.f16, torch.bfloat16: DType.bf16,
+    torch.float64: DType.f64, torch.float32: DType.f32, torch.float16: DType.f16, torch.bfloat16: DType.bf16,
     torch.float8_e4m3fn: DType.fp8, torch.int64: DType.i64, torch.int32: DType.i32,
-    torch.int8: DType.i8, torch.bool: DType.bool,
+    torch.int16: DType.i16, torch.int8: DType.i8, torch.uint8: DType.u8, torch.bool: DType.bool,
 }
 
 
