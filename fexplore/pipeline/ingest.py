@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from fexplore.errors import ExportError, FexploreError, SourceLoc, UnsupportedOperatorError
 from fexplore.ir import Constant, Graph, TensorType, Value
@@ -210,6 +211,7 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
     if isinstance(val, (torch.SymBool, torch.SymFloat, bool, float)):
         return val
     loc = source_loc(n)
+    _refuse_data_dependent(n, target, loc)
     conv = CONVERTERS.get(target)
     if conv is None:
         if target.startswith(("aten.", "prims.", "higher_order.")):
@@ -231,6 +233,26 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
                              hint="this use of the op is not supported yet") from None
     _check_result(ctx, result, target)
     return result
+
+
+def _refuse_data_dependent(n, target: str, loc) -> None:
+    """A result whose size torch could only name with an unbacked symbol (``u0``) depends on
+    the values of the op's inputs (nonzero, boolean-mask indexing, bincount, unique...). The IR
+    has static or input-derived shapes only, so such an op is refused here, by name and line."""
+    val = n.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    for v in vals:
+        if isinstance(v, torch.Tensor) and free_unbacked_symbols(tuple(v.shape)):
+            raise UnsupportedOperatorError(
+                target, loc=loc,
+                reason=f"the size of its result ({tuple(v.shape)}) depends on the values in "
+                       "its input, not only on the input shapes",
+                hint="fexplore compiles programs whose shapes follow from the input shapes. "
+                     "Write the computation densely: a mask and torch.where instead of "
+                     "selecting elements, F.one_hot(x, n).sum(0) or torch.histc instead of "
+                     "bincount, every expert on every token weighted by its routing weight "
+                     "(or scatter/index_add into fixed-capacity slots) instead of gathering "
+                     "each expert's tokens with torch.where(mask)")
 
 
 def op_key(target) -> str:

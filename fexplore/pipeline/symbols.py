@@ -78,7 +78,8 @@ def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
     names = _dim_names(user_inputs, dynamic_shapes, forward)
     for sym, vr in ep.range_constraints.items():
         lo = int(vr.lower)
-        hi = None if not vr.upper.is_finite else int(vr.upper)
+        # an unbounded upper end is sympy's oo or torch's int_oo (which calls itself finite)
+        hi = int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None
         table.add(sym, names.get(sym, sym.name), lo, hi)
     return table
 

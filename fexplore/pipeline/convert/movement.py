@@ -275,6 +275,15 @@ def _ones(ctx):
     return _fill(ctx, 1)
 
 
+@converter("aten.empty.memory_format", "aten.empty_like.default", "aten.new_empty.default",
+           "aten.empty_strided.default", "aten.empty_permuted.default")
+def _empty(ctx):
+    # Value semantics: an empty tensor is only ever read after the model fills it (copy_,
+    # fill_, slice assignment: all become new values), so its contents are zeros here. Its
+    # memory format (channels_last, say) is a layout, which the layout stage decides.
+    return _fill(ctx, 0)
+
+
 @converter("aten.scalar_tensor.default")
 def _scalar_tensor(ctx):
     return _fill(ctx, ctx.args[0])
@@ -387,6 +396,35 @@ def _scatter(ctx):
         src = ctx.emit("cast", [src], {"dtype": x.type.dtype})
     return ctx.emit("scatter", [x, index, src], {"axis": _axis(dim, x.type.rank),
                                                 "reduce": "add" if reduce else "none"})
+
+
+@converter("aten.masked_scatter.default")
+def _masked_scatter(ctx):
+    """x.masked_scatter(mask, src): the positions where mask is true, in row-major order, take
+    src's elements in order (a multimodal model's image features into its token embeddings).
+    The k-th true position reads src.flatten()[k], k a running count of the mask, so the
+    result is a gather and a where over static shapes."""
+    x, mask, src = ctx.args[:3]
+    shape = x.type.shape
+    n = _numel(shape)
+    if mask.type.shape != shape:
+        mask = ctx.emit("expand", [mask], {"shape": shape})
+    flat_mask = _reshape_to(ctx, mask, (n,))
+    k = ctx.emit("sub", [ctx.emit("cumsum", [flat_mask], {"axis": 0}), 1])
+    m = _numel(src.type.shape)
+    k = ctx.emit("clamp", [k], {"min": 0, "max": m - 1})  # false positions read any element
+    flat_src = _reshape_to(ctx, src, (m,))
+    if flat_src.type.dtype != x.type.dtype:
+        flat_src = ctx.emit("cast", [flat_src], {"dtype": x.type.dtype})
+    picked = _reshape_to(ctx, ctx.emit("index", [flat_src, k], {"axes": (0,)}), shape)
+    return ctx.emit("where", [mask, picked, x])
+
+
+def _numel(dims):
+    n = 1
+    for d in dims:
+        n = n * d
+    return n
 
 
 @converter("aten.slice_scatter.default")
