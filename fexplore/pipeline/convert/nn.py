@@ -37,7 +37,13 @@ def _pair(v):
     return v * 2 if len(v) == 1 else v
 
 
-@converter("aten.conv2d.default", "aten.conv1d.default", "aten.convolution.default")
+def _ntuple(v, k: int) -> tuple:
+    v = (v,) if isinstance(v, int) else tuple(v)
+    return v * k if len(v) == 1 else v
+
+
+@converter("aten.conv2d.default", "aten.conv1d.default", "aten.conv3d.default",
+           "aten.convolution.default")
 def _conv(ctx):
     target = str(ctx.node.target)
     x, w = ctx.args[0], ctx.args[1]
@@ -54,18 +60,64 @@ def _conv(ctx):
     if isinstance(padding, str):
         raise NotImplementedError(f"string padding {padding!r}; export gives explicit padding "
                                   "for most models")
-    one_d = x.type.rank == 3
-    if one_d:  # conv1d is conv2d over a unit height
+    k = x.type.rank - 2
+    return _conv_nd(ctx, x, w, b, _ntuple(stride, k), _ntuple(padding, k),
+                    _ntuple(dilation, k), groups)
+
+
+def _conv_nd(ctx, x, w, b, stride, padding, dilation, groups):
+    """A convolution over any number of spatial axes as the IR's one conv2d: 1-D over a unit
+    height; 3-D (video) and up by folding the first spatial axis away, recursively."""
+    k = x.type.rank - 2
+    bias = [b] if b is not None else []
+    if k == 2:
+        return ctx.emit("conv2d", [x, w] + bias, {"stride": stride, "padding": padding,
+                                                 "dilation": dilation, "groups": groups})
+    if k == 1:  # conv1d is conv2d over a unit height
         x = ctx.emit("reshape", [x], {"shape": x.type.shape[:2] + (1,) + x.type.shape[2:]})
         w = ctx.emit("reshape", [w], {"shape": w.type.shape[:2] + (1,) + w.type.shape[2:]})
-        stride, padding, dilation = ((1,) + tuple(stride), (0,) + tuple(padding),
-                                     (1,) + tuple(dilation))
-    y = ctx.emit("conv2d", [x, w] + ([b] if b is not None else []),
-                 {"stride": _pair(stride), "padding": _pair(padding),
-                  "dilation": _pair(dilation), "groups": groups})
-    if one_d:
-        y = ctx.emit("reshape", [y], {"shape": y.type.shape[:2] + y.type.shape[3:]})
-    return y
+        y = _conv_nd(ctx, x, w, b, (1,) + stride, (0,) + padding, (1,) + dilation, groups)
+        return ctx.emit("reshape", [y], {"shape": y.type.shape[:2] + y.type.shape[3:]})
+    if k < 1:
+        raise NotImplementedError(f"convolution of a rank-{x.type.rank} input (unbatched?)")
+    return _conv_fold_first_axis(ctx, x, w, b, stride, padding, dilation, groups)
+
+
+def _conv_fold_first_axis(ctx, x, w, b, stride, padding, dilation, groups):
+    """Convolution over (D, *S) as one over S: the KD depth taps become input channels (each
+    tap's depth-strided slice of the padded input, stacked group by group as grouped
+    convolution wants them) and the output depths join the batch. One contraction; the input
+    is read KD times, as im2col does along that axis."""
+    n, c, d = x.type.shape[:3]
+    rest = x.type.shape[3:]
+    o, cg, kd = w.type.shape[:3]
+    krest = w.type.shape[3:]
+    (sd, *ss), (pd, *ps), (dd, *ds) = stride, padding, dilation
+    if not isinstance(d, int):
+        raise NotImplementedError("convolution along a symbolic leading spatial dim")
+    if pd:
+        x = ctx.emit("pad", [x], {"pads": (0, 0) * len(rest) + (pd, pd), "value": 0.0})
+    dp = d + 2 * pd
+    do = (dp - dd * (kd - 1) - 1) // sd + 1
+    taps = []
+    for j in range(kd):  # tap j sees input depths j*dd, j*dd + sd, ...
+        t = x
+        if not (j * dd == 0 and sd == 1 and do == dp):
+            t = ctx.emit("slice", [x], {"axis": 2, "start": j * dd,
+                                        "end": j * dd + sd * (do - 1) + 1, "step": sd})
+        taps.append(ctx.emit("reshape", [t], {"shape": (n, c, 1, do) + rest}))
+    x = taps[0] if kd == 1 else ctx.emit("concat", taps, {"axis": 2})
+    # (N, C, KD, Do, *S) -> (N, G, C/G, KD, Do, *S) -> (N, Do, G, KD, C/G, *S) -> (N*Do, G*KD*C/G, *S)
+    x = ctx.emit("reshape", [x], {"shape": (n, groups, cg, kd, do) + rest})
+    r = len(rest)
+    x = ctx.emit("permute", [x], {"perm": (0, 4, 1, 3, 2) + tuple(range(5, 5 + r))})
+    x = ctx.emit("reshape", [x], {"shape": (n * do, groups * kd * cg) + rest})
+    # (O, C/G, KD, *K) -> (O, KD, C/G, *K) -> (O, KD*C/G, *K)
+    w = ctx.emit("permute", [w], {"perm": (0, 2, 1) + tuple(range(3, 3 + r))})
+    w = ctx.emit("reshape", [w], {"shape": (o, kd * cg) + krest})
+    y = _conv_nd(ctx, x, w, b, tuple(ss), tuple(ps), tuple(ds), groups)
+    y = ctx.emit("reshape", [y], {"shape": (n, do, o) + y.type.shape[2:]})
+    return ctx.emit("permute", [y], {"perm": (0, 2, 1) + tuple(range(3, 3 + r))})
 
 
 def _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups):
@@ -174,6 +226,65 @@ def _adaptive_avg_pool(ctx):
     x = ctx.args[0]
     out = ctx.out_type().shape[-2:]
     return ctx.emit("adaptive_avg_pool2d", [x], {"output_size": tuple(out)})
+
+
+# -- 3-D (video) pooling: separable, a 2-D pool over (H, W), then one over D ------------------
+
+def _pool3d(ctx, x, op, inner: dict, outer: dict):
+    """Pool (N, C, D, H, W) over (H, W) with ``inner`` attrs on (N, C*D, H, W), then over D with
+    ``outer`` attrs on (N, C, D, Ho*Wo). Max and mean over a box are max and mean over its
+    axes one at a time, and torch's window sizes (padding, ceil_mode) are per-axis products."""
+    n, c, d, h, w = x.type.shape
+    y = ctx.emit("reshape", [x], {"shape": (n, c * d, h, w)})
+    y = ctx.emit(op, [y], inner)
+    ho, wo = y.type.shape[2:]
+    y = ctx.emit("reshape", [y], {"shape": (n, c, d, ho * wo)})
+    y = ctx.emit(op, [y], outer)
+    return ctx.emit("reshape", [y], {"shape": (n, c, y.type.shape[2], ho, wo)})
+
+
+def _split_hw_d(v, k=3):
+    v = _ntuple(v, k)
+    return tuple(v[1:]), v[0]
+
+
+@converter("aten.max_pool3d_with_indices.default", "aten.max_pool3d.default")
+def _max_pool3d(ctx):
+    x = ctx.args[0]
+    (k, kd), (s, sd) = _split_hw_d(ctx.arg(1, "kernel_size")), \
+        _split_hw_d(ctx.arg(2, "stride") or ctx.arg(1, "kernel_size"))
+    (p, pd), (dl, dd) = _split_hw_d(ctx.arg(3, "padding", (0,))), \
+        _split_hw_d(ctx.arg(4, "dilation", (1,)))
+    ceil = bool(ctx.arg(5, "ceil_mode", False))
+    y = _pool3d(ctx, x, "max_pool2d",
+                {"kernel": k, "stride": s, "padding": p, "dilation": dl, "ceil_mode": ceil},
+                {"kernel": (kd, 1), "stride": (sd, 1), "padding": (pd, 0), "dilation": (dd, 1),
+                 "ceil_mode": ceil})
+    return y if str(ctx.node.target) == "aten.max_pool3d.default" else (y, None)
+
+
+@converter("aten.avg_pool3d.default")
+def _avg_pool3d(ctx):
+    x = ctx.args[0]
+    (k, kd) = _split_hw_d(ctx.arg(1, "kernel_size"))
+    (s, sd) = _split_hw_d(ctx.arg(2, "stride") or ctx.arg(1, "kernel_size"))
+    (p, pd) = _split_hw_d(ctx.arg(3, "padding", (0,)))
+    ceil = bool(ctx.arg(4, "ceil_mode", False))
+    include = bool(ctx.arg(5, "count_include_pad", True))
+    override = ctx.arg(6, "divisor_override")
+    common = {"ceil_mode": ceil, "count_include_pad": include,
+              "divisor": 1 if override is not None else None}  # an override: sums, then divide
+    y = _pool3d(ctx, x, "avg_pool2d", {"kernel": k, "stride": s, "padding": p, **common},
+                {"kernel": (kd, 1), "stride": (sd, 1), "padding": (pd, 0), **common})
+    return ctx.emit("div", [y, float(override)]) if override is not None else y
+
+
+@converter("aten.adaptive_avg_pool3d.default", "aten._adaptive_avg_pool3d.default")
+def _adaptive_avg_pool3d(ctx):
+    x = ctx.args[0]
+    od, oh, ow = ctx.out_type().shape[-3:]
+    return _pool3d(ctx, x, "adaptive_avg_pool2d", {"output_size": (oh, ow)},
+                   {"output_size": (od, oh * ow)})
 
 
 @converter("aten.scaled_dot_product_attention.default")
