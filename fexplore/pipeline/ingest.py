@@ -23,7 +23,7 @@ from fexplore.errors import ExportError, FexploreError, SourceLoc, UnsupportedOp
 from fexplore.ir import Constant, Graph, TensorType, Value
 from fexplore.ir.graph import unique_name
 
-from .convert import CONVERTERS, ConvertContext, ir_dtype
+from .convert import COMPLEX_CONVERTERS, CONVERTERS, ConvertContext, fake_type, ir_dtype, is_complex
 from .symbols import SymbolTable, build_symbol_table
 
 
@@ -48,6 +48,8 @@ def tensor_payload(t: torch.Tensor) -> np.ndarray:
         return t.view(torch.int16).numpy().view(ir_dtype(t.dtype).numpy)
     if t.dtype == torch.float8_e4m3fn:
         return t.view(torch.uint8).numpy().view(ir_dtype(t.dtype).numpy)
+    if t.is_complex():  # the IR's layout of a complex tensor: (..., 2) real pairs, still no copy
+        return torch.view_as_real(t.resolve_conj()).numpy()
     return t.numpy()
 
 
@@ -96,7 +98,7 @@ class GraphBuilder:
 
     def param(self, name: str, tensor: torch.Tensor, source: str | None) -> Constant:
         payload = tensor_payload(tensor)
-        t = TensorType(tuple(payload.shape), ir_dtype(tensor.dtype))
+        t = TensorType(tuple(payload.shape), _dtype_of(payload))
         c = Constant(self._unique(name), t, payload, source=source)
         self.constants.append(c)
         return c
@@ -153,6 +155,10 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
                     # non-tensor user inputs were specialized by export into the graph
                     env[n.name] = val if not isinstance(val, torch.SymInt) else symbols.dim(val)
                     continue
+                if is_complex(val):
+                    raise ExportError(f"model input {n.name} is a complex tensor",
+                                      hint="pass torch.view_as_real(x) and call "
+                                           "torch.view_as_complex inside the model")
                 v = Value(b._unique(n.name), _fake_type(val, symbols))
                 env[n.name] = v
                 inputs.append(v)
@@ -165,6 +171,9 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
             if top:
                 _check_outputs(ep)
             for i, o in enumerate(flat):
+                if isinstance(o, torch.fx.Node) and is_complex(o):
+                    raise ExportError(f"model output {i} is a complex tensor",
+                                      hint="return torch.view_as_real(z) instead")
                 v = env.get(o.name) if isinstance(o, torch.fx.Node) else o
                 if not isinstance(v, Value):
                     raise ExportError(f"model output {i} is not a tensor ({v!r})",
@@ -187,7 +196,7 @@ def _check_outputs(ep) -> None:
 
 
 def _fake_type(val: torch.Tensor, symbols: SymbolTable) -> TensorType:
-    return TensorType(tuple(symbols.dim(d) for d in val.shape), ir_dtype(val.dtype))
+    return fake_type(val, symbols.dim)  # complex64 -> f32[..., 2]
 
 
 _SKIPPED = ("aten._assert_scalar", "aten._assert_tensor_metadata", "aten.sym_constrain_range",
@@ -212,7 +221,17 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
         return val
     loc = source_loc(n)
     _refuse_data_dependent(n, target, loc)
-    conv = CONVERTERS.get(target)
+    if _touches_complex(n):
+        conv = COMPLEX_CONVERTERS.get(target)
+        if conv is None:
+            raise UnsupportedOperatorError(
+                target, loc=loc, reason="on complex tensors",
+                hint="the IR holds a complex tensor as real pairs (view_as_real's layout); "
+                     "fexplore.pipeline.convert.COMPLEX_CONVERTERS lists the ops it knows on "
+                     "them. Add one with "
+                     f"@fexplore.pipeline.convert.complex_converter({target!r})")
+    else:
+        conv = CONVERTERS.get(target)
     if conv is None:
         if target.startswith(("aten.", "prims.", "higher_order.")):
             hint = (f"fexplore has no converter for {target} yet; add one with "
@@ -233,6 +252,14 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
                              hint="this use of the op is not supported yet") from None
     _check_result(ctx, result, target)
     return result
+
+
+def _touches_complex(n) -> bool:
+    """Whether a node reads or makes a complex tensor (its converter then comes from the
+    complex table: the real one would misread the real-pair layout)."""
+    val = n.meta.get("val")
+    outs = val if isinstance(val, (list, tuple)) else [val]
+    return any(is_complex(v) for v in outs) or any(is_complex(a) for a in n.all_input_nodes)
 
 
 def _refuse_data_dependent(n, target: str, loc) -> None:

@@ -1,6 +1,8 @@
 """ATen -> fexplore converters. Importing this package fills the registry."""
 
-from . import control, elementwise, movement, nn, reduction  # noqa: F401
-from .registry import CONVERTERS, ConvertContext, converter, ir_dtype, torch_dtype
+from . import complex, control, elementwise, movement, nn, reduction  # noqa: F401
+from .registry import (COMPLEX_CONVERTERS, CONVERTERS, ConvertContext, complex_converter, converter,
+                       fake_type, ir_dtype, is_complex, torch_dtype)
 
-__all__ = ["CONVERTERS", "ConvertContext", "converter", "ir_dtype", "torch_dtype"]
+__all__ = ["CONVERTERS", "COMPLEX_CONVERTERS", "ConvertContext", "converter", "complex_converter",
+           "fake_type", "ir_dtype", "is_complex", "torch_dtype"]
