@@ -262,6 +262,16 @@ def _touches_complex(n) -> bool:
     return any(is_complex(v) for v in outs) or any(is_complex(a) for a in n.all_input_nodes)
 
 
+# What a data-dependent op is, in the user's words (the reason names any other op plainly).
+_DATA_DEPENDENT = {
+    "aten.index.Tensor": "boolean-mask indexing (x[mask]) keeps as many elements as the mask has",
+    "aten.nonzero.default": "nonzero (also torch.where(mask) with one argument) gives as many "
+                            "indices as there are true elements",
+    "aten.bincount.default": "bincount's length is the largest input value + 1",
+    "aten.masked_select.default": "masked_select keeps as many elements as the mask has",
+}
+
+
 def _refuse_data_dependent(n, target: str, loc) -> None:
     """A result whose size torch could only name with an unbacked symbol (``u0``) depends on
     the values of the op's inputs (nonzero, boolean-mask indexing, bincount, unique...). The IR
@@ -270,16 +280,17 @@ def _refuse_data_dependent(n, target: str, loc) -> None:
     vals = val if isinstance(val, (list, tuple)) else [val]
     for v in vals:
         if isinstance(v, torch.Tensor) and free_unbacked_symbols(tuple(v.shape)):
+            what = _DATA_DEPENDENT.get(target, "this op")
             raise UnsupportedOperatorError(
                 target, loc=loc,
-                reason=f"the size of its result ({tuple(v.shape)}) depends on the values in "
-                       "its input, not only on the input shapes",
-                hint="fexplore compiles programs whose shapes follow from the input shapes. "
-                     "Write the computation densely: a mask and torch.where instead of "
-                     "selecting elements, F.one_hot(x, n).sum(0) or torch.histc instead of "
-                     "bincount, every expert on every token weighted by its routing weight "
-                     "(or scatter/index_add into fixed-capacity slots) instead of gathering "
-                     "each expert's tokens with torch.where(mask)")
+                reason=f"{what}: the size of its result [{', '.join(map(str, v.shape))}] "
+                       "depends on the values of its input, not only on its shape",
+                hint="fexplore compiles programs whose shapes follow from the input shapes; "
+                     "write it densely: torch.where(mask, x, 0) instead of x[mask], "
+                     "F.one_hot(x, n).sum(0) or torch.histc instead of bincount, every expert "
+                     "on every token weighted by its routing weight (or scatter/index_add into "
+                     "fixed-capacity slots) instead of each expert's tokens from "
+                     "torch.where(mask)")
 
 
 def op_key(target) -> str:
