@@ -123,6 +123,16 @@ def test_llama_rotary_attention_with_complex_freqs():
     assert all("complex" not in str(v.type) for n in g.nodes for v in n.outputs)
 
 
+def test_llama_rotary_attention_with_a_dynamic_sequence_length():
+    torch.manual_seed(0)
+    model = LlamaAttention().eval()
+    seq = torch.export.Dim("seq", min=2, max=16)
+    cm = fexplore.compile(model, (torch.randn(2, 8, 32),), dynamic_shapes={"x": {1: seq}})
+    for n in (3, 16):
+        x = torch.randn(2, n, 32)
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_rotary_table_made_in_forward_with_polar():
     torch.manual_seed(0)
     cm = _compile_and_match(RotaryInForward(), (torch.randn(1, 6, 2, 8),))
@@ -266,6 +276,27 @@ class SwitchScatterMoE(nn.Module):
         return y * gate.unsqueeze(-1), torch.histc(expert_index.float(), bins=self.n_experts)
 
 
+class SharedExpertScatterMoE(nn.Module):
+    """DeepSeek/Qwen-MoE style: top-k weights scattered into a dense (tokens, experts) routing
+    matrix, expert outputs combined with einsum, plus a sigmoid-gated shared expert."""
+
+    def __init__(self, d=16, f=24, n_experts=4, top_k=2):
+        super().__init__()
+        self.gate = nn.Linear(d, n_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(d, f) for _ in range(n_experts))
+        self.shared_expert = Expert(d, 2 * f)
+        self.shared_expert_gate = nn.Linear(d, 1, bias=False)
+        self.top_k = top_k
+
+    def forward(self, x):
+        scores = self.gate(x).softmax(dim=-1)
+        topk_weight, topk_idx = torch.topk(scores, self.top_k, dim=-1, sorted=False)
+        routing = torch.zeros_like(scores).scatter(1, topk_idx, topk_weight)
+        expert_out = torch.stack([e(x) for e in self.experts], dim=1)  # (t, e, d)
+        y = torch.einsum("te,ted->td", routing, expert_out)
+        return y + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+
 class MixtralSparseMoE(nn.Module):
     """The Hugging Face Mixtral loop: each expert's tokens found with torch.where(mask)."""
 
@@ -302,6 +333,11 @@ def test_mixtral_dense_moe_with_expert_counts():
 def test_switch_moe_scatters_tokens_to_capacity_slots():
     torch.manual_seed(0)
     _compile_and_match(SwitchScatterMoE(), (torch.randn(10, 16),))
+
+
+def test_shared_expert_moe_with_scattered_routing_weights():
+    torch.manual_seed(0)
+    _compile_and_match(SharedExpertScatterMoE(), (torch.randn(10, 16),))
 
 
 @pytest.mark.parametrize("bins,lo,hi", [(4, 0, 3), (5, -1.0, 1.0), (3, 0, 0)])

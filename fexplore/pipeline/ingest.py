@@ -155,7 +155,7 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
                     # non-tensor user inputs were specialized by export into the graph
                     env[n.name] = val if not isinstance(val, torch.SymInt) else symbols.dim(val)
                     continue
-                if is_complex(val):
+                if top and is_complex(val):
                     raise ExportError(f"model input {n.name} is a complex tensor",
                                       hint="pass torch.view_as_real(x) and call "
                                            "torch.view_as_complex inside the model")
