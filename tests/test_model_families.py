@@ -518,6 +518,8 @@ def _nd_cases():
         "avg_pool1d_exclude_pad": (Fn(lambda x: F.avg_pool1d(
             x, 4, 3, 2, ceil_mode=True, count_include_pad=False)), (r(2, 3, 10),)),
         "adaptive_avg_pool1d": (Fn(lambda x: F.adaptive_avg_pool1d(x, 4)), (r(2, 3, 10),)),
+        "conv1d_unbatched": (nn.Conv1d(3, 4, 3, padding=1), (r(3, 10),)),
+        "conv3d_unbatched": (nn.Conv3d(3, 4, 3, padding=1), (r(3, 4, 5, 5),)),
     }
 
 

@@ -60,9 +60,13 @@ def _conv(ctx):
     if isinstance(padding, str):
         raise NotImplementedError(f"string padding {padding!r}; export gives explicit padding "
                                   "for most models")
-    k = x.type.rank - 2
-    return _conv_nd(ctx, x, w, b, _ntuple(stride, k), _ntuple(padding, k),
-                    _ntuple(dilation, k), groups)
+    k = w.type.rank - 2  # spatial axes: the weight's say, whether or not x has a batch axis
+    args = (_ntuple(stride, k), _ntuple(padding, k), _ntuple(dilation, k), groups)
+    if x.type.rank == k + 1:  # unbatched (C, *S): a batch of one
+        x = ctx.emit("reshape", [x], {"shape": (1,) + x.type.shape})
+        y = _conv_nd(ctx, x, w, b, *args)
+        return ctx.emit("reshape", [y], {"shape": y.type.shape[1:]})
+    return _conv_nd(ctx, x, w, b, *args)
 
 
 def _conv_nd(ctx, x, w, b, stride, padding, dilation, groups):
@@ -79,7 +83,7 @@ def _conv_nd(ctx, x, w, b, stride, padding, dilation, groups):
         y = _conv_nd(ctx, x, w, b, (1,) + stride, (0,) + padding, (1,) + dilation, groups)
         return ctx.emit("reshape", [y], {"shape": y.type.shape[:2] + y.type.shape[3:]})
     if k < 1:
-        raise NotImplementedError(f"convolution of a rank-{x.type.rank} input (unbatched?)")
+        raise NotImplementedError(f"convolution of a rank-{x.type.rank} input")
     return _conv_fold_first_axis(ctx, x, w, b, stride, padding, dilation, groups)
 
 
