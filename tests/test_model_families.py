@@ -184,6 +184,16 @@ def _complex_cases():
                             (r(3, 4),)),
         "complex_matmul": (lambda x: _r(_c(x) @ _c(x).T @ x[..., 0].to(torch.complex64)),
                            (r(3, 3, 2),)),
+        "reciprocal_rsub_rdiv": (lambda x: _r(1 - _c(x)) + _r(2 / _c(x)) + _r(_c(x).reciprocal()),
+                                 (r(3, 4, 2),)),
+        "integer_powers": (lambda x: _r(_c(x) ** 2 + _c(x) ** -3 + _c(x) ** 5 + _c(x) ** 0),
+                           (r(3, 4, 2),)),
+        "sgn_full_reduction": (lambda x: _r(_c(x).sgn()) + _r(_c(x).sum()), (r(3, 4, 2),)),
+        "creation_and_indexing": (lambda x, i: _r((torch.zeros(3, 4, dtype=torch.cfloat)
+                                                   + _c(x))[i].chunk(2, dim=-1)[1]),
+                                  (r(3, 4, 2), torch.tensor([2, 0]))),
+        "roll_flip_expand": (lambda x: _r(_c(x).roll(1, -1).flip(0)[..., None]
+                                          .expand(3, 4, 2).reshape(-1)), (r(3, 4, 2),)),
     }
 
 

@@ -156,15 +156,60 @@ def _full(ctx):
     return _complex_fill(ctx, ctx.args[1])
 
 
+@complex_converter("aten.scalar_tensor.default")
+def _scalar_tensor(ctx):
+    return _complex_fill(ctx, ctx.args[0])
+
+
 # -- arithmetic -----------------------------------------------------------------------------------
+
+def _cmul(ctx, x, y):
+    """(a + bi)(c + di) = (ac - bd) + (ad + bc)i, as parts."""
+    (a, b), (c, d) = x, y
+    re = _bin(ctx, "sub", _bin(ctx, "mul", a, c), _bin(ctx, "mul", b, d))
+    im = _bin(ctx, "add", _bin(ctx, "mul", a, d), _bin(ctx, "mul", b, c))
+    return re, im
+
+
+def _creciprocal(ctx, x):
+    """1 / (a + bi) = (a - bi) / (a^2 + b^2), as parts."""
+    a, b = x
+    den = ctx.emit("add", [ctx.emit("mul", [a, a]), ctx.emit("mul", [b, b])])
+    return ctx.emit("div", [a, den]), ctx.emit("neg", [ctx.emit("div", [b, den])])
+
 
 @complex_converter("aten.mul.Tensor", "aten.mul.Scalar")
 def _mul(ctx):
-    (a, b), (c, d) = _operand(ctx, 0), _operand(ctx, 1)
-    # (a + bi)(c + di) = (ac - bd) + (ad + bc)i
-    re = _bin(ctx, "sub", _bin(ctx, "mul", a, c), _bin(ctx, "mul", b, d))
-    im = _bin(ctx, "add", _bin(ctx, "mul", a, d), _bin(ctx, "mul", b, c))
+    re, im = _cmul(ctx, _operand(ctx, 0), _operand(ctx, 1))
     return _pack(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
+
+
+@complex_converter("aten.reciprocal.default")
+def _reciprocal(ctx):
+    return _pack(ctx, *_creciprocal(ctx, _parts(ctx, ctx.args[0])))
+
+
+@complex_converter("aten.pow.Tensor_Scalar")
+def _pow(ctx):
+    """z ** n for an integer n, by repeated squaring (z ** 2 in a model is a product)."""
+    n = ctx.args[1]
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise NotImplementedError(f"a complex power with exponent {n!r} (integers only)")
+    if n == 0:
+        return _complex_fill(ctx, 1)
+    base = _parts(ctx, ctx.args[0])
+    if n < 0:
+        base, n = _creciprocal(ctx, base), -n
+    result = (1.0, None)
+    while n:
+        if n & 1:
+            result = base if result == (1.0, None) else _cmul(ctx, result, base)
+        n >>= 1
+        if n:
+            base = _cmul(ctx, base, base)
+    return _pack(ctx, *result)
 
 
 def _add_sub(op):
