@@ -12,6 +12,8 @@
 
 Big constants appear by name and content digest; small ones (16 elements or fewer, with no model
 source) are written out. Source files are listed once and referred to as ``f0``, ``f1``, ...
+A value name of other characters than letters, digits, ``_`` and ``.`` is quoted as a JSON string
+(``%"block-1.weight"``), since a PyTorch module or parameter name may hold any character but ``.``.
 """
 
 from __future__ import annotations
