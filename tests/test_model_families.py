@@ -529,6 +529,13 @@ def _nd_cases():
             x, 4, 3, 2, ceil_mode=True, count_include_pad=False)), (r(2, 3, 10),)),
         "adaptive_avg_pool1d": (Fn(lambda x: F.adaptive_avg_pool1d(x, 4)), (r(2, 3, 10),)),
         "conv1d_unbatched": (nn.Conv1d(3, 4, 3, padding=1), (r(3, 10),)),
+        "conv_transpose1d_vocoder_upsample": (nn.ConvTranspose1d(4, 6, 16, stride=8, padding=4,
+                                                                 groups=2), (r(2, 4, 5),)),
+        "conv_transpose1d_crop_unbatched": (nn.ConvTranspose1d(3, 2, 3, stride=2, padding=3,
+                                                               output_padding=1), (r(3, 6),)),
+        "conv_transpose3d": (nn.ConvTranspose3d(4, 2, (2, 3, 3), stride=(2, 2, 1),
+                                                padding=(0, 1, 1), output_padding=(1, 0, 0)),
+                             (r(1, 4, 3, 4, 4),)),
         "conv3d_unbatched": (nn.Conv3d(3, 4, 3, padding=1), (r(3, 4, 5, 5),)),
     }
 

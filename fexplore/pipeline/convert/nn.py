@@ -125,35 +125,54 @@ def _conv_fold_first_axis(ctx, x, w, b, stride, padding, dilation, groups):
 
 
 def _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups):
-    """A transposed convolution is a plain one over the input with zeros between its pixels,
+    """A transposed convolution is a plain one over the input with zeros between its elements,
     with the kernel flipped and its in/out channels swapped (per group), and the padding
-    mirrored. Built from IR ops; the weight rearrangement folds away at compile time."""
-    if x.type.rank != 4:
-        raise NotImplementedError("transposed convolution other than 2-D")
-    n, c, h, wd = x.type.shape
-    cin, cout_g, kh, kw = w.type.shape
-    (sh, sw), (ph, pw), (dh, dw), (oph, opw) = (_pair(stride), _pair(padding), _pair(dilation),
-                                                _pair(out_pad))
-    pad_h, pad_w = dh * (kh - 1) - ph, dw * (kw - 1) - pw
-    if pad_h < 0 or pad_w < 0:
-        raise NotImplementedError("transposed convolution with padding beyond the kernel")
-    if sh > 1 or sw > 1:  # zeros between pixels: (N,C,H,1,W,1) padded to (N,C,H,sh,W,sw)
-        x = ctx.emit("reshape", [x], {"shape": (n, c, h, 1, wd, 1)})
-        x = ctx.emit("pad", [x], {"pads": (0, sw - 1, 0, 0, 0, sh - 1), "value": 0.0})
-        x = ctx.emit("reshape", [x], {"shape": (n, c, h * sh, wd * sw)})
-        x = ctx.emit("slice", [x], {"axis": 2, "start": 0, "end": (h - 1) * sh + 1})
-        x = ctx.emit("slice", [x], {"axis": 3, "start": 0, "end": (wd - 1) * sw + 1})
-    x = ctx.emit("pad", [x], {"pads": (pad_w, pad_w + opw, pad_h, pad_h + oph), "value": 0.0})
-    flip_h = ctx.b.literal(np.arange(kh - 1, -1, -1, dtype=np.int64), f"{ctx.node.name}.fliph")
-    flip_w = ctx.b.literal(np.arange(kw - 1, -1, -1, dtype=np.int64), f"{ctx.node.name}.flipw")
-    w = ctx.emit("index", [w, flip_h], {"axes": (2,)})
-    w = ctx.emit("index", [w, flip_w], {"axes": (3,)})
-    # (Cin, Cout/g, k, k) -> (g, Cin/g, Cout/g, k, k) -> (g, Cout/g, Cin/g, k, k) -> (Cout, Cin/g..)
-    w = ctx.emit("reshape", [w], {"shape": (groups, cin // groups, cout_g, kh, kw)})
-    w = ctx.emit("permute", [w], {"perm": (0, 2, 1, 3, 4)})
-    w = ctx.emit("reshape", [w], {"shape": (groups * cout_g, cin // groups, kh, kw)})
-    return ctx.emit("conv2d", [x, w] + ([b] if b is not None else []),
-                    {"stride": (1, 1), "padding": (0, 0), "dilation": (dh, dw), "groups": groups})
+    mirrored; any number of spatial axes (1-d for audio decoders, 3-d for video ones), each
+    handled the same way. Built from IR ops; the weight rearrangement folds away at compile
+    time."""
+    k = w.type.rank - 2
+    if x.type.rank == k + 1:  # unbatched (C, *S): a batch of one
+        x = ctx.emit("reshape", [x], {"shape": (1,) + x.type.shape})
+        y = _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups)
+        return ctx.emit("reshape", [y], {"shape": y.type.shape[1:]})
+    stride, padding, dilation, out_pad = (_ntuple(v, k) for v in (stride, padding, dilation,
+                                                                 out_pad))
+    cin, cout_g = w.type.shape[:2]
+    ksize = w.type.shape[2:]
+    for i in range(k):
+        ax, s = 2 + i, stride[i]
+        size = x.type.shape[ax]
+        if s > 1:  # zeros between elements: (.., L, 1, ..) padded to (.., L, s, ..), merged
+            shape = x.type.shape
+            x = ctx.emit("reshape", [x], {"shape": shape[:ax + 1] + (1,) + shape[ax + 1:]})
+            x = ctx.emit("pad", [x], {"pads": _axis_pads(x.type.rank, ax + 1, 0, s - 1),
+                                      "value": 0.0})
+            x = ctx.emit("reshape", [x], {"shape": shape[:ax] + (size * s,) + shape[ax + 1:]})
+            x = ctx.emit("slice", [x], {"axis": ax, "start": 0, "end": (size - 1) * s + 1})
+        # the mirrored padding: dilation*(k-1) - padding each side, plus output_padding after;
+        # a negative amount crops instead
+        before = dilation[i] * (ksize[i] - 1) - padding[i]
+        after = before + out_pad[i]
+        if before > 0 or after > 0:
+            x = ctx.emit("pad", [x], {"pads": _axis_pads(x.type.rank, ax, max(before, 0),
+                                                         max(after, 0)), "value": 0.0})
+        if before < 0 or after < 0:
+            full = x.type.shape[ax]
+            x = ctx.emit("slice", [x], {"axis": ax, "start": max(-before, 0),
+                                        "end": full - max(-after, 0)})
+        flip = ctx.b.literal(np.arange(ksize[i] - 1, -1, -1, dtype=np.int64),
+                             f"{ctx.node.name}.flip{i}")
+        w = ctx.emit("index", [w, flip], {"axes": (ax,)})
+    # (Cin, Cout/g, *K) -> (g, Cin/g, Cout/g, *K) -> (g, Cout/g, Cin/g, *K) -> (Cout, Cin/g, *K)
+    w = ctx.emit("reshape", [w], {"shape": (groups, cin // groups, cout_g) + ksize})
+    w = ctx.emit("permute", [w], {"perm": (0, 2, 1) + tuple(range(3, 3 + k))})
+    w = ctx.emit("reshape", [w], {"shape": (groups * cout_g, cin // groups) + ksize})
+    return _conv_nd(ctx, x, w, b, (1,) * k, (0,) * k, tuple(dilation), groups)
+
+
+def _axis_pads(rank: int, axis: int, before: int, after: int) -> tuple:
+    """The pad op's pads (torch's order, last axis first) padding one axis."""
+    return (0, 0) * (rank - 1 - axis) + (before, after)
 
 
 @converter("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default",
