@@ -226,7 +226,7 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
     described = str(tol) + (f" + {NOISE_MULTIPLE:g}x eager's f32 noise (up to {worst_noise:.1e})"
                              if worst_noise else "")
     return NumericCheck(worst_abs, worst_rel, ok, len(oracle.input_sets), described, divergent,
-                        detail)
+                        detail, worst_noise)
 
 
 def first_divergent(before: Graph, after: Graph, inputs, tol: Tolerance) -> str | None:
