@@ -144,18 +144,24 @@ def _f32_noise(twin, leaves, spec, outs32):
 
 def _like(x, rng: np.random.Generator):
     """A fresh input of the same spec: floats with the example's spread, ints within the
-    example's range (token ids stay valid), bools at random."""
+    example's range (token ids stay valid), bools at random. A single float (a temperature, a
+    scale) keeps its sign and size within a factor of two, as a model expects of it."""
     if not isinstance(x, torch.Tensor):
         return x
+    shape = tuple(x.shape)
     if x.dtype == torch.bool:
-        return torch.from_numpy(rng.random(tuple(x.shape)) < 0.5)
-    if x.dtype.is_floating_point:
+        a = rng.random(shape) < 0.5
+    elif x.dtype.is_floating_point and x.numel() == 1:
+        a = x.double().numpy() * rng.uniform(0.5, 1.5)
+    elif x.dtype.is_floating_point:
         std = float(x.float().std()) if x.numel() > 1 else 1.0
         mean = float(x.float().mean()) if x.numel() else 0.0
-        a = rng.standard_normal(tuple(x.shape)) * (std or 1.0) + mean
-        return torch.from_numpy(a.astype(np.float32)).to(x.dtype)
-    lo, hi = (int(x.min()), int(x.max())) if x.numel() else (0, 1)
-    return torch.from_numpy(rng.integers(lo, hi + 1, size=tuple(x.shape))).to(x.dtype)
+        a = rng.standard_normal(shape) * (std or 1.0) + mean
+    else:
+        lo, hi = (int(x.min()), int(x.max())) if x.numel() else (0, 1)
+        a = rng.integers(lo, hi + 1, size=shape)
+    # numpy gives scalars, not arrays, for shape (): torch.from_numpy takes only arrays
+    return torch.from_numpy(np.asarray(a)).to(x.dtype)
 
 
 def compute_dtype(g: Graph) -> DType:
