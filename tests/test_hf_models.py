@@ -13,6 +13,10 @@ from __future__ import annotations
 import copy
 import math
 
+import re
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -20,7 +24,7 @@ import transformers as T
 from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
 
 import fexplore
-from fexplore import ir
+from fexplore import cli, ir
 
 VOCAB = 96
 SEQ = 8
@@ -465,3 +469,16 @@ def test_hf_model_in_bf16(name):
         errs.append(err)
     assert max(errs) > 0  # the bf16 compile really computed in bf16
 
+
+
+def test_the_readmes_hugging_face_factory_compiles_from_the_command_line(tmp_path, monkeypatch,
+                                                                          capsys):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(r"```python\n# my_llm.py\n(.*?)```", readme, re.S)
+    assert block, "the README's Hugging Face example is gone"
+    (tmp_path / "my_llm.py").write_text(textwrap.dedent(block.group(1)))
+    monkeypatch.chdir(tmp_path)
+    with torch.random.fork_rng():
+        assert cli.main(["compile", "my_llm:tiny_llama", "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled @forward" in out and "✓" in out and "✗" not in out
