@@ -79,6 +79,9 @@ def _cases():
                                (r(2, 5, 3), r(2, 5, 3) + 10)),
             "masked_scatter_same_shape_mask": (Fn(lambda s, x, src: x.masked_scatter(
                 x > 0.5, src)), (r(3, 4), r(12) - 10)),
+            # a negative pad crops: RWKV's time shift is ZeroPad2d((0, 0, 1, -1))
+            "negative_pad_time_shift": (Fn(lambda s, x: s.mods[0](x) + F.pad(x, (-1, 1, 2, -2)),
+                                           nn.ZeroPad2d((0, 0, 1, -1))), (r(2, 5, 4),)),
             # multi-query attention: one key/value head broadcast over the query heads
             "attention_shared_kv_head": (Fn(lambda s, q, k, v: F.scaled_dot_product_attention(
                 q, k, v)), (r(2, 4, 5, 8), r(2, 1, 5, 8), r(2, 1, 5, 8))),

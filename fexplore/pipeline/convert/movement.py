@@ -198,8 +198,28 @@ def _pad(ctx):
         raise NotImplementedError(f"pad mode {mode!r}")
     value = ctx.kwargs.get("value", ctx.arg(3 if "pad.default" in str(ctx.node.target) else 2))
     value = 0.0 if value is None else value
+    x, pads = _crop_negative_pads(ctx, x, pads)
+    if not any(pads):
+        return x
     return ctx.emit("pad", [x], {"pads": pads, "value": float(value) if isinstance(
         value, float) else value})
+
+
+def _crop_negative_pads(ctx, x, pads):
+    """torch reads a negative pad as a crop (nn.ZeroPad2d((0, 0, 1, -1)) shifts a sequence by
+    one); the IR's pad is non-negative, so crops become slices first."""
+    pads = list(pads)
+    for i in range(len(pads) // 2):
+        before, after = pads[2 * i], pads[2 * i + 1]
+        if not (isinstance(before, int) and before < 0 or isinstance(after, int) and after < 0):
+            continue
+        ax = x.type.rank - 1 - i
+        size = x.type.shape[ax]
+        start = -before if before < 0 else 0
+        end = size + after if after < 0 else size
+        x = ctx.emit("slice", [x], {"axis": ax, "start": start, "end": end})
+        pads[2 * i], pads[2 * i + 1] = max(before, 0), max(after, 0)
+    return x, tuple(pads)
 
 
 @converter("aten.gather.default")
