@@ -54,7 +54,8 @@ class CompiledModel:
 
     @property
     def verification(self):
-        """One row per stage: structural check, max abs/rel error against eager, ok."""
+        """One row per stage: structural check, max abs/rel error against eager, eager's own f32
+        error (its distance from an f64 run, the scale the error is judged by), ok."""
         import pandas as pd
 
         rows = []
@@ -66,6 +67,7 @@ class CompiledModel:
                 "structural": None if v is None else v.structural_ok,
                 "max_abs_err": None if n is None else n.max_abs,
                 "max_rel_err": None if n is None else n.max_rel,
+                "eager_f32_noise": None if n is None else n.eager_noise,
                 "input_sets": None if n is None else n.input_sets,
                 "tolerance": None if n is None else n.tolerance,
                 "ok": None if v is None else v.ok,

@@ -279,7 +279,7 @@ register(OpDef("full", Category.broadcast,
                lambda ins, a: [TensorType(a["shape"], a["dtype"])],
                lambda xs, a: [np.full(a["shape"], a["value"], dtype=a["dtype"].numpy)],
                _creation_cost,
-               attrs=(AttrSpec("shape", "dims"), AttrSpec("value", "scalar"),
+               attrs=(AttrSpec("shape", "dims"), AttrSpec("value", "literal"),
                       AttrSpec("dtype", "dtype")), arity=0))
 
 

@@ -38,12 +38,14 @@ for _aten, _ir in [("sum", "sum"), ("mean", "mean"), ("amax", "amax"), ("amin", 
                    ("any", "any")]:
     converter(f"aten.{_aten}.dim_IntList", f"aten.{_aten}.default", f"aten.{_aten}.dim",
               f"aten.{_aten}.dims")(_reduce(_ir))
+# the 0-d tensor torch.export puts before a runtime check (torch._check on a tensor condition)
+converter("aten._is_any_true.default")(_reduce("any"))
 
 converter("aten.max.default")(_reduce("amax"))
 converter("aten.min.default")(_reduce("amin"))
 
 
-@converter("aten.all.default", "aten.all.dim", "aten.all.dims")
+@converter("aten.all.default", "aten.all.dim", "aten.all.dims", "aten._is_all_true.default")
 def _all(ctx):
     # all(x) == not any(not x)
     x = ctx.args[0]

@@ -1,0 +1,109 @@
+"""0-d tensors, empty tensors and every dtype real models carry are ordinary citizens: they enter,
+flow through every stage, and come out of the CompiledModel with eager's dtypes and values."""
+
+import pytest
+import torch
+
+import fexplore
+from fexplore.ir import DType, parse
+from fexplore.pipeline.convert import ir_dtype
+
+
+def _compile_and_check(model, inputs):
+    cm = fexplore.compile(model, inputs)
+    assert cm.verification["ok"].all()
+    got, want = cm(*inputs), model(*inputs)
+    got_leaves = torch.utils._pytree.tree_leaves(got)
+    want_leaves = torch.utils._pytree.tree_leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for g, w in zip(got_leaves, want_leaves):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if w.dtype.is_floating_point:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(g, w)
+    for r in cm.stages:
+        assert parse(str(r.after), payloads=r.after.payloads) == r.after
+    return cm
+
+
+class OnlyAScalar(torch.nn.Module):
+    def forward(self, x):
+        return (x * x).sum()
+
+
+class BoolInput(torch.nn.Module):
+    def forward(self, x, keep):
+        return torch.where(keep, x, -x).relu() + keep.float(), keep.logical_not()
+
+
+class EmptyInput(torch.nn.Module):
+    def forward(self, x):
+        return torch.cat([x, x * 2], 0).sum(0), x.exp()
+
+
+def test_a_model_whose_only_output_is_0d():
+    cm = _compile_and_check(OnlyAScalar(), (torch.randn(3, 4),))
+    assert cm.graph.outputs[0].type.shape == ()
+    assert cm(torch.randn(3, 4)).shape == ()
+
+
+def test_a_model_with_a_bool_input():
+    x, keep = torch.randn(3, 4), torch.rand(3, 4) > 0.5
+    cm = _compile_and_check(BoolInput(), (x, keep))
+    assert cm.graph.inputs[1].type.dtype == DType.bool
+
+
+def test_a_model_with_an_empty_input():
+    cm = _compile_and_check(EmptyInput(), (torch.randn(0, 4),))
+    assert cm.graph.inputs[0].type.shape == (0, 4)
+
+
+_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+           torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+def test_every_dtype_has_an_ir_counterpart_and_flows_through(dtype):
+    class Passes(torch.nn.Module):
+        def forward(self, x):
+            return x.clone(), (x.to(torch.float64) * 3).to(dtype)
+
+    if dtype == torch.bool:
+        x = torch.rand(2, 3) > 0.5
+    elif dtype.is_floating_point:
+        x = torch.randn(2, 3).to(dtype)
+    else:
+        x = torch.randint(0, 40, (2, 3), dtype=dtype)
+    assert ir_dtype(dtype).numpy.itemsize == torch.tensor([], dtype=dtype).element_size()
+    _compile_and_check(Passes(), (x,))
+
+
+def test_mixed_integer_promotion_matches_torch():
+    class Mixed(torch.nn.Module):
+        def forward(self, u, i, s):
+            return u + i, u * s, i.to(torch.int32) - s, (u > 3) & (i < 0)
+
+    u = torch.randint(0, 255, (5,), dtype=torch.uint8)
+    i = torch.randint(-100, 100, (5,), dtype=torch.int8)
+    s = torch.randint(-1000, 1000, (5,), dtype=torch.int16)
+    _compile_and_check(Mixed(), (u, i, s))
+
+
+def test_f64_is_computed_in_f64():
+    class Precise(torch.nn.Module):
+        def forward(self, x):
+            return (x + 1e-12) - x  # 1e-12 survives only in f64
+
+    x = torch.rand(4, dtype=torch.float64) + 1.0
+    cm = _compile_and_check(Precise(), (x,))
+    assert (cm(x) > 0).all()
+
+
+def test_a_0d_tensor_input_and_0d_intermediates_used_again():
+    class Temperature(torch.nn.Module):
+        def forward(self, logits, t):
+            peak = logits.amax()  # 0-d, used again below
+            return torch.softmax((logits - peak) / t, -1), peak * t
+
+    _compile_and_check(Temperature(), (torch.randn(2, 5), torch.tensor(0.7)))

@@ -1,0 +1,142 @@
+"""The f32 tolerance is derived from the model: eager's own f32 error (its distance from an f64 run)
+times a small multiple, over a floor. Rounding noise of a deep network never fails a stage; a real
+bug still does, even a small one."""
+
+import numpy as np
+import pytest
+import torch
+
+import fexplore
+from fexplore.ir import Constant, Graph
+from fexplore.pipeline import Exploration, Stage, StageResult
+from fexplore.pipeline.numeric import NOISE_MULTIPLE, TOLERANCES, Oracle
+from fexplore.ir import DType
+
+
+class DeepResidualCNN(torch.nn.Module):
+    """ResNet-style: a stem and 24 bottleneck-free residual blocks (conv-BN-ReLU twice); deep
+    enough that eager f32 drifts from f64 by far more than the fixed f32 tolerance allows."""
+
+    def __init__(self, width=32, blocks=24):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, width, 3, padding=1)
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(blocks):
+            self.blocks.append(torch.nn.Sequential(
+                torch.nn.Conv2d(width, width, 3, padding=1, bias=False),
+                torch.nn.BatchNorm2d(width), torch.nn.ReLU(),
+                torch.nn.Conv2d(width, width, 3, padding=1, bias=False),
+                torch.nn.BatchNorm2d(width)))
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        for b in self.blocks:
+            x = torch.relu(x + b(x))
+        return x  # the feature map: pooling would average the rounding noise away
+
+
+def _deep_cnn():
+    torch.manual_seed(0)
+    model = DeepResidualCNN().eval()
+    with torch.no_grad():  # running statistics as after training, so activations stay O(1)
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.0)
+    return model, (torch.randn(2, 3, 16, 16),)
+
+
+@pytest.fixture(scope="module")
+def deep():
+    return _deep_cnn()
+
+
+class OnePassNorm(torch.nn.Module):
+    """A hand-written norm with the one-pass variance E[h^2] - E[h]^2: on activations with a large
+    common offset it cancels catastrophically, in eager f32 as in any f32 evaluation."""
+
+    def __init__(self, width=512):
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        h = self.proj(x)
+        mean = h.mean(-1, keepdim=True)
+        var = (h * h).mean(-1, keepdim=True) - mean * mean
+        return (h - mean) * torch.rsqrt(var + 1e-5)
+
+
+def test_eager_rounding_noise_above_the_fixed_floor_does_not_fail_a_stage():
+    torch.manual_seed(0)
+    model = OnePassNorm().eval()
+    with torch.no_grad():
+        model.proj.bias.add_(30.0)
+    inputs = (torch.randn(8, 512),)
+    oracle = Oracle(model, inputs)
+    out = oracle.expected[0][0]
+    assert np.abs(out).max() > 1.0  # a real signal, not near-zero outputs that pass any check
+    floor = TOLERANCES[DType.f32].atol * np.abs(out).max()
+    assert oracle.noise[0][0] > 5 * floor  # eager itself is this far from the exact result
+    assert oracle.f64_note is None
+    cm = fexplore.compile(model, inputs)
+    assert cm.verification["ok"].all()
+    # the fixed floor alone would have refused fexplore's (equally rounded) result
+    assert cm.verification["max_abs_err"].max() > floor
+
+
+def test_deep_network_compiles_and_every_stage_passes(deep):
+    model, inputs = deep
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cm = fexplore.compile(model, inputs)
+    assert cm.verification["ok"].all()
+    assert "eager's f32 noise" in cm.verification["tolerance"].iloc[0]
+    got, want = cm(*inputs), model(*inputs).detach()
+    oracle = Oracle(model, inputs, random_sets=0)
+    allowed = TOLERANCES[DType.f32].atol * want.abs().max() + NOISE_MULTIPLE * oracle.noise[0][0]
+    assert (got - want).abs().max() <= allowed
+    # the f64 twin is a copy: the user's model keeps its dtype and values
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def _perturb_one_weight(scale):
+    """A deliberately wrong stage: one mid-network conv weight off by a relative ``scale``."""
+
+    def run(graph: Graph, options) -> StageResult:
+        convs = [c for c in graph.constants if c.type.rank == 4]
+        victim = convs[len(convs) // 2]
+        consts = [Constant(c.name, c.type, c.payload * np.float32(1 + scale), source=c.source)
+                  if c is victim else c for c in graph.constants]
+        return StageResult(Graph(graph.name, graph.inputs, consts, graph.nodes, graph.outputs,
+                                 graph.symbols))
+
+    return run
+
+
+@pytest.mark.parametrize("scale", [1e-2, -3e-2])
+def test_a_small_real_bug_in_a_deep_network_still_fails(deep, scale):
+    model, inputs = deep
+    ex = Exploration(model, inputs, fexplore.pipeline.options.CompileOptions(),
+                     stages=[Stage("off_by_a_percent", _perturb_one_weight(scale))])
+    ex.run_all(progress=False)
+    ingest, broken = ex.records
+    assert ingest.verification.ok
+    assert not broken.verification.numeric.ok
+    assert "eager's f32 noise" in broken.verification.numeric.detail
+
+
+def test_models_that_refuse_f64_fall_back_to_the_floor():
+    class InsistsOnF32(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return (x @ self.w) @ torch.eye(4, dtype=torch.float32)  # f64 @ f32 raises
+
+    model = InsistsOnF32()
+    oracle = Oracle(model, (torch.randn(3, 4),))
+    assert oracle.noise == [[0.0], [0.0]]
+    assert "does not run in f64" in oracle.f64_note
+    assert fexplore.compile(model, (torch.randn(3, 4),)).verification["ok"].all()
