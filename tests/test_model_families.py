@@ -429,9 +429,13 @@ class MultiQueryAttention(nn.Module):
         if self.use_sdpa:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                enable_gqa=self.broadcast == "gqa")
-        else:  # by hand, nanoGPT's way; a single k/v head broadcasts in the matmuls
+        else:  # by hand; a single k/v head broadcasts in the matmuls
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-            att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+            if self.broadcast == "none":  # nanoGPT's causal buffer
+                causal = self.bias[:, :, :t, :t] != 0
+            else:
+                causal = torch.ones(t, t, dtype=torch.bool).tril()
+            att = att.masked_fill(~causal, float("-inf"))
             y = F.softmax(att, dim=-1) @ v
         return self.o_proj(y.transpose(1, 2).contiguous().view(b, t, -1))
 

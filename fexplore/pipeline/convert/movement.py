@@ -420,35 +420,6 @@ def _scatter(ctx):
                                                 "reduce": "add" if reduce else "none"})
 
 
-@converter("aten.masked_scatter.default")
-def _masked_scatter(ctx):
-    """x.masked_scatter(mask, src): the positions where mask is true, in row-major order, take
-    src's elements in order (a multimodal model's image features into its token embeddings).
-    The k-th true position reads src.flatten()[k], k a running count of the mask, so the
-    result is a gather and a where over static shapes."""
-    x, mask, src = ctx.args[:3]
-    shape = x.type.shape
-    n = _numel(shape)
-    if mask.type.shape != shape:
-        mask = ctx.emit("expand", [mask], {"shape": shape})
-    flat_mask = _reshape_to(ctx, mask, (n,))
-    k = ctx.emit("sub", [ctx.emit("cumsum", [flat_mask], {"axis": 0}), 1])
-    m = _numel(src.type.shape)
-    k = ctx.emit("clamp", [k], {"min": 0, "max": m - 1})  # false positions read any element
-    flat_src = _reshape_to(ctx, src, (m,))
-    if flat_src.type.dtype != x.type.dtype:
-        flat_src = ctx.emit("cast", [flat_src], {"dtype": x.type.dtype})
-    picked = _reshape_to(ctx, ctx.emit("index", [flat_src, k], {"axes": (0,)}), shape)
-    return ctx.emit("where", [mask, picked, x])
-
-
-def _numel(dims):
-    n = 1
-    for d in dims:
-        n = n * d
-    return n
-
-
 @converter("aten.slice_scatter.default")
 def _slice_scatter(ctx):
     x, src = ctx.args[0], ctx.args[1]
