@@ -177,6 +177,7 @@ def _complex_cases():
                                     (r(3, 4, 2),)),
         "python_complex_and_real_operands": (
             lambda x, y: _r(_c(x) * 1j + y - _c(x) / 2 - 1), (r(3, 4, 2), r(3, 4))),
+        "real_0d_tensor_operand": (lambda x, s: _r(_c(x) * s - s), (r(3, 4, 2), torch.tensor(1.5))),
         "complex128": (lambda x: _r(_c(x).to(torch.complex128) * 2).float(), (r(3, 4, 2),)),
         "where_ones_like": (lambda x: _r(torch.where(x[..., 0] > 0, _c(x), torch.ones_like(_c(x)))),
                             (r(3, 4, 2),)),
