@@ -619,3 +619,13 @@ def test_any_value_name_reads_back():
     text = str(g)
     assert '%"layers-0.out#1"' in text
     assert parse(text) == g
+
+
+@pytest.mark.parametrize("name", ["llama_rotary", "mixtral_moe", "video"])
+def test_families_compile_with_bf16_precision(name):
+    torch.manual_seed(0)
+    model, inputs = {"llama_rotary": (LlamaAttention(), (torch.randn(2, 8, 32),)),
+                     "mixtral_moe": (MixtralDenseMoE(), (torch.randn(2, 5, 16),)),
+                     "video": (VideoNet(), (torch.randn(1, 3, 4, 16, 16),))}[name]
+    cm = fexplore.compile(model.eval(), inputs, precision="bf16")
+    assert bool(cm.verification["ok"].all())
