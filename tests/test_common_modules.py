@@ -82,6 +82,11 @@ def _cases():
             # a negative pad crops: RWKV's time shift is ZeroPad2d((0, 0, 1, -1))
             "negative_pad_time_shift": (Fn(lambda s, x: s.mods[0](x) + F.pad(x, (-1, 1, 2, -2)),
                                            nn.ZeroPad2d((0, 0, 1, -1))), (r(2, 5, 4),)),
+            # batch norm over the input's own statistics (BiT's weight standardization)
+            "batch_statistics_norm": (Fn(lambda s, x: F.batch_norm(
+                x, None, None, training=True, eps=1e-6) + F.batch_norm(
+                x, None, None, s.mods[0].weight, s.mods[0].bias, training=True),
+                nn.BatchNorm2d(3)), (r(2, 3, 4, 5) * 3 + 1,)),
             # multi-query attention: one key/value head broadcast over the query heads
             "attention_shared_kv_head": (Fn(lambda s, q, k, v: F.scaled_dot_product_attention(
                 q, k, v)), (r(2, 4, 5, 8), r(2, 1, 5, 8), r(2, 1, 5, 8))),
