@@ -292,6 +292,15 @@ def _zeros(ctx):
     return _fill(ctx, 0)
 
 
+# torch leaves empty tensors' contents unspecified and a model writes them before reading (DeepSeek
+# assembles its keys with new_empty and two slice copies); zeros are one valid content, and a
+# deterministic one, so a read of an unwritten element shows as a mismatch against eager
+@converter("aten.empty.memory_format", "aten.empty_like.default", "aten.new_empty.default",
+           "aten.empty_strided.default", "aten.empty_permuted.default")
+def _empty(ctx):
+    return _fill(ctx, 0)
+
+
 @converter("aten.ones.default", "aten.ones_like.default", "aten.new_ones.default")
 def _ones(ctx):
     return _fill(ctx, 1)
