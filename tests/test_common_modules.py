@@ -19,6 +19,12 @@ class Fn(nn.Module):
         return self.fn(self, *xs)
 
 
+def _filled(out, a, b):
+    out[..., :2].copy_(a)
+    out[..., 2:].copy_(b)
+    return out * 2
+
+
 def _cases():
     g = torch.Generator().manual_seed(0)
 
@@ -82,6 +88,14 @@ def _cases():
             # a negative pad crops: RWKV's time shift is ZeroPad2d((0, 0, 1, -1))
             "negative_pad_time_shift": (Fn(lambda s, x: s.mods[0](x) + F.pad(x, (-1, 1, 2, -2)),
                                            nn.ZeroPad2d((0, 0, 1, -1))), (r(2, 5, 4),)),
+            # batch norm over the input's own statistics (BiT's weight standardization)
+            "batch_statistics_norm": (Fn(lambda s, x: F.batch_norm(
+                x, None, None, training=True, eps=1e-6) + F.batch_norm(
+                x, None, None, s.mods[0].weight, s.mods[0].bias, training=True),
+                nn.BatchNorm2d(3)), (r(2, 3, 4, 5) * 3 + 1,)),
+            # an empty tensor filled by slice copies (how DeepSeek-V3 assembles its keys)
+            "new_empty_filled_by_copies": (Fn(lambda s, a, b: _filled(a.new_empty(2, 3, 5), a, b)),
+                                           (r(2, 3, 2), r(2, 3, 3))),
             # multi-query attention: one key/value head broadcast over the query heads
             "attention_shared_kv_head": (Fn(lambda s, q, k, v: F.scaled_dot_product_attention(
                 q, k, v)), (r(2, 4, 5, 8), r(2, 1, 5, 8), r(2, 1, 5, 8))),

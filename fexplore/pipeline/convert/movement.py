@@ -292,18 +292,19 @@ def _zeros(ctx):
     return _fill(ctx, 0)
 
 
-@converter("aten.ones.default", "aten.ones_like.default", "aten.new_ones.default")
-def _ones(ctx):
-    return _fill(ctx, 1)
-
-
+# torch leaves empty tensors' contents unspecified and a model writes them before reading (DeepSeek
+# assembles its keys with new_empty and two slice copies); zeros are one valid content, and a
+# deterministic one, so a read of an unwritten element shows as a mismatch against eager. Its
+# memory format (channels_last, say) is a layout, which the layout stage decides.
 @converter("aten.empty.memory_format", "aten.empty_like.default", "aten.new_empty.default",
            "aten.empty_strided.default", "aten.empty_permuted.default")
 def _empty(ctx):
-    # Value semantics: an empty tensor is only ever read after the model fills it (copy_,
-    # fill_, slice assignment: all become new values), so its contents are zeros here. Its
-    # memory format (channels_last, say) is a layout, which the layout stage decides.
     return _fill(ctx, 0)
+
+
+@converter("aten.ones.default", "aten.ones_like.default", "aten.new_ones.default")
+def _ones(ctx):
+    return _fill(ctx, 1)
 
 
 @converter("aten.scalar_tensor.default")

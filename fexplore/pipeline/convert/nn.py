@@ -187,6 +187,9 @@ def _batch_norm(ctx):
         training, eps = False, ctx.args[6]
     else:
         training, eps = ctx.args[5], ctx.args[7]
+    if training and mean is None and var is None:
+        y = _batch_statistics_norm(ctx, x, w, b, eps)
+        return y if target == "aten.batch_norm.default" else (y, None, None)
     if training:
         raise NotImplementedError("batch norm in training mode (call model.eval() first)")
     c = x.type.shape[1]
@@ -197,6 +200,31 @@ def _batch_norm(ctx):
         b = ctx.emit("full", [], {"shape": (c,), "value": 0.0, "dtype": dt})
     y = ctx.emit("batch_norm", [x, w, b, mean, var], {"eps": float(eps)})
     return y if target == "aten.batch_norm.default" else (y, None, None)
+
+
+@converter("aten._native_batch_norm_legit.no_stats")
+def _batch_norm_no_stats(ctx):
+    x, w, b, training, _momentum, eps = ctx.args[:6]
+    if not training:
+        raise NotImplementedError("batch norm without statistics outside training mode")
+    return _batch_statistics_norm(ctx, x, w, b, eps), None, None
+
+
+def _batch_statistics_norm(ctx, x, w, b, eps):
+    """Batch norm over the input's own statistics (no running ones): a function of the input, not
+    a training-time update, e.g. the weight standardization of BiT's convolutions. Per channel
+    (axis 1): (x - mean) / sqrt(biased var + eps), then the affine."""
+    axes = tuple(a for a in range(x.type.rank) if a != 1)
+    mean = ctx.emit("mean", [x], {"axes": axes, "keepdim": True})
+    centered = ctx.emit("sub", [x, mean])
+    var = ctx.emit("mean", [ctx.emit("mul", [centered, centered])], {"axes": axes, "keepdim": True})
+    y = ctx.emit("mul", [centered, ctx.emit("rsqrt", [ctx.emit("add", [var, float(eps)])])])
+    per_channel = (x.type.shape[1],) + (1,) * (x.type.rank - 2)
+    if w is not None:
+        y = ctx.emit("mul", [y, ctx.emit("reshape", [w], {"shape": per_channel})])
+    if b is not None:
+        y = ctx.emit("add", [y, ctx.emit("reshape", [b], {"shape": per_channel})])
+    return y
 
 
 @converter("aten.layer_norm.default", "aten.native_layer_norm.default")

@@ -29,11 +29,19 @@ def converter(*targets: str):
     (``"aten.add.Tensor"``), so that a lookup needs no torch op objects."""
 
     def deco(fn: Converter) -> Converter:
-        for t in targets:
-            CONVERTERS[t] = fn
+        _add(CONVERTERS, targets, fn)
         return fn
 
     return deco
+
+
+def _add(table: dict[str, Converter], targets, fn: Converter) -> None:
+    # Two converters for one overload would leave the one imported last silently in charge.
+    for t in targets:
+        if t in table and table[t] is not fn:
+            raise ValueError(f"{t} already has a converter ({table[t].__module__}."
+                             f"{table[t].__name__}); one overload, one converter")
+        table[t] = fn
 
 
 _TORCH_DTYPES = {
@@ -47,8 +55,7 @@ def complex_converter(*targets: str):
     """Register the converter of ATen overloads for nodes touching complex tensors."""
 
     def deco(fn: Converter) -> Converter:
-        for t in targets:
-            COMPLEX_CONVERTERS[t] = fn
+        _add(COMPLEX_CONVERTERS, targets, fn)
         return fn
 
     return deco
