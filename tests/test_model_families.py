@@ -401,6 +401,43 @@ def test_llava_merges_image_features_with_masked_scatter():
     _compile_and_match(LlavaMerge(), (ids, feats))
 
 
+class PromptTemplateMerge(nn.Module):
+    """Image features written over a fixed prompt's image tokens by boolean-mask assignment, as
+    older LLaVA code and VLA policies with a fixed instruction template do."""
+
+    def __init__(self, d=16, vision_dim=12, image_token_index=3):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(20, d)
+        self.projector = nn.Linear(vision_dim, d)
+        self.register_buffer("prompt_ids", torch.tensor([[1, 3, 3, 5, 3, 7], [3, 2, 3, 3, 9, 1]]))
+        self.image_token_index = image_token_index
+
+    def forward(self, image_features):
+        inputs_embeds = self.embed_tokens(self.prompt_ids)
+        image_mask = self.prompt_ids == self.image_token_index
+        inputs_embeds[image_mask] = self.projector(image_features).reshape(-1, inputs_embeds.shape[-1])
+        return inputs_embeds
+
+
+def test_image_features_by_boolean_mask_assignment():
+    torch.manual_seed(0)
+    _compile_and_match(PromptTemplateMerge(), (torch.randn(2, 3, 12),))
+
+
+class MaskedAssignments(nn.Module):
+    def forward(self, x, keep, row):
+        x = x.clone()
+        x[x > 1.0] = 1.0  # a scalar over a mask of every axis
+        x[keep] = row  # one (d,) row for every true position
+        return x
+
+
+def test_boolean_mask_assignment_of_broadcast_values():
+    torch.manual_seed(0)
+    _compile_and_match(MaskedAssignments(), (torch.randn(2, 3, 4), torch.randn(2, 3) > 0,
+                                             torch.randn(4)))
+
+
 # -- multi-query attention -------------------------------------------------------------------------
 
 class MultiQueryAttention(nn.Module):
