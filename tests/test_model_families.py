@@ -1,9 +1,10 @@
 """Model families that bring their own ops, written as they are in the wild: mixture-of-experts
-routing, rotary embeddings with complex numbers, multimodal token merging, multi-query attention,
-audio (1-d) and video (3-d) convolution and pooling, ``empty`` with a memory format, and module
-and parameter names with any characters. Each compiles through every stage (``fexplore.compile``
-verifies structure and numerics after each), matches eager, and its IR text round-trips.
-Data-dependent forms (MoE gathering tokens with ``torch.where(mask)``) are refused clearly."""
+routing, rotary embeddings with complex numbers, multimodal token merging (masked_scatter and
+boolean-mask assignment), multi-query attention, audio (1-d) and video (3-d) convolution,
+transposed convolution and pooling, ``empty`` with a memory format, and module and parameter
+names with any characters. Each compiles through every stage (``fexplore.compile`` verifies
+structure and numerics after each), matches eager, and its IR text round-trips. Data-dependent
+forms (MoE gathering tokens with ``torch.where(mask)``, bincount) are refused clearly."""
 
 import inspect
 import math
