@@ -130,7 +130,11 @@ converter("aten.log_softmax.int", "aten._log_softmax.default")(_softmax("log_sof
 @converter("aten.cumsum.default")
 def _cumsum(ctx):
     x = _maybe_cast(ctx, ctx.args[0])
-    return ctx.emit("cumsum", [x], {"axis": ctx.args[1] % x.type.rank})
+    y = ctx.emit("cumsum", [x], {"axis": ctx.args[1] % x.type.rank})
+    want = ctx.out_type().dtype
+    # cumsum widens integers to i64 unless a dtype is asked for (MoE offsets ask for i32);
+    # the sums agree modulo 2^32, so the narrowing is exact wherever torch's is
+    return y if y.type.dtype == want else ctx.emit("cast", [y], {"dtype": want})
 
 
 @converter("aten.prod.dim_int", "aten.prod.default")
@@ -176,3 +180,36 @@ def _sort(ctx):
         axis, desc = ctx.arg(1, "dim", -1), ctx.arg(2, "descending", False)
     return ctx.emit("sort", [x], {"axis": axis % x.type.rank, "descending": bool(desc)},
                     n_results=2)
+
+
+@converter("aten.histc.default")
+def _histc(ctx):
+    """Counts per equal-width bin over [min, max], the last bin closed (x == max counts there),
+    elements outside ignored: a one-hot of each element's bin, summed. (How MoE layers count the
+    tokens routed to each expert.)"""
+    x = ctx.args[0]
+    bins = ctx.arg(1, "bins", 100)
+    lo, hi = float(ctx.arg(2, "min", 0)), float(ctx.arg(3, "max", 0))
+    if lo == hi:
+        raise NotImplementedError("histc over the data's own range (min == max): its bins "
+                                  "depend on the values")
+    dt = x.type.dtype
+    flat = ctx.emit("reshape", [x], {"shape": (_numel(x.type.shape),)}) if x.type.rank != 1 else x
+    # torch: bin = (x - min) * bins / (max - min), truncated, with x == max in the last bin
+    pos = ctx.emit("div", [ctx.emit("mul", [ctx.emit("sub", [flat, lo]), float(bins)]), hi - lo])
+    idx = ctx.emit("minimum", [ctx.emit("cast", [ctx.emit("floor", [pos])], {"dtype": DType.i64}),
+                               bins - 1])
+    inside = ctx.emit("logical_and", [ctx.emit("ge", [flat, lo]), ctx.emit("le", [flat, hi])])
+    ids = ctx.emit("arange", [], {"start": 0, "end": bins, "step": 1, "dtype": DType.i64})
+    n = flat.type.shape[0]
+    onehot = ctx.emit("eq", [ctx.emit("reshape", [idx], {"shape": (n, 1)}), ids])
+    onehot = ctx.emit("logical_and", [onehot, ctx.emit("reshape", [inside], {"shape": (n, 1)})])
+    return ctx.emit("sum", [ctx.emit("cast", [onehot], {"dtype": dt})],
+                    {"axes": (0,), "keepdim": False})
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n = n * d
+    return n
