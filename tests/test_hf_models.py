@@ -160,26 +160,28 @@ def gpt_bigcode():  # multi-query attention, fused qkv
     return Out(T.GPTBigCodeForCausalLM(c).eval()), (_ids(),)
 
 
-# -- mixture of experts (the batched_mm expert kernel: the default grouped_mm one routes with
-# histc and a data-dependent grouped matmul) -------------------------------------------------------
+# -- mixture of experts: transformers' default expert kernel (tokens sorted by expert, counted
+# with histc, one grouped matmul) and its batched_mm one (each token gathers its experts' weights)
 
 def mixtral():
+    return _llm(T.MixtralForCausalLM, T.MixtralConfig, num_local_experts=4, num_experts_per_tok=2)
+
+
+def mixtral_batched_mm():
     return _llm(T.MixtralForCausalLM, T.MixtralConfig, num_local_experts=4, num_experts_per_tok=2,
                 experts_implementation="batched_mm")
 
 
 def qwen2_moe():
     return _llm(T.Qwen2MoeForCausalLM, T.Qwen2MoeConfig, num_experts=4, num_experts_per_tok=2,
-                moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                experts_implementation="batched_mm")
+                moe_intermediate_size=32, shared_expert_intermediate_size=32)
 
 
 def deepseek_v3():  # multi-head latent attention, grouped top-k routing, a shared expert
     return _llm(T.DeepseekV3ForCausalLM, T.DeepseekV3Config, num_key_value_heads=4,
                 moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_group=2,
                 topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16,
-                qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
-                experts_implementation="batched_mm")
+                qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8)
 
 
 # -- state-space and recurrent models --------------------------------------------------------------
@@ -427,8 +429,8 @@ def bart():
 FACTORIES = {f.__name__: f for f in [
     # decoder LLMs, mixtures of experts, recurrent models, decode steps on a KV cache
     gpt2, llama, qwen2, qwen3, mistral, phi, phi3, gemma, gemma2, olmo, starcoder2, gpt_neox, gptj,
-    falcon, bloom, opt, gpt_bigcode, mixtral, qwen2_moe, deepseek_v3, mamba, rwkv,
-    llama_decode_dynamic_cache, qwen2_decode_tensor_cache,
+    falcon, bloom, opt, gpt_bigcode, mixtral, mixtral_batched_mm, qwen2_moe, deepseek_v3, mamba,
+    rwkv, llama_decode_dynamic_cache, qwen2_decode_tensor_cache,
     # encoders, vision, speech, multimodal, encoder-decoders
     bert, roberta, distilbert, albert, deberta_v2, vit, deit, dinov2, swin, convnext, resnet,
     bit, segformer, whisper, wav2vec2, hubert, clip, llava, t5, bart]}
