@@ -457,7 +457,7 @@ def _assert_spread(want):
     for w in _leaves(want):
         if w.dtype.is_floating_point:
             assert torch.isfinite(w).all()
-            assert float(w.float().std()) > 1e-2, "near-constant output: a comparison proves nothing"
+            assert float(w.float().std()) > 1e-2, "near-constant: a comparison proves nothing"
 
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))

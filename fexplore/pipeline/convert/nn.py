@@ -52,8 +52,8 @@ def _grouped_mm(ctx):
     rows = ctx.emit("reshape", [rows], {"shape": (s, 1)})
     ends = ctx.emit("cast", [offs], {"dtype": DType.i64})
     # a row's group is the number of groups that end at or before it
-    group = ctx.emit("sum", [ctx.emit("cast", [ctx.emit("le", [ends, rows])], {"dtype": DType.i64})],
-                     {"axes": (1,), "keepdim": False})
+    ended = ctx.emit("cast", [ctx.emit("le", [ends, rows])], {"dtype": DType.i64})
+    group = ctx.emit("sum", [ended], {"axes": (1,), "keepdim": False})
     group = ctx.emit("minimum", [group, g - 1])
     mats = ctx.emit("index", [w, group], {"axes": (0,)})                        # (S, K, N)
     y = ctx.emit("matmul", [ctx.emit("reshape", [x], {"shape": (s, 1, k)}), mats])
