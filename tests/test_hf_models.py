@@ -88,6 +88,21 @@ def llama():
     return _llm(T.LlamaForCausalLM, T.LlamaConfig)
 
 
+class WithMask(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        return self.model(input_ids=ids, attention_mask=mask).logits
+
+
+def llama_left_padded():  # a batch of two, the first left-padded: padding queries see nothing
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    mask[0, :3] = 0
+    return WithMask(_llm(T.LlamaForCausalLM, T.LlamaConfig)[0].model), (_ids(b=2), mask)
+
+
 def qwen2():
     return _llm(T.Qwen2ForCausalLM, T.Qwen2Config)
 
@@ -428,9 +443,9 @@ def bart():
 
 FACTORIES = {f.__name__: f for f in [
     # decoder LLMs, mixtures of experts, recurrent models, decode steps on a KV cache
-    gpt2, llama, qwen2, qwen3, mistral, phi, phi3, gemma, gemma2, olmo, starcoder2, gpt_neox, gptj,
-    falcon, bloom, opt, gpt_bigcode, mixtral, mixtral_batched_mm, qwen2_moe, deepseek_v3, mamba,
-    rwkv, llama_decode_dynamic_cache, qwen2_decode_tensor_cache,
+    gpt2, llama, llama_left_padded, qwen2, qwen3, mistral, phi, phi3, gemma, gemma2, olmo,
+    starcoder2, gpt_neox, gptj, falcon, bloom, opt, gpt_bigcode, mixtral, mixtral_batched_mm,
+    qwen2_moe, deepseek_v3, mamba, rwkv, llama_decode_dynamic_cache, qwen2_decode_tensor_cache,
     # encoders, vision, speech, multimodal, encoder-decoders
     bert, roberta, distilbert, albert, deberta_v2, vit, deit, dinov2, swin, convnext, resnet,
     bit, segformer, whisper, wav2vec2, hubert, clip, llava, t5, bart]}
