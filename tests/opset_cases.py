@@ -156,6 +156,31 @@ case("logical_not", "f32", [arr([0.0, -0.0, 1.5, NAN, -INF])], torch.logical_not
 case("logical_not", "i32", [randint(-2, 3, 3, 3, dtype=np.int32)], torch.logical_not)
 case("logical_not", "bool", [randbool(2, 3)], torch.logical_not)
 
+# the rest of torch's unary float math: f32, a 0-d operand, an empty one, ints promoted to f32
+_unit = (lambda *s, **k: _rng.uniform(-0.95, 0.95, size=s).astype(k.get("dtype", np.float32)))
+_DOMAINS = {"exp2": lambda *s, **k: randn(*s, **k, scale=3.0), "log2": positive, "log10": positive,
+            "tan": randn, "asin": _unit, "acos": _unit, "atan": lambda *s, **k: randn(*s, **k, scale=4.0),
+            "sinh": lambda *s, **k: randn(*s, **k, scale=3.0),
+            "cosh": lambda *s, **k: randn(*s, **k, scale=3.0),
+            "asinh": lambda *s, **k: randn(*s, **k, scale=5.0),
+            "acosh": lambda *s, **k: positive(*s, **k, lo=1.0, hi=9.0), "atanh": _unit}
+for name, domain in _DOMAINS.items():
+    tfn = getattr(torch, name)
+    case(name, "f32", [domain(3, 4)], tfn)
+    case(name, "bf16", [domain(2, 5, dtype=bf16)], tfn)
+    case(name, "0d", [domain().reshape(())], tfn)
+    case(name, "empty", [domain(0, 3)], tfn)
+    case(name, "i32", [randint(1, 3, 5, dtype=np.int32)], tfn)
+case("trunc", "f32", [_halves], torch.trunc)
+case("trunc", "i32", [randint(-50, 50, 5, dtype=np.int32)], torch.trunc)
+case("trunc", "0d-f16", [scalar(-2.7, np.float16)], torch.trunc)
+case("atan2", "broadcast", [randn(3, 1, 5), randn(4, 5)], torch.atan2)
+case("atan2", "signs-zeros", [arr([0.0, -0.0, 0.0, -0.0, 1.0, -1.0, INF, NAN]),
+                              arr([0.0, 0.0, -0.0, -0.0, -INF, INF, INF, 1.0])], torch.atan2)
+case("atan2", "i64-0d-f32", [randint(-9, 9, 2, 3), scalar(-1.5)], torch.atan2)
+case("atan2", "i32-i32", [randint(-9, 9, 4, dtype=np.int32), randint(-9, 9, 4, dtype=np.int32)],
+     torch.atan2)
+
 # -- elementwise, binary --------------------------------------------------------------------------
 
 # broadcasting and torch's promotion (dimensioned tensors outrank 0-d ones within a category)
@@ -515,6 +540,18 @@ case("full", "i8-neg", [], lambda: torch.full((3,), -3, dtype=torch.int8), shape
      dtype=DType.i8)
 case("full", "f16-neg-inf", [], lambda: torch.full((2,), -INF, dtype=torch.float16), shape=(2,),
      value=-INF, dtype=DType.f16)
+case("full", "bool-true-mask", [], lambda: torch.full((2, 3), True), shape=(2, 3), value=True,
+     dtype=DType.bool)
+case("full", "bool-false-0d", [], lambda: torch.full((), False), shape=(), value=False,
+     dtype=DType.bool)
+case("full", "true-into-f32", [], lambda: torch.full((2,), True, dtype=torch.float32), shape=(2,),
+     value=True, dtype=DType.f32)
+case("full", "f64", [], lambda: torch.full((2,), 0.1, dtype=torch.float64), shape=(2,),
+     value=0.1, dtype=DType.f64)
+case("full", "u8-empty", [], lambda: torch.full((0, 2), 200, dtype=torch.uint8), shape=(0, 2),
+     value=200, dtype=DType.u8)
+case("full", "i16", [], lambda: torch.full((3,), -300, dtype=torch.int16), shape=(3,),
+     value=-300, dtype=DType.i16)
 case("full", "float-value-i32", [], lambda: torch.full((2,), -2.7, dtype=torch.int32), shape=(2,),
      value=-2.7, dtype=DType.i32)
 
@@ -597,6 +634,20 @@ case("max_pool2d", "bf16", [randn(1, 2, 6, 6, dtype=bf16)], _maxpool((3, 3), (2,
 case("max_pool2d", "i64-padding", [randint(-99, 0, 1, 2, 5, 5)], _maxpool((2, 2), (2, 2), (1, 1)),
      kernel=(2, 2), stride=(2, 2), padding=(1, 1))
 
+
+
+def _maxpool_idx(kernel, stride, padding=(0, 0), dilation=(1, 1), ceil_mode=False):
+    return lambda x: F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode,
+                                  return_indices=True)
+
+
+case("max_pool2d_with_indices", "2x2", [randn(2, 3, 6, 6)], _maxpool_idx((2, 2), (2, 2)),
+     kernel=(2, 2), stride=(2, 2))
+case("max_pool2d_with_indices", "pad-dil-ceil", [randn(1, 2, 8, 7)],
+     _maxpool_idx((2, 3), (3, 2), (1, 1), (2, 1), ceil_mode=True),
+     kernel=(2, 3), stride=(3, 2), padding=(1, 1), dilation=(2, 1), ceil_mode=True)
+case("max_pool2d_with_indices", "ties-i64", [randint(0, 2, 1, 2, 5, 5)],
+     _maxpool_idx((3, 3), (2, 2), (1, 1)), kernel=(3, 3), stride=(2, 2), padding=(1, 1))
 
 def _avgpool(kernel, stride, padding=(0, 0), ceil_mode=False, count_include_pad=True,
              divisor=None):

@@ -8,7 +8,7 @@ import numpy as np
 from ..opdef import AttrSpec, Category, Cost, OpDef, elementwise_cost, io_bytes
 from ..opset import register
 from ..types import DType, TensorType, numel
-from .rules import float_result, norm_axes, norm_axis
+from .rules import float_result, norm_axes, norm_axis, zero_d_as_vector
 
 _AXES = AttrSpec("axes", "ints", ())  # () reduces every axis
 _KEEPDIM = AttrSpec("keepdim", "bool", False)
@@ -82,7 +82,7 @@ def _argmax_ref(xs, a):
     return [np.argmax(x, axis=norm_axis(a["axis"], x.ndim), keepdims=a["keepdim"])]
 
 
-register(OpDef("argmax", Category.reduction, _argmax_type, _argmax_ref, _reduction_cost,
+register(OpDef("argmax", Category.reduction, _argmax_type, zero_d_as_vector(_argmax_ref), _reduction_cost,
                attrs=(AttrSpec("axis", "int", None, optional=True), _KEEPDIM), arity=1))
 
 
@@ -97,7 +97,7 @@ def _softmax_type(ins, a):
 def _softmax_ref(xs, a):
     x = xs[0].astype(np.float64)
     axis = norm_axis(a["axis"], x.ndim)
-    m = np.max(x, axis=axis, keepdims=True)
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # initial: empty rows
     m = np.where(np.isfinite(m), m, 0.0)  # a row of -inf gives NaN, as torch does, not a warning
     e = np.exp(x - m)
     return [e / np.sum(e, axis=axis, keepdims=True)]
@@ -106,15 +106,17 @@ def _softmax_ref(xs, a):
 def _log_softmax_ref(xs, a):
     x = xs[0].astype(np.float64)
     axis = norm_axis(a["axis"], x.ndim)
-    m = np.max(x, axis=axis, keepdims=True)
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # initial: empty rows
     m = np.where(np.isfinite(m), m, 0.0)
     return [x - m - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))]
 
 
 _AXIS = AttrSpec("axis", "int")
-register(OpDef("softmax", Category.reduction, _softmax_type, _softmax_ref, elementwise_cost(5),
+register(OpDef("softmax", Category.reduction, _softmax_type, zero_d_as_vector(_softmax_ref),
+               elementwise_cost(5),
                attrs=(_AXIS,), arity=1))
-register(OpDef("log_softmax", Category.reduction, _softmax_type, _log_softmax_ref,
+register(OpDef("log_softmax", Category.reduction, _softmax_type,
+               zero_d_as_vector(_log_softmax_ref),
                elementwise_cost(5), attrs=(_AXIS,), arity=1))
 
 
@@ -134,5 +136,6 @@ def _cumsum_ref(xs, a):
     return [np.cumsum(x, axis=norm_axis(a["axis"], x.ndim))]
 
 
-register(OpDef("cumsum", Category.reduction, _cumsum_type, _cumsum_ref, elementwise_cost(1),
+register(OpDef("cumsum", Category.reduction, _cumsum_type, zero_d_as_vector(_cumsum_ref),
+               elementwise_cost(1),
                attrs=(_AXIS,), arity=1))

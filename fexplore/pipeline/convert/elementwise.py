@@ -9,7 +9,7 @@ from .registry import ConvertContext, converter, ir_dtype
 _BINARY = {
     "mul": "mul", "maximum": "maximum", "minimum": "minimum", "pow": "pow",
     "remainder": "remainder", "fmod": "fmod", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le",
-    "gt": "gt", "ge": "ge", "logical_and": "logical_and", "logical_or": "logical_or",
+    "gt": "gt", "ge": "ge", "atan2": "atan2", "logical_and": "logical_and", "logical_or": "logical_or",
     "logical_xor": "logical_xor", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
 }
 
@@ -60,8 +60,10 @@ def _floor_divide(ctx):
     return ctx.emit("div", [ctx.args[0], ctx.args[1]], {"rounding": "floor"})
 
 
-_UNARY = ["exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "erf", "sigmoid",
-          "silu", "neg", "abs", "relu", "floor", "ceil", "round", "sign", "logical_not"]
+_UNARY = ["exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal",
+          "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
+          "atanh", "erf", "sigmoid", "silu", "neg", "abs", "relu", "floor", "ceil", "round",
+          "trunc", "sign", "logical_not"]
 
 for _name in _UNARY:
     def _unary(ctx: ConvertContext, _name=_name):

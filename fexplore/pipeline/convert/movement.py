@@ -229,6 +229,8 @@ def _index(ctx):
 @converter("aten.index_select.default")
 def _index_select(ctx):
     x, dim, idx = ctx.args[0], ctx.args[1], ctx.args[2]
+    if idx.type.rank == 0:  # index_select keeps the axis: a 0-d index selects a slab of one
+        idx = _reshape_to(ctx, idx, (1,))
     return ctx.emit("index", [x, idx], {"axes": (_axis(dim, x.type.rank),)})
 
 
@@ -248,11 +250,19 @@ def _created_dtype(ctx, default=None):
 
 def _fill(ctx, value):
     t = ctx.out_type()
-    if isinstance(value, bool) and t.dtype != DType.bool:
+    if isinstance(value, Value):  # a 0-d tensor as the fill value (full_like(x, t), fill(x, t))
+        return ctx.emit("expand", [_cast_to(ctx, value, t.dtype)], {"shape": t.shape})
+    if t.dtype == DType.bool and isinstance(value, (int, float)):
+        value = bool(value)
+    elif isinstance(value, bool):
         value = int(value)
     if t.dtype.is_float and isinstance(value, int):
         value = float(value)
     return ctx.emit("full", [], {"shape": t.shape, "value": value, "dtype": t.dtype})
+
+
+def _cast_to(ctx, x, dtype):
+    return x if x.type.dtype == dtype else ctx.emit("cast", [x], {"dtype": dtype})
 
 
 @converter("aten.full.default", "aten.new_full.default")

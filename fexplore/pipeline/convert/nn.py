@@ -42,10 +42,9 @@ def _conv(ctx):
     target = str(ctx.node.target)
     x, w = ctx.args[0], ctx.args[1]
     b = ctx.arg(2, "bias")
+    transposed, out_pad = False, None
     if target == "aten.convolution.default":
         stride, padding, dilation, transposed, out_pad, groups = ctx.args[3:9]
-        if transposed:
-            return _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups)
     else:
         stride = ctx.arg(3, "stride", (1,))
         padding = ctx.arg(4, "padding", (0,))
@@ -54,6 +53,28 @@ def _conv(ctx):
     if isinstance(padding, str):
         raise NotImplementedError(f"string padding {padding!r}; export gives explicit padding "
                                   "for most models")
+    spatial = w.type.rank - 2
+    if x.type.rank == spatial + 1:  # an unbatched (C, *spatial) input: a batch of one
+        x = _add_batch(ctx, x)
+        if transposed:
+            y = _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups)
+        else:
+            y = _conv_batched(ctx, x, w, b, stride, padding, dilation, groups)
+        return _drop_batch(ctx, y)
+    if transposed:
+        return _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups)
+    return _conv_batched(ctx, x, w, b, stride, padding, dilation, groups)
+
+
+def _add_batch(ctx, x):
+    return ctx.emit("reshape", [x], {"shape": (1,) + x.type.shape})
+
+
+def _drop_batch(ctx, y):
+    return ctx.emit("reshape", [y], {"shape": y.type.shape[1:]})
+
+
+def _conv_batched(ctx, x, w, b, stride, padding, dilation, groups):
     one_d = x.type.rank == 3
     if one_d:  # conv1d is conv2d over a unit height
         x = ctx.emit("reshape", [x], {"shape": x.type.shape[:2] + (1,) + x.type.shape[2:]})
@@ -102,26 +123,64 @@ def _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups):
 
 @converter("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default",
            "aten._native_batch_norm_legit_functional.default",
-           "aten.native_batch_norm.default")
+           "aten.native_batch_norm.default", "aten._native_batch_norm_legit.no_stats")
 def _batch_norm(ctx):
     target = str(ctx.node.target)
-    x, w, b, mean, var = ctx.args[:5]
-    if target == "aten.batch_norm.default":
-        training, eps = ctx.args[5], ctx.args[7]
+    x, w, b = ctx.args[:3]
+    if target.endswith("no_stats"):
+        mean = var = None
+        training, momentum, eps = ctx.args[3:6]
     elif target.endswith("no_training.default"):
-        training, eps = False, ctx.args[6]
+        mean, var = ctx.args[3:5]
+        training, momentum, eps = False, ctx.args[5], ctx.args[6]
     else:
-        training, eps = ctx.args[5], ctx.args[7]
-    if training:
-        raise NotImplementedError("batch norm in training mode (call model.eval() first)")
+        mean, var = ctx.args[3:5]
+        training, momentum, eps = ctx.args[5:8]
     c = x.type.shape[1]
     dt = x.type.dtype
+    if training or mean is None:
+        return _batch_norm_training(ctx, target, x, w, b, mean, var, momentum, eps)
     if w is None:
         w = ctx.emit("full", [], {"shape": (c,), "value": 1.0, "dtype": dt})
     if b is None:
         b = ctx.emit("full", [], {"shape": (c,), "value": 0.0, "dtype": dt})
     y = ctx.emit("batch_norm", [x, w, b, mean, var], {"eps": float(eps)})
     return y if target == "aten.batch_norm.default" else (y, None, None)
+
+
+def _batch_norm_training(ctx, target, x, w, b, running_mean, running_var, momentum, eps):
+    """Training-mode batch norm normalizes with the batch's own statistics (mean and biased
+    variance over every axis but the channels); the functional forms also return the saved
+    mean and 1/std and the updated running statistics, whose variance is the unbiased one."""
+    rank, c = x.type.rank, x.type.shape[1]
+    axes = (0,) + tuple(range(2, rank))
+    per_channel = (1, c) + (1,) * (rank - 2)
+    mean = ctx.emit("mean", [x], {"axes": axes, "keepdim": True})
+    var = ctx.emit("var", [x], {"axes": axes, "keepdim": True, "correction": 0})
+    invstd = ctx.emit("rsqrt", [ctx.emit("add", [var, float(eps)])])
+    y = ctx.emit("mul", [ctx.emit("sub", [x, mean]), invstd])
+    if w is not None:
+        y = ctx.emit("mul", [y, ctx.emit("reshape", [w], {"shape": per_channel})])
+    if b is not None:
+        y = ctx.emit("add", [y, ctx.emit("reshape", [b], {"shape": per_channel})])
+    if target == "aten.batch_norm.default":
+        return y
+    save_mean = ctx.emit("reshape", [mean], {"shape": (c,)})
+    save_invstd = ctx.emit("reshape", [invstd], {"shape": (c,)})
+    if target != "aten._native_batch_norm_legit_functional.default":
+        return (y, save_mean, save_invstd)
+    n = 1
+    for ax in axes:
+        n = n * x.type.shape[ax]
+    unbiased = ctx.emit("mul", [ctx.emit("reshape", [var], {"shape": (c,)}),
+                                float(n) / max(float(n) - 1.0, 1.0) if isinstance(n, int)
+                                else ctx.emit("div", [n, n - 1])])
+    m = float(momentum)
+    new_mean = ctx.emit("add", [ctx.emit("mul", [running_mean, 1.0 - m]),
+                                ctx.emit("mul", [save_mean, m])])
+    new_var = ctx.emit("add", [ctx.emit("mul", [running_var, 1.0 - m]),
+                               ctx.emit("mul", [unbiased, m])])
+    return (y, save_mean, save_invstd, new_mean, new_var)
 
 
 @converter("aten.layer_norm.default", "aten.native_layer_norm.default")
@@ -145,21 +204,37 @@ def _rms_norm(ctx):
                     {"ndim": len(shape), "eps": None if eps is None else float(eps)})
 
 
+def _unbatched_pool(conv):
+    """Pooling converters take (C, H, W) inputs as a batch of one, as torch does."""
+
+    def wrapped(ctx):
+        x = ctx.args[0]
+        if x.type.rank != 3:
+            return conv(ctx, x)
+        out = conv(ctx, _add_batch(ctx, x))
+        if isinstance(out, tuple):
+            return tuple(_drop_batch(ctx, y) for y in out)
+        return _drop_batch(ctx, out)
+
+    return wrapped
+
+
 @converter("aten.max_pool2d.default", "aten.max_pool2d_with_indices.default")
-def _max_pool(ctx):
-    x = ctx.args[0]
+@_unbatched_pool
+def _max_pool(ctx, x):
     k = _pair(ctx.arg(1, "kernel_size"))
     stride = ctx.arg(2, "stride") or k
     attrs = {"kernel": k, "stride": _pair(stride), "padding": _pair(ctx.arg(3, "padding", (0,))),
              "dilation": _pair(ctx.arg(4, "dilation", (1,))),
              "ceil_mode": bool(ctx.arg(5, "ceil_mode", False))}
-    y = ctx.emit("max_pool2d", [x], attrs)
-    return y if str(ctx.node.target) == "aten.max_pool2d.default" else (y, None)
+    if str(ctx.node.target) == "aten.max_pool2d.default":
+        return ctx.emit("max_pool2d", [x], attrs)
+    return ctx.emit("max_pool2d_with_indices", [x], attrs, n_results=2)
 
 
 @converter("aten.avg_pool2d.default")
-def _avg_pool(ctx):
-    x = ctx.args[0]
+@_unbatched_pool
+def _avg_pool(ctx, x):
     k = _pair(ctx.arg(1, "kernel_size"))
     stride = ctx.arg(2, "stride") or k
     return ctx.emit("avg_pool2d", [x], {
@@ -170,8 +245,8 @@ def _avg_pool(ctx):
 
 
 @converter("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")
-def _adaptive_avg_pool(ctx):
-    x = ctx.args[0]
+@_unbatched_pool
+def _adaptive_avg_pool(ctx, x):
     out = ctx.out_type().shape[-2:]
     return ctx.emit("adaptive_avg_pool2d", [x], {"output_size": tuple(out)})
 

@@ -7,6 +7,10 @@ from fexplore.ir import DType
 from .registry import ConvertContext, converter, ir_dtype
 
 
+def _ax(d: int, rank: int) -> int:
+    return d % rank if rank else 0  # a 0-d tensor's one "axis" is dim 0 (or -1), as in torch
+
+
 def _axes(dims, rank):
     if dims is None:
         return ()
@@ -58,7 +62,7 @@ def _value_and_index(red_op):
     def conv(ctx: ConvertContext):
         x, dim = ctx.args[0], ctx.args[1]
         keep = ctx.arg(2, "keepdim", False)
-        ax = dim % x.type.rank
+        ax = _ax(dim, x.type.rank)
         values = ctx.emit(red_op, [x], {"axes": (ax,), "keepdim": keep})
         if red_op == "amax":
             idx = ctx.emit("argmax", [x], {"axis": ax, "keepdim": keep})
@@ -78,7 +82,7 @@ def _argmax(ctx):
     x = ctx.args[0]
     dim = ctx.arg(1, "dim")
     keep = ctx.arg(2, "keepdim", False)
-    return ctx.emit("argmax", [x], {"axis": None if dim is None else dim % x.type.rank,
+    return ctx.emit("argmax", [x], {"axis": None if dim is None else _ax(dim, x.type.rank),
                                     "keepdim": keep})
 
 
@@ -88,7 +92,7 @@ def _argmin(ctx):
     dim = ctx.arg(1, "dim")
     keep = ctx.arg(2, "keepdim", False)
     return ctx.emit("argmax", [ctx.emit("neg", [x])],
-                    {"axis": None if dim is None else dim % x.type.rank, "keepdim": keep})
+                    {"axis": None if dim is None else _ax(dim, x.type.rank), "keepdim": keep})
 
 
 @converter("aten.var.correction", "aten.var.dim", "aten.var.default")
@@ -111,7 +115,7 @@ def _softmax(op):
         half_to_float = ctx.arg(2)
         if ctx.kwargs.get("dtype") is not None:
             x = _maybe_cast(ctx, x)
-        y = ctx.emit(op, [x], {"axis": dim % x.type.rank})
+        y = ctx.emit(op, [x], {"axis": _ax(dim, x.type.rank)})
         want = ctx.out_type().dtype
         if half_to_float is True or y.type.dtype != want:
             y = ctx.emit("cast", [y], {"dtype": want}) if y.type.dtype != want else y
@@ -128,7 +132,7 @@ converter("aten.log_softmax.int", "aten._log_softmax.default")(_softmax("log_sof
 @converter("aten.cumsum.default")
 def _cumsum(ctx):
     x = _maybe_cast(ctx, ctx.args[0])
-    return ctx.emit("cumsum", [x], {"axis": ctx.args[1] % x.type.rank})
+    return ctx.emit("cumsum", [x], {"axis": _ax(ctx.args[1], x.type.rank)})
 
 
 @converter("aten.prod.dim_int", "aten.prod.default")
@@ -160,7 +164,7 @@ def _vector_norm(ctx):
 @converter("aten.topk.default")
 def _topk(ctx):
     x, k = ctx.args[0], ctx.args[1]
-    axis = ctx.arg(2, "dim", -1) % x.type.rank
+    axis = _ax(ctx.arg(2, "dim", -1), x.type.rank)
     return ctx.emit("topk", [x], {"k": k, "axis": axis, "largest": bool(ctx.arg(3, "largest", True))},
                     n_results=2)
 
@@ -172,5 +176,5 @@ def _sort(ctx):
         axis, desc = ctx.kwargs.get("dim", -1), ctx.kwargs.get("descending", False)
     else:
         axis, desc = ctx.arg(1, "dim", -1), ctx.arg(2, "descending", False)
-    return ctx.emit("sort", [x], {"axis": axis % x.type.rank, "descending": bool(desc)},
+    return ctx.emit("sort", [x], {"axis": _ax(axis, x.type.rank), "descending": bool(desc)},
                     n_results=2)
