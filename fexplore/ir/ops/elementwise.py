@@ -208,6 +208,13 @@ binary("logical_or", np.logical_or, result="bool")
 binary("logical_xor", np.logical_xor, result="bool")
 binary("bitwise_and", np.bitwise_and)
 binary("bitwise_or", np.bitwise_or)
+binary("bitwise_xor", np.bitwise_xor)
+# shifts by the bit width or more give 0 (or -1 shifting a negative right), in torch and numpy alike
+binary("bitwise_left_shift", np.left_shift)
+binary("bitwise_right_shift", np.right_shift)
+binary("copysign", np.copysign, result="float")
+binary("fmax", np.fmax)  # maximum that ignores a NaN beside a number
+binary("fmin", np.fmin)
 
 
 # -- where, clamp, cast -----------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Reductions and the ops built around one: sum, mean, amax, amin, any, argmax, var, softmax,
-log_softmax, cumsum."""
+log_softmax, and the scans cumsum, cumprod, cummax and cummin."""
 
 from __future__ import annotations
 
@@ -139,3 +139,56 @@ def _cumsum_ref(xs, a):
 register(OpDef("cumsum", Category.reduction, _cumsum_type, zero_d_as_vector(_cumsum_ref),
                elementwise_cost(1),
                attrs=(_AXIS,), arity=1))
+
+
+def _cumprod_ref(xs, a):
+    x = xs[0]
+    if x.dtype.kind == "f":
+        x = x.astype(np.float64)
+    elif x.dtype.kind == "b":
+        x = x.astype(np.int64)
+    return [np.cumprod(x, axis=norm_axis(a["axis"], x.ndim))]
+
+
+register(OpDef("cumprod", Category.reduction, _cumsum_type, zero_d_as_vector(_cumprod_ref),
+               elementwise_cost(1), attrs=(_AXIS,), arity=1,
+               doc="running product along 'axis'; bools and ints accumulate in i64"))
+
+
+def _cum_extreme_type(ins, a):
+    (t,) = ins
+    norm_axis(a["axis"], t.rank)
+    return [TensorType(t.shape, t.dtype), TensorType(t.shape, DType.i64)]
+
+
+def _cum_extreme(better):
+    """torch's cummax/cummin: the running extreme and the index it was last seen at (a tie moves
+    the index forward); once a NaN is seen it is the extreme from there on."""
+
+    def ref(xs, a):
+        x = xs[0]
+        axis = norm_axis(a["axis"], x.ndim)
+        xm = np.moveaxis(x, axis, -1)
+        values = np.empty_like(xm)
+        index = np.zeros(xm.shape, np.int64)
+        floats = xm.dtype.kind == "f"
+        if xm.shape[-1] and xm.size:
+            cur, at = xm[..., 0].copy(), np.zeros(xm.shape[:-1], np.int64)
+            for i in range(xm.shape[-1]):
+                v = xm[..., i]
+                take = better(v, cur)
+                if floats:
+                    take = np.isnan(v) | (~np.isnan(cur) & take)
+                cur = np.where(take, v, cur)
+                at = np.where(take, i, at)
+                values[..., i], index[..., i] = cur, at
+        return [np.moveaxis(values, -1, axis), np.moveaxis(index, -1, axis)]
+
+    return ref
+
+
+for _name, _better in (("cummax", np.greater_equal), ("cummin", np.less_equal)):
+    register(OpDef(_name, Category.reduction, _cum_extreme_type,
+                   zero_d_as_vector(_cum_extreme(_better)), elementwise_cost(1),
+                   attrs=(_AXIS,), arity=1,
+                   doc="(values, indices): the running extreme along 'axis' and where it is"))

@@ -129,10 +129,18 @@ converter("aten.softmax.int", "aten._softmax.default", "aten.special_softmax.def
 converter("aten.log_softmax.int", "aten._log_softmax.default")(_softmax("log_softmax"))
 
 
-@converter("aten.cumsum.default")
+@converter("aten.cumsum.default", "aten.cumprod.default")
 def _cumsum(ctx):
     x = _maybe_cast(ctx, ctx.args[0])
-    return ctx.emit("cumsum", [x], {"axis": _ax(ctx.args[1], x.type.rank)})
+    op = str(ctx.node.target).split(".")[1]
+    return ctx.emit(op, [x], {"axis": _ax(ctx.args[1], x.type.rank)})
+
+
+@converter("aten.cummax.default", "aten.cummin.default")
+def _cum_extreme(ctx):
+    x = ctx.args[0]
+    op = str(ctx.node.target).split(".")[1]
+    return ctx.emit(op, [x], {"axis": _ax(ctx.args[1], x.type.rank)}, n_results=2)
 
 
 @converter("aten.prod.dim_int", "aten.prod.default")
