@@ -234,6 +234,29 @@ def _index_select(ctx):
     return ctx.emit("index", [x, idx], {"axes": (_axis(dim, x.type.rank),)})
 
 
+@converter("aten.diagonal.default", "aten.diagonal_copy.default")
+def _diagonal(ctx):
+    """The diagonal of dims (dim1, dim2), moved last: those two dims go last, then an index
+    with constant row and column numbers picks the diagonal out of them."""
+    x = ctx.args[0]
+    offset, d1, d2 = ctx.arg(1, "offset", 0), ctx.arg(2, "dim1", 0), ctx.arg(3, "dim2", 1)
+    r = x.type.rank
+    d1, d2 = _axis(d1, r), _axis(d2, r)
+    n1, n2 = x.type.shape[d1], x.type.shape[d2]
+    if not (isinstance(n1, int) and isinstance(n2, int)):
+        raise NotImplementedError("diagonal of symbolic dims")
+    n = max(0, min(n1, n2 - offset) if offset >= 0 else min(n1 + offset, n2))
+    rows = np.arange(n) + max(0, -offset)
+    cols = np.arange(n) + max(0, offset)
+    perm = tuple(i for i in range(r) if i not in (d1, d2)) + (d1, d2)
+    if perm != tuple(range(r)):
+        x = ctx.emit("permute", [x], {"perm": perm})
+    lit = ctx.b.literal
+    return ctx.emit("index", [x, lit(rows.astype(np.int64), f"{ctx.node.name}.rows"),
+                              lit(cols.astype(np.int64), f"{ctx.node.name}.cols")],
+                    {"axes": (r - 2, r - 1)})
+
+
 @converter("aten.embedding.default")
 def _embedding(ctx):
     return ctx.emit("embedding", [ctx.args[0], ctx.args[1]])

@@ -27,6 +27,29 @@ def _addmm(ctx):
     return ctx.emit("add", [y, bias]) if beta != 0 else y
 
 
+def _scaled_add(ctx, input, product, beta, alpha):
+    """beta * input + alpha * product, as torch's add{mm,mv,bmm} compute it; beta == 0 ignores
+    the input entirely (NaN in it does not propagate)."""
+    y = product if alpha == 1 else ctx.emit("mul", [product, alpha])
+    if beta == 0:
+        return y
+    return ctx.emit("add", [input if beta == 1 else ctx.emit("mul", [input, beta]), y])
+
+
+@converter("aten.addmv.default")
+def _addmv(ctx):
+    input, mat, vec = ctx.args[:3]
+    return _scaled_add(ctx, input, ctx.emit("matmul", [mat, vec]), ctx.kwargs.get("beta", 1),
+                       ctx.kwargs.get("alpha", 1))
+
+
+@converter("aten.addbmm.default")
+def _addbmm(ctx):
+    input, b1, b2 = ctx.args[:3]
+    product = ctx.emit("sum", [ctx.emit("matmul", [b1, b2])], {"axes": (0,)})
+    return _scaled_add(ctx, input, product, ctx.kwargs.get("beta", 1), ctx.kwargs.get("alpha", 1))
+
+
 @converter("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
 def _matmul(ctx):
     return ctx.emit("matmul", [ctx.args[0], ctx.args[1]])
