@@ -156,8 +156,19 @@ def _to_copy(ctx):
     return ctx.emit("cast", [x], {"dtype": target})
 
 
+@converter("aten.dropout.default", "aten.feature_dropout.default",
+           "aten.alpha_dropout.default", "aten.feature_alpha_dropout.default")
+def _dropout(ctx):
+    p, train = ctx.arg(1, "p", 0.5), ctx.arg(2, "train", True)
+    if train and p > 0:
+        from .out_of_scope import _RANDOM, refuse
+
+        refuse(ctx, f"dropout with p={p} in training mode: {_RANDOM}")
+    return ctx.args[0]  # dropout off (eval, or p == 0) is the identity
+
+
 @converter("aten.clone.default", "aten.alias.default", "aten.detach.default",
-           "aten.contiguous.default", "aten.lift_fresh_copy.default", "aten.dropout.default",
+           "aten.contiguous.default", "aten.lift_fresh_copy.default",
            "aten.copy.default", "aten.alias_copy.default", "aten.detach_copy.default")
 def _identity(ctx):
     # Value semantics: a copy is the same value. (copy(dst, src) is src's value in dst's shape.)
