@@ -847,6 +847,12 @@ case("max_pool2d_with_indices", "pad-dil-ceil", [randn(1, 2, 8, 7)],
      kernel=(2, 3), stride=(3, 2), padding=(1, 1), dilation=(2, 1), ceil_mode=True)
 case("max_pool2d_with_indices", "ties-i64", [randint(0, 2, 1, 2, 5, 5)],
      _maxpool_idx((3, 3), (2, 2), (1, 1)), kernel=(3, 3), stride=(2, 2), padding=(1, 1))
+for name, tfn in (("argmax", torch.argmax), ("argmin", torch.argmin)):
+    case(name, "u8-ties", [arr([[3, 0, 255, 255], [7, 7, 1, 0]], np.uint8)],
+         lambda x, f=tfn: f(x, 1), axis=1)
+    case(name, "nan-first", [arr([[1.0, NAN, 3.0, NAN], [-INF, 2.0, -INF, 0.0]])],
+         lambda x, f=tfn: f(x, 1, keepdim=True), axis=1, keepdim=True)
+    case(name, "flat", [randn(3, 4)], lambda x, f=tfn: f(x))
 
 
 COVERED = {c.op for c in CASES}

@@ -74,16 +74,24 @@ def _argmax_type(ins, a):
     return [TensorType(shape, DType.i64)]
 
 
-def _argmax_ref(xs, a):
-    (x,) = xs
-    if a["axis"] is None:
-        r = np.argmax(x.reshape(-1))
-        return [np.asarray(r).reshape((1,) * x.ndim if a["keepdim"] else ())]
-    return [np.argmax(x, axis=norm_axis(a["axis"], x.ndim), keepdims=a["keepdim"])]
+def _arg_extreme(pick):
+    def ref(xs, a):
+        (x,) = xs
+        if x.dtype == np.bool_:
+            x = x.astype(np.int8)
+        if a["axis"] is None:
+            r = pick(x.reshape(-1))
+            return [np.asarray(r).reshape((1,) * x.ndim if a["keepdim"] else ())]
+        return [pick(x, axis=norm_axis(a["axis"], x.ndim), keepdims=a["keepdim"])]
+
+    return ref
 
 
-register(OpDef("argmax", Category.reduction, _argmax_type, zero_d_as_vector(_argmax_ref), _reduction_cost,
-               attrs=(AttrSpec("axis", "int", None, optional=True), _KEEPDIM), arity=1))
+# The first extreme wins; a NaN counts as the extreme, as in torch.
+for _name, _pick in (("argmax", np.argmax), ("argmin", np.argmin)):
+    register(OpDef(_name, Category.reduction, _argmax_type, zero_d_as_vector(_arg_extreme(_pick)),
+                   _reduction_cost, attrs=(AttrSpec("axis", "int", None, optional=True), _KEEPDIM),
+                   arity=1))
 
 
 # -- softmax family: a reduction with its surroundings, kept whole for fusion ---------------------

@@ -64,11 +64,8 @@ def _value_and_index(red_op):
         keep = ctx.arg(2, "keepdim", False)
         ax = _ax(dim, x.type.rank)
         values = ctx.emit(red_op, [x], {"axes": (ax,), "keepdim": keep})
-        if red_op == "amax":
-            idx = ctx.emit("argmax", [x], {"axis": ax, "keepdim": keep})
-        else:  # argmin(x) == argmax(-x) for the non-NaN values argmin is defined on here
-            idx = ctx.emit("argmax", [ctx.emit("neg", [x])], {"axis": ax, "keepdim": keep})
-        return (values, idx)
+        arg = "argmax" if red_op == "amax" else "argmin"
+        return (values, ctx.emit(arg, [x], {"axis": ax, "keepdim": keep}))
 
     return conv
 
@@ -91,12 +88,11 @@ def _argmin(ctx):
     x = ctx.args[0]
     dim = ctx.arg(1, "dim")
     keep = ctx.arg(2, "keepdim", False)
-    return ctx.emit("argmax", [ctx.emit("neg", [x])],
+    return ctx.emit("argmin", [x],
                     {"axis": None if dim is None else _ax(dim, x.type.rank), "keepdim": keep})
 
 
-@converter("aten.var.correction", "aten.var.dim", "aten.var.default")
-def _var(ctx):
+def _var_attrs(ctx):
     x = ctx.args[0]
     dims = ctx.arg(1, "dim")
     correction = ctx.kwargs.get("correction")
@@ -104,8 +100,19 @@ def _var(ctx):
         unbiased = ctx.kwargs.get("unbiased", ctx.arg(2) if isinstance(ctx.arg(2), bool) else True)
         correction = 1 if unbiased else 0
     keep = ctx.kwargs.get("keepdim", False)
-    return ctx.emit("var", [x], {"axes": _axes(dims, x.type.rank), "keepdim": keep,
-                                 "correction": correction})
+    return {"axes": _axes(dims, x.type.rank), "keepdim": keep, "correction": correction}
+
+
+@converter("aten.var.correction", "aten.var.dim", "aten.var.default")
+def _var(ctx):
+    return ctx.emit("var", [ctx.args[0]], _var_attrs(ctx))
+
+
+@converter("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default")
+def _var_mean(ctx):
+    x, attrs = ctx.args[0], _var_attrs(ctx)
+    mean = ctx.emit("mean", [x], {"axes": attrs["axes"], "keepdim": attrs["keepdim"]})
+    return (ctx.emit("var", [x], attrs), mean)
 
 
 def _softmax(op):
