@@ -853,6 +853,12 @@ for name, tfn in (("argmax", torch.argmax), ("argmin", torch.argmin)):
     case(name, "nan-first", [arr([[1.0, NAN, 3.0, NAN], [-INF, 2.0, -INF, 0.0]])],
          lambda x, f=tfn: f(x, 1, keepdim=True), axis=1, keepdim=True)
     case(name, "flat", [randn(3, 4)], lambda x, f=tfn: f(x))
+for name in ("isnan", "isinf"):
+    tfn = getattr(torch, name)
+    case(name, "special", [arr([0.0, NAN, INF, -INF, -0.0, 1e38])], tfn)
+    case(name, "bf16-0d", [scalar(INF, bf16)], tfn)
+    case(name, "i32", [randint(-5, 5, 4, dtype=np.int32)], tfn)
+    case(name, "bool-empty", [np.zeros((0, 2), bool)], tfn)
 
 
 COVERED = {c.op for c in CASES}

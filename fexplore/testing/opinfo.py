@@ -126,6 +126,11 @@ class Case:
     inputs: tuple
     describe: str = ""
 
+    def fresh_inputs(self) -> tuple:
+        """Copies of the inputs: an op that writes into an argument (running statistics, say)
+        must not change what the next run sees."""
+        return tuple(x.clone() for x in self.inputs)
+
 
 class OneOp(torch.nn.Module):
     """``op(*args, **kwargs)`` of one sample; its tensors are the forward's inputs, every other
@@ -227,7 +232,7 @@ def _eager(case: Case):
     torch.manual_seed(0)
     try:
         with torch.no_grad():
-            out = case.module(*case.inputs)
+            out = case.module(*case.fresh_inputs())
     except Exception as e:
         return None, f"eager raises {type(e).__name__}"
     leaves = pytree.tree_leaves(out)
@@ -268,7 +273,7 @@ def _noise(case: Case, want) -> list[float]:
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            oracle = Oracle(case.module, case.inputs, random_sets=0)
+            oracle = Oracle(case.module, case.fresh_inputs(), random_sets=0)
         noise = list(oracle.noise[0])
     except Exception:
         noise = []
@@ -280,11 +285,11 @@ def export_reference(case: Case, want, noise) -> tuple[str, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ep = torch.export.export(case.module, case.inputs, strict=False)
+            ep = torch.export.export(case.module, case.fresh_inputs(), strict=False)
             ep = ep.run_decompositions()
             torch.manual_seed(0)
             with torch.no_grad():
-                out = ep.module()(*case.inputs)
+                out = ep.module()(*case.fresh_inputs())
     except Exception as e:
         return "fail", f"{type(e).__name__}: {_first_line(str(e))}"
     bad = _compare(pytree.tree_leaves(out), want, noise)
@@ -299,10 +304,10 @@ def run_fexplore(case: Case, want, noise) -> tuple[str, str, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ex = fexplore.explore(case.module, case.inputs)
+            ex = fexplore.explore(case.module, case.fresh_inputs())
             ex.run_all(progress=False)
             cm = ex.result
-            out = cm(*case.inputs)
+            out = cm(*case.fresh_inputs())
     except NumericMismatchError as e:
         return "wrong", _first_line(e.message), e.code
     except FexploreError as e:

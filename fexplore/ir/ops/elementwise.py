@@ -113,6 +113,14 @@ unary("ceil", np.ceil, float_only=False)
 unary("round", np.round, float_only=False)
 unary("trunc", np.trunc, float_only=False)
 unary("sign", _sign, float_only=False)
+register(OpDef("isnan", Category.elementwise,
+               lambda ins, a: [TensorType(ins[0].shape, DType.bool)],
+               lambda xs, a: [np.isnan(xs[0]) if xs[0].dtype.kind == "f"
+                              else np.zeros(xs[0].shape, bool)], elementwise_cost(1)))
+register(OpDef("isinf", Category.elementwise,
+               lambda ins, a: [TensorType(ins[0].shape, DType.bool)],
+               lambda xs, a: [np.isinf(xs[0]) if xs[0].dtype.kind == "f"
+                              else np.zeros(xs[0].shape, bool)], elementwise_cost(1)))
 register(OpDef("logical_not", Category.elementwise,
                lambda ins, a: [TensorType(ins[0].shape, DType.bool)],
                lambda xs, a: [np.logical_not(xs[0])], elementwise_cost(1)))

@@ -168,7 +168,15 @@ def _batch_norm(ctx):
     if b is None:
         b = ctx.emit("full", [], {"shape": (c,), "value": 0.0, "dtype": dt})
     y = ctx.emit("batch_norm", [x, w, b, mean, var], {"eps": float(eps)})
-    return y if target == "aten.batch_norm.default" else (y, None, None)
+    if target == "aten.batch_norm.default":
+        return y
+    # in eval mode nothing is saved: torch returns empty tensors for the mean and 1/std
+    return (y, _empty_result(ctx, 1), _empty_result(ctx, 2))
+
+
+def _empty_result(ctx, i):
+    t = ctx.out_type(i)
+    return ctx.emit("full", [], {"shape": t.shape, "value": 0, "dtype": t.dtype})
 
 
 def _batch_norm_training(ctx, target, x, w, b, running_mean, running_var, momentum, eps):
@@ -215,7 +223,18 @@ def _layer_norm(ctx):
         w = ctx.emit("full", [], {"shape": b.type.shape, "value": 1.0, "dtype": b.type.dtype})
     ins = [x] + [t for t in (w, b) if t is not None]
     y = ctx.emit("layer_norm", ins, {"ndim": len(shape), "eps": float(eps)})
-    return y if str(ctx.node.target) == "aten.layer_norm.default" else (y, None, None)
+    if str(ctx.node.target) == "aten.layer_norm.default":
+        return y
+    axes = tuple(range(x.type.rank - len(shape), x.type.rank))
+    return (y, *_mean_rstd(ctx, x, axes, eps))
+
+
+def _mean_rstd(ctx, x, axes, eps):
+    """The statistics torch's native norms also return: the mean and 1/sqrt(biased var + eps)
+    over ``axes`` (kept as size-1 dims); unused, they are dropped as dead code."""
+    mean = ctx.emit("mean", [x], {"axes": axes, "keepdim": True})
+    var = ctx.emit("var", [x], {"axes": axes, "keepdim": True, "correction": 0})
+    return mean, ctx.emit("rsqrt", [ctx.emit("add", [var, float(eps)])])
 
 
 @converter("aten.rms_norm.default")
@@ -310,7 +329,11 @@ def _group_norm(ctx):
         y = ctx.emit("mul", [y, ctx.emit("reshape", [w], {"shape": per_channel})])
     if b is not None:
         y = ctx.emit("add", [y, ctx.emit("reshape", [b], {"shape": per_channel})])
-    return y if target == "aten.group_norm.default" else (y, None, None)
+    if target == "aten.group_norm.default":
+        return y
+    mean, rstd = _mean_rstd(ctx, flat, (2,), eps)
+    return (y, ctx.emit("reshape", [mean], {"shape": (n, groups)}),
+            ctx.emit("reshape", [rstd], {"shape": (n, groups)}))
 
 
 def _numel(dims):
