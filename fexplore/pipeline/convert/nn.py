@@ -354,6 +354,9 @@ def _upsample_bilinear(ctx):
     h, w = x.type.shape[-2:]
     if not all(isinstance(d, int) for d in (oh, ow, h, w)):
         raise NotImplementedError("bilinear upsampling with symbolic sizes")
+    if not x.type.dtype.is_float:
+        raise NotImplementedError(f"bilinear upsampling of a {x.type.dtype} image (torch "
+                                  "interpolates integer images in its own fixed-point arithmetic)")
     sh = sw = None
     if scales:
         sh, sw = scales
