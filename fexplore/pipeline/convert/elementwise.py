@@ -128,8 +128,11 @@ def _clamp_max(ctx):
 
 @converter("aten.hardtanh.default")
 def _hardtanh(ctx):
-    return ctx.emit("clamp", [ctx.args[0]], {"min": float(ctx.arg(1, "min_val", -1.0)),
-                                             "max": float(ctx.arg(2, "max_val", 1.0))})
+    x = ctx.args[0]
+    lo, hi = ctx.arg(1, "min_val", -1.0), ctx.arg(2, "max_val", 1.0)
+    # hardtanh keeps an integer tensor's dtype: its bounds are that dtype's numbers then
+    bound = float if x.type.dtype.is_float else (lambda v: int(v))
+    return ctx.emit("clamp", [x], {"min": bound(lo), "max": bound(hi)})
 
 
 @converter("aten.clamp.Tensor")

@@ -139,10 +139,12 @@ def _select(ctx):
     return ctx.emit("select", [x], {"axis": ax, "index": index})
 
 
-@converter("aten.narrow.default")
+@converter("aten.narrow.default", "aten.narrow_copy.default")
 def _narrow(ctx):
     x, dim, start, length = ctx.args[:4]
     ax = _axis(dim, x.type.rank)
+    if isinstance(start, int) and start < 0:
+        start = x.type.shape[ax] + start
     return ctx.emit("slice", [x], {"axis": ax, "start": start, "end": start + length})
 
 
