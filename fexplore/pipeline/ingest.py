@@ -210,6 +210,7 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
     if isinstance(val, (torch.SymBool, torch.SymFloat, bool, float)):
         return val
     loc = source_loc(n)
+    _refuse_data_dependent(n, target, env, symbols, loc)
     conv = CONVERTERS.get(target)
     if conv is None:
         if target.startswith(("aten.", "prims.", "higher_order.")):
@@ -231,6 +232,21 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
                              hint="this use of the op is not supported yet") from None
     _check_result(ctx, result, target)
     return result
+
+
+def _refuse_data_dependent(n, target: str, env, symbols: SymbolTable, loc) -> None:
+    """An op whose arguments or result have a size read from a tensor's values cannot have a
+    static shape: refuse it on the user's line, saying why."""
+    args = _map(list(n.args) + list(n.kwargs.values()), env)
+    val = n.meta.get("val")
+    shapes = [v.shape for v in (val if isinstance(val, (list, tuple)) else [val])
+              if isinstance(v, torch.Tensor)]
+    if symbols.depends_on_data(args) or \
+            any(symbols.depends_on_data(tuple(symbols.dim(d) for d in s)) for s in shapes):
+        from .convert.out_of_scope import _DATA_DEPENDENT
+
+        raise UnsupportedOperatorError(
+            target, loc=loc, hint=f"fexplore does not compile this use of the op: {_DATA_DEPENDENT}")
 
 
 def op_key(target) -> str:
