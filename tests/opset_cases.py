@@ -859,6 +859,11 @@ for name in ("isnan", "isinf"):
     case(name, "bf16-0d", [scalar(INF, bf16)], tfn)
     case(name, "i32", [randint(-5, 5, 4, dtype=np.int32)], tfn)
     case(name, "bool-empty", [np.zeros((0, 2), bool)], tfn)
+case("signbit", "f32", [arr([-1.0, -0.0, 0.0, 2.0, -INF, NAN])], torch.signbit)
+case("signbit", "i64-0d", [scalar(-3, np.int64)], torch.signbit)
+case("signbit", "bool", [randbool(4)], torch.signbit)
+case("pow", "i64-negative-exponents", [arr([1, -1, -1, 2, -3, 5], np.int64),
+                                       arr([-2, -3, -4, -1, -2, 2], np.int64)], torch.pow)
 
 
 COVERED = {c.op for c in CASES}

@@ -113,6 +113,10 @@ unary("ceil", np.ceil, float_only=False)
 unary("round", np.round, float_only=False)
 unary("trunc", np.trunc, float_only=False)
 unary("sign", _sign, float_only=False)
+register(OpDef("signbit", Category.elementwise,
+               lambda ins, a: [TensorType(ins[0].shape, DType.bool)],
+               lambda xs, a: [np.signbit(xs[0]) if xs[0].dtype.kind != "b"
+                              else np.zeros(xs[0].shape, bool)], elementwise_cost(1)))
 register(OpDef("isnan", Category.elementwise,
                lambda ins, a: [TensorType(ins[0].shape, DType.bool)],
                lambda xs, a: [np.isnan(xs[0]) if xs[0].dtype.kind == "f"
@@ -201,7 +205,21 @@ binary("sub", np.subtract)
 binary("mul", np.multiply)
 binary("maximum", np.maximum)
 binary("minimum", np.minimum)
-binary("pow", np.power, flops=4)
+def _pow(x, y):
+    if x.dtype.kind not in "iu":
+        return np.power(x, y)
+    # integer powers with a negative exponent: torch gives 1 and +-1 for bases 1 and -1, 0 for
+    # the rest (numpy refuses them)
+    neg = y < 0
+    p = np.power(x, np.where(neg, 0, y))
+    if not np.any(neg):
+        return p
+    odd = (y % 2) != 0
+    small = np.where(x == 1, 1, np.where(x == -1, np.where(odd, -1, 1), 0)).astype(p.dtype)
+    return np.where(neg, small, p)
+
+
+binary("pow", _pow, flops=4)
 binary("atan2", np.arctan2, result="float", flops=8)
 binary("remainder", np.mod)  # Python's (and torch's) sign convention: follows the divisor
 binary("fmod", np.fmod)  # C's convention: the sign follows the dividend

@@ -66,13 +66,24 @@ def _floor_divide(ctx):
 _UNARY = ["exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal",
           "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
           "atanh", "erf", "sigmoid", "silu", "neg", "abs", "relu", "floor", "ceil", "round",
-          "trunc", "sign", "logical_not", "isnan", "isinf"]
+          "trunc", "sign", "logical_not", "isnan", "isinf", "signbit"]
 
 for _name in _UNARY:
     def _unary(ctx: ConvertContext, _name=_name):
         return ctx.emit(_name, [ctx.args[0]])
 
     converter(f"aten.{_name}.default")(_unary)
+
+
+@converter("aten.round.decimals")
+def _round_decimals(ctx):
+    """torch's round(x, decimals=d): round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for
+    negative d, in the tensor's own float arithmetic."""
+    x, d = ctx.args[0], ctx.kwargs.get("decimals", ctx.arg(1, default=0))
+    scale = float(10 ** abs(d))
+    if d >= 0:
+        return ctx.emit("div", [ctx.emit("round", [ctx.emit("mul", [x, scale])]), scale])
+    return ctx.emit("mul", [ctx.emit("round", [ctx.emit("div", [x, scale])]), scale])
 
 
 @converter("aten.gelu.default")
