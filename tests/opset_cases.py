@@ -864,6 +864,20 @@ case("signbit", "i64-0d", [scalar(-3, np.int64)], torch.signbit)
 case("signbit", "bool", [randbool(4)], torch.signbit)
 case("pow", "i64-negative-exponents", [arr([1, -1, -1, 2, -3, 5], np.int64),
                                        arr([-2, -3, -4, -1, -2, 2], np.int64)], torch.pow)
+_sx, _si = randn(3, 4), arr([[0, 0, 1], [3, 3, 3], [2, 1, 0]], np.int64)
+for _red, _ir in (("sum", "add"), ("prod", "mul"), ("amax", "amax"), ("amin", "amin"),
+                  ("mean", "mean")):
+    for _incl in (True, False):
+        case("scatter", f"reduce-{_red}-{'self' if _incl else 'noself'}", [_sx, _si, randn(3, 3)],
+             lambda x, i, s, r=_red, inc=_incl: x.scatter_reduce(1, i, s, r, include_self=inc),
+             axis=1, reduce=_ir, include_self=_incl)
+case("scatter", "reduce-mean-i64-floor", [arr([5, -5, 7], np.int64), arr([0, 1, 1, 2], np.int64),
+                                          arr([2, -4, 1, 0], np.int64)],
+     lambda x, i, s: x.scatter_reduce(0, i, s, "mean"), axis=0, reduce="mean")
+case("scatter", "reduce-amax-i32-noself", [randint(-9, 9, 5, dtype=np.int32),
+                                          arr([0, 0, 4], np.int64), randint(-9, 9, 3, dtype=np.int32)],
+     lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False), axis=0,
+     reduce="amax", include_self=False)
 
 
 COVERED = {c.op for c in CASES}

@@ -409,19 +409,26 @@ def _index_copy(ctx):
 
 
 @converter("aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
-           "aten.scatter.reduce", "aten.scatter.value_reduce")
+           "aten.scatter.reduce", "aten.scatter.value_reduce", "aten.scatter_reduce.two")
 def _scatter(ctx):
     x, dim, index, src = ctx.args[:4]
     target = str(ctx.node.target)
     reduce = "add" if target == "aten.scatter_add.default" else ctx.kwargs.get("reduce", ctx.arg(4))
-    if reduce not in (None, "add", "sum"):
+    reduce = _SCATTER_REDUCE.get(reduce, reduce)
+    if reduce not in ("none", "add", "mul", "amax", "amin", "mean"):
         raise NotImplementedError(f"scatter with reduce={reduce!r}")
+    include_self = bool(ctx.kwargs.get("include_self", ctx.arg(5, default=True)))
     if not isinstance(src, Value):
         src = ctx.scalar(src, x.type.dtype)
     elif src.type.dtype != x.type.dtype:
         src = ctx.emit("cast", [src], {"dtype": x.type.dtype})
     return ctx.emit("scatter", [x, index, src], {"axis": _axis(dim, x.type.rank),
-                                                "reduce": "add" if reduce else "none"})
+                                                "reduce": reduce, "include_self": include_self})
+
+
+# torch's names (scatter's reduce=, scatter_reduce's) for the IR scatter's reductions
+_SCATTER_REDUCE = {None: "none", "sum": "add", "add": "add", "multiply": "mul", "prod": "mul",
+                   "amax": "amax", "amin": "amin", "mean": "mean"}
 
 
 @converter("aten.slice_scatter.default")
