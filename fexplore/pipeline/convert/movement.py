@@ -328,6 +328,20 @@ def _arange(ctx):
     return ctx.emit("arange", [], {"start": start, "end": end, "step": step, "dtype": dt})
 
 
+@converter("aten.tril_indices.default", "aten.triu_indices.default")
+def _tri_indices(ctx):
+    """(2, N) row and column numbers of a triangle: known at compile time, so a constant."""
+    row, col = ctx.args[0], ctx.args[1]
+    offset = ctx.arg(2, "offset", 0)
+    if not (isinstance(row, int) and isinstance(col, int)):
+        raise NotImplementedError("triangle indices of symbolic size")
+    pick = np.tril_indices if "tril" in str(ctx.node.target) else np.triu_indices
+    rows, cols = pick(row, offset, col)
+    t = ctx.out_type()
+    value = np.stack([rows, cols]).astype(t.dtype.numpy).reshape(t.shape)
+    return ctx.b.literal(value, f"{ctx.node.name}.indices")
+
+
 @converter("aten.tril.default")
 def _tril(ctx):
     return ctx.emit("tril", [ctx.args[0]], {"diagonal": ctx.arg(1, "diagonal", 0)})
