@@ -68,11 +68,11 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
     dt = DType.from_numpy(a.dtype)
+    # np.array(order="C"), not np.ascontiguousarray: that makes a 0-d array 1-d
     if dt == DType.bf16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(np.array(a, order="C").view(np.int16)).view(torch.bfloat16)
     if dt == DType.fp8:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8).copy()).view(
-            torch.float8_e4m3fn)
+        return torch.from_numpy(np.array(a, order="C").view(np.uint8)).view(torch.float8_e4m3fn)
     return torch.from_numpy(np.array(a, copy=True))
 
 
