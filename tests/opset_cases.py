@@ -878,6 +878,8 @@ case("scatter", "reduce-amax-i32-noself", [randint(-9, 9, 5, dtype=np.int32),
                                           arr([0, 0, 4], np.int64), randint(-9, 9, 3, dtype=np.int32)],
      lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False), axis=0,
      reduce="amax", include_self=False)
+case("hypot", "f32", [randn(3, 4), randn(4)], torch.hypot)
+case("hypot", "inf-nan", [arr([INF, NAN, 3.0, -0.0]), arr([NAN, INF, -4.0, 0.0])], torch.hypot)
 
 
 COVERED = {c.op for c in CASES}

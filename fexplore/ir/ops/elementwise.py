@@ -221,6 +221,7 @@ def _pow(x, y):
 
 binary("pow", _pow, flops=4)
 binary("atan2", np.arctan2, result="float", flops=8)
+binary("hypot", np.hypot, result="float", flops=4)
 binary("remainder", np.mod)  # Python's (and torch's) sign convention: follows the divisor
 binary("fmod", np.fmod)  # C's convention: the sign follows the dividend
 binary("eq", np.equal, result="bool")

@@ -233,7 +233,10 @@ def _index_select(ctx):
     x, dim, idx = ctx.args[0], ctx.args[1], ctx.args[2]
     if idx.type.rank == 0:  # index_select keeps the axis: a 0-d index selects a slab of one
         idx = _reshape_to(ctx, idx, (1,))
-    return ctx.emit("index", [x, idx], {"axes": (_axis(dim, x.type.rank),)})
+    if x.type.rank == 0:  # a 0-d input is a vector of one here
+        x = _reshape_to(ctx, x, (1,))
+    y = ctx.emit("index", [x, idx], {"axes": (_axis(dim, x.type.rank),)})
+    return _reshape_to(ctx, y, ctx.out_type().shape)
 
 
 @converter("aten.diagonal.default", "aten.diagonal_copy.default")
@@ -300,7 +303,9 @@ def _full_like(ctx):
     return _fill(ctx, ctx.args[1])
 
 
-@converter("aten.zeros.default", "aten.zeros_like.default", "aten.new_zeros.default")
+@converter("aten.zeros.default", "aten.zeros_like.default", "aten.new_zeros.default",
+           "aten.empty_permuted.default", "aten.empty_strided.default", "aten.empty_like.default",
+           "aten.new_empty.default", "aten.new_empty_strided.default")
 def _zeros(ctx):
     return _fill(ctx, 0)
 
@@ -406,11 +411,25 @@ def _upsample_nearest(ctx):
 @converter("aten.index_put.default", "aten._unsafe_index_put.default")
 def _index_put(ctx):
     x, values = ctx.args[0], ctx.args[2]
+    masks = [t for t in ctx.args[1] if t is not None]
+    if len(ctx.args[1]) == 1 and masks and masks[0].type.dtype == DType.bool and \
+            values.type.rank == 0 and not ctx.arg(3, "accumulate", False):
+        return _masked_put(ctx, x, masks[0], values)
     axes, idx = _advanced_indices(ctx.args[1])
     if values.type.dtype != x.type.dtype:
         values = ctx.emit("cast", [values], {"dtype": x.type.dtype})
     return ctx.emit("index_put", [x, values, *idx],
                     {"axes": axes, "accumulate": bool(ctx.arg(3, "accumulate", False))})
+
+
+def _masked_put(ctx, x, mask, value):
+    """x[mask] = v with one value: a where, whatever the mask holds (a mask over the leading
+    dims covers the rest of each indexed slab)."""
+    if mask.type.rank < x.type.rank:
+        mask = _reshape_to(ctx, mask, mask.type.shape + (1,) * (x.type.rank - mask.type.rank))
+    if value.type.dtype != x.type.dtype:
+        value = ctx.emit("cast", [value], {"dtype": x.type.dtype})
+    return ctx.emit("where", [mask, value, x])
 
 
 @converter("aten.index_copy.default")
