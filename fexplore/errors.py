@@ -112,13 +112,17 @@ class NumericMismatchError(VerificationError):
 
 
 class UnsupportedOperatorError(FexploreError):
-    """The model uses an op fexplore has no converter for."""
+    """The model uses an op fexplore has no converter for, or one it cannot compile as used
+    (``reason`` says why: a result whose size depends on the data, a complex operand...)."""
 
     code = "FX400"
 
-    def __init__(self, op: str, *, loc: SourceLoc | None = None, hint: str | None = None):
+    def __init__(self, op: str, *, loc: SourceLoc | None = None, hint: str | None = None,
+                 reason: str | None = None):
         self.op = op
-        super().__init__(f"unsupported operator {op}", loc=loc, hint=hint)
+        self.reason = reason
+        msg = f"unsupported operator {op}" + (f": {reason}" if reason else "")
+        super().__init__(msg, loc=loc, hint=hint)
 
 
 class ExportError(FexploreError):

@@ -511,6 +511,8 @@ case("full", "bf16-0d", [], lambda: torch.full((), 0.1, dtype=torch.bfloat16), s
      value=0.1, dtype=DType.bf16)
 case("full", "bool", [], lambda: torch.full((2, 2), 1, dtype=torch.bool), shape=(2, 2), value=1,
      dtype=DType.bool)
+case("full", "bool-true", [], lambda: torch.full((2, 3), True), shape=(2, 3), value=True,
+     dtype=DType.bool)
 case("full", "i8-neg", [], lambda: torch.full((3,), -3, dtype=torch.int8), shape=(3,), value=-3,
      dtype=DType.i8)
 case("full", "f16-neg-inf", [], lambda: torch.full((2,), -INF, dtype=torch.float16), shape=(2,),
@@ -717,6 +719,8 @@ case("attention", "gqa", [randn(1, 4, 3, 8), randn(1, 2, 5, 8), randn(1, 2, 5, 8
      _sdpa(enable_gqa=True), gqa=True)
 case("attention", "gqa-causal", [randn(2, 6, 4, 4), randn(2, 2, 4, 4), randn(2, 2, 4, 4)],
      _sdpa(enable_gqa=True, is_causal=True), gqa=True, causal=True)
+case("attention", "shared-kv-head", [randn(2, 4, 3, 8), randn(2, 1, 5, 8), randn(2, 1, 5, 8)],
+     _sdpa())
 case("attention", "3d", [randn(2, 4, 8), randn(2, 6, 8), randn(2, 6, 8)], _sdpa())
 # torch rounds the bf16 probabilities before multiplying by v: an output near 0 (a sum that
 # cancels) is off by up to a bf16 ulp of v's magnitude (~1, ulp 2**-7), not of itself

@@ -19,6 +19,12 @@ class Fn(nn.Module):
         return self.fn(self, *xs)
 
 
+def _filled(out, a, b):
+    out[..., :2].copy_(a)
+    out[..., 2:].copy_(b)
+    return out * 2
+
+
 def _cases():
     g = torch.Generator().manual_seed(0)
 
@@ -67,6 +73,32 @@ def _cases():
                 2, 3, 3, stride=2, padding=1, output_padding=1)), (r(1, 2, 4, 5),)),
             "conv_transpose_grouped": (Fn(lambda s, x: s.mods[0](x), nn.ConvTranspose2d(
                 4, 6, (2, 3), stride=(2, 1), groups=2, dilation=(1, 2))), (r(2, 4, 3, 3),)),
+            # the boolean causal mask Hugging Face models build: full(True) then tril
+            "bool_full_causal_mask": (Fn(lambda s, x: x.masked_fill(
+                ~torch.full((4, 4), True, dtype=torch.bool).tril(), -1e9).softmax(-1)),
+                (r(2, 4, 4),)),
+            # a runtime check on a tensor condition (torch._check_tensor_all)
+            "tensor_condition_check": (Fn(lambda s, x: (torch._check_tensor_all(
+                x.abs() < 1e6, lambda: "too big"), x * 2)[1]), (r(3, 4),)),
+            # how a vision-language model writes image features into its placeholder tokens
+            "masked_scatter": (Fn(lambda s, x, src: x.masked_scatter(x[..., :1] > 0, src)),
+                               (r(2, 5, 3), r(2, 5, 3) + 10)),
+            "masked_scatter_same_shape_mask": (Fn(lambda s, x, src: x.masked_scatter(
+                x > 0.5, src)), (r(3, 4), r(12) - 10)),
+            # a negative pad crops: RWKV's time shift is ZeroPad2d((0, 0, 1, -1))
+            "negative_pad_time_shift": (Fn(lambda s, x: s.mods[0](x) + F.pad(x, (-1, 1, 2, -2)),
+                                           nn.ZeroPad2d((0, 0, 1, -1))), (r(2, 5, 4),)),
+            # batch norm over the input's own statistics (BiT's weight standardization)
+            "batch_statistics_norm": (Fn(lambda s, x: F.batch_norm(
+                x, None, None, training=True, eps=1e-6) + F.batch_norm(
+                x, None, None, s.mods[0].weight, s.mods[0].bias, training=True),
+                nn.BatchNorm2d(3)), (r(2, 3, 4, 5) * 3 + 1,)),
+            # an empty tensor filled by slice copies (how DeepSeek-V3 assembles its keys)
+            "new_empty_filled_by_copies": (Fn(lambda s, a, b: _filled(a.new_empty(2, 3, 5), a, b)),
+                                           (r(2, 3, 2), r(2, 3, 3))),
+            # multi-query attention: one key/value head broadcast over the query heads
+            "attention_shared_kv_head": (Fn(lambda s, q, k, v: F.scaled_dot_product_attention(
+                q, k, v)), (r(2, 4, 5, 8), r(2, 1, 5, 8), r(2, 1, 5, 8))),
         }
 
 

@@ -195,6 +195,8 @@ BAD = [
     ("attention-heads", "attention", [f32((1, 4, 3, 8)), f32((1, 2, 5, 8)), f32((1, 2, 5, 8))], {}),
     ("attention-head-dim", "attention", [f32((1, 2, 3, 8)), f32((1, 2, 5, 4)), f32((1, 2, 5, 8))],
      {}),
+    ("attention-batch", "attention", [f32((2, 2, 3, 8)), f32((3, 2, 5, 8)), f32((3, 2, 5, 8))],
+     {}),
     ("arange-step0", "arange", [], {"end": 5, "step": 0}),
     ("attr-kind", "softmax", [f32((4, 5))], {"axis": 1.0}),
     ("attr-unknown", "softmax", [f32((4, 5))], {"axis": 1, "dim": 1}),

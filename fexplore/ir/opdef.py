@@ -40,8 +40,8 @@ _KINDS: dict[str, Callable[[Any], bool]] = {
     "dim": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or isinstance(v, sympy.Expr),
     "scalar": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool))
     or isinstance(v, sympy.Expr),
-    # a value to fill a tensor of any dtype with: a number, a bool (a mask), or a symbolic size
-    "fill": lambda v: isinstance(v, (int, float, bool)) or isinstance(v, sympy.Expr),
+    # a fill value: a number, a bool (a bool tensor's fill) or a symbolic size
+    "literal": lambda v: isinstance(v, (int, float, bool)) or isinstance(v, sympy.Expr),
     "ints": lambda v: isinstance(v, tuple) and all(_KINDS["int"](x) for x in v),
     "dims": lambda v: isinstance(v, tuple) and all(_KINDS["dim"](x) for x in v),
 }

@@ -90,6 +90,11 @@ class _Parser:
 
     def value_name(self) -> str:
         self.expect("%")
+        if self.text.startswith('"', self.pos):  # a quoted name (see printer.value_ref)
+            name = self.string()
+            if not name:
+                self.error("a value name is empty")
+            return name
         m = re.compile(r"[A-Za-z0-9_.]+").match(self.text, self.pos)
         if not m:
             self.error("expected a value name after '%'")

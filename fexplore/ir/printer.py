@@ -12,11 +12,14 @@
 
 Big constants appear by name and content digest; small ones (16 elements or fewer, with no model
 source) are written out. Source files are listed once and referred to as ``f0``, ``f1``, ...
+A value name of other characters than letters, digits, ``_`` and ``.`` is quoted as a JSON string
+(``%"block-1.weight"``), since a PyTorch module or parameter name may hold any character but ``.``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Iterable
 
 import numpy as np
@@ -44,7 +47,7 @@ def _source_files(g: Graph) -> dict[str, str]:
 
 
 def _print(g: Graph, lines: list[str], ind: str, files: dict[str, str], top: bool) -> None:
-    args = ", ".join(f"%{v.name}: {type_str(v.type)}" for v in g.inputs)
+    args = ", ".join(f"{value_ref(v.name)}: {type_str(v.type)}" for v in g.inputs)
     lines.append(f"{ind}graph @{g.name}({args}) {{")
     body = ind + "  "
     for name, (lo, hi) in g.symbols.items():
@@ -60,8 +63,17 @@ def _print(g: Graph, lines: list[str], ind: str, files: dict[str, str], top: boo
             _print(r, lines, body + "  ", files, top=False)
         if n.regions:
             lines.append(f"{body}}}")
-    lines.append(f"{body}return " + ", ".join(f"%{v.name}" for v in g.outputs))
+    lines.append(f"{body}return " + ", ".join(value_ref(v.name) for v in g.outputs))
     lines.append(f"{ind}}}")
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.]+")
+
+
+def value_ref(name: str) -> str:
+    """``%name``; a name with other characters (a module registered as ``"block-1"``, say) is
+    quoted as a JSON string, ``%"block-1.weight"``, so any name reads back."""
+    return f"%{name}" if _PLAIN_NAME.fullmatch(name) else "%" + json.dumps(name)
 
 
 def type_str(t: TensorType) -> str:
@@ -69,7 +81,7 @@ def type_str(t: TensorType) -> str:
 
 
 def constant_str(c: Constant) -> str:
-    head = f"const %{c.name}: {type_str(c.type)} = "
+    head = f"const {value_ref(c.name)}: {type_str(c.type)} = "
     if c.is_inline and c.payload is not None:
         return head + "dense " + dense_str(c.payload, c.type.dtype)
     if c.source is not None:
@@ -127,8 +139,8 @@ def loc_str(loc: SourceLoc | None, files: dict[str, str]) -> str:
 
 def node_str(n: Node, files: dict[str, str] | None = None) -> str:
     files = files if files is not None else {}
-    outs = ", ".join(f"%{v.name}: {type_str(v.type)}" for v in n.outputs)
-    ins = ", ".join(f"%{v.name}" for v in n.inputs)
+    outs = ", ".join(f"{value_ref(v.name)}: {type_str(v.type)}" for v in n.outputs)
+    ins = ", ".join(value_ref(v.name) for v in n.inputs)
     s = f"{outs} = {n.op.name}({ins})"
     # attributes at their OpDef default are left out (the parser puts them back)
     shown = [(k, v) for k, v in n.attrs.items() if not n.op.is_default(k, v)]

@@ -52,6 +52,11 @@ def export_model(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None):
 
 
 def _export(model, args, dynamic_shapes):
+    for i, a in enumerate(torch.utils._pytree.tree_leaves(args)):
+        if isinstance(a, torch.Tensor) and a.is_complex():  # the IR holds complex values inside
+            raise ExportError(f"model input {i} is a complex tensor ({a.dtype})",
+                              hint="pass torch.view_as_real(x) and call torch.view_as_complex "
+                                   "inside the model")
     try:
         ep = torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch raises many kinds; the user needs the message, not our stack

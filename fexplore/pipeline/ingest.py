@@ -17,12 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from fexplore.errors import ExportError, FexploreError, SourceLoc, UnsupportedOperatorError
 from fexplore.ir import Constant, Graph, TensorType, Value
 from fexplore.ir.graph import unique_name
 
-from .convert import CONVERTERS, ConvertContext, ir_dtype
+from .convert import COMPLEX_CONVERTERS, CONVERTERS, ConvertContext, fake_type, ir_dtype, is_complex
 from .symbols import SymbolTable, build_symbol_table
 
 
@@ -47,6 +48,8 @@ def tensor_payload(t: torch.Tensor) -> np.ndarray:
         return t.view(torch.int16).numpy().view(ir_dtype(t.dtype).numpy)
     if t.dtype == torch.float8_e4m3fn:
         return t.view(torch.uint8).numpy().view(ir_dtype(t.dtype).numpy)
+    if t.is_complex():  # the IR's layout of a complex tensor: (..., 2) real pairs, still no copy
+        return torch.view_as_real(t.resolve_conj()).numpy()
     return t.numpy()
 
 
@@ -95,7 +98,7 @@ class GraphBuilder:
 
     def param(self, name: str, tensor: torch.Tensor, source: str | None) -> Constant:
         payload = tensor_payload(tensor)
-        t = TensorType(tuple(payload.shape), ir_dtype(tensor.dtype))
+        t = TensorType(tuple(payload.shape), _dtype_of(payload))
         c = Constant(self._unique(name), t, payload, source=source)
         self.constants.append(c)
         return c
@@ -152,6 +155,10 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
                     # non-tensor user inputs were specialized by export into the graph
                     env[n.name] = val if not isinstance(val, torch.SymInt) else symbols.dim(val)
                     continue
+                if top and is_complex(val):
+                    raise ExportError(f"model input {n.name} is a complex tensor",
+                                      hint="pass torch.view_as_real(x) and call "
+                                           "torch.view_as_complex inside the model")
                 v = Value(b._unique(n.name), _fake_type(val, symbols))
                 env[n.name] = v
                 inputs.append(v)
@@ -164,6 +171,9 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
             if top:
                 _check_outputs(ep)
             for i, o in enumerate(flat):
+                if isinstance(o, torch.fx.Node) and is_complex(o):
+                    raise ExportError(f"model output {i} is a complex tensor",
+                                      hint="return torch.view_as_real(z) instead")
                 v = env.get(o.name) if isinstance(o, torch.fx.Node) else o
                 if not isinstance(v, Value):
                     raise ExportError(f"model output {i} is not a tensor ({v!r})",
@@ -186,7 +196,7 @@ def _check_outputs(ep) -> None:
 
 
 def _fake_type(val: torch.Tensor, symbols: SymbolTable) -> TensorType:
-    return TensorType(tuple(symbols.dim(d) for d in val.shape), ir_dtype(val.dtype))
+    return fake_type(val, symbols.dim)  # complex64 -> f32[..., 2]
 
 
 _SKIPPED = ("aten._assert_scalar", "aten._assert_tensor_metadata", "aten.sym_constrain_range",
@@ -210,8 +220,18 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
     if isinstance(val, (torch.SymBool, torch.SymFloat, bool, float)):
         return val
     loc = source_loc(n)
-    _refuse_data_dependent(n, target, env, symbols, loc)
-    conv = CONVERTERS.get(target)
+    _refuse_data_dependent(n, target, loc)
+    if _touches_complex(n):
+        conv = COMPLEX_CONVERTERS.get(target)
+        if conv is None:
+            raise UnsupportedOperatorError(
+                target, loc=loc, reason="on complex tensors",
+                hint="the IR holds a complex tensor as real pairs (view_as_real's layout); "
+                     "fexplore.pipeline.convert.COMPLEX_CONVERTERS lists the ops it knows on "
+                     "them. Add one with "
+                     f"@fexplore.pipeline.convert.complex_converter({target!r})")
+    else:
+        conv = CONVERTERS.get(target)
     if conv is None:
         if target.startswith(("aten.", "prims.", "higher_order.")):
             hint = (f"fexplore has no converter for {target} yet; add one with "
@@ -234,19 +254,43 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
     return result
 
 
-def _refuse_data_dependent(n, target: str, env, symbols: SymbolTable, loc) -> None:
-    """An op whose arguments or result have a size read from a tensor's values cannot have a
-    static shape: refuse it on the user's line, saying why."""
-    args = _map(list(n.args) + list(n.kwargs.values()), env)
+def _touches_complex(n) -> bool:
+    """Whether a node reads or makes a complex tensor (its converter then comes from the
+    complex table: the real one would misread the real-pair layout)."""
     val = n.meta.get("val")
-    shapes = [v.shape for v in (val if isinstance(val, (list, tuple)) else [val])
-              if isinstance(v, torch.Tensor)]
-    if symbols.depends_on_data(args) or \
-            any(symbols.depends_on_data(tuple(symbols.dim(d) for d in s)) for s in shapes):
-        from .convert.out_of_scope import _DATA_DEPENDENT
+    outs = val if isinstance(val, (list, tuple)) else [val]
+    return any(is_complex(v) for v in outs) or any(is_complex(a) for a in n.all_input_nodes)
 
-        raise UnsupportedOperatorError(
-            target, loc=loc, hint=f"fexplore does not compile this use of the op: {_DATA_DEPENDENT}")
+
+# What a data-dependent op is, in the user's words (the reason names any other op plainly).
+_DATA_DEPENDENT = {
+    "aten.index.Tensor": "boolean-mask indexing (x[mask]) keeps as many elements as the mask has",
+    "aten.nonzero.default": "nonzero (also torch.where(mask) with one argument) gives as many "
+                            "indices as there are true elements",
+    "aten.bincount.default": "bincount's length is the largest input value + 1",
+    "aten.masked_select.default": "masked_select keeps as many elements as the mask has",
+}
+
+
+def _refuse_data_dependent(n, target: str, loc) -> None:
+    """A result whose size torch could only name with an unbacked symbol (``u0``) depends on
+    the values of the op's inputs (nonzero, boolean-mask indexing, bincount, unique...). The IR
+    has static or input-derived shapes only, so such an op is refused here, by name and line."""
+    val = n.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    for v in vals:
+        if isinstance(v, torch.Tensor) and free_unbacked_symbols(tuple(v.shape)):
+            what = _DATA_DEPENDENT.get(target, "this op")
+            raise UnsupportedOperatorError(
+                target, loc=loc,
+                reason=f"{what}: the size of its result [{', '.join(map(str, v.shape))}] "
+                       "depends on the values of its input, not only on its shape",
+                hint="fexplore compiles programs whose shapes follow from the input shapes; "
+                     "write it densely: torch.where(mask, x, 0) instead of x[mask], "
+                     "F.one_hot(x, n).sum(0) or torch.histc instead of bincount, every expert "
+                     "on every token weighted by its routing weight (or scatter/index_add into "
+                     "fixed-capacity slots) instead of each expert's tokens from "
+                     "torch.where(mask)")
 
 
 def op_key(target) -> str:

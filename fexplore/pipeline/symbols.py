@@ -22,7 +22,6 @@ class SymbolTable:
     def __init__(self):
         self.to_ir: dict[sympy.Symbol, sympy.Symbol] = {}
         self.ranges: dict[str, tuple[int, int | None]] = {}
-        self.data_dependent: set[sympy.Symbol] = set()  # IR symbols of sizes read from data
 
     def add(self, torch_sym: sympy.Symbol, name: str, lo: int, hi: int | None) -> None:
         taken = {s.name for s in self.to_ir.values()}
@@ -31,17 +30,6 @@ class SymbolTable:
             name, k = f"{base}_{k}", k + 1
         self.to_ir[torch_sym] = symbol(name)
         self.ranges[name] = (lo, hi)
-        if _is_unbacked(torch_sym):
-            self.data_dependent.add(self.to_ir[torch_sym])
-
-    def depends_on_data(self, x) -> bool:
-        """Whether a converted argument (a dim, or a list of them) is a size read from a tensor's
-        values (``.item()``, a tensor of split points): no static shape can hold it."""
-        if isinstance(x, sympy.Expr):
-            return bool(x.free_symbols & self.data_dependent)
-        if isinstance(x, (list, tuple)):
-            return any(self.depends_on_data(y) for y in x)
-        return False
 
     def dim(self, d):
         """A torch dim (int, SymInt or sympy expr) as an IR dim."""
@@ -89,28 +77,12 @@ def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
     table = SymbolTable()
     names = _dim_names(user_inputs, dynamic_shapes, forward)
     for sym, vr in ep.range_constraints.items():
-        # a data-dependent size (from .item(), a tensor of split points) may be unbounded below
-        lo, hi = _finite(vr.lower), _finite(vr.upper)
-        lo = 0 if lo is None else lo
+        # an unbounded end is sympy's oo or torch's int_oo (which calls itself finite); a size
+        # read from data (.item(), a tensor of split points) may be unbounded below too
+        lo = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
+        hi = int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None
         table.add(sym, names.get(sym, sym.name), lo, hi)
     return table
-
-
-def _is_unbacked(sym) -> bool:
-    try:
-        from torch.utils._sympy.symbol import SymT, symbol_is_type
-
-        return symbol_is_type(sym, SymT.UNBACKED_INT)
-    except ImportError:  # older torch: unbacked sizes are named u0, u1, ...
-        return sym.name.startswith("u")
-
-
-def _finite(bound) -> int | None:
-    """A range bound as an int, None for an infinite one (sympy's oo or torch's int_oo)."""
-    try:
-        return int(bound) if bound.is_finite else None
-    except (TypeError, ValueError, AttributeError, OverflowError):
-        return None
 
 
 def _dim_names(user_inputs, dynamic_shapes, forward) -> dict:

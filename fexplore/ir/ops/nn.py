@@ -351,8 +351,17 @@ def _sdpa_type(ins, a):
         raise TypeRuleError("attention: q, k, v must share a rank >= 2")
     if not dims_equal(q.shape[-1], k.shape[-1]) or not dims_equal(k.shape[-2], v.shape[-2]):
         raise TypeRuleError(f"attention: q {q}, k {k}, v {v} do not fit together")
-    if q.rank >= 3 and not a["gqa"] and not dims_equal(q.shape[-3], k.shape[-3]):
-        raise TypeRuleError("attention: head counts differ; set gqa for grouped-query attention")
+    # batch and head axes: k and v match q's or broadcast from 1 (multi-query attention with
+    # one shared key/value head is written that way), except gqa's grouped head axis
+    for ax in range(-q.rank, -2):
+        for t in (k, v):
+            if dims_equal(t.shape[ax], q.shape[ax]) or t.shape[ax] == 1:
+                continue
+            if ax == -3 and a["gqa"]:
+                continue
+            raise TypeRuleError(f"attention: k {k} / v {v} do not broadcast to q {q} on axis "
+                                f"{ax}" + ("; set gqa for grouped-query attention" if ax == -3
+                                           else ""))
     return [TensorType(q.shape[:-1] + (v.shape[-1],), a["out_dtype"] or q.dtype)]
 
 

@@ -1,7 +1,9 @@
 """ATen -> fexplore converters. Importing this package fills the registry."""
 
-from . import control, elementwise, movement, nn, reduction  # noqa: F401
+from . import complex, control, elementwise, movement, nn, reduction  # noqa: F401
 from . import out_of_scope  # noqa: F401  (last: it never shadows a real converter)
-from .registry import CONVERTERS, ConvertContext, converter, ir_dtype, torch_dtype
+from .registry import (COMPLEX_CONVERTERS, CONVERTERS, ConvertContext, complex_converter, converter,
+                       fake_type, ir_dtype, is_complex, torch_dtype)
 
-__all__ = ["CONVERTERS", "ConvertContext", "converter", "ir_dtype", "torch_dtype"]
+__all__ = ["CONVERTERS", "COMPLEX_CONVERTERS", "ConvertContext", "converter", "complex_converter",
+           "fake_type", "ir_dtype", "is_complex", "torch_dtype"]

@@ -200,8 +200,28 @@ def _pad(ctx):
         raise NotImplementedError(f"pad mode {mode!r}")
     value = ctx.kwargs.get("value", ctx.arg(3 if "pad.default" in str(ctx.node.target) else 2))
     value = 0.0 if value is None else value
+    x, pads = _crop_negative_pads(ctx, x, pads)
+    if not any(pads):
+        return x
     return ctx.emit("pad", [x], {"pads": pads, "value": float(value) if isinstance(
         value, float) else value})
+
+
+def _crop_negative_pads(ctx, x, pads):
+    """torch reads a negative pad as a crop (nn.ZeroPad2d((0, 0, 1, -1)) shifts a sequence by
+    one); the IR's pad is non-negative, so crops become slices first."""
+    pads = list(pads)
+    for i in range(len(pads) // 2):
+        before, after = pads[2 * i], pads[2 * i + 1]
+        if not (isinstance(before, int) and before < 0 or isinstance(after, int) and after < 0):
+            continue
+        ax = x.type.rank - 1 - i
+        size = x.type.shape[ax]
+        start = -before if before < 0 else 0
+        end = size + after if after < 0 else size
+        x = ctx.emit("slice", [x], {"axis": ax, "start": start, "end": end})
+        pads[2 * i], pads[2 * i + 1] = max(before, 0), max(after, 0)
+    return x, tuple(pads)
 
 
 @converter("aten.gather.default")
@@ -281,7 +301,7 @@ def _fill(ctx, value):
     if isinstance(value, Value):  # a 0-d tensor as the fill value (full_like(x, t), fill(x, t))
         return ctx.emit("expand", [_cast_to(ctx, value, t.dtype)], {"shape": t.shape})
     if t.dtype == DType.bool and isinstance(value, (int, float)):
-        value = bool(value)
+        value = bool(value)  # a bool tensor's fill reads true/false in the IR text
     elif isinstance(value, bool):
         value = int(value)
     if t.dtype.is_float and isinstance(value, int):
@@ -303,10 +323,18 @@ def _full_like(ctx):
     return _fill(ctx, ctx.args[1])
 
 
-@converter("aten.zeros.default", "aten.zeros_like.default", "aten.new_zeros.default",
-           "aten.empty_permuted.default", "aten.empty_strided.default", "aten.empty_like.default",
-           "aten.new_empty.default", "aten.new_empty_strided.default")
+@converter("aten.zeros.default", "aten.zeros_like.default", "aten.new_zeros.default")
 def _zeros(ctx):
+    return _fill(ctx, 0)
+
+
+# torch leaves empty tensors' contents unspecified and a model writes them before reading (DeepSeek
+# assembles its keys with new_empty and two slice copies); zeros are one valid content, and a
+# deterministic one, so a read of an unwritten element shows as a mismatch against eager. Its
+# memory format (channels_last, say) is a layout, which the layout stage decides.
+@converter("aten.empty.memory_format", "aten.empty_like.default", "aten.new_empty.default",
+           "aten.empty_strided.default", "aten.empty_permuted.default")
+def _empty(ctx):
     return _fill(ctx, 0)
 
 
@@ -486,3 +514,32 @@ def _select_scatter(ctx):
         index = x.type.shape[ax] + index
     src = ctx.emit("reshape", [src], {"shape": src.type.shape[:ax] + (1,) + src.type.shape[ax:]})
     return ctx.emit("slice_scatter", [x, src], {"axis": ax, "start": index, "end": index + 1})
+
+
+@converter("aten.masked_scatter.default")
+def _masked_scatter(ctx):
+    # out[mask] = source's elements in order (how a VLM writes image features into the
+    # placeholder tokens): the k-th true position of the flattened mask takes source.flat[k],
+    # i.e. a gather at cumsum(mask) - 1, kept only where the mask is true.
+    x, mask, src = ctx.args[0], ctx.args[1], ctx.args[2]
+    shape = x.type.shape
+    n = 1
+    for d in shape:
+        n = n * d
+    if mask.type.shape != shape:
+        mask = ctx.emit("expand", [mask], {"shape": shape})
+    flat_mask = _reshape_to(ctx, mask, (n,))
+    pos = ctx.emit("sub", [ctx.emit("cumsum", [ctx.emit("cast", [flat_mask], {"dtype": DType.i64})],
+                                    {"axis": 0}), 1])
+    m = 1
+    for d in src.type.shape:
+        m = m * d
+    # positions before the first true element are -1 and past the source's end are out of range;
+    # neither is kept by the where, but the gather must stay in bounds
+    pos = ctx.emit("clamp", [pos], {"min": 0, "max": m - 1}) if isinstance(m, int) else \
+        ctx.emit("maximum", [pos, 0])
+    if src.type.dtype != x.type.dtype:
+        src = ctx.emit("cast", [src], {"dtype": x.type.dtype})
+    taken = ctx.emit("index", [_reshape_to(ctx, src, (m,)), pos], {"axes": (0,)})
+    out = ctx.emit("where", [flat_mask, taken, _reshape_to(ctx, x, (n,))])
+    return _reshape_to(ctx, out, shape)

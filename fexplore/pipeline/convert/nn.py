@@ -60,14 +60,21 @@ def _pair(v):
     return v * 2 if len(v) == 1 else v
 
 
-@converter("aten.conv2d.default", "aten.conv1d.default", "aten.convolution.default")
+def _ntuple(v, k: int) -> tuple:
+    v = (v,) if isinstance(v, int) else tuple(v)
+    return v * k if len(v) == 1 else v
+
+
+@converter("aten.conv2d.default", "aten.conv1d.default", "aten.conv3d.default",
+           "aten.convolution.default")
 def _conv(ctx):
     target = str(ctx.node.target)
     x, w = ctx.args[0], ctx.args[1]
     b = ctx.arg(2, "bias")
-    transposed, out_pad = False, None
     if target == "aten.convolution.default":
         stride, padding, dilation, transposed, out_pad, groups = ctx.args[3:9]
+        if transposed:
+            return _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups)
     else:
         stride = ctx.arg(3, "stride", (1,))
         padding = ctx.arg(4, "padding", (0,))
@@ -76,72 +83,119 @@ def _conv(ctx):
     if isinstance(padding, str):
         raise NotImplementedError(f"string padding {padding!r}; export gives explicit padding "
                                   "for most models")
-    spatial = w.type.rank - 2
-    if x.type.rank == spatial + 1:  # an unbatched (C, *spatial) input: a batch of one
-        x = _add_batch(ctx, x)
-        if transposed:
-            y = _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups)
-        else:
-            y = _conv_batched(ctx, x, w, b, stride, padding, dilation, groups)
-        return _drop_batch(ctx, y)
-    if transposed:
-        return _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups)
-    return _conv_batched(ctx, x, w, b, stride, padding, dilation, groups)
+    k = w.type.rank - 2  # spatial axes: the weight's say, whether or not x has a batch axis
+    args = (_ntuple(stride, k), _ntuple(padding, k), _ntuple(dilation, k), groups)
+    if x.type.rank == k + 1:  # unbatched (C, *S): a batch of one
+        x = ctx.emit("reshape", [x], {"shape": (1,) + x.type.shape})
+        y = _conv_nd(ctx, x, w, b, *args)
+        return ctx.emit("reshape", [y], {"shape": y.type.shape[1:]})
+    return _conv_nd(ctx, x, w, b, *args)
 
 
-def _add_batch(ctx, x):
-    return ctx.emit("reshape", [x], {"shape": (1,) + x.type.shape})
-
-
-def _drop_batch(ctx, y):
-    return ctx.emit("reshape", [y], {"shape": y.type.shape[1:]})
-
-
-def _conv_batched(ctx, x, w, b, stride, padding, dilation, groups):
-    one_d = x.type.rank == 3
-    if one_d:  # conv1d is conv2d over a unit height
+def _conv_nd(ctx, x, w, b, stride, padding, dilation, groups):
+    """A convolution over any number of spatial axes as the IR's one conv2d: 1-D over a unit
+    height; 3-D (video) and up by folding the first spatial axis away, recursively."""
+    k = x.type.rank - 2
+    bias = [b] if b is not None else []
+    if k == 2:
+        return ctx.emit("conv2d", [x, w] + bias, {"stride": stride, "padding": padding,
+                                                 "dilation": dilation, "groups": groups})
+    if k == 1:  # conv1d is conv2d over a unit height
         x = ctx.emit("reshape", [x], {"shape": x.type.shape[:2] + (1,) + x.type.shape[2:]})
         w = ctx.emit("reshape", [w], {"shape": w.type.shape[:2] + (1,) + w.type.shape[2:]})
-        stride, padding, dilation = ((1,) + tuple(stride), (0,) + tuple(padding),
-                                     (1,) + tuple(dilation))
-    y = ctx.emit("conv2d", [x, w] + ([b] if b is not None else []),
-                 {"stride": _pair(stride), "padding": _pair(padding),
-                  "dilation": _pair(dilation), "groups": groups})
-    if one_d:
-        y = ctx.emit("reshape", [y], {"shape": y.type.shape[:2] + y.type.shape[3:]})
-    return y
+        y = _conv_nd(ctx, x, w, b, (1,) + stride, (0,) + padding, (1,) + dilation, groups)
+        return ctx.emit("reshape", [y], {"shape": y.type.shape[:2] + y.type.shape[3:]})
+    if k < 1:
+        raise NotImplementedError(f"convolution of a rank-{x.type.rank} input")
+    return _conv_fold_first_axis(ctx, x, w, b, stride, padding, dilation, groups)
+
+
+def _conv_fold_first_axis(ctx, x, w, b, stride, padding, dilation, groups):
+    """Convolution over (D, *S) as one over S: the KD depth taps become input channels (each
+    tap's depth-strided slice of the padded input, stacked group by group as grouped
+    convolution wants them) and the output depths join the batch. One contraction; the input
+    is read KD times, as im2col does along that axis."""
+    n, c, d = x.type.shape[:3]
+    rest = x.type.shape[3:]
+    o, cg, kd = w.type.shape[:3]
+    krest = w.type.shape[3:]
+    (sd, *ss), (pd, *ps), (dd, *ds) = stride, padding, dilation
+    if not isinstance(d, int):
+        raise NotImplementedError("convolution along a symbolic leading spatial dim")
+    if pd:
+        x = ctx.emit("pad", [x], {"pads": (0, 0) * len(rest) + (pd, pd), "value": 0.0})
+    dp = d + 2 * pd
+    do = (dp - dd * (kd - 1) - 1) // sd + 1
+    taps = []
+    for j in range(kd):  # tap j sees input depths j*dd, j*dd + sd, ...
+        t = x
+        if not (j * dd == 0 and sd == 1 and do == dp):
+            t = ctx.emit("slice", [x], {"axis": 2, "start": j * dd,
+                                        "end": j * dd + sd * (do - 1) + 1, "step": sd})
+        taps.append(ctx.emit("reshape", [t], {"shape": (n, c, 1, do) + rest}))
+    x = taps[0] if kd == 1 else ctx.emit("concat", taps, {"axis": 2})
+    # (N, C, KD, Do, *S) -> (N, G, C/G, KD, Do, *S) -> (N, Do, G, KD, C/G, *S) -> (N*Do, G*KD*C/G, *S)
+    x = ctx.emit("reshape", [x], {"shape": (n, groups, cg, kd, do) + rest})
+    r = len(rest)
+    x = ctx.emit("permute", [x], {"perm": (0, 4, 1, 3, 2) + tuple(range(5, 5 + r))})
+    x = ctx.emit("reshape", [x], {"shape": (n * do, groups * kd * cg) + rest})
+    # (O, C/G, KD, *K) -> (O, KD, C/G, *K) -> (O, KD*C/G, *K)
+    w = ctx.emit("permute", [w], {"perm": (0, 2, 1) + tuple(range(3, 3 + r))})
+    w = ctx.emit("reshape", [w], {"shape": (o, kd * cg) + krest})
+    y = _conv_nd(ctx, x, w, b, tuple(ss), tuple(ps), tuple(ds), groups)
+    y = ctx.emit("reshape", [y], {"shape": (n, do, o) + y.type.shape[2:]})
+    return ctx.emit("permute", [y], {"perm": (0, 2, 1) + tuple(range(3, 3 + r))})
 
 
 def _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups):
-    """A transposed convolution is a plain one over the input with zeros between its pixels,
+    """A transposed convolution is a plain one over the input with zeros between its elements,
     with the kernel flipped and its in/out channels swapped (per group), and the padding
-    mirrored. Built from IR ops; the weight rearrangement folds away at compile time."""
-    if x.type.rank != 4:
-        raise NotImplementedError("transposed convolution other than 2-D")
-    n, c, h, wd = x.type.shape
-    cin, cout_g, kh, kw = w.type.shape
-    (sh, sw), (ph, pw), (dh, dw), (oph, opw) = (_pair(stride), _pair(padding), _pair(dilation),
-                                                _pair(out_pad))
-    pad_h, pad_w = dh * (kh - 1) - ph, dw * (kw - 1) - pw
-    if pad_h < 0 or pad_w < 0:
-        raise NotImplementedError("transposed convolution with padding beyond the kernel")
-    if sh > 1 or sw > 1:  # zeros between pixels: (N,C,H,1,W,1) padded to (N,C,H,sh,W,sw)
-        x = ctx.emit("reshape", [x], {"shape": (n, c, h, 1, wd, 1)})
-        x = ctx.emit("pad", [x], {"pads": (0, sw - 1, 0, 0, 0, sh - 1), "value": 0.0})
-        x = ctx.emit("reshape", [x], {"shape": (n, c, h * sh, wd * sw)})
-        x = ctx.emit("slice", [x], {"axis": 2, "start": 0, "end": (h - 1) * sh + 1})
-        x = ctx.emit("slice", [x], {"axis": 3, "start": 0, "end": (wd - 1) * sw + 1})
-    x = ctx.emit("pad", [x], {"pads": (pad_w, pad_w + opw, pad_h, pad_h + oph), "value": 0.0})
-    flip_h = ctx.b.literal(np.arange(kh - 1, -1, -1, dtype=np.int64), f"{ctx.node.name}.fliph")
-    flip_w = ctx.b.literal(np.arange(kw - 1, -1, -1, dtype=np.int64), f"{ctx.node.name}.flipw")
-    w = ctx.emit("index", [w, flip_h], {"axes": (2,)})
-    w = ctx.emit("index", [w, flip_w], {"axes": (3,)})
-    # (Cin, Cout/g, k, k) -> (g, Cin/g, Cout/g, k, k) -> (g, Cout/g, Cin/g, k, k) -> (Cout, Cin/g..)
-    w = ctx.emit("reshape", [w], {"shape": (groups, cin // groups, cout_g, kh, kw)})
-    w = ctx.emit("permute", [w], {"perm": (0, 2, 1, 3, 4)})
-    w = ctx.emit("reshape", [w], {"shape": (groups * cout_g, cin // groups, kh, kw)})
-    return ctx.emit("conv2d", [x, w] + ([b] if b is not None else []),
-                    {"stride": (1, 1), "padding": (0, 0), "dilation": (dh, dw), "groups": groups})
+    mirrored; any number of spatial axes (1-d for audio decoders, 3-d for video ones), each
+    handled the same way. Built from IR ops; the weight rearrangement folds away at compile
+    time."""
+    k = w.type.rank - 2
+    if x.type.rank == k + 1:  # unbatched (C, *S): a batch of one
+        x = ctx.emit("reshape", [x], {"shape": (1,) + x.type.shape})
+        y = _conv_transpose(ctx, x, w, b, stride, padding, dilation, out_pad, groups)
+        return ctx.emit("reshape", [y], {"shape": y.type.shape[1:]})
+    stride, padding, dilation, out_pad = (_ntuple(v, k) for v in (stride, padding, dilation,
+                                                                 out_pad))
+    cin, cout_g = w.type.shape[:2]
+    ksize = w.type.shape[2:]
+    for i in range(k):
+        ax, s = 2 + i, stride[i]
+        size = x.type.shape[ax]
+        if s > 1:  # zeros between elements: (.., L, 1, ..) padded to (.., L, s, ..), merged
+            shape = x.type.shape
+            x = ctx.emit("reshape", [x], {"shape": shape[:ax + 1] + (1,) + shape[ax + 1:]})
+            x = ctx.emit("pad", [x], {"pads": _axis_pads(x.type.rank, ax + 1, 0, s - 1),
+                                      "value": 0.0})
+            x = ctx.emit("reshape", [x], {"shape": shape[:ax] + (size * s,) + shape[ax + 1:]})
+            x = ctx.emit("slice", [x], {"axis": ax, "start": 0, "end": (size - 1) * s + 1})
+        # the mirrored padding: dilation*(k-1) - padding each side, plus output_padding after;
+        # a negative amount crops instead
+        before = dilation[i] * (ksize[i] - 1) - padding[i]
+        after = before + out_pad[i]
+        if before > 0 or after > 0:
+            x = ctx.emit("pad", [x], {"pads": _axis_pads(x.type.rank, ax, max(before, 0),
+                                                         max(after, 0)), "value": 0.0})
+        if before < 0 or after < 0:
+            full = x.type.shape[ax]
+            x = ctx.emit("slice", [x], {"axis": ax, "start": max(-before, 0),
+                                        "end": full - max(-after, 0)})
+        flip = ctx.b.literal(np.arange(ksize[i] - 1, -1, -1, dtype=np.int64),
+                             f"{ctx.node.name}.flip{i}")
+        w = ctx.emit("index", [w, flip], {"axes": (ax,)})
+    # (Cin, Cout/g, *K) -> (g, Cin/g, Cout/g, *K) -> (g, Cout/g, Cin/g, *K) -> (Cout, Cin/g, *K)
+    w = ctx.emit("reshape", [w], {"shape": (groups, cin // groups, cout_g) + ksize})
+    w = ctx.emit("permute", [w], {"perm": (0, 2, 1) + tuple(range(3, 3 + k))})
+    w = ctx.emit("reshape", [w], {"shape": (groups * cout_g, cin // groups) + ksize})
+    return _conv_nd(ctx, x, w, b, (1,) * k, (0,) * k, tuple(dilation), groups)
+
+
+def _axis_pads(rank: int, axis: int, before: int, after: int) -> tuple:
+    """The pad op's pads (torch's order, last axis first) padding one axis."""
+    return (0, 0) * (rank - 1 - axis) + (before, after)
 
 
 @converter("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default",
@@ -246,6 +300,14 @@ def _rms_norm(ctx):
                     {"ndim": len(shape), "eps": None if eps is None else float(eps)})
 
 
+def _add_batch(ctx, x):
+    return ctx.emit("reshape", [x], {"shape": (1,) + x.type.shape})
+
+
+def _drop_batch(ctx, y):
+    return ctx.emit("reshape", [y], {"shape": y.type.shape[1:]})
+
+
 def _unbatched_pool(conv):
     """Pooling converters take (C, H, W) inputs as a batch of one, as torch does."""
 
@@ -291,6 +353,65 @@ def _avg_pool(ctx, x):
 def _adaptive_avg_pool(ctx, x):
     out = ctx.out_type().shape[-2:]
     return ctx.emit("adaptive_avg_pool2d", [x], {"output_size": tuple(out)})
+
+
+# -- 3-D (video) pooling: separable, a 2-D pool over (H, W), then one over D ------------------
+
+def _pool3d(ctx, x, op, inner: dict, outer: dict):
+    """Pool (N, C, D, H, W) over (H, W) with ``inner`` attrs on (N, C*D, H, W), then over D with
+    ``outer`` attrs on (N, C, D, Ho*Wo). Max and mean over a box are max and mean over its
+    axes one at a time, and torch's window sizes (padding, ceil_mode) are per-axis products."""
+    n, c, d, h, w = x.type.shape
+    y = ctx.emit("reshape", [x], {"shape": (n, c * d, h, w)})
+    y = ctx.emit(op, [y], inner)
+    ho, wo = y.type.shape[2:]
+    y = ctx.emit("reshape", [y], {"shape": (n, c, d, ho * wo)})
+    y = ctx.emit(op, [y], outer)
+    return ctx.emit("reshape", [y], {"shape": (n, c, y.type.shape[2], ho, wo)})
+
+
+def _split_hw_d(v, k=3):
+    v = _ntuple(v, k)
+    return tuple(v[1:]), v[0]
+
+
+@converter("aten.max_pool3d_with_indices.default", "aten.max_pool3d.default")
+def _max_pool3d(ctx):
+    x = ctx.args[0]
+    (k, kd), (s, sd) = _split_hw_d(ctx.arg(1, "kernel_size")), \
+        _split_hw_d(ctx.arg(2, "stride") or ctx.arg(1, "kernel_size"))
+    (p, pd), (dl, dd) = _split_hw_d(ctx.arg(3, "padding", (0,))), \
+        _split_hw_d(ctx.arg(4, "dilation", (1,)))
+    ceil = bool(ctx.arg(5, "ceil_mode", False))
+    y = _pool3d(ctx, x, "max_pool2d",
+                {"kernel": k, "stride": s, "padding": p, "dilation": dl, "ceil_mode": ceil},
+                {"kernel": (kd, 1), "stride": (sd, 1), "padding": (pd, 0), "dilation": (dd, 1),
+                 "ceil_mode": ceil})
+    return y if str(ctx.node.target) == "aten.max_pool3d.default" else (y, None)
+
+
+@converter("aten.avg_pool3d.default")
+def _avg_pool3d(ctx):
+    x = ctx.args[0]
+    (k, kd) = _split_hw_d(ctx.arg(1, "kernel_size"))
+    (s, sd) = _split_hw_d(ctx.arg(2, "stride") or ctx.arg(1, "kernel_size"))
+    (p, pd) = _split_hw_d(ctx.arg(3, "padding", (0,)))
+    ceil = bool(ctx.arg(4, "ceil_mode", False))
+    include = bool(ctx.arg(5, "count_include_pad", True))
+    override = ctx.arg(6, "divisor_override")
+    common = {"ceil_mode": ceil, "count_include_pad": include,
+              "divisor": 1 if override is not None else None}  # an override: sums, then divide
+    y = _pool3d(ctx, x, "avg_pool2d", {"kernel": k, "stride": s, "padding": p, **common},
+                {"kernel": (kd, 1), "stride": (sd, 1), "padding": (pd, 0), **common})
+    return ctx.emit("div", [y, float(override)]) if override is not None else y
+
+
+@converter("aten.adaptive_avg_pool3d.default", "aten._adaptive_avg_pool3d.default")
+def _adaptive_avg_pool3d(ctx):
+    x = ctx.args[0]
+    od, oh, ow = ctx.out_type().shape[-3:]
+    return _pool3d(ctx, x, "adaptive_avg_pool2d", {"output_size": (oh, ow)},
+                   {"output_size": (od, oh * ow)})
 
 
 @converter("aten.scaled_dot_product_attention.default")

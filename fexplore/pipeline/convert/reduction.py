@@ -42,12 +42,14 @@ for _aten, _ir in [("sum", "sum"), ("mean", "mean"), ("amax", "amax"), ("amin", 
                    ("any", "any")]:
     converter(f"aten.{_aten}.dim_IntList", f"aten.{_aten}.default", f"aten.{_aten}.dim",
               f"aten.{_aten}.dims")(_reduce(_ir))
+# the 0-d tensor torch.export puts before a runtime check (torch._check on a tensor condition)
+converter("aten._is_any_true.default")(_reduce("any"))
 
 converter("aten.max.default")(_reduce("amax"))
 converter("aten.min.default")(_reduce("amin"))
 
 
-@converter("aten.all.default", "aten.all.dim", "aten.all.dims")
+@converter("aten.all.default", "aten.all.dim", "aten.all.dims", "aten._is_all_true.default")
 def _all(ctx):
     # all(x) == not any(not x)
     x = ctx.args[0]
@@ -193,3 +195,39 @@ def _sort(ctx):
         axis, desc = ctx.arg(1, "dim", -1), ctx.arg(2, "descending", False)
     return ctx.emit("sort", [x], {"axis": _ax(axis, x.type.rank), "descending": bool(desc)},
                     n_results=2)
+
+
+@converter("aten.histc.default")
+def _histc(ctx):
+    """torch.histc (an MoE router's expert load, say): each element's bin is
+    trunc((x - min) * bins / (max - min)), computed in x's dtype in torch's order, the value max
+    falling in the last bin and values outside [min, max] in none; the counts are a scatter-add
+    of ones into ``bins`` zeros. min == max == 0 (the default) takes the data's own range."""
+    x = ctx.args[0]
+    bins = int(ctx.arg(1, "bins", 100))
+    lo, hi = ctx.arg(2, "min", 0), ctx.arg(3, "max", 0)
+    dt = x.type.dtype
+    n = 1
+    for d in x.type.shape:
+        n = n * d
+    x = ctx.emit("reshape", [x], {"shape": (n,)}) if x.type.shape != (n,) else x
+    if lo == hi == 0:  # the data's range, widened by one either way when it is a single value
+        lo = ctx.emit("amin", [x], {"axes": (0,)})
+        hi = ctx.emit("amax", [x], {"axes": (0,)})
+        same = ctx.emit("eq", [lo, hi])
+        lo = ctx.emit("where", [same, ctx.emit("sub", [lo, 1]), lo])
+        hi = ctx.emit("where", [same, ctx.emit("add", [hi, 1]), hi])
+    else:
+        lo, hi = float(lo), float(hi)
+        if lo == hi:
+            lo, hi = lo - 1, hi + 1
+        lo, hi = ctx.scalar(lo, dt), ctx.scalar(hi, dt)
+    pos = ctx.emit("div", [ctx.emit("mul", [ctx.emit("sub", [x, lo]), bins]),
+                           ctx.emit("sub", [hi, lo])])
+    inside = ctx.emit("logical_and", [ctx.emit("ge", [x, lo]), ctx.emit("le", [x, hi])])
+    pos = ctx.emit("clamp", [ctx.emit("cast", [pos], {"dtype": DType.i64})],
+                   {"min": 0, "max": bins - 1})
+    pos = ctx.emit("where", [inside, pos, 0])  # NaN and out-of-range: any bin, weight 0
+    ones = ctx.emit("cast", [inside], {"dtype": dt})
+    zeros = ctx.emit("full", [], {"shape": (bins,), "value": 0.0, "dtype": dt})
+    return ctx.emit("scatter", [zeros, pos, ones], {"axis": 0, "reduce": "add"})

@@ -20,6 +20,9 @@ from fexplore.ir.types import promote_types
 
 Converter = Callable[["ConvertContext"], Any]
 CONVERTERS: dict[str, Converter] = {}
+# Converters for nodes that read or make complex tensors (see complex.py); ingestion picks this
+# table for such a node, so a real converter never sees a complex value in its real layout.
+COMPLEX_CONVERTERS: dict[str, Converter] = {}
 
 
 def converter(*targets: str):
@@ -27,11 +30,19 @@ def converter(*targets: str):
     (``"aten.add.Tensor"``), so that a lookup needs no torch op objects."""
 
     def deco(fn: Converter) -> Converter:
-        for t in targets:
-            CONVERTERS[t] = fn
+        _add(CONVERTERS, targets, fn)
         return fn
 
     return deco
+
+
+def _add(table: dict[str, Converter], targets, fn: Converter) -> None:
+    # Two converters for one overload would leave the one imported last silently in charge.
+    for t in targets:
+        if t in table and table[t] is not fn:
+            raise ValueError(f"{t} already has a converter ({table[t].__module__}."
+                             f"{table[t].__name__}); one overload, one converter")
+        table[t] = fn
 
 
 _TORCH_DTYPES = {
@@ -39,6 +50,41 @@ _TORCH_DTYPES = {
     torch.float8_e4m3fn: DType.fp8, torch.int64: DType.i64, torch.int32: DType.i32,
     torch.int16: DType.i16, torch.int8: DType.i8, torch.uint8: DType.u8, torch.bool: DType.bool,
 }
+
+
+def complex_converter(*targets: str):
+    """Register the converter of ATen overloads for nodes touching complex tensors."""
+
+    def deco(fn: Converter) -> Converter:
+        _add(COMPLEX_CONVERTERS, targets, fn)
+        return fn
+
+    return deco
+
+
+# The IR has no complex dtype: a complex tensor is its view_as_real layout, a real tensor with a
+# trailing axis of 2 (real, imaginary), of the matching real dtype.
+_COMPLEX_PARTS = {torch.complex64: torch.float32, torch.complex128: torch.float64,
+                  torch.complex32: torch.float16}
+
+
+def is_complex(x) -> bool:
+    """Whether an FX node's value (or a fake tensor) is a complex tensor."""
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+    return isinstance(val, torch.Tensor) and val.dtype in _COMPLEX_PARTS
+
+
+def fake_type(val: torch.Tensor, dim: Callable) -> TensorType:
+    """The IR type of a torch (fake) tensor; a complex one in its real layout, ``[..., 2]``."""
+    shape = tuple(dim(d) for d in val.shape)
+    if val.dtype in _COMPLEX_PARTS:
+        return TensorType(shape + (2,), ir_dtype(_COMPLEX_PARTS[val.dtype]))
+    return TensorType(shape, ir_dtype(val.dtype))
+
+
+def part_dtype(dt: torch.dtype) -> DType:
+    """The IR dtype holding a torch dtype's values: a complex dtype's real part's."""
+    return ir_dtype(_COMPLEX_PARTS.get(dt, dt))
 
 
 def ir_dtype(dt: torch.dtype) -> DType:
@@ -78,7 +124,7 @@ class ConvertContext:
     def out_type(self, i: int | None = None) -> TensorType:
         """The type torch computed for result i (or the only result)."""
         val = self.meta if i is None else self.meta[i]
-        return TensorType(tuple(self.b.symbols.dim(d) for d in val.shape), ir_dtype(val.dtype))
+        return fake_type(val, self.b.symbols.dim)
 
     def arg(self, i: int, name: str | None = None, default=None):
         if i < len(self.args):

@@ -1,0 +1,484 @@
+"""Real models from the ecosystem: Hugging Face ``transformers`` architectures, each built from a
+tiny config with random weights (nothing is downloaded), compiled through every stage.
+
+For each model: every stage verifies (structure, and numbers against eager on the example inputs
+and fresh random ones), the compiled model matches eager, every stage's graph round-trips through
+its text, and the bf16 compile stays within bf16's tolerance. Random-init networks can output
+near-zero values that any comparison would pass, so the outputs' spread is asserted, and the
+convolutional nets get variance-preserving weights and non-trivial batch-norm statistics.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+import transformers as T
+from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+
+import fexplore
+from fexplore import cli, ir
+
+VOCAB = 96
+SEQ = 8
+
+
+def _ids(s: int = SEQ, b: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (b, s))
+
+
+class Out(torch.nn.Module):
+    """Runs a Hugging Face model and returns plain tensors: one field of its output (or several)."""
+
+    def __init__(self, model, *fields: str):
+        super().__init__()
+        self.model = model
+        self.fields = fields or ("logits",)
+
+    def forward(self, *args):
+        out = self.model(*args)
+        got = tuple(out[f] for f in self.fields)
+        return got[0] if len(got) == 1 else got
+
+
+def _llm(cls, config_cls, **extra):
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+               use_cache=False)
+    cfg.update(extra)
+    return Out(cls(config_cls(**cfg)).eval()), (_ids(),)
+
+
+def _conditioned(model: torch.nn.Module) -> torch.nn.Module:
+    """Variance-preserving conv/linear weights and batch norms with real statistics: a deep
+    random-init CNN otherwise outputs values near zero, which any comparison passes."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+                fan_in = m.weight[0].numel()
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) / math.sqrt(fan_in))
+                if m.bias is not None:
+                    m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
+            elif isinstance(m, torch.nn.BatchNorm2d):
+                n = m.num_features
+                m.running_mean.copy_(0.2 * torch.randn(n, generator=g))
+                m.running_var.copy_(0.5 + torch.rand(n, generator=g))
+                m.weight.copy_(0.5 + torch.rand(n, generator=g))
+                m.bias.copy_(0.1 * torch.randn(n, generator=g))
+    return model.eval()
+
+
+# -- decoder LLMs -------------------------------------------------------------------------------
+
+def gpt2():
+    c = T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                     use_cache=False, bos_token_id=0, eos_token_id=0)
+    return Out(T.GPT2LMHeadModel(c).eval()), (_ids(),)
+
+
+def llama():
+    return _llm(T.LlamaForCausalLM, T.LlamaConfig)
+
+
+def qwen2():
+    return _llm(T.Qwen2ForCausalLM, T.Qwen2Config)
+
+
+def qwen3():
+    return _llm(T.Qwen3ForCausalLM, T.Qwen3Config, head_dim=8)
+
+
+def mistral():
+    return _llm(T.MistralForCausalLM, T.MistralConfig, sliding_window=4)
+
+
+def phi():
+    return _llm(T.PhiForCausalLM, T.PhiConfig)
+
+
+def phi3():
+    return _llm(T.Phi3ForCausalLM, T.Phi3Config, pad_token_id=0)
+
+
+def gemma():
+    return _llm(T.GemmaForCausalLM, T.GemmaConfig, head_dim=8)
+
+
+def gemma2():
+    return _llm(T.Gemma2ForCausalLM, T.Gemma2Config, head_dim=8, sliding_window=4)
+
+
+def olmo():
+    return _llm(T.OlmoForCausalLM, T.OlmoConfig, pad_token_id=0)
+
+
+def starcoder2():
+    return _llm(T.Starcoder2ForCausalLM, T.Starcoder2Config)
+
+
+def gpt_neox():
+    c = T.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=64, use_cache=False)
+    return Out(T.GPTNeoXForCausalLM(c).eval()), (_ids(),)
+
+
+def gptj():
+    c = T.GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+                     n_positions=64, use_cache=False, bos_token_id=0, eos_token_id=0)
+    return Out(T.GPTJForCausalLM(c).eval()), (_ids(),)
+
+
+def falcon():  # multi-query attention: one key/value head broadcast over the query heads
+    c = T.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, use_cache=False)
+    return Out(T.FalconForCausalLM(c).eval()), (_ids(),)
+
+
+def bloom():  # ALiBi positions
+    c = T.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, use_cache=False)
+    return Out(T.BloomForCausalLM(c).eval()), (_ids(),)
+
+
+def opt():
+    c = T.OPTConfig(vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                    num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+                    use_cache=False)
+    return Out(T.OPTForCausalLM(c).eval()), (_ids(),)
+
+
+# -- mixture of experts (the batched_mm expert kernel: the default grouped_mm one routes with
+# histc and a data-dependent grouped matmul) -------------------------------------------------------
+
+def mixtral():
+    return _llm(T.MixtralForCausalLM, T.MixtralConfig, num_local_experts=4, num_experts_per_tok=2,
+                experts_implementation="batched_mm")
+
+
+def qwen2_moe():
+    return _llm(T.Qwen2MoeForCausalLM, T.Qwen2MoeConfig, num_experts=4, num_experts_per_tok=2,
+                moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                experts_implementation="batched_mm")
+
+
+# -- state-space model ----------------------------------------------------------------------------
+
+def mamba():
+    c = T.MambaConfig(vocab_size=VOCAB, hidden_size=32, state_size=8, num_hidden_layers=1,
+                      expand=2, conv_kernel=4, use_cache=False)
+    return Out(T.MambaForCausalLM(c).eval()), (_ids(),)
+
+
+# -- a decode step on a real KV cache -------------------------------------------------------------
+
+class DecodeStep(torch.nn.Module):
+    """One token on top of a prompt's cache: (logits, the updated DynamicCache)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, cache):
+        # the cache by position and the output by index: the keyword is being renamed
+        # (past_key_values -> cache) across transformers releases
+        logits, cache = self.model(ids, None, None, cache, use_cache=True)[:2]
+        return logits, cache
+
+
+def llama_decode_dynamic_cache():
+    """A DynamicCache in and out, as transformers' own torch.export support registers it."""
+    m = _llm(T.LlamaForCausalLM, T.LlamaConfig, use_cache=True)[0].model
+    register_cache_pytrees_for_model(m)
+    with torch.no_grad():
+        cache = m(_ids(), use_cache=True)[1]
+    return DecodeStep(m), (_ids(1), cache)
+
+
+class TensorCacheDecodeStep(torch.nn.Module):
+    """The cache as stacked tensors (layers, batch, kv heads, positions, head dim), the way a
+    serving stack keeps it: (logits, keys, values) with the new position appended."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, keys, values):
+        cache = T.DynamicCache(config=self.model.config)
+        for i in range(keys.shape[0]):
+            cache.update(keys[i], values[i], i)
+        logits, cache = self.model(ids, None, None, cache, use_cache=True)[:2]
+        layers = cache.layers
+        return (logits, torch.stack([c.keys for c in layers]),
+                torch.stack([c.values for c in layers]))
+
+
+def qwen2_decode_tensor_cache():
+    m = _llm(T.Qwen2ForCausalLM, T.Qwen2Config, use_cache=True)[0].model
+    with torch.no_grad():
+        layers = m(_ids(), use_cache=True)[1].layers
+    keys = torch.stack([c.keys for c in layers])
+    values = torch.stack([c.values for c in layers])
+    return TensorCacheDecodeStep(m), (_ids(1), keys, values)
+
+
+# -- encoders -------------------------------------------------------------------------------------
+
+_ENC = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, max_position_embeddings=64)
+
+
+def bert():  # with a padding mask
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    mask[1, -3:] = 0
+    return Out(T.BertModel(T.BertConfig(**_ENC)).eval(), "last_hidden_state"), (_ids(b=2), mask)
+
+
+def roberta():
+    return Out(T.RobertaModel(T.RobertaConfig(**_ENC, pad_token_id=1)).eval(),
+               "last_hidden_state"), (_ids(),)
+
+
+def distilbert():
+    c = T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                           max_position_embeddings=64)
+    return Out(T.DistilBertModel(c).eval(), "last_hidden_state"), (_ids(),)
+
+
+def albert():
+    return Out(T.AlbertModel(T.AlbertConfig(**_ENC, embedding_size=16)).eval(),
+               "last_hidden_state"), (_ids(),)
+
+
+# -- vision ---------------------------------------------------------------------------------------
+
+def _image(size: int = 32) -> torch.Tensor:
+    return torch.randn(1, 3, size, size)
+
+
+_VIT = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=64)
+
+
+def vit():
+    return Out(T.ViTForImageClassification(T.ViTConfig(**_VIT, num_labels=10)).eval()), (_image(),)
+
+
+def deit():
+    return Out(T.DeiTModel(T.DeiTConfig(**_VIT)).eval(), "last_hidden_state"), (_image(),)
+
+
+def dinov2():
+    c = T.Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, mlp_ratio=2)
+    return Out(T.Dinov2Model(c).eval(), "last_hidden_state"), (_image(),)
+
+
+def swin():
+    c = T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                     window_size=4, num_labels=10)
+    return Out(T.SwinForImageClassification(c).eval()), (_image(),)
+
+
+def convnext():
+    c = T.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
+                         num_labels=10)
+    return Out(_conditioned(T.ConvNextForImageClassification(c))), (_image(),)
+
+
+def resnet():
+    c = T.ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                       layer_type="bottleneck", num_labels=10)
+    return Out(_conditioned(T.ResNetForImageClassification(c))), (_image(),)
+
+
+def mobilenet_v2():  # depthwise convolutions, ReLU6
+    c = T.MobileNetV2Config(image_size=32, depth_multiplier=0.25, num_labels=10)
+    return Out(_conditioned(T.MobileNetV2ForImageClassification(c))), (_image(),)
+
+
+def segformer():  # overlapping patch embeddings, efficient attention, an upsampling decode head
+    c = T.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                          hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+                          decoder_hidden_size=32, patch_sizes=[7, 3], strides=[4, 2],
+                          mlp_ratios=[2, 2], num_labels=4)
+    return Out(_conditioned(T.SegformerForSemanticSegmentation(c))), (_image(),)
+
+
+# -- speech ---------------------------------------------------------------------------------------
+
+def whisper():  # encoder over mel features, and a decoder step over its output
+    c = T.WhisperConfig(vocab_size=VOCAB, num_mel_bins=16, d_model=32, encoder_layers=1,
+                        decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+                        encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=16,
+                        max_target_positions=16, pad_token_id=0, bos_token_id=1,
+                        eos_token_id=2, decoder_start_token_id=1, use_cache=False)
+    return (Out(T.WhisperForConditionalGeneration(c).eval()),
+            (torch.randn(1, 16, 32), None, _ids(4)))
+
+
+_W2V = dict(vocab_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+            intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+            num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4)
+
+
+def wav2vec2():
+    c = T.Wav2Vec2Config(**_W2V, do_stable_layer_norm=True, feat_extract_norm="layer")
+    return Out(T.Wav2Vec2ForCTC(c).eval()), (torch.randn(1, 400),)
+
+
+def hubert():  # group-norm feature extractor
+    return Out(T.HubertModel(T.HubertConfig(**_W2V)).eval(), "last_hidden_state"), \
+        (torch.randn(1, 400),)
+
+
+# -- multimodal -----------------------------------------------------------------------------------
+
+def clip():
+    text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=4, max_position_embeddings=16)
+    vision = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64,
+                  num_hidden_layers=1, num_attention_heads=4)
+    c = T.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
+    return Out(T.CLIPModel(c).eval(), "logits_per_image", "text_embeds", "image_embeds"), \
+        (_ids(b=2), _image())
+
+
+IMAGE_TOKEN = 100
+
+
+class ImagePrompt(torch.nn.Module):
+    """A LLaVA prompt: two text tokens, the image's placeholder tokens, then the rest of the text.
+    (Built inside the model, so fresh random token ids keep the placeholder count right.)"""
+
+    def __init__(self, model, image_tokens: int):
+        super().__init__()
+        self.model = model
+        self.image_tokens = image_tokens
+
+    def forward(self, text, pixels):
+        img = torch.full((text.shape[0], self.image_tokens), IMAGE_TOKEN, dtype=text.dtype)
+        ids = torch.cat([text[:, :2], img, text[:, 2:]], dim=1)
+        return self.model(ids, pixels).logits
+
+
+def llava():
+    vision = T.CLIPVisionConfig(image_size=16, patch_size=8, hidden_size=32, intermediate_size=64,
+                                num_hidden_layers=1, num_attention_heads=4)
+    text = T.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    c = T.LlavaConfig(vision_config=vision, text_config=text, image_token_id=IMAGE_TOKEN,
+                      vision_feature_layer=-1, image_seq_length=4)
+    return ImagePrompt(T.LlavaForConditionalGeneration(c).eval(), 4), (_ids(6), _image(16))
+
+
+# -- encoder-decoder ------------------------------------------------------------------------------
+
+def t5():
+    c = T.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                   num_decoder_layers=1, num_heads=4, use_cache=False)
+    return Out(T.T5ForConditionalGeneration(c).eval()), (_ids(), None, _ids(4))
+
+
+def bart():
+    c = T.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
+                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                     decoder_ffn_dim=64, max_position_embeddings=32, use_cache=False)
+    return Out(T.BartForConditionalGeneration(c).eval()), (_ids(), None, _ids(4))
+
+
+FACTORIES = {f.__name__: f for f in [
+    gpt2, llama, qwen2, qwen3, mistral, phi, phi3, gemma, gemma2, olmo, starcoder2, gpt_neox, gptj,
+    falcon, bloom, opt, mixtral, qwen2_moe, mamba, llama_decode_dynamic_cache,
+    qwen2_decode_tensor_cache, bert, roberta, distilbert, albert, vit, deit, dinov2, swin, convnext,
+    resnet, mobilenet_v2, segformer, whisper, wav2vec2, hubert, clip, llava, t5, bart]}
+
+DECODER_LLMS = ["gpt2", "llama", "qwen2", "qwen3", "mistral", "phi", "phi3", "gemma", "gemma2",
+                "olmo", "starcoder2", "gpt_neox", "gptj", "falcon", "bloom", "opt", "mixtral",
+                "qwen2_moe", "llama_decode_dynamic_cache", "qwen2_decode_tensor_cache"]
+
+
+def build(name):
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return FACTORIES[name]()
+
+
+def _leaves(x):
+    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+def _eager(model, inputs):
+    # on a copy: a DynamicCache input grows in place when the model runs
+    with torch.no_grad():
+        return model(*copy.deepcopy(inputs))
+
+
+def _assert_spread(want):
+    """Outputs a comparison can fail on: finite, and not all (near) one value."""
+    for w in _leaves(want):
+        if w.dtype.is_floating_point:
+            assert torch.isfinite(w).all()
+            assert float(w.float().std()) > 1e-2, "near-constant output: a comparison proves nothing"
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_hf_model_compiles_verifies_and_round_trips(name):
+    model, inputs = build(name)
+    want = _eager(model, inputs)
+    _assert_spread(want)
+
+    cm = fexplore.compile(model, inputs)
+
+    table = cm.verification
+    assert list(table["stage"]) == [r.name for r in cm.stages]
+    assert table["ok"].all() and table["structural"].all(), table
+    assert (table["input_sets"] >= 2).all()
+
+    got = cm(*inputs)
+    assert pytree.tree_structure(got) == pytree.tree_structure(want)
+    for g, w in zip(_leaves(got), _leaves(want)):
+        scale = max(1.0, float(w.abs().max()))
+        torch.testing.assert_close(g, w, rtol=1.3e-6, atol=2e-5 * scale)
+
+    for rec in cm.stages:
+        g = rec.after
+        assert ir.parse(str(g), payloads=g.payloads) == g, rec.name
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_hf_model_in_bf16(name):
+    model, inputs = build(name)
+    want = _eager(model, inputs)
+    cm = fexplore.compile(model, inputs, precision="bf16")
+    assert cm.verification["ok"].all(), cm.verification
+    got = cm(*inputs)
+    errs = []
+    for g, w in zip(_leaves(got), _leaves(want)):
+        if not w.dtype.is_floating_point:
+            continue
+        scale = max(1.0, float(w.abs().max()))
+        err = float((g.float() - w.float()).abs().max())
+        assert err <= 0.05 * scale, (err, scale)  # a few bf16 roundings (2^-8 each) deep
+        errs.append(err)
+    assert max(errs) > 0  # the bf16 compile really computed in bf16
+
+
+
+def test_the_readmes_hugging_face_factory_compiles_from_the_command_line(tmp_path, monkeypatch,
+                                                                          capsys):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(r"```python\n# my_llm.py\n(.*?)```", readme, re.S)
+    assert block, "the README's Hugging Face example is gone"
+    (tmp_path / "my_llm.py").write_text(textwrap.dedent(block.group(1)))
+    monkeypatch.chdir(tmp_path)
+    with torch.random.fork_rng():
+        assert cli.main(["compile", "my_llm:tiny_llama", "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled @forward" in out and "✓" in out and "✗" not in out
