@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fexplore.ir import DType
+
 from .registry import ConvertContext, converter
 
 
@@ -401,9 +403,13 @@ def _avg_pool3d(ctx):
     override = ctx.arg(6, "divisor_override")
     common = {"ceil_mode": ceil, "count_include_pad": include,
               "divisor": 1 if override is not None else None}  # an override: sums, then divide
+    dt = x.type.dtype
+    if not dt.is_float:  # a mean of means is the mean only without rounding in between
+        x = ctx.emit("cast", [x], {"dtype": DType.f64})
     y = _pool3d(ctx, x, "avg_pool2d", {"kernel": k, "stride": s, "padding": p, **common},
                 {"kernel": (kd, 1), "stride": (sd, 1), "padding": (pd, 0), **common})
-    return ctx.emit("div", [y, float(override)]) if override is not None else y
+    y = ctx.emit("div", [y, float(override)]) if override is not None else y
+    return y if dt.is_float else ctx.emit("cast", [y], {"dtype": dt})  # truncates, as torch
 
 
 @converter("aten.adaptive_avg_pool3d.default", "aten._adaptive_avg_pool3d.default")
