@@ -517,6 +517,18 @@ case("full", "i8-neg", [], lambda: torch.full((3,), -3, dtype=torch.int8), shape
      dtype=DType.i8)
 case("full", "f16-neg-inf", [], lambda: torch.full((2,), -INF, dtype=torch.float16), shape=(2,),
      value=-INF, dtype=DType.f16)
+case("full", "bool-true-mask", [], lambda: torch.full((2, 3), True), shape=(2, 3), value=True,
+     dtype=DType.bool)
+case("full", "bool-false-0d", [], lambda: torch.full((), False), shape=(), value=False,
+     dtype=DType.bool)
+case("full", "true-into-f32", [], lambda: torch.full((2,), True, dtype=torch.float32), shape=(2,),
+     value=True, dtype=DType.f32)
+case("full", "f64", [], lambda: torch.full((2,), 0.1, dtype=torch.float64), shape=(2,),
+     value=0.1, dtype=DType.f64)
+case("full", "u8-empty", [], lambda: torch.full((0, 2), 200, dtype=torch.uint8), shape=(0, 2),
+     value=200, dtype=DType.u8)
+case("full", "i16", [], lambda: torch.full((3,), -300, dtype=torch.int16), shape=(3,),
+     value=-300, dtype=DType.i16)
 case("full", "float-value-i32", [], lambda: torch.full((2,), -2.7, dtype=torch.int32), shape=(2,),
      value=-2.7, dtype=DType.i32)
 
@@ -598,6 +610,7 @@ case("max_pool2d", "bf16", [randn(1, 2, 6, 6, dtype=bf16)], _maxpool((3, 3), (2,
      kernel=(3, 3), stride=(2, 2), padding=(1, 1))
 case("max_pool2d", "i64-padding", [randint(-99, 0, 1, 2, 5, 5)], _maxpool((2, 2), (2, 2), (1, 1)),
      kernel=(2, 2), stride=(2, 2), padding=(1, 1))
+
 
 
 def _avgpool(kernel, stride, padding=(0, 0), ceil_mode=False, count_include_pad=True,
@@ -766,6 +779,117 @@ case("slice_scatter", "middle", [randn(4, 6), randn(4, 2)],
      lambda x, v: torch.slice_scatter(x, v, 1, 2, 4), axis=1, start=2, end=4)
 case("slice_scatter", "strided", [randn(6, 3), randn(3, 3)],
      lambda x, v: torch.slice_scatter(x, v, 0, 0, 6, 2), axis=0, start=0, end=5, step=2)
+
+
+# -- added with the OpInfo conformance run: new ops, 0-d and empty operands --------------------
+# (at the end, so that the seeded inputs of the cases above stay what they were)
+
+# the rest of torch's unary float math: f32, a 0-d operand, an empty one, ints promoted to f32
+_unit = (lambda *s, **k: _rng.uniform(-0.95, 0.95, size=s).astype(k.get("dtype", np.float32)))
+_DOMAINS = {"exp2": lambda *s, **k: randn(*s, **k, scale=3.0), "log2": positive, "log10": positive,
+            "tan": randn, "asin": _unit, "acos": _unit, "atan": lambda *s, **k: randn(*s, **k, scale=4.0),
+            "sinh": lambda *s, **k: randn(*s, **k, scale=3.0),
+            "cosh": lambda *s, **k: randn(*s, **k, scale=3.0),
+            "asinh": lambda *s, **k: randn(*s, **k, scale=5.0),
+            "acosh": lambda *s, **k: positive(*s, **k, lo=1.0, hi=9.0), "atanh": _unit}
+for name, domain in _DOMAINS.items():
+    tfn = getattr(torch, name)
+    case(name, "f32", [domain(3, 4)], tfn)
+    case(name, "bf16", [domain(2, 5, dtype=bf16)], tfn)
+    case(name, "0d", [domain().reshape(())], tfn)
+    case(name, "empty", [domain(0, 3)], tfn)
+    case(name, "i32", [randint(1, 3, 5, dtype=np.int32)], tfn)
+case("trunc", "f32", [_halves], torch.trunc)
+case("trunc", "i32", [randint(-50, 50, 5, dtype=np.int32)], torch.trunc)
+case("trunc", "0d-f16", [scalar(-2.7, np.float16)], torch.trunc)
+case("atan2", "broadcast", [randn(3, 1, 5), randn(4, 5)], torch.atan2)
+case("atan2", "signs-zeros", [arr([0.0, -0.0, 0.0, -0.0, 1.0, -1.0, INF, NAN]),
+                              arr([0.0, 0.0, -0.0, -0.0, -INF, INF, INF, 1.0])], torch.atan2)
+case("atan2", "i64-0d-f32", [randint(-9, 9, 2, 3), scalar(-1.5)], torch.atan2)
+case("atan2", "i32-i32", [randint(-9, 9, 4, dtype=np.int32), randint(-9, 9, 4, dtype=np.int32)],
+     torch.atan2)
+
+for name in ("bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"):
+    tfn = getattr(torch, name)
+    case(name, "i64", [randint(-100, 100, 3, 4), randint(0, 8, 4)], tfn)
+    case(name, "i32-wide-shifts", [randint(-100, 100, 5, dtype=np.int32),
+                                   arr([0, 31, 32, 40, 3], np.int32)], tfn)
+    case(name, "u8-0d", [randint(0, 255, 4, dtype=np.uint8), scalar(3, np.int64)], tfn)
+case("bitwise_xor", "bool", [randbool(2, 3), randbool(3)], torch.bitwise_xor)
+case("copysign", "f32", [randn(3, 4), arr([1.0, -1.0, 0.0, -0.0])], torch.copysign)
+case("copysign", "i64-f32", [randint(-9, 9, 4), randn(4)], torch.copysign)
+for name in ("fmax", "fmin"):
+    case(name, "nan", [arr([NAN, 1.0, NAN, -INF]), arr([0.0, NAN, NAN, 2.0])], getattr(torch, name))
+    case(name, "i32-i64", [randint(-9, 9, 4, dtype=np.int32), randint(-9, 9, 3, 1)],
+         getattr(torch, name))
+
+case("cumsum", "0d", [scalar(2.5)], lambda x: torch.cumsum(x, 0), axis=0)
+case("cumsum", "empty", [randn(0)], lambda x: torch.cumsum(x, 0), axis=0)
+case("softmax", "0d", [scalar(2.5)], lambda x: torch.softmax(x, -1), axis=-1)
+case("softmax", "empty-rows", [randn(0, 3)], lambda x: torch.softmax(x, -1), axis=-1)
+case("log_softmax", "empty-axis", [randn(2, 0)], lambda x: torch.log_softmax(x, -1), axis=-1)
+case("argmax", "0d", [scalar(2.5)], lambda x: torch.argmax(x, 0), axis=0)
+case("sort", "0d", [scalar(2.5)], lambda x: torch.sort(x, 0), axis=0)
+case("topk", "0d", [scalar(2.5)], lambda x: torch.topk(x, 1, 0), k=1, axis=0)
+case("cumprod", "f32", [randn(3, 6)], lambda x: torch.cumprod(x, -1), axis=-1)
+case("cumprod", "i32-to-i64", [randint(-5, 5, 3, 4, dtype=np.int32)],
+     lambda x: torch.cumprod(x, 0), axis=0)
+case("cumprod", "bool-0d", [np.asarray(True)], lambda x: torch.cumprod(x, 0), axis=0)
+_ties = arr([[1.0, 3.0, 3.0, 2.0, 5.0, 5.0], [NAN, 1.0, 2.0, NAN, 0.0, 9.0]])
+for name in ("cummax", "cummin"):
+    tfn = getattr(torch, name)
+    case(name, "ties-nan", [_ties], lambda x, f=tfn: f(x, 1), axis=1)
+    case(name, "f32-axis0", [randn(4, 3)], lambda x, f=tfn: f(x, 0), axis=0)
+    case(name, "i64", [randint(-3, 3, 2, 7)], lambda x, f=tfn: f(x, -1), axis=-1)
+    case(name, "bool", [randbool(9)], lambda x, f=tfn: f(x, 0), axis=0)
+    case(name, "0d", [scalar(1.5)], lambda x, f=tfn: f(x, 0), axis=0)
+    case(name, "empty", [randn(0, 2)], lambda x, f=tfn: f(x, 0), axis=0)
+
+def _maxpool_idx(kernel, stride, padding=(0, 0), dilation=(1, 1), ceil_mode=False):
+    return lambda x: F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode,
+                                  return_indices=True)
+
+
+case("max_pool2d_with_indices", "2x2", [randn(2, 3, 6, 6)], _maxpool_idx((2, 2), (2, 2)),
+     kernel=(2, 2), stride=(2, 2))
+case("max_pool2d_with_indices", "pad-dil-ceil", [randn(1, 2, 8, 7)],
+     _maxpool_idx((2, 3), (3, 2), (1, 1), (2, 1), ceil_mode=True),
+     kernel=(2, 3), stride=(3, 2), padding=(1, 1), dilation=(2, 1), ceil_mode=True)
+case("max_pool2d_with_indices", "ties-i64", [randint(0, 2, 1, 2, 5, 5)],
+     _maxpool_idx((3, 3), (2, 2), (1, 1)), kernel=(3, 3), stride=(2, 2), padding=(1, 1))
+for name, tfn in (("argmax", torch.argmax), ("argmin", torch.argmin)):
+    case(name, "u8-ties", [arr([[3, 0, 255, 255], [7, 7, 1, 0]], np.uint8)],
+         lambda x, f=tfn: f(x, 1), axis=1)
+    case(name, "nan-first", [arr([[1.0, NAN, 3.0, NAN], [-INF, 2.0, -INF, 0.0]])],
+         lambda x, f=tfn: f(x, 1, keepdim=True), axis=1, keepdim=True)
+    case(name, "flat", [randn(3, 4)], lambda x, f=tfn: f(x))
+for name in ("isnan", "isinf"):
+    tfn = getattr(torch, name)
+    case(name, "special", [arr([0.0, NAN, INF, -INF, -0.0, 1e38])], tfn)
+    case(name, "bf16-0d", [scalar(INF, bf16)], tfn)
+    case(name, "i32", [randint(-5, 5, 4, dtype=np.int32)], tfn)
+    case(name, "bool-empty", [np.zeros((0, 2), bool)], tfn)
+case("signbit", "f32", [arr([-1.0, -0.0, 0.0, 2.0, -INF, NAN])], torch.signbit)
+case("signbit", "i64-0d", [scalar(-3, np.int64)], torch.signbit)
+case("signbit", "bool", [randbool(4)], torch.signbit)
+case("pow", "i64-negative-exponents", [arr([1, -1, -1, 2, -3, 5], np.int64),
+                                       arr([-2, -3, -4, -1, -2, 2], np.int64)], torch.pow)
+_sx, _si = randn(3, 4), arr([[0, 0, 1], [3, 3, 3], [2, 1, 0]], np.int64)
+for _red, _ir in (("sum", "add"), ("prod", "mul"), ("amax", "amax"), ("amin", "amin"),
+                  ("mean", "mean")):
+    for _incl in (True, False):
+        case("scatter", f"reduce-{_red}-{'self' if _incl else 'noself'}", [_sx, _si, randn(3, 3)],
+             lambda x, i, s, r=_red, inc=_incl: x.scatter_reduce(1, i, s, r, include_self=inc),
+             axis=1, reduce=_ir, include_self=_incl)
+case("scatter", "reduce-mean-i64-floor", [arr([5, -5, 7], np.int64), arr([0, 1, 1, 2], np.int64),
+                                          arr([2, -4, 1, 0], np.int64)],
+     lambda x, i, s: x.scatter_reduce(0, i, s, "mean"), axis=0, reduce="mean")
+case("scatter", "reduce-amax-i32-noself", [randint(-9, 9, 5, dtype=np.int32),
+                                          arr([0, 0, 4], np.int64), randint(-9, 9, 3, dtype=np.int32)],
+     lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False), axis=0,
+     reduce="amax", include_self=False)
+case("hypot", "f32", [randn(3, 4), randn(4)], torch.hypot)
+case("hypot", "inf-nan", [arr([INF, NAN, 3.0, -0.0]), arr([NAN, INF, -4.0, 0.0])], torch.hypot)
 
 
 COVERED = {c.op for c in CASES}

@@ -23,13 +23,16 @@ REGION_OPS = {"region", "cond"}
 
 # numpy (ml_dtypes) dtype of each torch dtype the opset uses
 TORCH_TO_NUMPY = {
+    torch.float64: np.dtype(np.float64),
     torch.float32: np.dtype(np.float32),
     torch.float16: np.dtype(np.float16),
     torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
     torch.float8_e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn),
     torch.int64: np.dtype(np.int64),
     torch.int32: np.dtype(np.int32),
+    torch.int16: np.dtype(np.int16),
     torch.int8: np.dtype(np.int8),
+    torch.uint8: np.dtype(np.uint8),
     torch.bool: np.dtype(np.bool_),
 }
 NUMPY_TO_TORCH = {v: k for k, v in TORCH_TO_NUMPY.items()}
@@ -40,6 +43,7 @@ NUMPY_TO_TORCH = {v: k for k, v in TORCH_TO_NUMPY.items()}
 # own (f16 eps ~1e-3, bf16 eps ~7.8e-3): torch rounds some intermediates to the storage dtype,
 # the reference does not. fp8 results come from a conversion both sides do exactly.
 TOLERANCE = {
+    np.dtype(np.float64): (1e-12, 1e-12),
     np.dtype(np.float32): (1.3e-6, 1e-5),
     np.dtype(np.float16): (1e-3, 1e-5),
     np.dtype(ml_dtypes.bfloat16): (1.6e-2, 1e-5),

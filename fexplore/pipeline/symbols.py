@@ -77,8 +77,9 @@ def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
     table = SymbolTable()
     names = _dim_names(user_inputs, dynamic_shapes, forward)
     for sym, vr in ep.range_constraints.items():
-        lo = int(vr.lower)
-        # an unbounded upper end is sympy's oo or torch's int_oo (which calls itself finite)
+        # an unbounded end is sympy's oo or torch's int_oo (which calls itself finite); a size
+        # read from data (.item(), a tensor of split points) may be unbounded below too
+        lo = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
         hi = int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None
         table.add(sym, names.get(sym, sym.name), lo, hi)
     return table

@@ -85,9 +85,21 @@ unary("expm1", np.expm1, flops=4)
 unary("sqrt", np.sqrt, flops=2)
 unary("rsqrt", lambda x: 1.0 / np.sqrt(x), flops=2)
 unary("reciprocal", lambda x: 1.0 / x)
+unary("exp2", np.exp2, flops=4)
+unary("log2", np.log2, flops=4)
+unary("log10", np.log10, flops=4)
 unary("sin", np.sin, flops=4)
 unary("cos", np.cos, flops=4)
 unary("tanh", np.tanh, flops=4)
+unary("tan", np.tan, flops=4)
+unary("asin", np.arcsin, flops=4)
+unary("acos", np.arccos, flops=4)
+unary("atan", np.arctan, flops=4)
+unary("sinh", np.sinh, flops=4)
+unary("cosh", np.cosh, flops=4)
+unary("asinh", np.arcsinh, flops=4)
+unary("acosh", np.arccosh, flops=4)
+unary("atanh", np.arctanh, flops=4)
 unary("erf", erf, flops=8)
 unary("sigmoid", sigmoid, flops=4)
 unary("silu", lambda x: x * sigmoid(x), flops=5)
@@ -99,7 +111,20 @@ unary("relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), float_only=False)
 unary("floor", np.floor, float_only=False)
 unary("ceil", np.ceil, float_only=False)
 unary("round", np.round, float_only=False)
+unary("trunc", np.trunc, float_only=False)
 unary("sign", _sign, float_only=False)
+register(OpDef("signbit", Category.elementwise,
+               lambda ins, a: [TensorType(ins[0].shape, DType.bool)],
+               lambda xs, a: [np.signbit(xs[0]) if xs[0].dtype.kind != "b"
+                              else np.zeros(xs[0].shape, bool)], elementwise_cost(1)))
+register(OpDef("isnan", Category.elementwise,
+               lambda ins, a: [TensorType(ins[0].shape, DType.bool)],
+               lambda xs, a: [np.isnan(xs[0]) if xs[0].dtype.kind == "f"
+                              else np.zeros(xs[0].shape, bool)], elementwise_cost(1)))
+register(OpDef("isinf", Category.elementwise,
+               lambda ins, a: [TensorType(ins[0].shape, DType.bool)],
+               lambda xs, a: [np.isinf(xs[0]) if xs[0].dtype.kind == "f"
+                              else np.zeros(xs[0].shape, bool)], elementwise_cost(1)))
 register(OpDef("logical_not", Category.elementwise,
                lambda ins, a: [TensorType(ins[0].shape, DType.bool)],
                lambda xs, a: [np.logical_not(xs[0])], elementwise_cost(1)))
@@ -180,7 +205,23 @@ binary("sub", np.subtract)
 binary("mul", np.multiply)
 binary("maximum", np.maximum)
 binary("minimum", np.minimum)
-binary("pow", np.power, flops=4)
+def _pow(x, y):
+    if x.dtype.kind not in "iu":
+        return np.power(x, y)
+    # integer powers with a negative exponent: torch gives 1 and +-1 for bases 1 and -1, 0 for
+    # the rest (numpy refuses them)
+    neg = y < 0
+    p = np.power(x, np.where(neg, 0, y))
+    if not np.any(neg):
+        return p
+    odd = (y % 2) != 0
+    small = np.where(x == 1, 1, np.where(x == -1, np.where(odd, -1, 1), 0)).astype(p.dtype)
+    return np.where(neg, small, p)
+
+
+binary("pow", _pow, flops=4)
+binary("atan2", np.arctan2, result="float", flops=8)
+binary("hypot", np.hypot, result="float", flops=4)
 binary("remainder", np.mod)  # Python's (and torch's) sign convention: follows the divisor
 binary("fmod", np.fmod)  # C's convention: the sign follows the dividend
 binary("eq", np.equal, result="bool")
@@ -194,6 +235,13 @@ binary("logical_or", np.logical_or, result="bool")
 binary("logical_xor", np.logical_xor, result="bool")
 binary("bitwise_and", np.bitwise_and)
 binary("bitwise_or", np.bitwise_or)
+binary("bitwise_xor", np.bitwise_xor)
+# shifts by the bit width or more give 0 (or -1 shifting a negative right), in torch and numpy alike
+binary("bitwise_left_shift", np.left_shift)
+binary("bitwise_right_shift", np.right_shift)
+binary("copysign", np.copysign, result="float")
+binary("fmax", np.fmax)  # maximum that ignores a NaN beside a number
+binary("fmin", np.fmin)
 
 
 # -- where, clamp, cast -----------------------------------------------------------------------

@@ -277,10 +277,13 @@ def _creation_cost(ins, outs, attrs) -> Cost:
 
 register(OpDef("full", Category.broadcast,
                lambda ins, a: [TensorType(a["shape"], a["dtype"])],
-               lambda xs, a: [np.full(a["shape"], a["value"], dtype=a["dtype"].numpy)],
+               lambda xs, a: [np.full(a["shape"],
+                                      np.asarray(a["value"]).astype(a["dtype"].numpy))],
                _creation_cost,
                attrs=(AttrSpec("shape", "dims"), AttrSpec("value", "literal"),
-                      AttrSpec("dtype", "dtype")), arity=0))
+                      AttrSpec("dtype", "dtype")), arity=0,
+               doc="a tensor of 'shape' filled with 'value' (a number, a bool or a size), "
+                   "converted to 'dtype' as torch.full converts it"))
 
 
 def _arange_type(ins, a):

@@ -189,6 +189,35 @@ register(OpDef("max_pool2d", Category.reduction, _pool_type_with(lambda a: a["di
                attrs=_POOL_ATTRS + (AttrSpec("dilation", "ints", (1, 1)),), arity=1))
 
 
+def _max_pool_indices_type(ins, a):
+    (values,) = _pool_type_with(lambda a: a["dilation"])(ins, a)
+    return [values, TensorType(values.shape, DType.i64)]
+
+
+def _max_pool_indices_ref(xs, a):
+    """torch's max_pool2d_with_indices: each window's max and where it is, as a flat index into
+    its (H, W) plane; the first maximum in the window wins."""
+    x = _f(xs[0])
+    h, w = x.shape[2:]
+    fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    win = _pool_windows(x, a, fill, a["dilation"])
+    flat = win.reshape(win.shape[:4] + (-1,))
+    pos = np.argmax(flat, axis=-1)[..., None]
+    plane = np.arange(h * w, dtype=np.int64).reshape(1, 1, h, w)
+    where = _pool_windows(plane, a, -1, a["dilation"])
+    where = np.broadcast_to(where.reshape(where.shape[:4] + (-1,)), flat.shape)
+    return [np.take_along_axis(flat, pos, -1)[..., 0], np.take_along_axis(where, pos, -1)[..., 0]]
+
+
+register(OpDef("max_pool2d_with_indices", Category.reduction, _max_pool_indices_type,
+               _max_pool_indices_ref,
+               lambda ins, outs, a: Cost(numel(outs[0].shape) * a["kernel"][0] * a["kernel"][1],
+                                         io_bytes(ins, outs)),
+               attrs=_POOL_ATTRS + (AttrSpec("dilation", "ints", (1, 1)),), arity=1,
+               doc="(values, indices): max_pool2d and each maximum's flat index in its (H, W) "
+                   "plane, as torch returns them"))
+
+
 def _avg_pool_ref(xs, a):
     x = _f(xs[0]).astype(np.float64)
     s = _pool_windows(x, a, 0.0).sum(axis=(4, 5))

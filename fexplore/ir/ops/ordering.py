@@ -7,7 +7,7 @@ import numpy as np
 from ..opdef import AttrSpec, Category, Cost, OpDef, io_bytes
 from ..opset import register
 from ..types import DType, TensorType, numel
-from .rules import TypeRuleError, norm_axis
+from .rules import TypeRuleError, norm_axis, zero_d_as_vector
 
 
 def _order(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:
@@ -39,7 +39,8 @@ def _sort_cost(ins, outs, a) -> Cost:
     return Cost(flops=n * 8, bytes=io_bytes(ins, outs))  # ~n log n comparisons for small rows
 
 
-register(OpDef("sort", Category.opaque, _sort_type, _sort_ref, _sort_cost,
+register(OpDef("sort", Category.opaque, _sort_type, zero_d_as_vector(_sort_ref),
+               _sort_cost,
                attrs=(AttrSpec("axis", "int", -1), AttrSpec("descending", "bool", False)),
                arity=1, doc="(values, indices) sorted along 'axis'; equal values keep their order"))
 
@@ -51,7 +52,7 @@ def _topk_type(ins, a):
     size = t.shape[axis]
     if k < 0 or (isinstance(size, int) and k > size):
         raise TypeRuleError(f"topk: k={k} outside [0, {size}]")
-    shape = t.shape[:axis] + (k,) + t.shape[axis + 1:]
+    shape = t.shape[:axis] + (k,) + t.shape[axis + 1:] if t.rank else ()
     return [TensorType(shape, t.dtype), TensorType(shape, DType.i64)]
 
 
@@ -63,7 +64,8 @@ def _topk_ref(xs, a):
     return [np.take_along_axis(x, idx, axis), idx]
 
 
-register(OpDef("topk", Category.opaque, _topk_type, _topk_ref, _sort_cost,
+register(OpDef("topk", Category.opaque, _topk_type, zero_d_as_vector(_topk_ref),
+               _sort_cost,
                attrs=(AttrSpec("k", "int"), AttrSpec("axis", "int", -1),
                       AttrSpec("largest", "bool", True)),
                arity=1, doc="(values, indices) of the k largest (or smallest) along 'axis', "

@@ -1,5 +1,5 @@
 """Reductions and the ops built around one: sum, mean, amax, amin, any, argmax, var, softmax,
-log_softmax, cumsum."""
+log_softmax, and the scans cumsum, cumprod, cummax and cummin."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from ..opdef import AttrSpec, Category, Cost, OpDef, elementwise_cost, io_bytes
 from ..opset import register
 from ..types import DType, TensorType, numel
-from .rules import float_result, norm_axes, norm_axis
+from .rules import float_result, norm_axes, norm_axis, zero_d_as_vector
 
 _AXES = AttrSpec("axes", "ints", ())  # () reduces every axis
 _KEEPDIM = AttrSpec("keepdim", "bool", False)
@@ -74,16 +74,24 @@ def _argmax_type(ins, a):
     return [TensorType(shape, DType.i64)]
 
 
-def _argmax_ref(xs, a):
-    (x,) = xs
-    if a["axis"] is None:
-        r = np.argmax(x.reshape(-1))
-        return [np.asarray(r).reshape((1,) * x.ndim if a["keepdim"] else ())]
-    return [np.argmax(x, axis=norm_axis(a["axis"], x.ndim), keepdims=a["keepdim"])]
+def _arg_extreme(pick):
+    def ref(xs, a):
+        (x,) = xs
+        if x.dtype == np.bool_:
+            x = x.astype(np.int8)
+        if a["axis"] is None:
+            r = pick(x.reshape(-1))
+            return [np.asarray(r).reshape((1,) * x.ndim if a["keepdim"] else ())]
+        return [pick(x, axis=norm_axis(a["axis"], x.ndim), keepdims=a["keepdim"])]
+
+    return ref
 
 
-register(OpDef("argmax", Category.reduction, _argmax_type, _argmax_ref, _reduction_cost,
-               attrs=(AttrSpec("axis", "int", None, optional=True), _KEEPDIM), arity=1))
+# The first extreme wins; a NaN counts as the extreme, as in torch.
+for _name, _pick in (("argmax", np.argmax), ("argmin", np.argmin)):
+    register(OpDef(_name, Category.reduction, _argmax_type, zero_d_as_vector(_arg_extreme(_pick)),
+                   _reduction_cost, attrs=(AttrSpec("axis", "int", None, optional=True), _KEEPDIM),
+                   arity=1))
 
 
 # -- softmax family: a reduction with its surroundings, kept whole for fusion ---------------------
@@ -97,7 +105,7 @@ def _softmax_type(ins, a):
 def _softmax_ref(xs, a):
     x = xs[0].astype(np.float64)
     axis = norm_axis(a["axis"], x.ndim)
-    m = np.max(x, axis=axis, keepdims=True)
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # initial: empty rows
     m = np.where(np.isfinite(m), m, 0.0)  # a row of -inf gives NaN, as torch does, not a warning
     e = np.exp(x - m)
     return [e / np.sum(e, axis=axis, keepdims=True)]
@@ -106,15 +114,17 @@ def _softmax_ref(xs, a):
 def _log_softmax_ref(xs, a):
     x = xs[0].astype(np.float64)
     axis = norm_axis(a["axis"], x.ndim)
-    m = np.max(x, axis=axis, keepdims=True)
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # initial: empty rows
     m = np.where(np.isfinite(m), m, 0.0)
     return [x - m - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))]
 
 
 _AXIS = AttrSpec("axis", "int")
-register(OpDef("softmax", Category.reduction, _softmax_type, _softmax_ref, elementwise_cost(5),
+register(OpDef("softmax", Category.reduction, _softmax_type, zero_d_as_vector(_softmax_ref),
+               elementwise_cost(5),
                attrs=(_AXIS,), arity=1))
-register(OpDef("log_softmax", Category.reduction, _softmax_type, _log_softmax_ref,
+register(OpDef("log_softmax", Category.reduction, _softmax_type,
+               zero_d_as_vector(_log_softmax_ref),
                elementwise_cost(5), attrs=(_AXIS,), arity=1))
 
 
@@ -134,5 +144,59 @@ def _cumsum_ref(xs, a):
     return [np.cumsum(x, axis=norm_axis(a["axis"], x.ndim))]
 
 
-register(OpDef("cumsum", Category.reduction, _cumsum_type, _cumsum_ref, elementwise_cost(1),
+register(OpDef("cumsum", Category.reduction, _cumsum_type, zero_d_as_vector(_cumsum_ref),
+               elementwise_cost(1),
                attrs=(_AXIS,), arity=1))
+
+
+def _cumprod_ref(xs, a):
+    x = xs[0]
+    if x.dtype.kind == "f":
+        x = x.astype(np.float64)
+    elif x.dtype.kind == "b":
+        x = x.astype(np.int64)
+    return [np.cumprod(x, axis=norm_axis(a["axis"], x.ndim))]
+
+
+register(OpDef("cumprod", Category.reduction, _cumsum_type, zero_d_as_vector(_cumprod_ref),
+               elementwise_cost(1), attrs=(_AXIS,), arity=1,
+               doc="running product along 'axis'; bools and ints accumulate in i64"))
+
+
+def _cum_extreme_type(ins, a):
+    (t,) = ins
+    norm_axis(a["axis"], t.rank)
+    return [TensorType(t.shape, t.dtype), TensorType(t.shape, DType.i64)]
+
+
+def _cum_extreme(better):
+    """torch's cummax/cummin: the running extreme and the index it was last seen at (a tie moves
+    the index forward); once a NaN is seen it is the extreme from there on."""
+
+    def ref(xs, a):
+        x = xs[0]
+        axis = norm_axis(a["axis"], x.ndim)
+        xm = np.moveaxis(x, axis, -1)
+        values = np.empty_like(xm)
+        index = np.zeros(xm.shape, np.int64)
+        floats = xm.dtype.kind == "f"
+        if xm.shape[-1] and xm.size:
+            cur, at = xm[..., 0].copy(), np.zeros(xm.shape[:-1], np.int64)
+            for i in range(xm.shape[-1]):
+                v = xm[..., i]
+                take = better(v, cur)
+                if floats:
+                    take = np.isnan(v) | (~np.isnan(cur) & take)
+                cur = np.where(take, v, cur)
+                at = np.where(take, i, at)
+                values[..., i], index[..., i] = cur, at
+        return [np.moveaxis(values, -1, axis), np.moveaxis(index, -1, axis)]
+
+    return ref
+
+
+for _name, _better in (("cummax", np.greater_equal), ("cummin", np.less_equal)):
+    register(OpDef(_name, Category.reduction, _cum_extreme_type,
+                   zero_d_as_vector(_cum_extreme(_better)), elementwise_cost(1),
+                   attrs=(_AXIS,), arity=1,
+                   doc="(values, indices): the running extreme along 'axis' and where it is"))

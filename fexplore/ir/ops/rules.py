@@ -75,3 +75,20 @@ def ceil_div(a: Dim, b: int) -> Dim:
 
 def same(t: TensorType) -> list[TensorType]:
     return [TensorType(t.shape, t.dtype)]
+
+
+def zero_d_as_vector(reference):
+    """A reference that works along one ``axis``, taught torch's view of a 0-d tensor: it has one
+    axis (dim 0 or -1) of length 1. The 0-d input runs as shape (1,) and the results are shaped
+    back to ()."""
+
+    def ref(xs, a):
+        if xs[0].ndim:
+            return reference(xs, a)
+        a1 = dict(a)
+        a1["axis"] = 0
+        outs = reference([xs[0].reshape(1), *xs[1:]], a1)
+        return [np.asarray(o).reshape(()) if np.asarray(o).size == 1 else np.asarray(o)
+                for o in outs]
+
+    return ref

@@ -62,24 +62,54 @@ def _scatter_type(ins, a):
     return [TensorType(x.shape, x.dtype)]
 
 
+_UFUNC = {"add": np.add, "mul": np.multiply, "amax": np.maximum, "amin": np.minimum,
+          "mean": np.add}
+
+
+def _identity(reduce: str, dtype: np.dtype):
+    if reduce in ("add", "mean"):
+        return 0
+    if reduce == "mul":
+        return 1
+    if dtype.kind == "f":
+        return -np.inf if reduce == "amax" else np.inf
+    info = np.iinfo(dtype) if dtype.kind in "iu" else None
+    if info is None:  # bool
+        return reduce == "amin"
+    return info.min if reduce == "amax" else info.max
+
+
 def _scatter_ref(xs, a):
     x, idx, src = xs
     out = np.array(x, copy=True)
     axis = norm_axis(a["axis"], x.ndim)
-    src = np.broadcast_to(src, idx.shape) if src.ndim == 0 else src[tuple(slice(0, s) for s in idx.shape)]
+    src = np.broadcast_to(src, idx.shape) if src.ndim == 0 else \
+        src[tuple(slice(0, s) for s in idx.shape)]
     grids = list(np.indices(idx.shape, sparse=True))
     grids[axis] = idx
-    if a["reduce"] == "add":
-        np.add.at(out, tuple(grids), src)
-    else:
-        out[tuple(grids)] = src
+    at, reduce = tuple(grids), a["reduce"]
+    if reduce == "none":
+        out[at] = src
+        return [out]
+    if not a["include_self"]:  # the written positions start from the reduction's identity
+        out[at] = _identity(reduce, out.dtype)
+    _UFUNC[reduce].at(out, at, src)
+    if reduce == "mean":
+        count = np.full(out.shape, 1 if a["include_self"] else 0, np.int64)
+        np.add.at(count, at, 1)
+        hit = count > 0
+        div = np.maximum(count, 1)
+        mean = out / div if out.dtype.kind == "f" else np.floor_divide(out, div)
+        out = np.where(hit, mean, x).astype(x.dtype)
     return [out]
 
 
 register(OpDef("scatter", Category.movement, _scatter_type, _scatter_ref, _write_cost,
-               attrs=(AttrSpec("axis", "int"), AttrSpec("reduce", "str", "none")), arity=3,
-               doc="torch.scatter: out[..., index[i, j], ...] = src[i, j] along 'axis'; reduce "
-                   "'add' accumulates"))
+               attrs=(AttrSpec("axis", "int"), AttrSpec("reduce", "str", "none"),
+                      AttrSpec("include_self", "bool", True)), arity=3,
+               doc="torch.scatter/scatter_reduce: out[..., index[i, j], ...] = src[i, j] along "
+                   "'axis'; reduce 'add', 'mul', 'amax', 'amin' or 'mean' combines the values "
+                   "written to one place (with the input's own, if include_self)"))
 
 
 def _slice_scatter_type(ins, a):

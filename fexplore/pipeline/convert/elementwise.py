@@ -9,8 +9,11 @@ from .registry import ConvertContext, converter, ir_dtype
 _BINARY = {
     "mul": "mul", "maximum": "maximum", "minimum": "minimum", "pow": "pow",
     "remainder": "remainder", "fmod": "fmod", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le",
-    "gt": "gt", "ge": "ge", "logical_and": "logical_and", "logical_or": "logical_or",
+    "gt": "gt", "ge": "ge", "atan2": "atan2", "hypot": "hypot", "logical_and": "logical_and", "logical_or": "logical_or",
     "logical_xor": "logical_xor", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
+    "bitwise_xor": "bitwise_xor", "bitwise_left_shift": "bitwise_left_shift",
+    "bitwise_right_shift": "bitwise_right_shift", "__lshift__": "bitwise_left_shift",
+    "__rshift__": "bitwise_right_shift", "copysign": "copysign", "fmax": "fmax", "fmin": "fmin",
 }
 
 for _aten, _ir in _BINARY.items():
@@ -60,14 +63,27 @@ def _floor_divide(ctx):
     return ctx.emit("div", [ctx.args[0], ctx.args[1]], {"rounding": "floor"})
 
 
-_UNARY = ["exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "erf", "sigmoid",
-          "silu", "neg", "abs", "relu", "floor", "ceil", "round", "sign", "logical_not"]
+_UNARY = ["exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal",
+          "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
+          "atanh", "erf", "sigmoid", "silu", "neg", "abs", "relu", "floor", "ceil", "round",
+          "trunc", "sign", "logical_not", "isnan", "isinf", "signbit"]
 
 for _name in _UNARY:
     def _unary(ctx: ConvertContext, _name=_name):
         return ctx.emit(_name, [ctx.args[0]])
 
     converter(f"aten.{_name}.default")(_unary)
+
+
+@converter("aten.round.decimals")
+def _round_decimals(ctx):
+    """torch's round(x, decimals=d): round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for
+    negative d, in the tensor's own float arithmetic."""
+    x, d = ctx.args[0], ctx.kwargs.get("decimals", ctx.arg(1, default=0))
+    scale = float(10 ** abs(d))
+    if d >= 0:
+        return ctx.emit("div", [ctx.emit("round", [ctx.emit("mul", [x, scale])]), scale])
+    return ctx.emit("mul", [ctx.emit("round", [ctx.emit("div", [x, scale])]), scale])
 
 
 @converter("aten.gelu.default")
@@ -123,8 +139,11 @@ def _clamp_max(ctx):
 
 @converter("aten.hardtanh.default")
 def _hardtanh(ctx):
-    return ctx.emit("clamp", [ctx.args[0]], {"min": float(ctx.arg(1, "min_val", -1.0)),
-                                             "max": float(ctx.arg(2, "max_val", 1.0))})
+    x = ctx.args[0]
+    lo, hi = ctx.arg(1, "min_val", -1.0), ctx.arg(2, "max_val", 1.0)
+    # hardtanh keeps an integer tensor's dtype: its bounds are that dtype's numbers then
+    bound = float if x.type.dtype.is_float else (lambda v: int(v))
+    return ctx.emit("clamp", [x], {"min": bound(lo), "max": bound(hi)})
 
 
 @converter("aten.clamp.Tensor")
@@ -151,8 +170,19 @@ def _to_copy(ctx):
     return ctx.emit("cast", [x], {"dtype": target})
 
 
+@converter("aten.dropout.default", "aten.feature_dropout.default",
+           "aten.alpha_dropout.default", "aten.feature_alpha_dropout.default")
+def _dropout(ctx):
+    p, train = ctx.arg(1, "p", 0.5), ctx.arg(2, "train", True)
+    if train and p > 0:
+        from .out_of_scope import _RANDOM, refuse
+
+        refuse(ctx, f"dropout with p={p} in training mode: {_RANDOM}")
+    return ctx.args[0]  # dropout off (eval, or p == 0) is the identity
+
+
 @converter("aten.clone.default", "aten.alias.default", "aten.detach.default",
-           "aten.contiguous.default", "aten.lift_fresh_copy.default", "aten.dropout.default",
+           "aten.contiguous.default", "aten.lift_fresh_copy.default",
            "aten.copy.default", "aten.alias_copy.default", "aten.detach_copy.default")
 def _identity(ctx):
     # Value semantics: a copy is the same value. (copy(dst, src) is src's value in dst's shape.)

@@ -139,10 +139,12 @@ def _select(ctx):
     return ctx.emit("select", [x], {"axis": ax, "index": index})
 
 
-@converter("aten.narrow.default")
+@converter("aten.narrow.default", "aten.narrow_copy.default")
 def _narrow(ctx):
     x, dim, start, length = ctx.args[:4]
     ax = _axis(dim, x.type.rank)
+    if isinstance(start, int) and start < 0:
+        start = x.type.shape[ax] + start
     return ctx.emit("slice", [x], {"axis": ax, "start": start, "end": start + length})
 
 
@@ -249,7 +251,35 @@ def _index(ctx):
 @converter("aten.index_select.default")
 def _index_select(ctx):
     x, dim, idx = ctx.args[0], ctx.args[1], ctx.args[2]
-    return ctx.emit("index", [x, idx], {"axes": (_axis(dim, x.type.rank),)})
+    if idx.type.rank == 0:  # index_select keeps the axis: a 0-d index selects a slab of one
+        idx = _reshape_to(ctx, idx, (1,))
+    if x.type.rank == 0:  # a 0-d input is a vector of one here
+        x = _reshape_to(ctx, x, (1,))
+    y = ctx.emit("index", [x, idx], {"axes": (_axis(dim, x.type.rank),)})
+    return _reshape_to(ctx, y, ctx.out_type().shape)
+
+
+@converter("aten.diagonal.default", "aten.diagonal_copy.default")
+def _diagonal(ctx):
+    """The diagonal of dims (dim1, dim2), moved last: those two dims go last, then an index
+    with constant row and column numbers picks the diagonal out of them."""
+    x = ctx.args[0]
+    offset, d1, d2 = ctx.arg(1, "offset", 0), ctx.arg(2, "dim1", 0), ctx.arg(3, "dim2", 1)
+    r = x.type.rank
+    d1, d2 = _axis(d1, r), _axis(d2, r)
+    n1, n2 = x.type.shape[d1], x.type.shape[d2]
+    if not (isinstance(n1, int) and isinstance(n2, int)):
+        raise NotImplementedError("diagonal of symbolic dims")
+    n = max(0, min(n1, n2 - offset) if offset >= 0 else min(n1 + offset, n2))
+    rows = np.arange(n) + max(0, -offset)
+    cols = np.arange(n) + max(0, offset)
+    perm = tuple(i for i in range(r) if i not in (d1, d2)) + (d1, d2)
+    if perm != tuple(range(r)):
+        x = ctx.emit("permute", [x], {"perm": perm})
+    lit = ctx.b.literal
+    return ctx.emit("index", [x, lit(rows.astype(np.int64), f"{ctx.node.name}.rows"),
+                              lit(cols.astype(np.int64), f"{ctx.node.name}.cols")],
+                    {"axes": (r - 2, r - 1)})
 
 
 @converter("aten.embedding.default")
@@ -268,6 +298,8 @@ def _created_dtype(ctx, default=None):
 
 def _fill(ctx, value):
     t = ctx.out_type()
+    if isinstance(value, Value):  # a 0-d tensor as the fill value (full_like(x, t), fill(x, t))
+        return ctx.emit("expand", [_cast_to(ctx, value, t.dtype)], {"shape": t.shape})
     if t.dtype == DType.bool and isinstance(value, (int, float)):
         value = bool(value)  # a bool tensor's fill reads true/false in the IR text
     elif isinstance(value, bool):
@@ -275,6 +307,10 @@ def _fill(ctx, value):
     if t.dtype.is_float and isinstance(value, int):
         value = float(value)
     return ctx.emit("full", [], {"shape": t.shape, "value": value, "dtype": t.dtype})
+
+
+def _cast_to(ctx, x, dtype):
+    return x if x.type.dtype == dtype else ctx.emit("cast", [x], {"dtype": dtype})
 
 
 @converter("aten.full.default", "aten.new_full.default")
@@ -323,6 +359,20 @@ def _arange(ctx):
     if dt.is_float:
         start, end, step = (float(v) if isinstance(v, int) else v for v in (start, end, step))
     return ctx.emit("arange", [], {"start": start, "end": end, "step": step, "dtype": dt})
+
+
+@converter("aten.tril_indices.default", "aten.triu_indices.default")
+def _tri_indices(ctx):
+    """(2, N) row and column numbers of a triangle: known at compile time, so a constant."""
+    row, col = ctx.args[0], ctx.args[1]
+    offset = ctx.arg(2, "offset", 0)
+    if not (isinstance(row, int) and isinstance(col, int)):
+        raise NotImplementedError("triangle indices of symbolic size")
+    pick = np.tril_indices if "tril" in str(ctx.node.target) else np.triu_indices
+    rows, cols = pick(row, offset, col)
+    t = ctx.out_type()
+    value = np.stack([rows, cols]).astype(t.dtype.numpy).reshape(t.shape)
+    return ctx.b.literal(value, f"{ctx.node.name}.indices")
 
 
 @converter("aten.tril.default")
@@ -442,19 +492,26 @@ def _index_copy(ctx):
 
 
 @converter("aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
-           "aten.scatter.reduce", "aten.scatter.value_reduce")
+           "aten.scatter.reduce", "aten.scatter.value_reduce", "aten.scatter_reduce.two")
 def _scatter(ctx):
     x, dim, index, src = ctx.args[:4]
     target = str(ctx.node.target)
     reduce = "add" if target == "aten.scatter_add.default" else ctx.kwargs.get("reduce", ctx.arg(4))
-    if reduce not in (None, "add", "sum"):
+    reduce = _SCATTER_REDUCE.get(reduce, reduce)
+    if reduce not in ("none", "add", "mul", "amax", "amin", "mean"):
         raise NotImplementedError(f"scatter with reduce={reduce!r}")
+    include_self = bool(ctx.kwargs.get("include_self", ctx.arg(5, default=True)))
     if not isinstance(src, Value):
         src = ctx.scalar(src, x.type.dtype)
     elif src.type.dtype != x.type.dtype:
         src = ctx.emit("cast", [src], {"dtype": x.type.dtype})
     return ctx.emit("scatter", [x, index, src], {"axis": _axis(dim, x.type.rank),
-                                                "reduce": "add" if reduce else "none"})
+                                                "reduce": reduce, "include_self": include_self})
+
+
+# torch's names (scatter's reduce=, scatter_reduce's) for the IR scatter's reductions
+_SCATTER_REDUCE = {None: "none", "sum": "add", "add": "add", "multiply": "mul", "prod": "mul",
+                   "amax": "amax", "amin": "amin", "mean": "mean"}
 
 
 @converter("aten.slice_scatter.default")

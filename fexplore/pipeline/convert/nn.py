@@ -29,6 +29,29 @@ def _addmm(ctx):
     return ctx.emit("add", [y, bias]) if beta != 0 else y
 
 
+def _scaled_add(ctx, input, product, beta, alpha):
+    """beta * input + alpha * product, as torch's add{mm,mv,bmm} compute it; beta == 0 ignores
+    the input entirely (NaN in it does not propagate)."""
+    y = product if alpha == 1 else ctx.emit("mul", [product, alpha])
+    if beta == 0:
+        return y
+    return ctx.emit("add", [input if beta == 1 else ctx.emit("mul", [input, beta]), y])
+
+
+@converter("aten.addmv.default")
+def _addmv(ctx):
+    input, mat, vec = ctx.args[:3]
+    return _scaled_add(ctx, input, ctx.emit("matmul", [mat, vec]), ctx.kwargs.get("beta", 1),
+                       ctx.kwargs.get("alpha", 1))
+
+
+@converter("aten.addbmm.default")
+def _addbmm(ctx):
+    input, b1, b2 = ctx.args[:3]
+    product = ctx.emit("sum", [ctx.emit("matmul", [b1, b2])], {"axes": (0,)})
+    return _scaled_add(ctx, input, product, ctx.kwargs.get("beta", 1), ctx.kwargs.get("alpha", 1))
+
+
 @converter("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
 def _matmul(ctx):
     return ctx.emit("matmul", [ctx.args[0], ctx.args[1]])
@@ -210,54 +233,72 @@ def _axis_pads(rank: int, axis: int, before: int, after: int) -> tuple:
 
 @converter("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default",
            "aten._native_batch_norm_legit_functional.default",
-           "aten.native_batch_norm.default")
+           "aten.native_batch_norm.default", "aten._native_batch_norm_legit.no_stats")
 def _batch_norm(ctx):
     target = str(ctx.node.target)
-    x, w, b, mean, var = ctx.args[:5]
-    if target == "aten.batch_norm.default":
-        training, eps = ctx.args[5], ctx.args[7]
+    x, w, b = ctx.args[:3]
+    if target.endswith("no_stats"):
+        mean = var = None
+        training, momentum, eps = ctx.args[3:6]
     elif target.endswith("no_training.default"):
-        training, eps = False, ctx.args[6]
+        mean, var = ctx.args[3:5]
+        training, momentum, eps = False, ctx.args[5], ctx.args[6]
     else:
-        training, eps = ctx.args[5], ctx.args[7]
-    if training and mean is None and var is None:
-        y = _batch_statistics_norm(ctx, x, w, b, eps)
-        return y if target == "aten.batch_norm.default" else (y, None, None)
-    if training:
-        raise NotImplementedError("batch norm in training mode (call model.eval() first)")
+        mean, var = ctx.args[3:5]
+        training, momentum, eps = ctx.args[5:8]
     c = x.type.shape[1]
     dt = x.type.dtype
+    if training or mean is None:
+        return _batch_norm_training(ctx, target, x, w, b, mean, var, momentum, eps)
     if w is None:
         w = ctx.emit("full", [], {"shape": (c,), "value": 1.0, "dtype": dt})
     if b is None:
         b = ctx.emit("full", [], {"shape": (c,), "value": 0.0, "dtype": dt})
     y = ctx.emit("batch_norm", [x, w, b, mean, var], {"eps": float(eps)})
-    return y if target == "aten.batch_norm.default" else (y, None, None)
+    if target == "aten.batch_norm.default":
+        return y
+    # in eval mode nothing is saved: torch returns empty tensors for the mean and 1/std
+    return (y, _empty_result(ctx, 1), _empty_result(ctx, 2))
 
 
-@converter("aten._native_batch_norm_legit.no_stats")
-def _batch_norm_no_stats(ctx):
-    x, w, b, training, _momentum, eps = ctx.args[:6]
-    if not training:
-        raise NotImplementedError("batch norm without statistics outside training mode")
-    return _batch_statistics_norm(ctx, x, w, b, eps), None, None
+def _empty_result(ctx, i):
+    t = ctx.out_type(i)
+    return ctx.emit("full", [], {"shape": t.shape, "value": 0, "dtype": t.dtype})
 
 
-def _batch_statistics_norm(ctx, x, w, b, eps):
-    """Batch norm over the input's own statistics (no running ones): a function of the input, not
-    a training-time update, e.g. the weight standardization of BiT's convolutions. Per channel
-    (axis 1): (x - mean) / sqrt(biased var + eps), then the affine."""
-    axes = tuple(a for a in range(x.type.rank) if a != 1)
+def _batch_norm_training(ctx, target, x, w, b, running_mean, running_var, momentum, eps):
+    """Training-mode batch norm normalizes with the batch's own statistics (mean and biased
+    variance over every axis but the channels); the functional forms also return the saved
+    mean and 1/std and the updated running statistics, whose variance is the unbiased one."""
+    rank, c = x.type.rank, x.type.shape[1]
+    axes = (0,) + tuple(range(2, rank))
+    per_channel = (1, c) + (1,) * (rank - 2)
     mean = ctx.emit("mean", [x], {"axes": axes, "keepdim": True})
-    centered = ctx.emit("sub", [x, mean])
-    var = ctx.emit("mean", [ctx.emit("mul", [centered, centered])], {"axes": axes, "keepdim": True})
-    y = ctx.emit("mul", [centered, ctx.emit("rsqrt", [ctx.emit("add", [var, float(eps)])])])
-    per_channel = (x.type.shape[1],) + (1,) * (x.type.rank - 2)
+    var = ctx.emit("var", [x], {"axes": axes, "keepdim": True, "correction": 0})
+    invstd = ctx.emit("rsqrt", [ctx.emit("add", [var, float(eps)])])
+    y = ctx.emit("mul", [ctx.emit("sub", [x, mean]), invstd])
     if w is not None:
         y = ctx.emit("mul", [y, ctx.emit("reshape", [w], {"shape": per_channel})])
     if b is not None:
         y = ctx.emit("add", [y, ctx.emit("reshape", [b], {"shape": per_channel})])
-    return y
+    if target == "aten.batch_norm.default":
+        return y
+    save_mean = ctx.emit("reshape", [mean], {"shape": (c,)})
+    save_invstd = ctx.emit("reshape", [invstd], {"shape": (c,)})
+    if target != "aten._native_batch_norm_legit_functional.default":
+        return (y, save_mean, save_invstd)
+    n = 1
+    for ax in axes:
+        n = n * x.type.shape[ax]
+    unbiased = ctx.emit("mul", [ctx.emit("reshape", [var], {"shape": (c,)}),
+                                float(n) / max(float(n) - 1.0, 1.0) if isinstance(n, int)
+                                else ctx.emit("div", [n, n - 1])])
+    m = float(momentum)
+    new_mean = ctx.emit("add", [ctx.emit("mul", [running_mean, 1.0 - m]),
+                                ctx.emit("mul", [save_mean, m])])
+    new_var = ctx.emit("add", [ctx.emit("mul", [running_var, 1.0 - m]),
+                               ctx.emit("mul", [unbiased, m])])
+    return (y, save_mean, save_invstd, new_mean, new_var)
 
 
 @converter("aten.layer_norm.default", "aten.native_layer_norm.default")
@@ -269,7 +310,18 @@ def _layer_norm(ctx):
         w = ctx.emit("full", [], {"shape": b.type.shape, "value": 1.0, "dtype": b.type.dtype})
     ins = [x] + [t for t in (w, b) if t is not None]
     y = ctx.emit("layer_norm", ins, {"ndim": len(shape), "eps": float(eps)})
-    return y if str(ctx.node.target) == "aten.layer_norm.default" else (y, None, None)
+    if str(ctx.node.target) == "aten.layer_norm.default":
+        return y
+    axes = tuple(range(x.type.rank - len(shape), x.type.rank))
+    return (y, *_mean_rstd(ctx, x, axes, eps))
+
+
+def _mean_rstd(ctx, x, axes, eps):
+    """The statistics torch's native norms also return: the mean and 1/sqrt(biased var + eps)
+    over ``axes`` (kept as size-1 dims); unused, they are dropped as dead code."""
+    mean = ctx.emit("mean", [x], {"axes": axes, "keepdim": True})
+    var = ctx.emit("var", [x], {"axes": axes, "keepdim": True, "correction": 0})
+    return mean, ctx.emit("rsqrt", [ctx.emit("add", [var, float(eps)])])
 
 
 @converter("aten.rms_norm.default")
@@ -281,21 +333,45 @@ def _rms_norm(ctx):
                     {"ndim": len(shape), "eps": None if eps is None else float(eps)})
 
 
+def _add_batch(ctx, x):
+    return ctx.emit("reshape", [x], {"shape": (1,) + x.type.shape})
+
+
+def _drop_batch(ctx, y):
+    return ctx.emit("reshape", [y], {"shape": y.type.shape[1:]})
+
+
+def _unbatched_pool(conv):
+    """Pooling converters take (C, H, W) inputs as a batch of one, as torch does."""
+
+    def wrapped(ctx):
+        x = ctx.args[0]
+        if x.type.rank != 3:
+            return conv(ctx, x)
+        out = conv(ctx, _add_batch(ctx, x))
+        if isinstance(out, tuple):
+            return tuple(_drop_batch(ctx, y) for y in out)
+        return _drop_batch(ctx, out)
+
+    return wrapped
+
+
 @converter("aten.max_pool2d.default", "aten.max_pool2d_with_indices.default")
-def _max_pool(ctx):
-    x = ctx.args[0]
+@_unbatched_pool
+def _max_pool(ctx, x):
     k = _pair(ctx.arg(1, "kernel_size"))
     stride = ctx.arg(2, "stride") or k
     attrs = {"kernel": k, "stride": _pair(stride), "padding": _pair(ctx.arg(3, "padding", (0,))),
              "dilation": _pair(ctx.arg(4, "dilation", (1,))),
              "ceil_mode": bool(ctx.arg(5, "ceil_mode", False))}
-    y = ctx.emit("max_pool2d", [x], attrs)
-    return y if str(ctx.node.target) == "aten.max_pool2d.default" else (y, None)
+    if str(ctx.node.target) == "aten.max_pool2d.default":
+        return ctx.emit("max_pool2d", [x], attrs)
+    return ctx.emit("max_pool2d_with_indices", [x], attrs, n_results=2)
 
 
 @converter("aten.avg_pool2d.default")
-def _avg_pool(ctx):
-    x = ctx.args[0]
+@_unbatched_pool
+def _avg_pool(ctx, x):
     k = _pair(ctx.arg(1, "kernel_size"))
     stride = ctx.arg(2, "stride") or k
     return ctx.emit("avg_pool2d", [x], {
@@ -306,8 +382,8 @@ def _avg_pool(ctx):
 
 
 @converter("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")
-def _adaptive_avg_pool(ctx):
-    x = ctx.args[0]
+@_unbatched_pool
+def _adaptive_avg_pool(ctx, x):
     out = ctx.out_type().shape[-2:]
     return ctx.emit("adaptive_avg_pool2d", [x], {"output_size": tuple(out)})
 
@@ -358,9 +434,13 @@ def _avg_pool3d(ctx):
     override = ctx.arg(6, "divisor_override")
     common = {"ceil_mode": ceil, "count_include_pad": include,
               "divisor": 1 if override is not None else None}  # an override: sums, then divide
+    dt = x.type.dtype
+    if not dt.is_float:  # a mean of means is the mean only without rounding in between
+        x = ctx.emit("cast", [x], {"dtype": DType.f64})
     y = _pool3d(ctx, x, "avg_pool2d", {"kernel": k, "stride": s, "padding": p, **common},
                 {"kernel": (kd, 1), "stride": (sd, 1), "padding": (pd, 0), **common})
-    return ctx.emit("div", [y, float(override)]) if override is not None else y
+    y = ctx.emit("div", [y, float(override)]) if override is not None else y
+    return y if dt.is_float else ctx.emit("cast", [y], {"dtype": dt})  # truncates, as torch
 
 
 @converter("aten.adaptive_avg_pool3d.default", "aten._adaptive_avg_pool3d.default")
@@ -407,7 +487,11 @@ def _group_norm(ctx):
         y = ctx.emit("mul", [y, ctx.emit("reshape", [w], {"shape": per_channel})])
     if b is not None:
         y = ctx.emit("add", [y, ctx.emit("reshape", [b], {"shape": per_channel})])
-    return y if target == "aten.group_norm.default" else (y, None, None)
+    if target == "aten.group_norm.default":
+        return y
+    mean, rstd = _mean_rstd(ctx, flat, (2,), eps)
+    return (y, ctx.emit("reshape", [mean], {"shape": (n, groups)}),
+            ctx.emit("reshape", [rstd], {"shape": (n, groups)}))
 
 
 def _numel(dims):
@@ -428,6 +512,9 @@ def _upsample_bilinear(ctx):
     h, w = x.type.shape[-2:]
     if not all(isinstance(d, int) for d in (oh, ow, h, w)):
         raise NotImplementedError("bilinear upsampling with symbolic sizes")
+    if not x.type.dtype.is_float:
+        raise NotImplementedError(f"bilinear upsampling of a {x.type.dtype} image (torch "
+                                  "interpolates integer images in its own fixed-point arithmetic)")
     sh = sw = None
     if scales:
         sh, sw = scales

@@ -7,6 +7,10 @@ from fexplore.ir import DType
 from .registry import ConvertContext, converter, ir_dtype
 
 
+def _ax(d: int, rank: int) -> int:
+    return d % rank if rank else 0  # a 0-d tensor's one "axis" is dim 0 (or -1), as in torch
+
+
 def _axes(dims, rank):
     if dims is None:
         return ()
@@ -60,13 +64,10 @@ def _value_and_index(red_op):
     def conv(ctx: ConvertContext):
         x, dim = ctx.args[0], ctx.args[1]
         keep = ctx.arg(2, "keepdim", False)
-        ax = dim % x.type.rank
+        ax = _ax(dim, x.type.rank)
         values = ctx.emit(red_op, [x], {"axes": (ax,), "keepdim": keep})
-        if red_op == "amax":
-            idx = ctx.emit("argmax", [x], {"axis": ax, "keepdim": keep})
-        else:  # argmin(x) == argmax(-x) for the non-NaN values argmin is defined on here
-            idx = ctx.emit("argmax", [ctx.emit("neg", [x])], {"axis": ax, "keepdim": keep})
-        return (values, idx)
+        arg = "argmax" if red_op == "amax" else "argmin"
+        return (values, ctx.emit(arg, [x], {"axis": ax, "keepdim": keep}))
 
     return conv
 
@@ -80,7 +81,7 @@ def _argmax(ctx):
     x = ctx.args[0]
     dim = ctx.arg(1, "dim")
     keep = ctx.arg(2, "keepdim", False)
-    return ctx.emit("argmax", [x], {"axis": None if dim is None else dim % x.type.rank,
+    return ctx.emit("argmax", [x], {"axis": None if dim is None else _ax(dim, x.type.rank),
                                     "keepdim": keep})
 
 
@@ -89,12 +90,11 @@ def _argmin(ctx):
     x = ctx.args[0]
     dim = ctx.arg(1, "dim")
     keep = ctx.arg(2, "keepdim", False)
-    return ctx.emit("argmax", [ctx.emit("neg", [x])],
-                    {"axis": None if dim is None else dim % x.type.rank, "keepdim": keep})
+    return ctx.emit("argmin", [x],
+                    {"axis": None if dim is None else _ax(dim, x.type.rank), "keepdim": keep})
 
 
-@converter("aten.var.correction", "aten.var.dim", "aten.var.default")
-def _var(ctx):
+def _var_attrs(ctx):
     x = ctx.args[0]
     dims = ctx.arg(1, "dim")
     correction = ctx.kwargs.get("correction")
@@ -102,8 +102,19 @@ def _var(ctx):
         unbiased = ctx.kwargs.get("unbiased", ctx.arg(2) if isinstance(ctx.arg(2), bool) else True)
         correction = 1 if unbiased else 0
     keep = ctx.kwargs.get("keepdim", False)
-    return ctx.emit("var", [x], {"axes": _axes(dims, x.type.rank), "keepdim": keep,
-                                 "correction": correction})
+    return {"axes": _axes(dims, x.type.rank), "keepdim": keep, "correction": correction}
+
+
+@converter("aten.var.correction", "aten.var.dim", "aten.var.default")
+def _var(ctx):
+    return ctx.emit("var", [ctx.args[0]], _var_attrs(ctx))
+
+
+@converter("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default")
+def _var_mean(ctx):
+    x, attrs = ctx.args[0], _var_attrs(ctx)
+    mean = ctx.emit("mean", [x], {"axes": attrs["axes"], "keepdim": attrs["keepdim"]})
+    return (ctx.emit("var", [x], attrs), mean)
 
 
 def _softmax(op):
@@ -113,7 +124,7 @@ def _softmax(op):
         half_to_float = ctx.arg(2)
         if ctx.kwargs.get("dtype") is not None:
             x = _maybe_cast(ctx, x)
-        y = ctx.emit(op, [x], {"axis": dim % x.type.rank})
+        y = ctx.emit(op, [x], {"axis": _ax(dim, x.type.rank)})
         want = ctx.out_type().dtype
         if half_to_float is True or y.type.dtype != want:
             y = ctx.emit("cast", [y], {"dtype": want}) if y.type.dtype != want else y
@@ -127,14 +138,22 @@ converter("aten.softmax.int", "aten._softmax.default", "aten.special_softmax.def
 converter("aten.log_softmax.int", "aten._log_softmax.default")(_softmax("log_softmax"))
 
 
-@converter("aten.cumsum.default")
+@converter("aten.cumsum.default", "aten.cumprod.default")
 def _cumsum(ctx):
     x = _maybe_cast(ctx, ctx.args[0])
-    y = ctx.emit("cumsum", [x], {"axis": ctx.args[1] % x.type.rank})
+    op = str(ctx.node.target).split(".")[1]
+    y = ctx.emit(op, [x], {"axis": _ax(ctx.args[1], x.type.rank)})
     want = ctx.out_type().dtype
     # cumsum widens integers to i64 unless a dtype is asked for (MoE offsets ask for i32);
     # the sums agree modulo 2^32, so the narrowing is exact wherever torch's is
     return y if y.type.dtype == want else ctx.emit("cast", [y], {"dtype": want})
+
+
+@converter("aten.cummax.default", "aten.cummin.default")
+def _cum_extreme(ctx):
+    x = ctx.args[0]
+    op = str(ctx.node.target).split(".")[1]
+    return ctx.emit(op, [x], {"axis": _ax(ctx.args[1], x.type.rank)}, n_results=2)
 
 
 @converter("aten.prod.dim_int", "aten.prod.default")
@@ -166,7 +185,7 @@ def _vector_norm(ctx):
 @converter("aten.topk.default")
 def _topk(ctx):
     x, k = ctx.args[0], ctx.args[1]
-    axis = ctx.arg(2, "dim", -1) % x.type.rank
+    axis = _ax(ctx.arg(2, "dim", -1), x.type.rank)
     return ctx.emit("topk", [x], {"k": k, "axis": axis, "largest": bool(ctx.arg(3, "largest", True))},
                     n_results=2)
 
@@ -178,7 +197,7 @@ def _sort(ctx):
         axis, desc = ctx.kwargs.get("dim", -1), ctx.kwargs.get("descending", False)
     else:
         axis, desc = ctx.arg(1, "dim", -1), ctx.arg(2, "descending", False)
-    return ctx.emit("sort", [x], {"axis": axis % x.type.rank, "descending": bool(desc)},
+    return ctx.emit("sort", [x], {"axis": _ax(axis, x.type.rank), "descending": bool(desc)},
                     n_results=2)
 
 

@@ -16,6 +16,7 @@ import torch
 
 from fexplore.errors import SourceLoc
 from fexplore.ir import Attrs, Constant, DType, Node, TensorType, Value, get_op
+from fexplore.ir.types import promote_types
 
 Converter = Callable[["ConvertContext"], Any]
 CONVERTERS: dict[str, Converter] = {}
@@ -112,6 +113,7 @@ class ConvertContext:
         self.loc = loc
         self._count = 0
         self._literals = 0
+        self._taken: set[str] = set()
 
     # -- what torch says about this node --------------------------------------------------
 
@@ -135,14 +137,19 @@ class ConvertContext:
 
     def _name(self) -> str:
         base = self.node.name
-        name = base if self._count == 0 else f"{base}.{self._count}"
-        self._count += 1
-        return name
+        while True:  # a multi-result node's values (base.0, base.1, ...) may hold the next names
+            name = base if self._count == 0 else f"{base}.{self._count}"
+            self._count += 1
+            if name not in self._taken:
+                return name
+
+    def _take(self, values) -> None:
+        self._taken.update(v.name for v in values)
 
     def emit(self, op: str, inputs, attrs: dict | None = None, *, n_results: int | None = None):
         """Emit one node; returns its Value (or a tuple of Values for multi-result ops)."""
         opdef = get_op(op)
-        inputs = [self.value(x) for x in inputs]
+        inputs = [self.value(x, self._weak_scalar_dtype(x, inputs)) for x in inputs]
         full = Attrs(opdef.complete_attrs(dict(attrs or {})))
         types = opdef.infer_types([v.type for v in inputs], full)
         name = self._name()
@@ -150,6 +157,7 @@ class ConvertContext:
             outs = [Value(name, types[0])]
         else:
             outs = [Value(f"{name}.{i}", t) for i, t in enumerate(types)]
+        self._take(outs)
         self.b.nodes.append(Node(opdef, inputs, full, outs, self.loc))
         return outs[0] if len(outs) == 1 and n_results is None else tuple(outs)
 
@@ -160,14 +168,33 @@ class ConvertContext:
         types = opdef.infer_types([v.type for v in inputs], full, regions)
         name = self._name()
         outs = [Value(f"{name}.{i}" if len(types) > 1 else name, t) for i, t in enumerate(types)]
+        self._take(outs)
         self.b.nodes.append(Node(opdef, inputs, full, outs, self.loc, regions))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def value(self, x) -> Value:
+    @staticmethod
+    def _weak_scalar_dtype(x, inputs) -> DType | None:
+        """torch ranks a Python number below every tensor, 0-d ones too: beside 0-d tensors of
+        its own kind or a wider one (an int with i32 tensors, a float with f16 ones) it takes
+        their dtype. (Beside dimensioned tensors promote_types already lets them win.)"""
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return None
+        tensors = [v.type for v in inputs if isinstance(v, Value)]
+        if not tensors or any(t.rank for t in tensors):
+            return None
+        common = promote_types(tensors)
+        kind = 2 if isinstance(x, float) else 1
+        have = 2 if common.is_float else (1 if common.is_int else 0)
+        return common if have >= kind else None
+
+    def value(self, x, dtype: DType | None = None) -> Value:
         """A tensor operand: Values pass through; Python numbers and dims become 0-d constants
-        (ints i64, floats f32, bools bool: torch's weak scalar types, see promote_types)."""
+        (ints i64, floats f32, bools bool: torch's weak scalar types, see promote_types), or of
+        ``dtype`` when given."""
         if isinstance(x, Value):
             return x
+        if dtype is not None and isinstance(x, (int, float)) and not isinstance(x, bool):
+            return self.scalar(x, dtype)
         if isinstance(x, bool):
             return self.scalar(x, DType.bool)
         if isinstance(x, int):

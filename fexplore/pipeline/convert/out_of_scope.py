@@ -1,0 +1,36 @@
+"""Ops fexplore refuses on purpose, each with the reason. A compiled NPU program is deterministic
+and verified against eager value for value, so random ops have no faithful translation; they are
+refused with an UnsupportedOperatorError naming the op, the user's line and why, rather than with
+the generic "no converter yet". (Ops whose result size depends on the data are refused by
+ingestion itself, from the result's unbacked size, whatever the op.)"""
+
+from __future__ import annotations
+
+from fexplore.errors import UnsupportedOperatorError
+
+from .registry import CONVERTERS, ConvertContext, converter
+
+_RANDOM = "it draws random numbers, and a compiled program is deterministic"
+_RANDOM_HINT = ("fexplore compiles what it can verify against eager value for value: call "
+                "model.eval() for dropout, or pass the random tensor in as a model input")
+
+OUT_OF_SCOPE = {op: _RANDOM for op in (
+    "aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
+    "aten.rand.default", "aten.rand_like.default", "aten.randn.default",
+    "aten.randn_like.default", "aten.randint.default", "aten.randint.low",
+    "aten.randint_like.default", "aten.randint_like.low_dtype", "aten.randperm.default",
+    "aten.normal.Tensor_Tensor", "aten.normal.float_Tensor", "aten.normal.Tensor_float",
+    "aten.normal_functional.default", "aten.uniform.default", "aten.exponential.default",
+    "aten.multinomial.default", "aten.rrelu_with_noise.default",
+    "aten.rrelu_with_noise_functional.default", "aten.cauchy.default",
+    "aten.log_normal.default", "aten.geometric.default")}
+
+
+def refuse(ctx: ConvertContext, why: str):
+    raise UnsupportedOperatorError(str(ctx.node.target), loc=ctx.loc, reason=why,
+                                   hint=_RANDOM_HINT)
+
+
+for _op, _why in OUT_OF_SCOPE.items():
+    if _op not in CONVERTERS:  # a real converter, registered first, always wins
+        converter(_op)(lambda ctx, _why=_why: refuse(ctx, _why))

@@ -1,0 +1,2 @@
+"""Testing helpers that ship with fexplore: conformance harnesses shared by the test suite and the
+benchmarks (``opinfo``: PyTorch's own OpInfo samples, one op at a time, through every stage)."""
