@@ -1,0 +1,50 @@
+"""Kernel-language source from IR: one IR node (a fused region or a plain op) -> one `fl` kernel.
+
+    from fexplore.lang import codegen
+    gk = codegen.generate(node, "rngd")     # GeneratedKernel: .name .kind .source .params .results
+    print(gk.source)                        # ordinary fl code; pastes into a %%furiosa_kernel cell
+    k = gk.kernel()                         # the traced fexplore.lang.Kernel
+    codegen.check_kernel(node, gk, inputs)  # interpreter vs the IR interpreter on the node
+
+A kernel is composed from parts, chosen by what the region holds, never by whole-model pattern:
+`contraction` (linear / matmul / batched matmul, with a view and norm prologue and an epilogue
+chain) and `rowwise` (elementwise chains, norms, softmax, last-axis reductions); both write their
+vector-unit lines with `vector.VectorEmitter`, one IR node at a time. Anything without a part
+raises `UnsupportedRegionError` (a NotImplementedError) naming the op.
+"""
+
+from __future__ import annotations
+
+from fexplore.ir import Node
+from fexplore.npu import get_target
+
+from .check import KernelCheck, check_kernel
+from .common import body_of, region_label
+from .contraction import CONTRACTIONS, generate_contraction
+from .errors import UnsupportedRegionError
+from .generated import GeneratedKernel, Param, Result
+from .rowwise import generate_vector
+from .vector import check_table
+
+_NOT_YET = {"conv2d": "convolution", "attention": "streaming attention", "embedding": "gather",
+            "gather": "gather", "index": "gather", "permute": "relayout", "concat": "relayout",
+            "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling"}
+
+
+def generate(node: Node, target="rngd") -> GeneratedKernel:
+    """The kernel for `node` on `target` (a preset name or an NPUConfig)."""
+    cfg = get_target(target)
+    body = body_of(node)
+    contraction = any(n.op.name in CONTRACTIONS for n in body.nodes)
+    # the op that decides the kind of kernel is named first (an attention region holds views too)
+    for n in sorted(body.nodes, key=lambda n: n.op.name not in ("attention", "conv2d")):
+        if n.op.name in _NOT_YET and not (contraction and n.op.name == "permute"):   # a prologue view
+            raise UnsupportedRegionError(n.op.name, region_label(node),
+                                         f"the {_NOT_YET[n.op.name]} part is not written yet", loc=n.loc)
+    if contraction:
+        return generate_contraction(node, cfg)
+    return generate_vector(node, cfg)
+
+
+__all__ = ["GeneratedKernel", "KernelCheck", "Param", "Result", "UnsupportedRegionError", "check_kernel",
+           "check_table", "generate"]
