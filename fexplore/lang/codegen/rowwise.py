@@ -91,7 +91,7 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
             out_names.append((v, oname, view, tail))
             results.append(Result(body.outputs.index(v), tuple(node.outputs[body.outputs.index(v)].type.shape)))
             axes = " ".join(d if d != "1" else "_" for d in dims)
-            w(f'{oname} = fl.output(({", ".join(dims)},), {fl_dtype(v.type.dtype)}, axes="{axes}")')
+            w(f'{oname} = fl.output(({", ".join(dims)}), {fl_dtype(v.type.dtype)}, axes="{axes}")')
         invariant = [v for v in params if boxes[v.name][2]]
         if invariant:
             w("once = {}   # operands the same for every row: loaded once per PE")
