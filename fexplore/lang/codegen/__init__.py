@@ -8,7 +8,7 @@
 
 A kernel is composed from parts, chosen by what the region holds, never by whole-model pattern:
 `contraction` (linear / matmul / batched matmul, with a view and norm prologue and an epilogue
-chain) and `rowwise` (elementwise chains, norms, softmax, last-axis reductions); both write their
+chain), `conv` (conv2d with any stride, padding and dilation, and an epilogue) and `rowwise` (elementwise chains, norms, softmax, last-axis reductions); both write their
 vector-unit lines with `vector.VectorEmitter`, one IR node at a time. Anything without a part
 raises `UnsupportedRegionError` (a NotImplementedError) naming the op.
 """
@@ -21,12 +21,13 @@ from fexplore.npu import get_target
 from .check import KernelCheck, check_kernel
 from .common import body_of, region_label
 from .contraction import CONTRACTIONS, generate_contraction
+from .conv import generate_conv
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
 from .rowwise import generate_vector
 from .vector import check_table
 
-_NOT_YET = {"conv2d": "convolution", "attention": "streaming attention", "embedding": "gather",
+_NOT_YET = {"attention": "streaming attention", "embedding": "gather",
             "gather": "gather", "index": "gather", "permute": "relayout", "concat": "relayout",
             "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling"}
 
@@ -37,10 +38,14 @@ def generate(node: Node, target="rngd") -> GeneratedKernel:
     body = body_of(node)
     contraction = any(n.op.name in CONTRACTIONS for n in body.nodes)
     # the op that decides the kind of kernel is named first (an attention region holds views too)
-    for n in sorted(body.nodes, key=lambda n: n.op.name not in ("attention", "conv2d")):
+    for n in sorted(body.nodes, key=lambda n: n.op.name != "attention"):
         if n.op.name in _NOT_YET and not (contraction and n.op.name == "permute"):   # a prologue view
             raise UnsupportedRegionError(n.op.name, region_label(node),
                                          f"the {_NOT_YET[n.op.name]} part is not written yet", loc=n.loc)
+    if any(n.op.name == "conv2d" for n in body.nodes):
+        if contraction:
+            raise UnsupportedRegionError("conv2d", region_label(node), "a convolution beside a matmul", loc=node.loc)
+        return generate_conv(node, cfg)
     if contraction:
         return generate_contraction(node, cfg)
     return generate_vector(node, cfg)

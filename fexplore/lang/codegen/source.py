@@ -32,7 +32,7 @@ class Names:
         while k > 0 and (parts[k] in _GENERIC or parts[k].isdigit()):
             k -= 1   # blocks.0.mlp.2.weight -> mlp_2_weight
         base = "_".join(parts[max(k, 0):]) if parts else "t"
-        base = re.sub(r"^(\d)", r"v\1", base).lower() or "t"
+        base = re.sub(r"^(\d)", r"v\1", base.lstrip("_")).lower() or "t"
         if keyword.iskeyword(base):
             base += "_"
         name, k = base, 1
