@@ -411,3 +411,35 @@ def test_what_has_no_part_is_refused_with_the_op_named():
     node = b.region(b("tril", x))
     with pytest.raises(UnsupportedRegionError, match="tril"):
         codegen.generate(node, "tiny")
+
+
+def _linear_region(M, K, N, norm):
+    b = Body()
+    x = b.input("x", (1, M, K), data=np.zeros((1, M, K)))
+    w = b.input("w", (N, K), data=np.zeros((N, K)))
+    g = b.input("g", (K,), data=np.zeros(K))
+    r = b.input("r", (1, M, N), data=np.zeros((1, M, N)))
+    h = b("rms_norm", x, g) if norm else x
+    return b.region(b("add", b("linear", h, w), r), kind="contraction")
+
+
+@pytest.mark.parametrize("target, M, K, N, norm", [("rngd", 512, 4096, 11008, False), ("rngd", 512, 4096, 4096, True),
+                                                   ("tiny", 256, 1024, 512, False), ("tiny", 64, 256, 96, True)])
+def test_tiles_fit_the_targets_sram(target, M, K, N, norm):
+    """Real sizes, traced without data: the tile sizes the generator picks fit one PE's SRAM
+    (the kernel language's planner would raise SRAMOverflowError otherwise)."""
+    gk = codegen.generate(_linear_region(M, K, N, norm), target)
+    k = gk.kernel()
+    trace = k.trace(*[lang.spec(p.shape, "f32") for p in gk.params])
+    assert 0 < max(trace.plan.peak) <= trace.target.sram_bytes_per_pe
+    if norm:
+        assert k.__wrapped__.__kwdefaults__["tk"] == K      # the norm needs whole rows
+
+
+def test_rows_too_long_for_sram_are_refused_not_overflowed():
+    with pytest.raises(UnsupportedRegionError, match="rms_norm .*do not fit one PE's SRAM on tiny"):
+        codegen.generate(_linear_region(64, 2048, 96, True), "tiny")
+    b = Body()
+    x = b.input("x", (16, 8192), data=np.zeros((16, 8192)))
+    with pytest.raises(UnsupportedRegionError, match="split-row kernel"):
+        codegen.generate(b.region(b("softmax", x, axis=-1)), "tiny")

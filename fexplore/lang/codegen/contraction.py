@@ -135,16 +135,19 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     nb = len(cons)
 
     def footprint(tm, tn, tk):
-        return 2 * STAGES * (tm * tk * (3 if norm is not None else 1) + nb * tk * tn) * 4 + \
-            2 * tm * tn * 4 * (nb + 1 + len(epilogue))
+        # operand tiles: double buffered by the K loop and by the tile loop; with a norm there is
+        # no K loop, but the row statistics and the normalized rows are tiles too
+        operands = STAGES * (tm * tk * 3 + nb * tk * tn) if norm is not None else \
+            2 * STAGES * (tm * tk + nb * tk * tn)
+        return operands * 4 + 2 * tm * tn * 4 * (nb + 1 + len(epilogue))
 
-    while footprint(tm, tn, tk) > budget and max(tm, tn, tk if norm is None else 0) > 4:
+    while footprint(tm, tn, tk) > budget and max(tm, tn, tk if norm is None else 0) > 1:
         if norm is None and tk >= max(tm, tn):
-            tk = max(4, tk // 2)
+            tk = max(1, tk // 2)
         elif tm >= tn:
-            tm = max(4, tm // 2)
+            tm = max(1, tm // 2)
         else:
-            tn = max(4, tn // 2)
+            tn = max(1, tn // 2)
     if permuted is not None and norm is not None:
         fail(norm, "a norm over permuted activations")
     if footprint(tm, tn, tk) > budget:
