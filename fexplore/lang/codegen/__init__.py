@@ -21,13 +21,14 @@ from fexplore.npu import get_target
 from .check import KernelCheck, check_kernel
 from .common import body_of, region_label
 from .contraction import CONTRACTIONS, generate_contraction
+from .attention import generate_attention
 from .conv import generate_conv
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
 from .rowwise import generate_vector
 from .vector import check_table
 
-_NOT_YET = {"attention": "streaming attention", "embedding": "gather",
+_NOT_YET = {"embedding": "gather",
             "gather": "gather", "index": "gather", "permute": "relayout", "concat": "relayout",
             "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling"}
 
@@ -37,8 +38,9 @@ def generate(node: Node, target="rngd") -> GeneratedKernel:
     cfg = get_target(target)
     body = body_of(node)
     contraction = any(n.op.name in CONTRACTIONS for n in body.nodes)
-    # the op that decides the kind of kernel is named first (an attention region holds views too)
-    for n in sorted(body.nodes, key=lambda n: n.op.name != "attention"):
+    if _is_attention(body):
+        return generate_attention(node, cfg)
+    for n in body.nodes:
         if n.op.name in _NOT_YET and not (contraction and n.op.name == "permute"):   # a prologue view
             raise UnsupportedRegionError(n.op.name, region_label(node),
                                          f"the {_NOT_YET[n.op.name]} part is not written yet", loc=n.loc)
@@ -49,6 +51,14 @@ def generate(node: Node, target="rngd") -> GeneratedKernel:
     if contraction:
         return generate_contraction(node, cfg)
     return generate_vector(node, cfg)
+
+
+def _is_attention(body) -> bool:
+    """The attention op, or a softmax between two matmuls (attention written out)."""
+    if any(n.op.name == "attention" for n in body.nodes):
+        return True
+    made_by = {v.name: n.op.name for n in body.nodes for v in n.outputs}
+    return any(n.op.name == "matmul" and made_by.get(n.inputs[0].name) == "softmax" for n in body.nodes)
 
 
 __all__ = ["GeneratedKernel", "KernelCheck", "Param", "Result", "UnsupportedRegionError", "check_kernel",

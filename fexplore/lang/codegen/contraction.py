@@ -154,7 +154,8 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         fail(norm or first, f"rows of {K} activations do not fit one PE's SRAM on {cfg.name}")
 
     # -- parameters ------------------------------------------------------------------------------------
-    names = Names()
+    names = Names({"tm", "tn", "tk", "stages", "ms", "ns", "ks", "ds", "h", "itertools", "b",
+                   *(f"b{i}" for i in range(8)), *(f"h{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
     kparams, specs, header_params = [], [], []

@@ -115,7 +115,8 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     if footprint(rows, to) > cfg.sram_bytes_per_pe // 2:
         fail(convs[0], f"one output row of {Q} columns does not fit one PE's SRAM on {cfg.name}")
 
-    names = Names({"bands", "taps", "itertools"})
+    names = Names({"bands", "taps", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh", "kw", "r", "rp", "c",
+                   "cp"})
     fname = kernel_name(node)
     names.taken.add(fname)
     kparams, pspecs, header_params = [], [], []

@@ -45,7 +45,7 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
     axis_names = outer_names + ["R"]
     loop_vars = [n.lower() for n in outer_names] + ["rs"]
 
-    names = Names()
+    names = Names({"rows", "stages", "once", "rs", "b", *(f"b{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
     w = Writer()
