@@ -241,8 +241,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                     w("l = p.sum(axis=-1)")
                 w(f'o = fl.contract("st,{v_letters}->se", p, vt, acc=o)')
                 w("m = m_new")
-            idx = ", ".join([e for d, e in zip(lead, lv) if d != 1 or True][:0] +
-                            [q_index[i] for i in range(len(lead))] + ["qs", ":"])
+            idx = ", ".join([q_index[i] for i in range(len(lead))] + ["qs", ":"])
             w(f"fl.store({out}[{idx}], fl.div(o, l, dtype={fl_dtype(result.type.dtype)}))")
         w(f"return {out}")
     results = (Result(0, tuple(node.outputs[0].type.shape)),)

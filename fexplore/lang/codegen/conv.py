@@ -85,7 +85,6 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             fail(n, "in a convolution's epilogue (elementwise ops are handled)")
         epilogue.append(n)
     Bo, O, P, Q = out_shape
-    K_H = max(w.type.shape[2] for _, _, w, _ in specs)
 
     # bands of output rows and columns, cut where an offset starts or stops reading the image
     rcuts, ccuts = set(), set()
@@ -224,7 +223,6 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             for o, on in zip(body.outputs, onames):
                 w_(f"fl.store({on}[b, os_, ps, qs], {tiles[o.name]})")
         w_(f"return {', '.join(onames)}")
-    _ = K_H
     parts = ("convolution", "epilogue") if epilogue or any(s[3] for s in specs) else ("convolution",)
     return GeneratedKernel(fname, "convolution", w_.text(), cfg, tuple(kparams), tuple(results), parts)
 

@@ -16,7 +16,7 @@ from fexplore.lang.examples._tiling import row_tiles
 
 from . import vector
 from .common import Inputs, body_of, header, kernel_name, region_label
-from .domain import FULL, ONE, aligned, group_axes, pattern, trimmed
+from .domain import aligned, group_axes, pattern, trimmed
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
 from .source import Names, Writer, fl_dtype
@@ -180,5 +180,3 @@ def _rows(cfg, R: int, C: int, live: int, label: str) -> int:
                                                    f"one PE's SRAM on {cfg.name}; needs a split-row kernel")
     return row_tiles(R, per_row, cfg, STAGES)
 
-
-_ = (FULL, ONE)

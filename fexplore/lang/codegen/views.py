@@ -10,7 +10,6 @@ unit-stride box of the input: ``q[b, h, qs, :]`` of (B, T, 3*H*D) -> (B, H, T, D
 
 from __future__ import annotations
 
-from .errors import UnsupportedRegionError
 
 VIEW_OPS = {"reshape", "permute", "slice", "select", "split", "relayout"}
 
