@@ -42,11 +42,10 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                                      loc=n.loc if n is not None else node.loc)
 
     sdpa = [n for n in body.nodes if n.op.name == "attention"]
-    score_ops, mask, scale, swap_k = [], None, None, False
+    score_ops, mask, scale, swap_k, causal = [], None, None, False, False
     if sdpa:
         core = sdpa[0]
-        if core.attrs["causal"]:
-            fail(core, "causal attention (the causal part is not written yet)")
+        causal = core.attrs["causal"]
         q, k, v = core.inputs[:3]
         mask = core.inputs[3] if len(core.inputs) == 4 else None
         scale = core.attrs["scale"] if core.attrs["scale"] is not None else 1.0 / math.sqrt(q.type.shape[-1])
@@ -81,28 +80,32 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     if list(body.outputs) != [result] and [o.name for o in body.outputs] != [result.name]:
         fail(producer.get(body.outputs[0].name), "the region exports values besides the attention output "
                                                  "(a KV cache)")
-    qm = ViewMap.of(q, producer, params_in, fail)
-    km = ViewMap.of(k, producer, params_in, fail)
+    computed = {x.name for x in (q, k) if not _is_view(x, producer)} if sdpa else set()
+    qm = ViewMap.of(q, producer, params_in, fail) if q.name not in computed else None
+    km = ViewMap.of(k, producer, params_in, fail) if k.name not in computed else None
     vm = ViewMap.of(v, producer, params_in, fail)
-    if swap_k:   # the matmul reads kᵀ: (..., D, T) -> (..., T, D)
+    if swap_k and km is not None:   # the matmul reads kᵀ: (..., D, T) -> (..., T, D)
         r = len(km.shape)
         km = ViewMap(km.source, km.shape[:-2] + (km.shape[-1], km.shape[-2]),
                      km._substitute(lambda i: (0, [(1, r - 1 if i == r - 2 else r - 2 if i == r - 1 else i)])))
     # every body node must be a view of q, k, v, a score op or the core
     seen = set(core_nodes)
-    for val in (q, k, v):
-        y = val
-        while y.name in producer:
+    stack = [q, k, v]
+    while stack:
+        y = stack.pop()
+        if y.name in producer and id(producer[y.name]) not in seen:
             seen.add(id(producer[y.name]))
-            y = producer[y.name].inputs[0]
+            stack.extend(producer[y.name].inputs)
     for n in body.nodes:
         if id(n) not in seen:
             fail(n, "beside the attention (only views of q, k and v and score ops are handled)")
 
-    *lead, S, D = qm.shape
-    *klead, T, Dk = km.shape
+    q_shape = qm.shape if qm is not None else tuple(q.type.shape)
+    k_shape = km.shape if km is not None else tuple(k.type.shape)
+    *lead, S, D = q_shape
+    *klead, T, Dk = k_shape
     Dv = vm.shape[-1]
-    if Dk != D or any(not isinstance(d, int) for d in qm.shape + km.shape + vm.shape):
+    if Dk != D or any(not isinstance(d, int) for d in q_shape + k_shape + vm.shape):
         fail(q and producer.get(q.name), "q and k of different depths, or symbolic sizes")
     lead, klead = tuple(lead), aligned(tuple(klead), len(lead))
     names = Names({"qt", "kt", "vt", "s", "m", "l", "o", "p", "m_new", "m_safe", "alpha", "ts", "qs", "b", "h",
@@ -123,7 +126,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                 fail(None, f"k and v heads {kl} do not fit q heads {lead}")
         return out
 
-    kp = len(lead) - (len(km.shape) - 2)
+    kp = len(lead) - (len(k_shape) - 2)
     k_index = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
     vp = len(lead) - (len(vm.shape) - 2)
     v_index = {i - vp: e for i, e in kv_index(aligned(tuple(vm.shape[:-2]), len(lead))).items() if i >= vp}
@@ -145,17 +148,21 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         text, order = m.box(index, {seq_axis: (f"{seq}.start", f"{seq}.stop"), depth_axis: ("0", str(depth))})
         return f"{param(m.source)}[{text}]", order
 
+    n_lead = len(lead)
     try:
-        n_lead = len(lead)
-        q_box, q_order = box(qm, q_index, n_lead, "qs", n_lead + 1, D)
-        k_box, k_order = box(km, k_index, len(km.shape) - 2, "ts", len(km.shape) - 1, D)
+        if qm is not None:
+            q_box, q_order = box(qm, q_index, n_lead, "qs", n_lead + 1, D)
+        if km is not None:
+            k_box, k_order = box(km, k_index, len(k_shape) - 2, "ts", len(k_shape) - 1, D)
         v_box, v_order = box(vm, v_index, len(vm.shape) - 2, "ts", len(vm.shape) - 1, Dv)
     except ValueError:
-        fail(core_nodes and next(n for n in body.nodes if id(n) in core_nodes), "q, k or v is not a unit-stride box "
-             "of its input")
-    q_letters = "".join("s" if a == n_lead else "d" for a in q_order)
-    k_letters = "".join("t" if a == len(km.shape) - 2 else "d" for a in k_order)
+        fail(next(n for n in body.nodes if id(n) in core_nodes), "q, k or v is not a unit-stride box of its input")
+    q_letters = "".join("s" if a == n_lead else "d" for a in q_order) if qm is not None else "sd"
+    k_letters = "".join("t" if a == len(k_shape) - 2 else "d" for a in k_order) if km is not None else "td"
     v_letters = "".join("t" if a == len(vm.shape) - 2 else "e" for a in v_order)
+    # pieces of D: computed q and k (rotary embedding) are made per piece between the cuts where
+    # their graphs slice and concatenate D, and contracted piece by piece
+    cuts = tuple(sorted({0, D} | _concat_cuts([x for x in (q, k) if x.name in computed], producer, D)))
 
     # score operands (a mask): region inputs aligned to the scores (lead..., S, T)
     score_rank = len(lead) + 2
@@ -181,12 +188,21 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         operand(mask)
     # q, k and v's sources were registered by box(); the output
     bq, bk = _blocks(math.prod(lead) or 1, S, T, max(D, Dv), 4, cfg, STAGES)
+    if causal:   # query and key blocks of one size, so a block on the diagonal starts where its queries do
+        bq = bk = min(bq, bk)
 
-    w = Writer()
-    header(w, node, body, "streaming attention", header_params, inputs.literals)
-    w(f'@fl.kernel(target="{cfg.name}")')
-    w(f"def {fname}({', '.join(specs)}, *, bq: int = {bq}, bk: int = {bk}, stages: int = {STAGES}):")
-    with w.indent():
+    w = Writer()   # the body first: computed q and k add parameters as they are written
+    w.depth = 1
+    if causal:
+        w("# the mask of a block on the diagonal, key j <= query i, made once in DRAM")
+        w("tri = fl.scratch((bq, bq), fl.bool_)")
+        w("for r in range(bq):")
+        with w.indent():
+            w("fl.store(tri[r:r + 1, 0:r + 1], fl.full((1, r + 1), 1.0, dtype=fl.bool_))")
+            w("if r + 1 < bq:")
+            with w.indent():
+                w("fl.store(tri[r:r + 1, r + 1:bq], fl.full((1, bq - r - 1), 0.0, dtype=fl.bool_))")
+    if True:
         w(f"S, T = {S}, {T}")
         out = names.new(result.name + "_out").upper()
         axes = " ".join(["_"] * len(lead) + ["S", "_"])
@@ -197,17 +213,46 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         w(f"for {', '.join(gvars)} in fl.parallel({', '.join(grid)}):")
         with w.indent():
             qdt = fl_dtype(q.type.dtype)
-            if scale is not None:
+            if q.name in computed:
+                qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail)
+                q_tiles = qp.pieces(q, cuts)
+                if scale is not None:
+                    for j, t in enumerate(q_tiles):
+                        w(f"{t} = fl.mul({t}, {literal(scale)}, dtype={qdt})   # the scale folded into q once")
+            elif scale is not None:
                 w(f"qt = fl.mul(fl.load({q_box}), {literal(scale)}, dtype={qdt})   # the scale folded into q once")
             else:
                 w(f"qt = fl.load({q_box})")
             w('m = fl.full((qs, 1), float("-inf"))   # running row max')
             w("l = o = None                         # running row sum, output (ACC)")
-            w("for ts in fl.range(fl.tiles(T, bk), stages=stages):")
+            if causal:   # key blocks after the block's last query are masked whole: skipped
+                w("for ts in fl.range([ts for ts in fl.tiles(T, bk) if ts.start < qs.stop], stages=stages):")
+            else:
+                w("for ts in fl.range(fl.tiles(T, bk), stages=stages):")
             with w.indent():
-                w(f"kt = fl.load({k_box})")
+                if k.name in computed:
+                    kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
+                    kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
+                                  tuple(k_shape[:-2]), kidx, "ts", fail)
+                    k_tiles = kpc.pieces(k, cuts)
+                else:
+                    w(f"kt = fl.load({k_box})")
                 w(f"vt = fl.load({v_box})")
-                w(f's = fl.contract("{q_letters},{k_letters}->st", qt, kt)')
+                if q.name in computed or k.name in computed:
+                    qs_ = q_tiles if q.name in computed else None
+                    ks_ = k_tiles if k.name in computed else None
+                    if qs_ is None or ks_ is None:
+                        fail(core_nodes and next(n for n in body.nodes if id(n) in core_nodes),
+                             "only one of q and k computed in the region")
+                    for j, (a, b_) in enumerate(zip(qs_, ks_)):
+                        acc = "" if j == 0 else ", acc=s"
+                        w(f's = fl.contract("sd,td->st", {a}, {b_}{acc})   # D[{cuts[j]}:{cuts[j + 1]}]')
+                else:
+                    w(f's = fl.contract("{q_letters},{k_letters}->st", qt, kt)')
+                if causal:
+                    w("if ts.stop - 1 > qs.start:   # on the diagonal: keys after a query are masked")
+                    with w.indent():
+                        w('s = fl.where(fl.load(tri[0:qs.stop - qs.start, 0:ts.stop - ts.start]), s, float("-inf"))')
                 tiles = dict(inputs.literals)
                 for name, b in operand_boxes.items():
                     t = names.new(name + "_t")
@@ -244,6 +289,111 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             idx = ", ".join([q_index[i] for i in range(len(lead))] + ["qs", ":"])
             w(f"fl.store({out}[{idx}], fl.div(o, l, dtype={fl_dtype(result.type.dtype)}))")
         w(f"return {out}")
+    text = Writer()
+    header(text, node, body, "streaming attention", header_params, inputs.literals)
+    text(f'@fl.kernel(target="{cfg.name}")')
+    text(f"def {fname}({', '.join(specs)}, *, bq: int = {bq}, bk: int = {bk}, stages: int = {STAGES}):")
+    text.lines += w.lines
+    w = text
     results = (Result(0, tuple(node.outputs[0].type.shape)),)
-    parts = ("view", "attention") + (("score ops",) if score_ops else ())
+    parts = ("view",) + (("rotary",) if computed else ()) + ("attention",) + (("score ops",) if score_ops else ()) + \
+        (("causal",) if causal else ())
     return GeneratedKernel(fname, "attention", w.text(), cfg, tuple(kparams), results, parts)
+
+
+def _is_view(v, producer) -> bool:
+    while v.name in producer:
+        if producer[v.name].op.name not in VIEW_OPS:
+            return False
+        v = producer[v.name].inputs[0]
+    return True
+
+
+def _concat_cuts(values, producer, D) -> set:
+    """Where the graphs of `values` concatenate D-wide values along the last axis."""
+    cuts, stack, seen = set(), list(values), set()
+    while stack:
+        v = stack.pop()
+        if v.name in seen or v.name not in producer:
+            continue
+        seen.add(v.name)
+        n = producer[v.name]
+        if n.op.name == "concat" and n.attrs["axis"] % v.type.rank == v.type.rank - 1 and v.type.shape[-1] == D:
+            off = 0
+            for x in n.inputs:
+                off += x.type.shape[-1]
+                cuts.add(off)
+        stack.extend(n.inputs)
+    return cuts
+
+
+class _Pieces:
+    """q or k computed in the region from views of its inputs (rotary embedding: halves of D
+    swapped, negated, scaled by cos and sin tables), written piece by piece along D: a view is
+    loaded per piece, an elementwise op runs per piece, a slice or concat of D only picks pieces."""
+
+    def __init__(self, w, names, label, producer, params_in, literals, param, lead, index, seq, fail):
+        self.w, self.names, self.label = w, names, label
+        self.producer, self.params_in, self.literals = producer, params_in, literals
+        self.param, self.lead, self.index, self.seq, self.fail = param, lead, index, seq, fail
+        self.emit = vector.VectorEmitter(w, names, label)
+        self.memo: dict = {}
+        self.loaded: dict = {}
+
+    def pieces(self, v, cuts: tuple) -> list[str]:
+        key = (v.name, cuts)
+        if key not in self.memo:
+            self.memo[key] = self._pieces(v, cuts)
+        return self.memo[key]
+
+    def _pieces(self, v, cuts):
+        n_pieces = len(cuts) - 1
+        if v.name in self.literals:
+            return [self.literals[v.name]] * n_pieces
+        if v.type.shape[-1] == 1 and cuts != (0, 1):   # broadcast along D: one tile serves every piece
+            return self.pieces(v, (0, 1)) * n_pieces
+        if _is_view(v, self.producer):
+            m = ViewMap.of(v, self.producer, self.params_in, self.fail)
+            rank = len(m.shape)
+            shift = len(self.lead) - (rank - 2)
+            index = {i: (self.index.get(i + shift, "0") if m.shape[i] != 1 else "0") for i in range(rank - 2)}
+            seq = (f"{self.seq}.start", f"{self.seq}.stop") if m.shape[-2] != 1 else ("0", "1")
+            out = []
+            for c0, c1 in zip(cuts, cuts[1:]):
+                try:
+                    text, order = m.box(index, {rank - 2: seq, rank - 1: (str(c0), str(c1))})
+                except ValueError:
+                    self.fail(self.producer.get(v.name), "a view that is not a unit-stride box of its input")
+                if order != sorted(order):
+                    self.fail(self.producer.get(v.name), "a view whose D comes before its sequence axis")
+                src = f"{self.param(m.source)}[{text}]"
+                if src not in self.loaded:   # one load per box, however many views read it
+                    self.loaded[src] = self.names.new(v.name + "_t")
+                    self.w(f"{self.loaded[src]} = fl.load({src})")
+                out.append(self.loaded[src])
+            return out
+        n = self.producer[v.name]
+        op = n.op.name
+        if op == "concat" and n.attrs["axis"] % v.type.rank == v.type.rank - 1:
+            out, off = [], 0
+            bounds = []
+            for x in n.inputs:
+                bounds.append((off, off + x.type.shape[-1], x))
+                off += x.type.shape[-1]
+            for c0, c1 in zip(cuts, cuts[1:]):
+                part = next(((a, b, x) for a, b, x in bounds if a <= c0 and c1 <= b), None)
+                if part is None:
+                    self.fail(n, "a piece of D across a concat boundary")
+                a, _, x = part
+                out += self.pieces(x, (c0 - a, c1 - a))
+            return out
+        if op == "slice" and n.attrs["axis"] % v.type.rank == v.type.rank - 1 and n.attrs["step"] == 1:
+            a = n.attrs["start"]
+            return self.pieces(n.inputs[0], tuple(c + a for c in cuts))
+        if op in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
+            args = [self.pieces(x, cuts if x.type.rank == 0 or x.type.shape[-1] != 1 else (0, 1))
+                    if x.name in self.literals or x.type.rank > 0 else self.fail(n, "a scalar tensor operand")
+                    for x in n.inputs]
+            args = [a * n_pieces if len(a) == 1 and n_pieces > 1 else a for a in args]
+            return [self.emit.node(n, [a[j] for a in args], n.inputs[0].type.rank - 1) for j in range(n_pieces)]
+        self.fail(n, "in the computation of q or k (views, elementwise ops, slices and concats of D are handled)")

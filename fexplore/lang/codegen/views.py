@@ -101,7 +101,8 @@ class ViewMap:
         parts, order = [], []
         for const, lin in self.terms:
             ranged = [(c, i) for c, i in lin if i in slices]
-            fixed = [f"{_coef(c)}{index[i]}" for c, i in lin if i in index and index[i] != "0"]
+            fixed = [f"{_coef(c)}{_group(index[i]) if c != 1 else index[i]}" for c, i in lin
+                     if i in index and index[i] != "0"]
             base = " + ".join(([str(const)] if const else []) + fixed)
             if not ranged:
                 parts.append(base or "0")
@@ -118,6 +119,10 @@ class ViewMap:
                 parts.append(f"{base} + {start}:{base} + {stop}")
             order.append(ranged[0][1])
         return ", ".join(parts), order
+
+
+def _group(expr: str) -> str:
+    return f"({expr})" if " " in expr else expr
 
 
 def _coef(c: int) -> str:
