@@ -77,13 +77,21 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         score_ops, result = path, m2.outputs[0]
         core_nodes = {id(m1), id(sm), id(m2)} | {id(p) for p in path}
         scale = None
-    if list(body.outputs) != [result] and [o.name for o in body.outputs] != [result.name]:
-        fail(producer.get(body.outputs[0].name), "the region exports values besides the attention output "
-                                                 "(a KV cache)")
+    exports = [o for o in body.outputs if o.name != result.name]
+    for o in exports:
+        if not sdpa or o.name not in (k.name, v.name):
+            fail(producer.get(o.name), "the region exports values besides the attention output and its keys "
+                                       "and values")
+    k_parts, v_parts = _seq_parts(k, producer), _seq_parts(v, producer)
+    cache = len(k_parts) > 1 or len(v_parts) > 1 or bool(exports)   # keys and values in parts along T
+    if cache and [(a, b) for a, b, _ in k_parts] != [(a, b) for a, b, _ in v_parts]:
+        fail(producer.get(k.name), "keys and values concatenated at different points")
     computed = {x.name for x in (q, k) if not _is_view(x, producer)} if sdpa else set()
+    if cache:
+        computed = {q.name, k.name}
     qm = ViewMap.of(q, producer, params_in, fail) if q.name not in computed else None
     km = ViewMap.of(k, producer, params_in, fail) if k.name not in computed else None
-    vm = ViewMap.of(v, producer, params_in, fail)
+    vm = ViewMap.of(v, producer, params_in, fail) if not cache else None
     if swap_k and km is not None:   # the matmul reads kᵀ: (..., D, T) -> (..., T, D)
         r = len(km.shape)
         km = ViewMap(km.source, km.shape[:-2] + (km.shape[-1], km.shape[-2]),
@@ -104,8 +112,9 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     k_shape = km.shape if km is not None else tuple(k.type.shape)
     *lead, S, D = q_shape
     *klead, T, Dk = k_shape
-    Dv = vm.shape[-1]
-    if Dk != D or any(not isinstance(d, int) for d in q_shape + k_shape + vm.shape):
+    v_shape = vm.shape if vm is not None else tuple(v.type.shape)
+    Dv = v_shape[-1]
+    if Dk != D or any(not isinstance(d, int) for d in q_shape + k_shape + v_shape):
         fail(q and producer.get(q.name), "q and k of different depths, or symbolic sizes")
     lead, klead = tuple(lead), aligned(tuple(klead), len(lead))
     names = Names({"qt", "kt", "vt", "s", "m", "l", "o", "p", "m_new", "m_safe", "alpha", "ts", "qs", "b", "h",
@@ -128,8 +137,8 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
 
     kp = len(lead) - (len(k_shape) - 2)
     k_index = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
-    vp = len(lead) - (len(vm.shape) - 2)
-    v_index = {i - vp: e for i, e in kv_index(aligned(tuple(vm.shape[:-2]), len(lead))).items() if i >= vp}
+    vp = len(lead) - (len(v_shape) - 2)
+    v_index = {i - vp: e for i, e in kv_index(aligned(tuple(v_shape[:-2]), len(lead))).items() if i >= vp}
 
     # parameters: each distinct region input once, with its own shape and no axis names (q, k and
     # v often share one input, whose token axis is both S and T)
@@ -154,12 +163,13 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             q_box, q_order = box(qm, q_index, n_lead, "qs", n_lead + 1, D)
         if km is not None:
             k_box, k_order = box(km, k_index, len(k_shape) - 2, "ts", len(k_shape) - 1, D)
-        v_box, v_order = box(vm, v_index, len(vm.shape) - 2, "ts", len(vm.shape) - 1, Dv)
+        if vm is not None:
+            v_box, v_order = box(vm, v_index, len(v_shape) - 2, "ts", len(v_shape) - 1, Dv)
     except ValueError:
         fail(next(n for n in body.nodes if id(n) in core_nodes), "q, k or v is not a unit-stride box of its input")
     q_letters = "".join("s" if a == n_lead else "d" for a in q_order) if qm is not None else "sd"
     k_letters = "".join("t" if a == len(k_shape) - 2 else "d" for a in k_order) if km is not None else "td"
-    v_letters = "".join("t" if a == len(vm.shape) - 2 else "e" for a in v_order)
+    v_letters = "".join("t" if a == len(v_shape) - 2 else "e" for a in v_order) if vm is not None else "te"
     # pieces of D: computed q and k (rotary embedding) are made per piece between the cuts where
     # their graphs slice and concatenate D, and contracted piece by piece
     cuts = tuple(sorted({0, D} | _concat_cuts([x for x in (q, k) if x.name in computed], producer, D)))
@@ -208,6 +218,11 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         axes = " ".join(["_"] * len(lead) + ["S", "_"])
         w(f"{out} = fl.output(({', '.join(str(d) for d in lead + (S, Dv))}), {fl_dtype(result.type.dtype)}, "
           f'axes="{axes}")')
+        export_names = {}
+        for o in exports:
+            export_names[o.name] = names.new(o.name + "_out").upper()
+            w(f"{export_names[o.name]} = fl.output(({', '.join(str(d) for d in o.type.shape)}), "
+              f"{fl_dtype(o.type.dtype)})")
         grid = [f"range({d})" for d, e in zip(lead, lv) if d != 1] + ["fl.tiles(S, bq)"]
         gvars = [e for d, e in zip(lead, lv) if d != 1] + ["qs"]
         w(f"for {', '.join(gvars)} in fl.parallel({', '.join(grid)}):")
@@ -225,20 +240,54 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                 w(f"qt = fl.load({q_box})")
             w('m = fl.full((qs, 1), float("-inf"))   # running row max')
             w("l = o = None                         # running row sum, output (ACC)")
+            t_cuts = tuple(b for _, b, _ in k_parts[:-1])
+            keys = f"bands(T, {t_cuts}, bk)" if cache else "fl.tiles(T, bk)"
             if causal:   # key blocks after the block's last query are masked whole: skipped
-                w("for ts in fl.range([ts for ts in fl.tiles(T, bk) if ts.start < qs.stop], stages=stages):")
+                w(f"for ts in fl.range([ts for ts in {keys} if ts.start < qs.stop], stages=stages):")
             else:
-                w("for ts in fl.range(fl.tiles(T, bk), stages=stages):")
+                w(f"for ts in fl.range({keys}, stages=stages):")
             with w.indent():
-                if k.name in computed:
+                if cache:
+                    kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
+                    first_head = " and ".join(f"{q_index[i]} % {lead[i] // d} == 0" for i, d in enumerate(klead)
+                                              if d not in (1, lead[i]) and q_index[i] != "0")
+                    for j, ((a, b_, kx), (_, _, vx)) in enumerate(zip(k_parts, v_parts)):
+                        cond = f"ts.start < {b_}" if j < len(k_parts) - 1 else None
+                        w(("if " if j == 0 else "elif ") + f"{cond}:   # keys {a}:{b_} of %{kx.name}" if cond
+                          else ("else:" if j else "if True:") + f"   # keys {a}:{b_} of %{kx.name}")
+                        with w.indent():
+                            kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
+                                          tuple(k_shape[:-2]), kidx, "ts", fail, offset=a)
+                            k_tiles = kpc.pieces(kx, cuts)
+                            vpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
+                                          tuple(v_shape[:-2]), v_index, "ts", fail, offset=a)
+                            (vtile,) = vpc.pieces(vx, (0, Dv))
+                            w(f"vt = {vtile}")
+                            for jj, (qa, kb) in enumerate(zip(q_tiles, k_tiles)):
+                                acc = "" if jj == 0 else ", acc=s"
+                                w(f's = fl.contract("sd,td->st", {qa}, {kb}{acc})   # D[{cuts[jj]}:{cuts[jj + 1]}]')
+                            if exports:
+                                cond = " and ".join(c for c in (first_head, "qs.start == 0") if c)
+                                w(f"if {cond}:   # the keys and values leave the region: stored once")
+                                with w.indent():
+                                    for val, tiles_, pc, idx_ in ((k, k_tiles, cuts, kidx), (v, [vtile], (0, Dv), v_index)):
+                                        if val.name not in export_names:
+                                            continue
+                                        lead_idx = [idx_.get(i, "0") for i in range(len(val.type.shape) - 2)]
+                                        for t_, c0, c1 in zip(tiles_, pc, pc[1:]):
+                                            w(f"fl.store({export_names[val.name]}[{', '.join(lead_idx + ['ts', f'{c0}:{c1}'])}], {t_})")
+                elif k.name in computed:
                     kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
                     kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
                                   tuple(k_shape[:-2]), kidx, "ts", fail)
                     k_tiles = kpc.pieces(k, cuts)
                 else:
                     w(f"kt = fl.load({k_box})")
-                w(f"vt = fl.load({v_box})")
-                if q.name in computed or k.name in computed:
+                if not cache:
+                    w(f"vt = fl.load({v_box})")
+                if cache:
+                    pass
+                elif q.name in computed or k.name in computed:
                     qs_ = q_tiles if q.name in computed else None
                     ks_ = k_tiles if k.name in computed else None
                     if qs_ is None or ks_ is None:
@@ -288,17 +337,43 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                 w("m = m_new")
             idx = ", ".join([q_index[i] for i in range(len(lead))] + ["qs", ":"])
             w(f"fl.store({out}[{idx}], fl.div(o, l, dtype={fl_dtype(result.type.dtype)}))")
-        w(f"return {out}")
+        order = {result.name: out, **export_names}
+        w(f"return {', '.join(order[o.name] for o in body.outputs)}")
     text = Writer()
     header(text, node, body, "streaming attention", header_params, inputs.literals)
+    if cache:
+        for line in BANDS.splitlines():
+            text(line)
+        text()
+        text()
     text(f'@fl.kernel(target="{cfg.name}")')
     text(f"def {fname}({', '.join(specs)}, *, bq: int = {bq}, bk: int = {bk}, stages: int = {STAGES}):")
     text.lines += w.lines
     w = text
-    results = (Result(0, tuple(node.outputs[0].type.shape)),)
+    results = tuple(Result(i, tuple(node.outputs[i].type.shape)) for i in range(len(body.outputs)))
     parts = ("view",) + (("rotary",) if computed else ()) + ("attention",) + (("score ops",) if score_ops else ()) + \
-        (("causal",) if causal else ())
+        (("causal",) if causal else ()) + (("kv cache",) if cache else ())
     return GeneratedKernel(fname, "attention", w.text(), cfg, tuple(kparams), results, parts)
+
+
+BANDS = '''\
+def bands(n, cuts, size):
+    """[0, n) in tiles of at most `size` that do not straddle any of `cuts`."""
+    edges = sorted({0, n, *(c for c in cuts if 0 < c < n)})
+    return [slice(i, min(i + size, hi)) for lo, hi in zip(edges, edges[1:]) for i in range(lo, hi, size)]
+'''
+
+
+def _seq_parts(v, producer) -> list:
+    """(start, stop, value) of the parts `v` concatenates along its sequence axis (one part if none)."""
+    n = producer.get(v.name)
+    if n is not None and n.op.name == "concat" and n.attrs["axis"] % v.type.rank == v.type.rank - 2:
+        out, off = [], 0
+        for x in n.inputs:
+            out.append((off, off + x.type.shape[-2], x))
+            off += x.type.shape[-2]
+        return out
+    return [(0, v.type.shape[-2], v)]
 
 
 def _is_view(v, producer) -> bool:
@@ -332,7 +407,8 @@ class _Pieces:
     swapped, negated, scaled by cos and sin tables), written piece by piece along D: a view is
     loaded per piece, an elementwise op runs per piece, a slice or concat of D only picks pieces."""
 
-    def __init__(self, w, names, label, producer, params_in, literals, param, lead, index, seq, fail):
+    def __init__(self, w, names, label, producer, params_in, literals, param, lead, index, seq, fail, offset=0):
+        self.offset = offset   # where this part starts along the sequence axis
         self.w, self.names, self.label = w, names, label
         self.producer, self.params_in, self.literals = producer, params_in, literals
         self.param, self.lead, self.index, self.seq, self.fail = param, lead, index, seq, fail
@@ -357,7 +433,8 @@ class _Pieces:
             rank = len(m.shape)
             shift = len(self.lead) - (rank - 2)
             index = {i: (self.index.get(i + shift, "0") if m.shape[i] != 1 else "0") for i in range(rank - 2)}
-            seq = (f"{self.seq}.start", f"{self.seq}.stop") if m.shape[-2] != 1 else ("0", "1")
+            off = f" - {self.offset}" if self.offset else ""
+            seq = (f"{self.seq}.start{off}", f"{self.seq}.stop{off}") if m.shape[-2] != 1 else ("0", "1")
             out = []
             for c0, c1 in zip(cuts, cuts[1:]):
                 try:
