@@ -6,11 +6,21 @@
     k = gk.kernel()                         # the traced fexplore.lang.Kernel
     codegen.check_kernel(node, gk, inputs)  # interpreter vs the IR interpreter on the node
 
-A kernel is composed from parts, chosen by what the region holds, never by whole-model pattern:
-`contraction` (linear / matmul / batched matmul, with a view and norm prologue and an epilogue
-chain), `conv` (conv2d with any stride, padding and dilation, and an epilogue) and `rowwise` (elementwise chains, norms, softmax, last-axis reductions); both write their
-vector-unit lines with `vector.VectorEmitter`, one IR node at a time. Anything without a part
-raises `UnsupportedRegionError` (a NotImplementedError) naming the op.
+A kernel is composed from parts, chosen by what the region holds, never by a whole-model pattern:
+
+    rowwise.py      elementwise chains (every elementwise OpDef but tril/triu), norms, softmax,
+                    last-axis reductions
+    contraction.py  linear / matmul / batched matmul with a prologue (activations.py: free views, a
+                    slice of rows, a norm, heads merged by a permute) and an epilogue chain
+    conv.py         conv2d, any stride / padding / dilation, several per region, with an epilogue
+    attention.py    streaming (flash) attention: the attention op or written out, masks, causal,
+                    grouped-query heads, q and k computed in the region (rotary), a KV cache
+    vector.py       the vector-unit lines of one IR node, which all of the above write with
+    views.py        views of a region input as index maps: a view is read as a box, never copied
+    domain.py       the iteration space, leading axes merged when every operand allows it
+
+Anything without a part raises `UnsupportedRegionError` (a NotImplementedError, code FK190)
+naming the op; the lower stage will run such a node on the host.
 """
 
 from __future__ import annotations
@@ -20,16 +30,15 @@ from fexplore.npu import get_target
 
 from .check import KernelCheck, check_kernel
 from .common import body_of, region_label
-from .contraction import CONTRACTIONS, generate_contraction
 from .attention import generate_attention
+from .contraction import CONTRACTIONS, generate_contraction
 from .conv import generate_conv
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
 from .rowwise import generate_vector
 from .vector import check_table
 
-_NOT_YET = {"embedding": "gather",
-            "gather": "gather", "index": "gather", "permute": "relayout", "concat": "relayout",
+_NOT_YET = {"embedding": "gather", "gather": "gather", "index": "gather", "permute": "relayout", "concat": "relayout",
             "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling"}
 
 

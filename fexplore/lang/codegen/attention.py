@@ -212,133 +212,132 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             w("if r + 1 < bq:")
             with w.indent():
                 w("fl.store(tri[r:r + 1, r + 1:bq], fl.full((1, bq - r - 1), 0.0, dtype=fl.bool_))")
-    if True:
-        w(f"S, T = {S}, {T}")
-        out = names.new(result.name + "_out").upper()
-        axes = " ".join(["_"] * len(lead) + ["S", "_"])
-        w(f"{out} = fl.output(({', '.join(str(d) for d in lead + (S, Dv))}), {fl_dtype(result.type.dtype)}, "
-          f'axes="{axes}")')
-        export_names = {}
-        for o in exports:
-            export_names[o.name] = names.new(o.name + "_out").upper()
-            w(f"{export_names[o.name]} = fl.output(({', '.join(str(d) for d in o.type.shape)}), "
-              f"{fl_dtype(o.type.dtype)})")
-        grid = [f"range({d})" for d, e in zip(lead, lv) if d != 1] + ["fl.tiles(S, bq)"]
-        gvars = [e for d, e in zip(lead, lv) if d != 1] + ["qs"]
-        w(f"for {', '.join(gvars)} in fl.parallel({', '.join(grid)}):")
+    w(f"S, T = {S}, {T}")
+    out = names.new(result.name + "_out").upper()
+    axes = " ".join(["_"] * len(lead) + ["S", "_"])
+    w(f"{out} = fl.output(({', '.join(str(d) for d in lead + (S, Dv))}), {fl_dtype(result.type.dtype)}, "
+      f'axes="{axes}")')
+    export_names = {}
+    for o in exports:
+        export_names[o.name] = names.new(o.name + "_out").upper()
+        w(f"{export_names[o.name]} = fl.output(({', '.join(str(d) for d in o.type.shape)}), "
+          f"{fl_dtype(o.type.dtype)})")
+    grid = [f"range({d})" for d, e in zip(lead, lv) if d != 1] + ["fl.tiles(S, bq)"]
+    gvars = [e for d, e in zip(lead, lv) if d != 1] + ["qs"]
+    w(f"for {', '.join(gvars)} in fl.parallel({', '.join(grid)}):")
+    with w.indent():
+        qdt = fl_dtype(q.type.dtype)
+        if q.name in computed:
+            qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail)
+            q_tiles = qp.pieces(q, cuts)
+            if scale is not None:
+                for j, t in enumerate(q_tiles):
+                    w(f"{t} = fl.mul({t}, {literal(scale)}, dtype={qdt})   # the scale folded into q once")
+        elif scale is not None:
+            w(f"qt = fl.mul(fl.load({q_box}), {literal(scale)}, dtype={qdt})   # the scale folded into q once")
+        else:
+            w(f"qt = fl.load({q_box})")
+        w('m = fl.full((qs, 1), float("-inf"))   # running row max')
+        w("l = o = None                         # running row sum, output (ACC)")
+        t_cuts = tuple(b for _, b, _ in k_parts[:-1])
+        keys = f"bands(T, {t_cuts}, bk)" if cache else "fl.tiles(T, bk)"
+        if causal:   # key blocks after the block's last query are masked whole: skipped
+            w(f"for ts in fl.range([ts for ts in {keys} if ts.start < qs.stop], stages=stages):")
+        else:
+            w(f"for ts in fl.range({keys}, stages=stages):")
         with w.indent():
-            qdt = fl_dtype(q.type.dtype)
-            if q.name in computed:
-                qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail)
-                q_tiles = qp.pieces(q, cuts)
-                if scale is not None:
-                    for j, t in enumerate(q_tiles):
-                        w(f"{t} = fl.mul({t}, {literal(scale)}, dtype={qdt})   # the scale folded into q once")
-            elif scale is not None:
-                w(f"qt = fl.mul(fl.load({q_box}), {literal(scale)}, dtype={qdt})   # the scale folded into q once")
-            else:
-                w(f"qt = fl.load({q_box})")
-            w('m = fl.full((qs, 1), float("-inf"))   # running row max')
-            w("l = o = None                         # running row sum, output (ACC)")
-            t_cuts = tuple(b for _, b, _ in k_parts[:-1])
-            keys = f"bands(T, {t_cuts}, bk)" if cache else "fl.tiles(T, bk)"
-            if causal:   # key blocks after the block's last query are masked whole: skipped
-                w(f"for ts in fl.range([ts for ts in {keys} if ts.start < qs.stop], stages=stages):")
-            else:
-                w(f"for ts in fl.range({keys}, stages=stages):")
-            with w.indent():
-                if cache:
-                    kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
-                    first_head = " and ".join(f"{q_index[i]} % {lead[i] // d} == 0" for i, d in enumerate(klead)
-                                              if d not in (1, lead[i]) and q_index[i] != "0")
-                    for j, ((a, b_, kx), (_, _, vx)) in enumerate(zip(k_parts, v_parts)):
-                        cond = f"ts.start < {b_}" if j < len(k_parts) - 1 else None
-                        w(("if " if j == 0 else "elif ") + f"{cond}:   # keys {a}:{b_} of %{kx.name}" if cond
-                          else ("else:" if j else "if True:") + f"   # keys {a}:{b_} of %{kx.name}")
-                        with w.indent():
-                            kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
-                                          tuple(k_shape[:-2]), kidx, "ts", fail, offset=a)
-                            k_tiles = kpc.pieces(kx, cuts)
-                            vpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
-                                          tuple(v_shape[:-2]), v_index, "ts", fail, offset=a)
-                            (vtile,) = vpc.pieces(vx, (0, Dv))
-                            w(f"vt = {vtile}")
-                            for jj, (qa, kb) in enumerate(zip(q_tiles, k_tiles)):
-                                acc = "" if jj == 0 else ", acc=s"
-                                w(f's = fl.contract("sd,td->st", {qa}, {kb}{acc})   # D[{cuts[jj]}:{cuts[jj + 1]}]')
-                            if exports:
-                                cond = " and ".join(c for c in (first_head, "qs.start == 0") if c)
-                                w(f"if {cond}:   # the keys and values leave the region: stored once")
-                                with w.indent():
-                                    for val, tiles_, pc, idx_ in ((k, k_tiles, cuts, kidx), (v, [vtile], (0, Dv), v_index)):
-                                        if val.name not in export_names:
-                                            continue
-                                        lead_idx = [idx_.get(i, "0") for i in range(len(val.type.shape) - 2)]
-                                        for t_, c0, c1 in zip(tiles_, pc, pc[1:]):
-                                            w(f"fl.store({export_names[val.name]}[{', '.join(lead_idx + ['ts', f'{c0}:{c1}'])}], {t_})")
-                elif k.name in computed:
-                    kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
-                    kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
-                                  tuple(k_shape[:-2]), kidx, "ts", fail)
-                    k_tiles = kpc.pieces(k, cuts)
-                else:
-                    w(f"kt = fl.load({k_box})")
-                if not cache:
-                    w(f"vt = fl.load({v_box})")
-                if cache:
-                    pass
-                elif q.name in computed or k.name in computed:
-                    qs_ = q_tiles if q.name in computed else None
-                    ks_ = k_tiles if k.name in computed else None
-                    if qs_ is None or ks_ is None:
-                        fail(core_nodes and next(n for n in body.nodes if id(n) in core_nodes),
-                             "only one of q and k computed in the region")
-                    for j, (a, b_) in enumerate(zip(qs_, ks_)):
-                        acc = "" if j == 0 else ", acc=s"
-                        w(f's = fl.contract("sd,td->st", {a}, {b_}{acc})   # D[{cuts[j]}:{cuts[j + 1]}]')
-                else:
-                    w(f's = fl.contract("{q_letters},{k_letters}->st", qt, kt)')
-                if causal:
-                    w("if ts.stop - 1 > qs.start:   # on the diagonal: keys after a query are masked")
+            if cache:
+                kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
+                first_head = " and ".join(f"{q_index[i]} % {lead[i] // d} == 0" for i, d in enumerate(klead)
+                                          if d not in (1, lead[i]) and q_index[i] != "0")
+                for j, ((a, b_, kx), (_, _, vx)) in enumerate(zip(k_parts, v_parts)):
+                    cond = f"ts.start < {b_}" if j < len(k_parts) - 1 else None
+                    w(("if " if j == 0 else "elif ") + f"{cond}:   # keys {a}:{b_} of %{kx.name}" if cond
+                      else ("else:" if j else "if True:") + f"   # keys {a}:{b_} of %{kx.name}")
                     with w.indent():
-                        w('s = fl.where(fl.load(tri[0:qs.stop - qs.start, 0:ts.stop - ts.start]), s, float("-inf"))')
-                tiles = dict(inputs.literals)
-                for name, b in operand_boxes.items():
-                    t = names.new(name + "_t")
-                    w(f"{t} = fl.load({b})")
-                    tiles[name] = t
-                cur = "s"
-                if score_ops:
-                    tiles[score_ops[0].inputs[0].name] = "s"
-                    for x in score_ops[0].inputs:
-                        if x.name in producer and producer[x.name].op.name == "matmul":
-                            tiles[x.name] = "s"
-                    emit = vector.VectorEmitter(w, names, label)
-                    for p in score_ops:
-                        cur = emit.node(p, [tiles[x.name] for x in p.inputs], p.inputs[0].type.rank - 1)
-                        tiles[p.outputs[0].name] = cur
-                if mask is not None:
-                    if mask.type.dtype == DType.bool:
-                        w(f's = fl.where({tiles[mask.name]}, s, float("-inf"))   # the mask keeps True')
-                    else:
-                        w(f"s = s + {tiles[mask.name]}")
-                w(f"m_new = fl.maximum(m, {cur}.max(axis=-1))")
-                w('m_safe = fl.where(m_new == float("-inf"), 0.0, m_new)   # rows masked so far stay 0')
-                w(f"p = fl.exp({cur} - m_safe, dtype={fl_dtype(v.type.dtype)})")
-                w("if o is not None:")
+                        kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
+                                      tuple(k_shape[:-2]), kidx, "ts", fail, offset=a)
+                        k_tiles = kpc.pieces(kx, cuts)
+                        vpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
+                                      tuple(v_shape[:-2]), v_index, "ts", fail, offset=a)
+                        (vtile,) = vpc.pieces(vx, (0, Dv))
+                        w(f"vt = {vtile}")
+                        for jj, (qa, kb) in enumerate(zip(q_tiles, k_tiles)):
+                            acc = "" if jj == 0 else ", acc=s"
+                            w(f's = fl.contract("sd,td->st", {qa}, {kb}{acc})   # D[{cuts[jj]}:{cuts[jj + 1]}]')
+                        if exports:
+                            cond = " and ".join(c for c in (first_head, "qs.start == 0") if c)
+                            w(f"if {cond}:   # the keys and values leave the region: stored once")
+                            with w.indent():
+                                for val, tiles_, pc, idx_ in ((k, k_tiles, cuts, kidx), (v, [vtile], (0, Dv), v_index)):
+                                    if val.name not in export_names:
+                                        continue
+                                    lead_idx = [idx_.get(i, "0") for i in range(len(val.type.shape) - 2)]
+                                    for t_, c0, c1 in zip(tiles_, pc, pc[1:]):
+                                        w(f"fl.store({export_names[val.name]}[{', '.join(lead_idx + ['ts', f'{c0}:{c1}'])}], {t_})")
+            elif k.name in computed:
+                kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
+                kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
+                              tuple(k_shape[:-2]), kidx, "ts", fail)
+                k_tiles = kpc.pieces(k, cuts)
+            else:
+                w(f"kt = fl.load({k_box})")
+            if not cache:
+                w(f"vt = fl.load({v_box})")
+            if cache:   # the scores were made part by part above
+                pass
+            elif q.name in computed or k.name in computed:
+                qs_ = q_tiles if q.name in computed else None
+                ks_ = k_tiles if k.name in computed else None
+                if qs_ is None or ks_ is None:
+                    fail(core_nodes and next(n for n in body.nodes if id(n) in core_nodes),
+                         "only one of q and k computed in the region")
+                for j, (a, b_) in enumerate(zip(qs_, ks_)):
+                    acc = "" if j == 0 else ", acc=s"
+                    w(f's = fl.contract("sd,td->st", {a}, {b_}{acc})   # D[{cuts[j]}:{cuts[j + 1]}]')
+            else:
+                w(f's = fl.contract("{q_letters},{k_letters}->st", qt, kt)')
+            if causal:
+                w("if ts.stop - 1 > qs.start:   # on the diagonal: keys after a query are masked")
                 with w.indent():
-                    w("alpha = fl.exp(m - m_safe)   # how much the old max shrinks by")
-                    w("fl.mul(o, alpha, out=o)")
-                    w("l = fl.add(l * alpha, p.sum(axis=-1))")
-                w("else:")
-                with w.indent():
-                    w("l = p.sum(axis=-1)")
-                w(f'o = fl.contract("st,{v_letters}->se", p, vt, acc=o)')
-                w("m = m_new")
-            idx = ", ".join([q_index[i] for i in range(len(lead))] + ["qs", ":"])
-            w(f"fl.store({out}[{idx}], fl.div(o, l, dtype={fl_dtype(result.type.dtype)}))")
-        order = {result.name: out, **export_names}
-        w(f"return {', '.join(order[o.name] for o in body.outputs)}")
+                    w('s = fl.where(fl.load(tri[0:qs.stop - qs.start, 0:ts.stop - ts.start]), s, float("-inf"))')
+            tiles = dict(inputs.literals)
+            for name, b in operand_boxes.items():
+                t = names.new(name + "_t")
+                w(f"{t} = fl.load({b})")
+                tiles[name] = t
+            cur = "s"
+            if score_ops:
+                tiles[score_ops[0].inputs[0].name] = "s"
+                for x in score_ops[0].inputs:
+                    if x.name in producer and producer[x.name].op.name == "matmul":
+                        tiles[x.name] = "s"
+                emit = vector.VectorEmitter(w, names, label)
+                for p in score_ops:
+                    cur = emit.node(p, [tiles[x.name] for x in p.inputs], p.inputs[0].type.rank - 1)
+                    tiles[p.outputs[0].name] = cur
+            if mask is not None:
+                if mask.type.dtype == DType.bool:
+                    w(f's = fl.where({tiles[mask.name]}, s, float("-inf"))   # the mask keeps True')
+                else:
+                    w(f"s = s + {tiles[mask.name]}")
+            w(f"m_new = fl.maximum(m, {cur}.max(axis=-1))")
+            w('m_safe = fl.where(m_new == float("-inf"), 0.0, m_new)   # rows masked so far stay 0')
+            w(f"p = fl.exp({cur} - m_safe, dtype={fl_dtype(v.type.dtype)})")
+            w("if o is not None:")
+            with w.indent():
+                w("alpha = fl.exp(m - m_safe)   # how much the old max shrinks by")
+                w("fl.mul(o, alpha, out=o)")
+                w("l = fl.add(l * alpha, p.sum(axis=-1))")
+            w("else:")
+            with w.indent():
+                w("l = p.sum(axis=-1)")
+            w(f'o = fl.contract("st,{v_letters}->se", p, vt, acc=o)')
+            w("m = m_new")
+        idx = ", ".join([q_index[i] for i in range(len(lead))] + ["qs", ":"])
+        w(f"fl.store({out}[{idx}], fl.div(o, l, dtype={fl_dtype(result.type.dtype)}))")
+    order = {result.name: out, **export_names}
+    w(f"return {', '.join(order[o.name] for o in body.outputs)}")
     text = Writer()
     header(text, node, body, "streaming attention", header_params, inputs.literals)
     if cache:
