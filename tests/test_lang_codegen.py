@@ -95,6 +95,27 @@ def test_zoo_coverage(zoo_regions, capsys):
     assert sum(covered.values()) == sum(total.values()) >= 72
 
 
+@pytest.mark.parametrize("precision, target", [("bf16", "tiny"), ("fp8", "rngd")])
+def test_regions_after_the_precision_stage_equal_the_ir_interpreter(precision, target):
+    """After `precision` (the stage lower will follow), operands are cast to bf16 / fp8 inside the
+    regions: the kernels cast their tiles after the load, and still equal the IR interpreter
+    (within the tolerance of the dtype the region computes in)."""
+    checked = collections.Counter()
+    for name in ("cnn", "gpt", "llama_decode"):
+        model, inputs = ZOO[name]()
+        g = fexplore.compile(model, inputs, verify=False, precision=precision)["precision"].after
+        values = {c.name: c.payload for c in g.constants}
+        arrays = [t.detach().numpy() for t in inputs]
+        values.update({v.name: a for v, a in zip(g.inputs, arrays)})
+        run(g, arrays, hook=lambda node, outs: values.update({v.name: a for v, a in zip(node.outputs, outs)}))
+        for node in (n for n in g.nodes if n.op.name == "region"):
+            gk = codegen.generate(node, target)
+            check = check_kernel(node, gk, [values[v.name] for v in node.inputs])
+            assert check.ok, f"{name} {precision}: {node.regions[0].name}\n{check}\n{gk.source}"
+            checked[node.attrs["kind"]] += 1
+    assert set(checked) == {"contraction", "attention", "norm", "elementwise"}
+
+
 def test_generated_source_is_readable_and_points_at_the_model(zoo_regions):
     node = next(n for n, _ in zoo_regions["gpt"] if n.loc.module == "h.0.mlp.c_fc")
     gk = codegen.generate(node, "rngd")

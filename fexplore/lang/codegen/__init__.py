@@ -67,7 +67,9 @@ def _is_attention(body) -> bool:
     if any(n.op.name == "attention" for n in body.nodes):
         return True
     made_by = {v.name: n.op.name for n in body.nodes for v in n.outputs}
-    return any(n.op.name == "matmul" and made_by.get(n.inputs[0].name) == "softmax" for n in body.nodes)
+    reads = {v.name: n.inputs[0].name for n in body.nodes for v in n.outputs if n.op.name == "cast"}
+    return any(n.op.name == "matmul" and made_by.get(reads.get(n.inputs[0].name, n.inputs[0].name)) == "softmax"
+               for n in body.nodes)
 
 
 __all__ = ["GeneratedKernel", "KernelCheck", "Param", "Result", "UnsupportedRegionError", "check_kernel",

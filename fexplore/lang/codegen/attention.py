@@ -20,7 +20,7 @@ from .common import Inputs, body_of, header, kernel_name, region_label
 from .domain import aligned
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
-from .source import Names, Writer, fl_dtype, literal
+from .source import Names, Writer, cast_to, fl_dtype, literal
 from .views import VIEW_OPS, ViewMap
 
 STAGES = 2
@@ -47,17 +47,27 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         core = sdpa[0]
         causal = core.attrs["causal"]
         q, k, v = core.inputs[:3]
+        op_dt = {x.name: x.type.dtype for x in (q, k, v)}
         mask = core.inputs[3] if len(core.inputs) == 4 else None
         scale = core.attrs["scale"] if core.attrs["scale"] is not None else 1.0 / math.sqrt(q.type.shape[-1])
         gqa = core.attrs["gqa"]
         result = core.outputs[0]
         core_nodes = {id(core)}
+        dts = [x.type.dtype for x in (q, k, v)]
+        q, k, v = (_uncast(x, producer, core_nodes) for x in (q, k, v))
+        op_dt = {x.name: d for x, d in zip((q, k, v), dts)}
     else:
         sm = next((n for n in body.nodes if n.op.name == "softmax"), None)
         if sm is None or sm.attrs["axis"] % sm.inputs[0].type.rank != sm.inputs[0].type.rank - 1:
             fail(sm or body.nodes[0], "not an attention pattern")
-        m2 = users.get(sm.outputs[0].name, [None])[0]
-        if m2 is None or m2.op.name != "matmul" or m2.inputs[0].name != sm.outputs[0].name:
+        p_val = sm.outputs[0]
+        m2 = users.get(p_val.name, [None])[0]
+        if m2 is not None and m2.op.name == "cast":   # P in the operand dtype (the precision stage's)
+            p_cast, p_val = m2, m2.outputs[0]
+            m2 = users.get(p_val.name, [None])[0]
+        else:
+            p_cast = None
+        if m2 is None or m2.op.name != "matmul" or m2.inputs[0].name != p_val.name:
             fail(sm, "a softmax not feeding a matmul")
         x, path = sm.inputs[0], []
         while x.name in producer and producer[x.name].op.name != "matmul":
@@ -73,9 +83,13 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             fail(sm, "softmax of no matmul")
         m1 = producer[x.name]
         q, k, v = m1.inputs[0], m1.inputs[1], m2.inputs[1]
+        op_dt = {x.name: x.type.dtype for x in (q, k, v)}
         swap_k, gqa = True, False
         score_ops, result = path, m2.outputs[0]
-        core_nodes = {id(m1), id(sm), id(m2)} | {id(p) for p in path}
+        core_nodes = {id(m1), id(sm), id(m2)} | {id(p) for p in path} | ({id(p_cast)} if p_cast else set())
+        q_dt, k_dt, v_dt = q.type.dtype, k.type.dtype, v.type.dtype
+        q, k, v = (_uncast(x, producer, core_nodes) for x in (q, k, v))
+        op_dt = {q.name: q_dt, k.name: k_dt, v.name: v_dt}
         scale = None
     exports = [o for o in body.outputs if o.name != result.name]
     for o in exports:
@@ -230,13 +244,16 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         if q.name in computed:
             qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail)
             q_tiles = qp.pieces(q, cuts)
+            if scale is None and op_dt[q.name] != q.type.dtype:
+                for t in q_tiles:
+                    w(f"{t} = {cast_to(t, q.type.dtype, op_dt[q.name])}")
             if scale is not None:
                 for j, t in enumerate(q_tiles):
-                    w(f"{t} = fl.mul({t}, {literal(scale)}, dtype={qdt})   # the scale folded into q once")
+                    w(f"{t} = fl.mul({t}, {literal(scale)}, dtype={fl_dtype(op_dt[q.name])})   # the scale folded into q once")
         elif scale is not None:
-            w(f"qt = fl.mul(fl.load({q_box}), {literal(scale)}, dtype={qdt})   # the scale folded into q once")
+            w(f"qt = fl.mul(fl.load({q_box}), {literal(scale)}, dtype={fl_dtype(op_dt[q.name])})   # the scale folded into q once")
         else:
-            w(f"qt = fl.load({q_box})")
+            w(f"qt = {cast_to(f'fl.load({q_box})', q.type.dtype, op_dt[q.name])}")
         w('m = fl.full((qs, 1), float("-inf"))   # running row max')
         w("l = o = None                         # running row sum, output (ACC)")
         t_cuts = tuple(b for _, b, _ in k_parts[:-1])
@@ -257,10 +274,13 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                     with w.indent():
                         kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
                                       tuple(k_shape[:-2]), kidx, "ts", fail, offset=a)
-                        k_tiles = kpc.pieces(kx, cuts)
+                        k_raw = kpc.pieces(kx, cuts)
+                        k_tiles = [_cast_line(w, names, t, kx.type.dtype, op_dt[k.name]) for t in k_raw]
                         vpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
                                       tuple(v_shape[:-2]), v_index, "ts", fail, offset=a)
                         (vtile,) = vpc.pieces(vx, (0, Dv))
+                        v_raw = vtile
+                        vtile = _cast_line(w, names, vtile, vx.type.dtype, op_dt[v.name])
                         w(f"vt = {vtile}")
                         for jj, (qa, kb) in enumerate(zip(q_tiles, k_tiles)):
                             acc = "" if jj == 0 else ", acc=s"
@@ -269,7 +289,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                             cond = " and ".join(c for c in (first_head, "qs.start == 0") if c)
                             w(f"if {cond}:   # the keys and values leave the region: stored once")
                             with w.indent():
-                                for val, tiles_, pc, idx_ in ((k, k_tiles, cuts, kidx), (v, [vtile], (0, Dv), v_index)):
+                                for val, tiles_, pc, idx_ in ((k, k_raw, cuts, kidx), (v, [v_raw], (0, Dv), v_index)):
                                     if val.name not in export_names:
                                         continue
                                     lead_idx = [idx_.get(i, "0") for i in range(len(val.type.shape) - 2)]
@@ -279,11 +299,11 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                 kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
                 kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
                               tuple(k_shape[:-2]), kidx, "ts", fail)
-                k_tiles = kpc.pieces(k, cuts)
+                k_tiles = [_cast_line(w, names, t, k.type.dtype, op_dt[k.name]) for t in kpc.pieces(k, cuts)]
             else:
-                w(f"kt = fl.load({k_box})")
+                w(f"kt = {cast_to(f'fl.load({k_box})', k.type.dtype, op_dt[k.name])}")
             if not cache:
-                w(f"vt = fl.load({v_box})")
+                w(f"vt = {cast_to(f'fl.load({v_box})', v.type.dtype, op_dt[v.name])}")
             if cache:   # the scores were made part by part above
                 pass
             elif q.name in computed or k.name in computed:
@@ -323,7 +343,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                     w(f"s = s + {tiles[mask.name]}")
             w(f"m_new = fl.maximum(m, {cur}.max(axis=-1))")
             w('m_safe = fl.where(m_new == float("-inf"), 0.0, m_new)   # rows masked so far stay 0')
-            w(f"p = fl.exp({cur} - m_safe, dtype={fl_dtype(v.type.dtype)})")
+            w(f"p = fl.exp({cur} - m_safe, dtype={fl_dtype(op_dt[v.name])})")
             w("if o is not None:")
             with w.indent():
                 w("alpha = fl.exp(m - m_safe)   # how much the old max shrinks by")
@@ -373,6 +393,23 @@ def _seq_parts(v, producer) -> list:
             off += x.type.shape[-2]
         return out
     return [(0, v.type.shape[-2], v)]
+
+
+def _uncast(x, producer, core_nodes):
+    """The value a cast to the operand dtype (the precision stage's) reads; the cast joins the core."""
+    n = producer.get(x.name)
+    if n is not None and n.op.name == "cast":
+        core_nodes.add(id(n))
+        return n.inputs[0]
+    return x
+
+
+def _cast_line(w, names, tile, src, dst) -> str:
+    if src == dst:
+        return tile
+    t = names.new(tile + "_op")
+    w(f"{t} = {cast_to(tile, src, dst)}")
+    return t
 
 
 def _is_view(v, producer) -> bool:

@@ -19,7 +19,7 @@ from .activations import PermutedAccess, RowAccess
 from .domain import OWN, Groups, aligned, group_axes, leading_broadcast, pattern, trimmed
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
-from .source import Names, Writer, fl_dtype
+from .source import Names, Writer, cast_to, fl_dtype
 
 CONTRACTIONS = {"linear", "matmul"}
 STAGES = 2
@@ -55,7 +55,12 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         if any(not isinstance(d, int) for d in c.outputs[0].type.shape + c.inputs[0].type.shape):
             fail(c, "symbolic sizes (specialize the shapes first)")
     # -- the prologue: from a region input to the activations --------------------------------------
-    chain, v = [], first.inputs[0]
+    a_val = first.inputs[0]
+    if a_val.name in producer and producer[a_val.name].op.name == "cast":   # the operand dtype (precision)
+        a_val = producer[a_val.name].inputs[0]
+        if a_val.name in producer and producer[a_val.name].op.name == "cast":
+            fail(producer[a_val.name], "two casts of the activations")
+    chain, v = [], a_val
     while v.name in producer:
         p = producer[v.name]
         if p.op.name not in _VIEWS and p.op.name not in ("layer_norm", "rms_norm"):
@@ -66,7 +71,7 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     if x_in.name in inputs.literals:
         fail(first, "constant activations")
     permuted = PermutedAccess.of(x_in, chain, fail) if any(n.op.name == "permute" for n in chain) else None
-    access = permuted or RowAccess.of(x_in, chain, first.inputs[0], fail)
+    access = permuted or RowAccess.of(x_in, chain, a_val, fail)
     # -- the weights: region inputs, through identity views ---------------------------------------
     weights = []
     for c in cons:
@@ -79,12 +84,12 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         if bias is not None and bias.name not in body_inputs:
             fail(c, "a bias computed inside the region")
         weights.append((wv, bias))
-    prologue = {id(n) for n in chain}
+    prologue = {id(n) for n in chain} | ({id(producer[first.inputs[0].name])} if a_val is not first.inputs[0] else set())
     epilogue = [n for n in body.nodes if id(n) not in prologue and n.op.name not in CONTRACTIONS]
     for n in epilogue:
         if n.op.name not in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
             fail(n, "in a contraction's epilogue (elementwise ops are handled)")
-    in_prologue = {v.name for n in chain for v in n.outputs}
+    in_prologue = {v.name for n in chain for v in n.outputs} | {first.inputs[0].name}
     for o in body.outputs:
         if o.name in in_prologue:
             fail(producer[o.name], "a prologue value leaves the region")
@@ -126,6 +131,9 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
 
     # -- tile sizes ----------------------------------------------------------------------------------
     dt = first.inputs[0].type.dtype
+    op_dt = first.inputs[1].type.dtype   # the tensor unit's operand dtype: the weights'
+    if dt != op_dt:
+        fail(first, f"activations of {dt} and weights of {op_dt}")
     norm = next((n for n in chain if n.op.name in ("layer_norm", "rms_norm")), None)
     tm, tn, tk = matmul_tiles(M, N, K, max(dt.itemsize, 1), cfg, dt.name, STAGES)
     budget = cfg.sram_bytes_per_pe // 2
@@ -261,9 +269,9 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                     w(f"{t} = fl.load({pn}[:])")
                     ptiles.append(t)
                 a_tile = emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1)
-                if dt.name != "f32" or any(c.inputs[1].type.dtype.name != "f32" for c in cons):
+                if op_dt != norm.outputs[0].type.dtype:
                     a_tile_c = names.new(a_tile + "_op")
-                    w(f"{a_tile_c} = {a_tile}.astype({fl_dtype(cons[0].inputs[1].type.dtype)})")
+                    w(f"{a_tile_c} = {cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)}")
                     a_tile = a_tile_c
                 for acc, (wb, spec) in zip(accs, w_boxes):
                     w(f'{acc} = fl.contract("{spec}", {a_tile}, fl.load({wb}))')
@@ -278,10 +286,11 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                 with w.indent():
                     if len(cons) == 1:
                         wb, spec = w_boxes[0]
-                        w(f'{accs[0]} = fl.contract("{spec}", fl.load({x_box}), fl.load({wb}), acc={accs[0]})')
+                        a = cast_to(f"fl.load({x_box})", x_in.type.dtype, op_dt)
+                        w(f'{accs[0]} = fl.contract("{spec}", {a}, fl.load({wb}), acc={accs[0]})')
                     else:
                         xt = names.new(x_in.name + "_t")
-                        w(f"{xt} = fl.load({x_box})")
+                        w(f"{xt} = {cast_to(f'fl.load({x_box})', x_in.type.dtype, op_dt)}")
                         for acc, (wb, spec) in zip(accs, w_boxes):
                             w(f'{acc} = fl.contract("{spec}", {xt}, fl.load({wb}), acc={acc})')
             # the contractions' values (+ bias), then the epilogue

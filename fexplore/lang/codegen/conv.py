@@ -24,7 +24,7 @@ from .common import Inputs, body_of, header, kernel_name, region_label
 from .domain import aligned
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
-from .source import Names, Writer, fl_dtype
+from .source import Names, Writer, cast_to, fl_dtype
 
 STAGES = 2
 
@@ -53,12 +53,15 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
         raise UnsupportedRegionError(n.op.name, label, why, loc=n.loc)
 
     def source(v, n):
-        while v.name in producer and producer[v.name].op.name == "relayout":
+        while v.name in producer and producer[v.name].op.name in ("relayout", "cast"):
+            if producer[v.name].op.name == "cast":
+                casts.add(id(producer[v.name]))
             v = producer[v.name].inputs[0]
         if v.name not in body_inputs or v.name in inputs.literals:
             fail(n, "a convolution operand computed inside the region")
         return v
 
+    casts: set = set()   # operand casts (the precision stage's): applied after the load
     convs = [n for n in body.nodes if n.op.name == "conv2d"]
     out_shape = tuple(convs[0].outputs[0].type.shape)
     specs = []
@@ -73,13 +76,13 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
         B, C, H, W = x.type.shape
         if (sh > 1 and H % sh) or (sw > 1 and W % sw):
             fail(c, f"a stride {sh}x{sw} that does not divide the input {H}x{W}")
-        if x.type.dtype != w.type.dtype:
+        if c.inputs[0].type.dtype != c.inputs[1].type.dtype:
             fail(c, "input and weights of different dtypes")
         specs.append((c, x, w, bias))
     used = {id(c) for c in convs}
     epilogue = []
     for n in body.nodes:
-        if id(n) in used or n.op.name == "relayout" and n.inputs[0].name in body_inputs:
+        if id(n) in used or id(n) in casts or n.op.name == "relayout" and n.inputs[0].name in body_inputs:
             continue
         if n.op.name not in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
             fail(n, "in a convolution's epilogue (elementwise ops are handled)")
@@ -194,8 +197,9 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                     else:
                         w_(f"r, c = {_offset('kh', dh, ph)}, {_offset('kw', dw, pw)}")
                         box = f"{xn}[b, :, ps.start + r:ps.stop + r, qs.start + c:qs.stop + c]"
-                    w_(f'{acc} = fl.contract("cpq,oc->opq", fl.load({box}), fl.load({wn}[os_, :, kh, kw]), '
-                       f"acc={acc})")
+                    patch = cast_to(f"fl.load({box})", x.type.dtype, c.inputs[0].type.dtype)
+                    wt = cast_to(f"fl.load({wn}[os_, :, kh, kw])", w.type.dtype, c.inputs[1].type.dtype)
+                    w_(f'{acc} = fl.contract("cpq,oc->opq", {patch}, {wt}, acc={acc})')
                 w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
                 with w_.indent():
                     w_(f"{acc} = fl.zeros((os_, ps, qs), space=fl.ACC)")

@@ -101,3 +101,13 @@ class Writer:
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
+
+
+def cast_to(expr: str, src: DType, dst: DType) -> str:
+    """`expr` (a tile of dtype `src`) as an operand of dtype `dst` for the tensor unit; fp8 saturates
+    to its range first, as the IR's cast does."""
+    if src == dst:
+        return expr
+    if dst == DType.fp8 and src.is_float:
+        return f"fl.cast(fl.minimum(fl.maximum({expr}, -448.0), 448.0), fl.fp8)"
+    return f"{expr}.astype({fl_dtype(dst)})"
