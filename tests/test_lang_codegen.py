@@ -20,6 +20,8 @@ from fexplore.errors import SourceLoc
 from fexplore.ir import Attrs, Constant, DType, Graph, Node, TensorType, Value, get_op, run
 from fexplore.lang import codegen
 from fexplore.lang.codegen import UnsupportedRegionError, check_kernel
+from fexplore.lang.codegen import vector as vector_mod
+from fexplore.npu import get_target
 from fexplore.models import ZOO
 
 TARGETS = ["rngd", "tiny"]
@@ -537,3 +539,39 @@ def test_rows_too_long_for_sram_are_refused_not_overflowed():
     x = b.input("x", (16, 8192), data=np.zeros((16, 8192)))
     with pytest.raises(UnsupportedRegionError, match="split-row kernel"):
         codegen.generate(b.region(b("softmax", x, axis=-1)), "tiny")
+
+
+def _operand_data(op_name, rng, shape):
+    """Inputs inside each op's domain (acosh needs >= 1, atanh (-1, 1), pow a positive base, shifts
+    small counts): outside it both sides give NaN, which says nothing about the op."""
+    x = rng.standard_normal(shape)
+    if op_name in ("acosh",):
+        return np.abs(x) + 1.0
+    if op_name in ("asin", "acos", "atanh"):
+        return np.tanh(x) * 0.9
+    if op_name in ("log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow"):
+        return np.abs(x) + 0.1
+    return x
+
+
+@pytest.mark.parametrize("name", sorted(vector_mod.SAME_NAME))
+def test_every_same_name_elementwise_op_as_a_kernel_equals_the_ir(name):
+    """One kernel per vector-unit op the table maps, on odd-sized operands (one broadcast along
+    rows): the generated kernel equals the IR interpreter, so a wrong entry in either table fails."""
+    op = get_op(name)
+    b = Body(11)
+    ints = name.startswith("bitwise")
+    bools = name.startswith("logical") or name == "where"
+    shapes = [(5, 37), (1, 37), (5, 37)][:op.arity]
+    ins = []
+    for i, shape in enumerate(shapes):
+        if ints:
+            data = b.rng.integers(0 if "shift" in name else -50, 6 if "shift" in name else 50, shape)
+            ins.append(b.input(f"x{i}", shape, DType.i32, data=data))
+        elif bools and (name != "where" or i == 0):
+            ins.append(b.input(f"x{i}", shape, DType.bool, data=b.rng.random(shape) < 0.5))
+        else:
+            ins.append(b.input(f"x{i}", shape, data=_operand_data(name, b.rng, shape)))
+    node = b.region(b(name, *ins), kind="elementwise")
+    for target in ("rngd", "tiny"):
+        _check(node, b.arrays, get_target(target))

@@ -101,6 +101,18 @@ VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
     _ew("round", 1, np.round),                           # half to even, as torch.round
     _ew("trunc", 1, np.trunc),
     _ew("sign", 1, _sign),
+    _ew("exp2", 1, np.exp2, passes=2, flops=4),
+    _ew("log2", 1, np.log2, passes=2, flops=4),
+    _ew("log10", 1, np.log10, passes=2, flops=4),
+    _ew("tan", 1, np.tan, passes=2, flops=8),
+    _ew("asin", 1, np.arcsin, passes=2, flops=8),
+    _ew("acos", 1, np.arccos, passes=2, flops=8),
+    _ew("atan", 1, np.arctan, passes=2, flops=8),
+    _ew("sinh", 1, np.sinh, passes=2, flops=8),
+    _ew("cosh", 1, np.cosh, passes=2, flops=8),
+    _ew("asinh", 1, np.arcsinh, passes=2, flops=8),
+    _ew("acosh", 1, np.arccosh, passes=2, flops=8),
+    _ew("atanh", 1, np.arctanh, passes=2, flops=8),
     # binary
     _ew("add", 2, np.add),
     _ew("sub", 2, np.subtract),
@@ -111,8 +123,16 @@ VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
     _ew("pow", 2, np.power, passes=2, flops=8),
     _ew("remainder", 2, np.mod, passes=2, flops=4),     # the sign follows the divisor (Python's)
     _ew("fmod", 2, np.fmod, passes=2, flops=4),         # the sign follows the dividend (C's)
+    _ew("atan2", 2, np.arctan2, passes=2, flops=8),
+    _ew("hypot", 2, np.hypot, passes=2, flops=4),
+    _ew("copysign", 2, np.copysign),
+    _ew("fmax", 2, np.fmax),                            # a NaN beside a number gives the number
+    _ew("fmin", 2, np.fmin),
     _ew("bitwise_and", 2, _bits(np.bitwise_and)),
     _ew("bitwise_or", 2, _bits(np.bitwise_or)),
+    _ew("bitwise_xor", 2, _bits(np.bitwise_xor)),
+    _ew("bitwise_left_shift", 2, _bits(np.left_shift)),
+    _ew("bitwise_right_shift", 2, _bits(np.right_shift)),
     # select: where(cond, a, b)
     _ew("where", 3, lambda c, a, b: np.where(c != 0, a, b)),
     # comparisons produce masks (write them into bool or numeric buffers)
@@ -126,6 +146,9 @@ VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
     _cmp("logical_or", _logical(np.logical_or)),
     _cmp("logical_xor", _logical(np.logical_xor)),
     VectorOpDef("logical_not", 1, "compare", lambda x: x == 0),
+    VectorOpDef("signbit", 1, "compare", np.signbit),
+    VectorOpDef("isnan", 1, "compare", np.isnan),
+    VectorOpDef("isinf", 1, "compare", np.isinf),
     # reductions over `axis` (default -1), keepdims by default so results broadcast back
     _red("sum", np.sum),
     _red("max", np.max),

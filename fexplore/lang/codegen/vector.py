@@ -19,7 +19,10 @@ from .source import Names, Writer, fl_dtype, literal
 SAME_NAME = {"exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "erf",
              "sigmoid", "silu", "neg", "abs", "relu", "floor", "ceil", "round", "sign", "logical_not",
              "add", "sub", "mul", "maximum", "minimum", "pow", "remainder", "fmod", "eq", "ne", "lt", "le",
-             "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "where"}
+             "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "where",
+             "exp2", "log2", "log10", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+             "atanh", "trunc", "signbit", "isnan", "isinf", "atan2", "hypot", "copysign", "fmax", "fmin",
+             "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"}
 # written with more than one vector op, or with an attribute picking the op
 COMPOSED = {"gelu", "div", "clamp", "cast"}
 # IR ops that are views the generator treats as identities (the values do not change)
