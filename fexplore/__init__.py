@@ -5,11 +5,12 @@
 """
 
 from . import errors
-from .pipeline import CompiledModel, Exploration, compile, explore, register_op
+from .pipeline import (CompiledModel, Exploration, compile, explore, register_kernel, register_op,
+                       unregister_kernels)
 
 __version__ = "0.1.0"
 __all__ = ["CompiledModel", "Exploration", "compile", "errors", "explore", "load_ipython_extension",
-           "register_op"]
+           "register_kernel", "register_op", "unregister_kernels"]
 
 
 def load_ipython_extension(ipython):

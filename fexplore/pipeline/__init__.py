@@ -5,6 +5,8 @@ from .custom_ops import register_op
 from .driver import GRAPH_STAGES, Exploration, compile, explore
 from .options import CompileOptions
 from .stage import Rewrite, Stage, StageRecord, StageResult
+from .stages import register_kernel, unregister_kernels
 
 __all__ = ["CompiledModel", "CompileOptions", "Exploration", "GRAPH_STAGES", "Rewrite", "Stage",
-           "StageRecord", "StageResult", "compile", "explore", "register_op"]
+           "StageRecord", "StageResult", "compile", "explore", "register_kernel", "register_op",
+           "unregister_kernels"]

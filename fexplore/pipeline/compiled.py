@@ -33,6 +33,19 @@ class CompiledModel:
         raise KeyError(f"no stage {name!r}; stages are {[r.name for r in self.stages]}")
 
     @property
+    def lowering(self):
+        """The lower stage's Lowering (kernels, free views, host ops), or None."""
+        rec = next((r for r in self.stages if r.lowering is not None), None)
+        return rec.lowering if rec is not None else None
+
+    @property
+    def kernels(self) -> list:
+        """The lower stage's kernels, in program order: each has .name, .kind, .region (the
+        node), .source (kernel-language Python), .how ("generated" or "user"), .kernel."""
+        low = self.lowering
+        return low.kernels if low is not None else []
+
+    @property
     def exported(self) -> torch.export.ExportedProgram:
         return self._ingested.exported
 
@@ -102,13 +115,19 @@ class CompiledModel:
         return "\n".join(lines)
 
     def save(self, folder: str | os.PathLike, *, report: bool = True) -> str:
-        """Write the IR text of every stage and the verification table into ``folder``, and
+        """Write the IR text of every stage, the verification table and each kernel's source
+        (``kernels/<name>.py``) into ``folder``, and
         (``report=True``) ``report.html``: every view on one self-contained page."""
         os.makedirs(folder, exist_ok=True)
         for i, r in enumerate(self.stages):
             with open(os.path.join(folder, f"{i:02d}_{r.name}.fx.txt"), "w") as f:
                 f.write(str(r.after))
         self.verification.to_csv(os.path.join(folder, "verification.csv"), index=False)
+        if self.kernels:
+            os.makedirs(os.path.join(folder, "kernels"), exist_ok=True)
+            for k in self.kernels:
+                with open(os.path.join(folder, "kernels", f"{k.name}.py"), "w") as f:
+                    f.write(k.source)
         if report:
             from fexplore.viz.report import write_report  # lazy: rendering is not headless work
 

@@ -168,7 +168,22 @@ class Exploration:
                                           random_sets=self.options.random_input_sets,
                                           seed=self.options.seed)
             numeric = check_graph(rec.after, self._oracle, before=rec.before)
-        rec.verification = Verification(structural[0], structural[1], numeric)
+        kernels = None
+        if structural[0] and rec.lowering is not None:
+            kernels = _check_lowering(rec, self._oracle)
+        rec.verification = Verification(structural[0], structural[1], numeric, kernels)
+
+
+def _check_lowering(rec: StageRecord, oracle: Oracle):
+    """The lowered program run the chip way on the example inputs, against eager."""
+    from fexplore.lang.codegen import check_kernel
+
+    from .numeric import TOLERANCES, compare, compute_dtype
+    from .stages.lower import check_lowering
+
+    return check_lowering(rec.after, rec.lowering, oracle.input_sets[0], oracle.expected[0],
+                          TOLERANCES[compute_dtype(rec.after)], oracle.noise[0], compare,
+                          check_kernel)
 
 
 def _raise_failed(rec: StageRecord):
@@ -176,6 +191,13 @@ def _raise_failed(rec: StageRecord):
     if not v.structural_ok:
         raise VerificationError(f"stage '{rec.name}' produced invalid IR",
                                 detail=v.structural_error)
+    k = v.kernels
+    if k is not None and not k.ok and (v.numeric is None or v.numeric.ok):
+        where = f"; first divergent: {k.first_divergent}" if k.first_divergent else ""
+        raise NumericMismatchError(
+            f"stage '{rec.name}': the lowered program run the chip way is wrong: {k.detail}{where}",
+            hint="cm.kernels / the lower stage's view show each kernel's source; a user kernel "
+                 "registered with fexplore.register_kernel is checked like a generated one")
     n = v.numeric
     where = f"; first divergent node: {n.first_divergent}" if n.first_divergent else ""
     raise NumericMismatchError(

@@ -29,6 +29,7 @@ class StageResult:
     stats: dict[str, Any] = field(default_factory=dict)
     rewrites: list[Rewrite] = field(default_factory=list)
     summary: str = ""  # one line on what the stage did, in its own words
+    lowering: Any = None  # the lower stage's kernels (stages/lower.py: Lowering)
 
 
 @dataclass
@@ -59,10 +60,12 @@ class Verification:
     structural_ok: bool
     structural_error: str | None
     numeric: NumericCheck | None
+    kernels: Any = None  # the lower stage: its program run the chip way (stages/lower.py)
 
     @property
     def ok(self) -> bool:
-        return self.structural_ok and (self.numeric is None or self.numeric.ok)
+        return self.structural_ok and (self.numeric is None or self.numeric.ok) \
+            and (self.kernels is None or self.kernels.ok)
 
     def summary(self) -> str:
         if not self.structural_ok:
@@ -71,6 +74,8 @@ class Verification:
             return "✓ structure (numerics not checked)"
         n = self.numeric
         mark = "✓" if n.ok else "✗"
+        if self.kernels is not None and not self.kernels.ok:
+            mark = "✗"
         return f"{mark} max abs err {n.max_abs:.2e}, max rel err {n.max_rel:.2e}"
 
 
@@ -84,6 +89,7 @@ class StageRecord:
     verification: Verification | None
     elapsed_s: float
     summary: str = ""
+    lowering: Any = None  # the lower stage's Lowering: its kernels, free views and host ops
 
     @property
     def changed(self) -> bool:

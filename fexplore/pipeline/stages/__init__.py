@@ -5,6 +5,7 @@ from ..stage import Stage
 from .fold import fold
 from .fusion import fusion
 from .layout import layout
+from .lower import lower, register_kernel, unregister_kernels
 from .precision import precision
 from .shapes import shapes, specialize, specialize_buckets
 from .simplify import simplify
@@ -18,6 +19,8 @@ GRAPH_STAGE_LIST = [
     Stage("fusion", fusion, "fused regions: attention, contraction + epilogue, norms, "
                             "elementwise chains; split to fit SRAM"),
     Stage("precision", precision, "the cast policy (fp32, bf16, fp8 with f32 accumulation)"),
+    Stage("lower", lower, "every region and op a kernel-language kernel (generated or the "
+                          "user's), a free view or an explicit host op"),
 ]
 
-__all__ = ["GRAPH_STAGE_LIST", "specialize", "specialize_buckets"]
+__all__ = ["GRAPH_STAGE_LIST", "register_kernel", "unregister_kernels", "specialize", "specialize_buckets"]
