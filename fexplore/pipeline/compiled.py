@@ -14,6 +14,13 @@ from fexplore.ir import Graph, run
 from .numeric import to_numpy, to_torch
 
 
+def lowering_kinds(low) -> dict:
+    out: dict[str, int] = {}
+    for k in low.kernels:
+        out[k.kind] = out.get(k.kind, 0) + 1
+    return out
+
+
 class CompiledModel:
     def __init__(self, records, ingested, options):
         self.stages = list(records)
@@ -112,6 +119,15 @@ class CompiledModel:
                      "shared with the model)")
         counts = sorted(g.op_counts().items(), key=lambda kv: -kv[1])
         lines.append("ops: " + ", ".join(f"{k}×{v}" for k, v in counts))
+        low = self.lowering
+        if low is not None:
+            kinds = ", ".join(f"{k} {v}" for k, v in lowering_kinds(low).items())
+            lines.append(f"kernels: {len(low.kernels)} ({kinds}); free views: {len(low.free_views)}; "
+                         f"host ops: {len(low.host_ops)}"
+                         + (" (" + ", ".join(f"{x.op} %{x.node.name}" for x in low.host_ops) + ")"
+                            if low.host_ops else ""))
+            if low.replaced:
+                lines.append("user kernels: " + ", ".join(f"{x.name} for {x.label}" for x in low.replaced))
         return "\n".join(lines)
 
     def save(self, folder: str | os.PathLike, *, report: bool = True) -> str:

@@ -134,6 +134,12 @@ class LoweredNode:
         return loc.module if loc is not None and loc.module else ""
 
     @property
+    def op(self) -> str:
+        """The op name, or ``region:<kind>`` for a fused region."""
+        n = self.node
+        return f"region:{n.attrs.get('kind')}" if n.op.name == "region" else n.op.name
+
+    @property
     def label(self) -> str:
         n = self.node
         return f"region {n.regions[0].name}" if n.op.name == "region" else f"{n.op.name} %{n.name}"
@@ -215,7 +221,8 @@ def lower(graph: Graph, options) -> StageResult:
             continue
         low.nodes.append(LoweredNode(node, "generated", _renamed(gk, _unique(gk.name, taken))))
     stats = lowering_stats(low)
-    host = f", host ops: {', '.join(sorted({x.node.op.name for x in low.host_ops}))}" if low.host_ops else ""
+    host = ", host ops: " + ", ".join(f"{k}×{v}" for k, v in stats["host_ops_by_op"].items()) \
+        if low.host_ops else ""
     user = f", {len(low.replaced)} user kernel(s)" if low.replaced else ""
     summary = (f"{stats['kernels']} kernels ({stats['generated']} generated{user}), "
                f"{stats['free_views']} free views, {stats['host_ops']} host ops{host}")
@@ -228,7 +235,7 @@ def lowering_stats(low: Lowering) -> dict:
         by_kind[x.kind] = by_kind.get(x.kind, 0) + 1
     host: dict[str, int] = {}
     for x in low.host_ops:
-        host[x.node.op.name] = host.get(x.node.op.name, 0) + 1
+        host[x.op] = host.get(x.op, 0) + 1
     return {"kernels": len(low.kernels), "generated": sum(x.how == "generated" for x in low.nodes),
             "user_kernels": len(low.replaced), "replaced": [x.label for x in low.replaced],
             "free_views": len(low.free_views), "host_ops": len(low.host_ops),

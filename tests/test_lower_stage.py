@@ -1,0 +1,132 @@
+"""The lower stage: every node of the final graph a kernel-language kernel, a free view or an
+explicit host op; the program run the chip way verifies against eager; user kernels replace
+generated ones and are checked like them; cm.kernels and cm.save show the kernels."""
+
+import os
+
+import numpy as np
+import pytest
+
+import fexplore
+from fexplore import lang as fl
+from fexplore.errors import NumericMismatchError
+from fexplore.models import ZOO
+
+
+@pytest.fixture(autouse=True)
+def _no_user_kernels():
+    fexplore.unregister_kernels()
+    yield
+    fexplore.unregister_kernels()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("target", ["rngd", "tiny"])
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_every_zoo_model_lowers_and_verifies(name, target, precision):
+    model, inputs = ZOO[name]()
+    cm = fexplore.compile(model, inputs, target=target, precision=precision)
+    rec = cm["lower"]
+    low = cm.lowering
+    assert [r.name for r in cm.stages][-2:] == ["precision", "lower"]
+    assert rec.verification.ok and rec.verification.kernels.ok, rec.verification.kernels
+    # every top-level node is accounted for, exactly once
+    assert len(low.nodes) == len(cm.graph.nodes)
+    assert {id(x.node) for x in low.nodes} == {id(n) for n in cm.graph.nodes}
+    assert all(x.how in ("generated", "free view", "host") for x in low.nodes)
+    assert rec.stats["kernels"] == len(cm.kernels) >= 1
+    assert rec.stats["host_ops"] == len(low.host_ops) == sum(rec.stats["host_ops_by_op"].values())
+    assert all(x.reason for x in low.host_ops)  # a host op says why it is one
+    assert f"{len(cm.kernels)} kernels" in rec.summary and f"{len(low.host_ops)} host ops" in rec.summary
+    names = [k.name for k in cm.kernels]
+    assert len(set(names)) == len(names), "kernel names are unique per compile"
+    for k in cm.kernels:
+        assert f"def {k.name}(" in k.source and k.region is k.node
+    assert rec.verification.kernels.kernels_run >= 1
+
+
+def test_regions_and_plain_ops_lower_free_views_are_free(zoo_compiled):
+    _, _, cm = zoo_compiled("llama_decode")
+    low = cm.lowering
+    assert any(x.node.op.name == "region" for x in low.kernels)
+    assert all(x.node.op.name == "reshape" for x in low.free_views) and low.free_views
+    assert {x.op for x in low.host_ops} >= {"embedding"}
+    assert "kernels:" in cm.summary() and "host ops:" in cm.summary()
+
+
+def test_two_regions_of_one_module_get_distinct_names():
+    model, inputs = ZOO["vit"]()
+    cm = fexplore.compile(model, inputs, target="tiny")
+    names = [k.name for k in cm.kernels]
+    assert len(set(names)) == len(names)
+    assert any(n.endswith("_2") for n in names)  # tiny splits regions: one module, several kernels
+    for k in cm.kernels:
+        k.kernel.kernel()  # each source defines the function it names
+
+
+def _linear(sign):
+    @fl.kernel(target="tiny")
+    def user_linear(x: fl.f32["M", "K"], w: fl.f32["N", "K"], b: fl.f32["N"], *, tm: int = 4,
+                    tn: int = 8, tk: int = 32):
+        M, K = x.shape
+        N = w.shape[0]
+        OUT = fl.output((M, N), fl.f32, axes="M N")
+        for ms, ns in fl.parallel(fl.tiles(M, tm), fl.tiles(N, tn)):
+            acc = None
+            for ks in fl.range(fl.tiles(K, tk)):
+                acc = fl.contract("mk,nk->mn", fl.load(x[ms, ks]), fl.load(w[ns, ks]), acc=acc)
+            y = acc + fl.load(b[ns]) * sign
+            fl.store(OUT[ms, ns], y)
+        return OUT
+    return user_linear
+
+
+def test_a_right_user_kernel_replaces_the_generated_one():
+    fexplore.register_kernel("linear", _linear(1.0))
+    model, inputs = ZOO["mlp"]()
+    cm = fexplore.compile(model, inputs, target="tiny")
+    low = cm.lowering
+    assert [x.label for x in low.replaced] == ["linear %linear_2"]  # the unfused last linear
+    assert cm["lower"].stats["replaced"] == ["linear %linear_2"]
+    user = low.replaced[0]
+    assert user.how == "user" and user.kind == "user" and "def user_linear(" in user.source
+    assert "user kernels: user_linear for linear %linear_2" in cm.summary()
+    assert cm["lower"].verification.ok
+
+
+def test_a_wrong_user_kernel_fails_verification_naming_region_and_kernel():
+    fexplore.register_kernel(lambda n: n.op.name == "linear", _linear(-1.0))
+    model, inputs = ZOO["mlp"]()
+    ex = fexplore.explore(model, inputs, target="tiny")
+    rec = ex["lower"]
+    k = rec.verification.kernels
+    assert not rec.verification.ok and not k.ok
+    assert k.first_divergent == "kernel user_linear (user, for linear %linear_2)"
+    with pytest.raises(NumericMismatchError, match=r"user_linear.*linear %linear_2"):
+        ex.result
+
+
+def test_cm_kernels_and_save(tmp_path, zoo_compiled):
+    _, _, cm = zoo_compiled("gpt")
+    k = cm.kernels[0]
+    assert k.name and k.kind and k.region is not None and "@fl.kernel" in k.source
+    cm.save(tmp_path, report=False)
+    saved = sorted(os.listdir(tmp_path / "kernels"))
+    assert saved == sorted(f"{k.name}.py" for k in cm.kernels)
+    text = (tmp_path / "kernels" / f"{k.name}.py").read_text()
+    assert text == k.source
+
+
+def test_each_kernel_equals_its_region_on_the_example_inputs(zoo_compiled):
+    from fexplore.ir import run
+    from fexplore.lang.codegen import check_kernel
+
+    _, inputs, cm = zoo_compiled("llama")
+    g = cm.graph
+    env = {v.name: np.asarray(x) for v, x in zip(g.inputs, inputs)}
+    env.update({c.name: c.payload for c in g.constants})
+    run(g, [np.asarray(x) for x in inputs],
+        hook=lambda n, outs: env.update({v.name: o for v, o in zip(n.outputs, outs)}))
+    for k in cm.kernels:
+        got = check_kernel(k.node, k.kernel, [env[v.name] for v in k.node.inputs])
+        assert got.ok, (k.name, got)
