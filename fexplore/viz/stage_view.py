@@ -27,6 +27,11 @@ def stage_html(rec, *, css: bool = True, views=VIEWS) -> str:
     parts.append(verification_html(rec))
     for view in views:
         parts.append(section(SECTION_TITLES[view], view_html(rec, view), open=_opens(rec, view)))
+    low = getattr(rec, "lowering", None)  # the lower stage carries its kernels
+    if low is not None:
+        from .lower_view import lowering_html
+
+        parts.append(section("kernels", lowering_html(low), open=True))
     tl = getattr(rec, "timeline", None)  # scheduled stages carry one
     if tl is not None:
         from .timeline import timeline_html
@@ -82,7 +87,11 @@ def verification_text(v) -> str:
     n = v.numeric
     if n is None:
         return f"{mark(True)} structure (numerics not checked)"
-    return f"{mark(n.ok)} max abs {n.max_abs:.1e}, rel {n.max_rel:.1e}"
+    text = f"{mark(n.ok)} max abs {n.max_abs:.1e}, rel {n.max_rel:.1e}"
+    k = getattr(v, "kernels", None)
+    if k is not None:
+        text += f"; {mark(k.ok)} kernels ({k.kernels_run} distinct run)"
+    return text
 
 
 def verification_html(rec) -> str:
@@ -94,6 +103,10 @@ def verification_html(rec) -> str:
         return section("verification failed: invalid IR", f"<pre>{esc(v.structural_error)}</pre>",
                        open=True)
     n = v.numeric
+    k = getattr(v, "kernels", None)
+    if k is not None and not k.ok and (n is None or n.ok):
+        return section("verification failed: a kernel is wrong",
+                       f"<pre>{esc(k.detail or '')}</pre>", open=True)
     lines = [n.detail or "", f"tolerance: {n.tolerance}", f"input sets: {n.input_sets}"]
     if n.first_divergent:
         lines.append(f"first divergent node: {n.first_divergent}")

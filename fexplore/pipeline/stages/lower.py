@@ -109,6 +109,7 @@ class LoweredNode:
     how: str
     kernel: Any = None            # GeneratedKernel or UserKernel; None for views and host ops
     reason: str = ""              # why a host op (codegen's words)
+    traced: Any = None            # the generated source executed: its fexplore.lang.Kernel
 
     @property
     def name(self) -> str:
@@ -219,7 +220,13 @@ def lower(graph: Graph, options) -> StageResult:
             low.nodes.append(LoweredNode(node, "host", reason=f"codegen failed: {type(e).__name__}: "
                                                                f"{str(e).splitlines()[0][:160] if str(e) else ''}"))
             continue
-        low.nodes.append(LoweredNode(node, "generated", _renamed(gk, _unique(gk.name, taken))))
+        gk = _renamed(gk, _unique(gk.name, taken))
+        traced, why = _traces(gk, node)
+        if why:  # a generator that writes a kernel the kernel language rejects: said, not hidden
+            low.nodes.append(LoweredNode(node, "host", reason=f"generated kernel {gk.name} does not "
+                                                               f"trace (a codegen bug): {why}"))
+            continue
+        low.nodes.append(LoweredNode(node, "generated", gk, traced=traced))
     stats = lowering_stats(low)
     host = ", host ops: " + ", ".join(f"{k}×{v}" for k, v in stats["host_ops_by_op"].items()) \
         if low.host_ops else ""
@@ -227,6 +234,17 @@ def lower(graph: Graph, options) -> StageResult:
     summary = (f"{stats['kernels']} kernels ({stats['generated']} generated{user}), "
                f"{stats['free_views']} free views, {stats['host_ops']} host ops{host}")
     return StageResult(graph, stats, [], summary, lowering=low)
+
+
+def _traces(gk, node: Node):
+    """(the traced kernel, None), or (None, why) when the kernel language rejects the source."""
+    try:
+        zeros = [np.zeros(tuple(int(d) for d in v.type.shape), v.type.dtype.numpy) for v in node.inputs]
+        k = gk.kernel()
+        k.trace(*gk.arguments(zeros), target=gk.target)
+        return k, None
+    except Exception as e:
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
 
 
 def lowering_stats(low: Lowering) -> dict:
@@ -287,11 +305,11 @@ class LoweringCheck:
 class _RunOnce:
     """A kernel whose outputs are kept from the check's run, so it runs once."""
 
-    def __init__(self, k):
-        self.k, self.name, self.out = k, k.name, None
+    def __init__(self, x: LoweredNode):
+        self.x, self.name, self.out = x, x.kernel.name, None
 
     def run(self, arrays, kernel=None):
-        self.out = self.k.run(arrays)
+        self.out = self.x.kernel.run(arrays, self.x.traced)
         return self.out
 
 
@@ -324,8 +342,9 @@ def check_lowering(graph: Graph, low: Lowering, inputs, want, tol, noise, compar
                 seen.add(key)
                 run += 1
                 try:
-                    once = _RunOnce(x.kernel)
-                    res = check_kernel(node, once, ins)
+                    once = _RunOnce(x)
+                    with np.errstate(all="ignore"):
+                        res = check_kernel(node, once, ins)
                     if res.ok:
                         outs = once.out
                     else:
