@@ -148,7 +148,8 @@ def report(results, args, elapsed: float, n_entries: int) -> str:
 def _cell(s: str) -> str:
     s = s.replace("|", "\\|").replace("\n", " ")
     # machine paths have no place in a results file
-    return " ".join(w if "/" not in w or w.startswith("aten") else "<path>" for w in s.split())[:200]
+    words = (w if "/" not in w or w.startswith("aten") else "<path>" for w in s.split())
+    return " ".join(words)[:200]
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-# The float dtype every op is sampled in, and the integer/bool dtypes sampled where an op takes them.
+# The float dtype every op is sampled in, and the integer/bool dtypes sampled where an op takes
+# them.
 FLOAT_DTYPE = torch.float32
 INT_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
 

@@ -9,7 +9,8 @@ from .registry import ConvertContext, converter, ir_dtype
 _BINARY = {
     "mul": "mul", "maximum": "maximum", "minimum": "minimum", "pow": "pow",
     "remainder": "remainder", "fmod": "fmod", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le",
-    "gt": "gt", "ge": "ge", "atan2": "atan2", "hypot": "hypot", "logical_and": "logical_and", "logical_or": "logical_or",
+    "gt": "gt", "ge": "ge", "atan2": "atan2", "hypot": "hypot", "logical_and": "logical_and",
+    "logical_or": "logical_or",
     "logical_xor": "logical_xor", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
     "bitwise_xor": "bitwise_xor", "bitwise_left_shift": "bitwise_left_shift",
     "bitwise_right_shift": "bitwise_right_shift", "__lshift__": "bitwise_left_shift",
