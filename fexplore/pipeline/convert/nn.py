@@ -226,8 +226,12 @@ def _batch_norm(ctx):
     y = ctx.emit("batch_norm", [x, w, b, mean, var], {"eps": float(eps)})
     if target == "aten.batch_norm.default":
         return y
-    # in eval mode nothing is saved: torch returns empty tensors for the mean and 1/std
-    return (y, _empty_result(ctx, 1), _empty_result(ctx, 2))
+    # in eval mode nothing is saved: torch returns empty tensors for the mean and 1/std (and
+    # the functional form the running statistics, unchanged)
+    saved = (_empty_result(ctx, 1), _empty_result(ctx, 2))
+    if target == "aten._native_batch_norm_legit_functional.default":
+        return (y, *saved, mean, var)
+    return (y, *saved)
 
 
 def _empty_result(ctx, i):
