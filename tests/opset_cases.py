@@ -886,6 +886,10 @@ case("scatter", "reduce-amax-i32-noself", [randint(-9, 9, 5, dtype=np.int32),
      reduce="amax", include_self=False)
 case("hypot", "f32", [randn(3, 4), randn(4)], torch.hypot)
 case("hypot", "inf-nan", [arr([INF, NAN, 3.0, -0.0]), arr([NAN, INF, -4.0, 0.0])], torch.hypot)
+case("erfc", "f32", [randn(3, 4, scale=3.0)], torch.erfc)
+case("erfc", "tails", [arr([-30.0, -5.0, -0.6, -0.4, 0.0, 0.3, 0.49, 0.51, 2.0, 9.0, 26.0, INF, NAN])],
+     torch.erfc, rtol=1e-5)
+case("erfc", "i64-0d", [scalar(1, np.int64)], torch.erfc)
 
 
 COVERED = {c.op for c in CASES}

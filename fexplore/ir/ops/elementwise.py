@@ -34,6 +34,19 @@ def erf(x: np.ndarray) -> np.ndarray:
     return np.where(z < 0.5, near, far)
 
 
+def erfc(x: np.ndarray) -> np.ndarray:
+    """1 - erf(x) without the cancellation: the Chebyshev erfc directly for x >= 0.5 (relative
+    accuracy where erfc is tiny), 2 - that for x <= -0.5, and 1 - the Taylor erf in between."""
+    x = np.asarray(x, dtype=np.float64)
+    z = np.abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = (-1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+            -0.82215223 + t * 0.17087277)))))))))
+    tail = t * np.exp(-z * z + poly)
+    return np.where(z < 0.5, 1.0 - erf(x), np.where(x > 0, tail, 2.0 - tail))
+
+
 def _f64(fn):
     # Transcendentals are evaluated in f64 and rounded once, so the reference is the exact result
     # rounded to the output dtype (torch's CPU kernels are within an ulp or two of that).
@@ -101,6 +114,7 @@ unary("asinh", np.arcsinh, flops=4)
 unary("acosh", np.arccosh, flops=4)
 unary("atanh", np.arctanh, flops=4)
 unary("erf", erf, flops=8)
+unary("erfc", erfc, flops=8)
 unary("sigmoid", sigmoid, flops=4)
 unary("silu", lambda x: x * sigmoid(x), flops=5)
 unary("gelu", gelu, flops=8, attrs=[AttrSpec("approximate", "str", "none")],

@@ -66,7 +66,7 @@ def _floor_divide(ctx):
 
 _UNARY = ["exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal",
           "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
-          "atanh", "erf", "sigmoid", "silu", "neg", "abs", "relu", "floor", "ceil", "round",
+          "atanh", "erf", "erfc", "sigmoid", "silu", "neg", "abs", "relu", "floor", "ceil", "round",
           "trunc", "sign", "logical_not", "isnan", "isinf", "signbit"]
 
 for _name in _UNARY:

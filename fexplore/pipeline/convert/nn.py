@@ -49,6 +49,8 @@ def _addmv(ctx):
 def _addbmm(ctx):
     input, b1, b2 = ctx.args[:3]
     product = ctx.emit("sum", [ctx.emit("matmul", [b1, b2])], {"axes": (0,)})
+    if product.type.dtype != b1.type.dtype:  # sum widens ints to i64; addbmm keeps their dtype
+        product = ctx.emit("cast", [product], {"dtype": b1.type.dtype})
     return _scaled_add(ctx, input, product, ctx.kwargs.get("beta", 1), ctx.kwargs.get("alpha", 1))
 
 
