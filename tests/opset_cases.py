@@ -721,6 +721,12 @@ case("attention", "gqa-causal", [randn(2, 6, 4, 4), randn(2, 2, 4, 4), randn(2, 
      _sdpa(enable_gqa=True, is_causal=True), gqa=True, causal=True)
 case("attention", "shared-kv-head", [randn(2, 4, 3, 8), randn(2, 1, 5, 8), randn(2, 1, 5, 8)],
      _sdpa())
+_padding_mask = randbool(4, 5)
+_padding_mask[0, :] = False  # a query that may attend to nothing: zeros in torch's SDPA
+_padding_mask[1:, 0] = True
+case("attention", "fully-masked-row", [q, k, v, _padding_mask], _sdpa())
+case("attention", "fully-masked-row-float",
+     [q, k, v, np.where(_padding_mask, 0.0, -INF).astype(np.float32)], _sdpa())
 case("attention", "3d", [randn(2, 4, 8), randn(2, 6, 8), randn(2, 6, 8)], _sdpa())
 # torch rounds the bf16 probabilities before multiplying by v: an output near 0 (a sum that
 # cancels) is off by up to a bf16 ulp of v's magnitude (~1, ulp 2**-7), not of itself

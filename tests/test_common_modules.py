@@ -19,6 +19,15 @@ class Fn(nn.Module):
         return self.fn(self, *xs)
 
 
+class GroupedMM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("offs", torch.tensor([3, 3, 8], dtype=torch.int32))  # group 1 empty
+
+    def forward(self, x, w):
+        return F.grouped_mm(x, w, offs=self.offs)
+
+
 def _filled(out, a, b):
     out[..., :2].copy_(a)
     out[..., 2:].copy_(b)
@@ -96,6 +105,17 @@ def _cases():
             # an empty tensor filled by slice copies (how DeepSeek-V3 assembles its keys)
             "new_empty_filled_by_copies": (Fn(lambda s, a, b: _filled(a.new_empty(2, 3, 5), a, b)),
                                            (r(2, 3, 2), r(2, 3, 3))),
+            # how MoE layers count tokens per expert: histc over float expert ids, and over
+            # values with some outside [min, max] and some exactly at max
+            "histc_tokens_per_expert": (Fn(lambda s, x: torch.histc(
+                torch.topk(x, 2, dim=-1).indices.flatten().float(), bins=4, min=0, max=3)
+                * torch.histc(x, bins=4, min=-1.0, max=1.0)), (r(6, 4),)),
+            "cumsum_to_i32": (Fn(lambda s, x: torch.cumsum(x, 0, dtype=torch.int32) * 3),
+                              (torch.tensor([2.0, 0.0, 1.0, 5.0]),)),
+            # MoE experts over tokens sorted by expert (torch's kernel takes bf16 only)
+            "grouped_mm": (GroupedMM(), (r(8, 16).bfloat16(), r(3, 16, 8).bfloat16())),
+            "histc_at_max": (Fn(lambda s, x: torch.histc(x.clamp(-2, 1.5), bins=5, min=-1.0,
+                                                          max=1.5)), (r(20),)),
             # multi-query attention: one key/value head broadcast over the query heads
             "attention_shared_kv_head": (Fn(lambda s, q, k, v: F.scaled_dot_product_attention(
                 q, k, v)), (r(2, 4, 5, 8), r(2, 1, 5, 8), r(2, 1, 5, 8))),

@@ -1,9 +1,10 @@
 """Model families that bring their own ops, written as they are in the wild: mixture-of-experts
-routing, rotary embeddings with complex numbers, multimodal token merging, multi-query attention,
-audio (1-d) and video (3-d) convolution and pooling, ``empty`` with a memory format, and module
-and parameter names with any characters. Each compiles through every stage (``fexplore.compile``
-verifies structure and numerics after each), matches eager, and its IR text round-trips.
-Data-dependent forms (MoE gathering tokens with ``torch.where(mask)``) are refused clearly."""
+routing, rotary embeddings with complex numbers, multimodal token merging (masked_scatter and
+boolean-mask assignment), multi-query attention, audio (1-d) and video (3-d) convolution,
+transposed convolution and pooling, ``empty`` with a memory format, and module and parameter
+names with any characters. Each compiles through every stage (``fexplore.compile`` verifies
+structure and numerics after each), matches eager, and its IR text round-trips. Data-dependent
+forms (MoE gathering tokens with ``torch.where(mask)``, bincount) are refused clearly."""
 
 import inspect
 import math
@@ -401,6 +402,43 @@ def test_llava_merges_image_features_with_masked_scatter():
     _compile_and_match(LlavaMerge(), (ids, feats))
 
 
+class PromptTemplateMerge(nn.Module):
+    """Image features written over a fixed prompt's image tokens by boolean-mask assignment, as
+    older LLaVA code and VLA policies with a fixed instruction template do."""
+
+    def __init__(self, d=16, vision_dim=12, image_token_index=3):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(20, d)
+        self.projector = nn.Linear(vision_dim, d)
+        self.register_buffer("prompt_ids", torch.tensor([[1, 3, 3, 5, 3, 7], [3, 2, 3, 3, 9, 1]]))
+        self.image_token_index = image_token_index
+
+    def forward(self, image_features):
+        inputs_embeds = self.embed_tokens(self.prompt_ids)
+        image_mask = self.prompt_ids == self.image_token_index
+        inputs_embeds[image_mask] = self.projector(image_features).reshape(-1, inputs_embeds.shape[-1])
+        return inputs_embeds
+
+
+def test_image_features_by_boolean_mask_assignment():
+    torch.manual_seed(0)
+    _compile_and_match(PromptTemplateMerge(), (torch.randn(2, 3, 12),))
+
+
+class MaskedAssignments(nn.Module):
+    def forward(self, x, keep, row):
+        x = x.clone()
+        x[x > 1.0] = 1.0  # a scalar over a mask of every axis
+        x[keep] = row  # one (d,) row for every true position
+        return x
+
+
+def test_boolean_mask_assignment_of_broadcast_values():
+    torch.manual_seed(0)
+    _compile_and_match(MaskedAssignments(), (torch.randn(2, 3, 4), torch.randn(2, 3) > 0,
+                                             torch.randn(4)))
+
+
 # -- multi-query attention -------------------------------------------------------------------------
 
 class MultiQueryAttention(nn.Module):
@@ -619,3 +657,13 @@ def test_any_value_name_reads_back():
     text = str(g)
     assert '%"layers-0.out#1"' in text
     assert parse(text) == g
+
+
+@pytest.mark.parametrize("name", ["llama_rotary", "mixtral_moe", "video"])
+def test_families_compile_with_bf16_precision(name):
+    torch.manual_seed(0)
+    model, inputs = {"llama_rotary": (LlamaAttention(), (torch.randn(2, 8, 32),)),
+                     "mixtral_moe": (MixtralDenseMoE(), (torch.randn(2, 5, 16),)),
+                     "video": (VideoNet(), (torch.randn(1, 3, 4, 16, 16),))}[name]
+    cm = fexplore.compile(model.eval(), inputs, precision="bf16")
+    assert bool(cm.verification["ok"].all())

@@ -141,3 +141,28 @@ def test_exploration_steps_one_stage_at_a_time():
     cm = ex.result
     np.testing.assert_allclose(cm(*inputs).numpy(), model(*inputs).detach().numpy(),
                                rtol=1.3e-6, atol=1e-5)
+
+
+def test_a_random_input_set_the_model_itself_refuses_is_dropped_not_a_crash():
+    class ImageTokens(torch.nn.Module):
+        """Writes one feature row over each image token (id 3): eager raises when the counts
+        differ, which fresh random token ids almost always make them."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(8, 4)
+
+        def forward(self, ids, feats):
+            x = self.embed(ids)
+            x[ids == 3] = feats
+            return x
+
+    ids = torch.tensor([[1, 3, 3, 5, 7, 0, 2, 6]])
+    feats = torch.randn(2, 4)
+    model = ImageTokens()
+    ex = fexplore.explore(model, (ids, feats), random_input_sets=3)
+    cm = ex.result
+    oracle = ex._oracle
+    assert oracle.dropped_sets and all("the model raised" in d for d in oracle.dropped_sets)
+    assert len(oracle.input_sets) == 4 - len(oracle.dropped_sets)
+    torch.testing.assert_close(cm(ids, feats), model(ids, feats))

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from fexplore.errors import ExportError
+
 from fexplore.ir import DType, Graph, run
 
 from .convert import ir_dtype
@@ -79,7 +81,9 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
 class Oracle:
     """Eager PyTorch outputs for the example inputs and ``random_sets`` fresh input sets, and for
     each output eager's own f32 rounding noise (``noise``: max |eager f32 - eager f64|, 0 where
-    the f64 run is not possible; ``f64_note`` says why)."""
+    the f64 run is not possible; ``f64_note`` says why). A random set the model itself refuses
+    (it raises: the set breaks an invariant of its inputs, such as a count of special tokens)
+    is dropped, and ``dropped_sets`` says why."""
 
     def __init__(self, model: torch.nn.Module, example_args: tuple, *, random_sets: int = 1,
                  seed: int = 0):
@@ -89,11 +93,20 @@ class Oracle:
         flat, spec = pytree.tree_flatten(example_args)
         rng = np.random.default_rng(seed)
         sets = [flat] + [[_like(x, rng) for x in flat] for _ in range(random_sets)]
+        self.dropped_sets: list[str] = []
         twin, self.f64_note = _f64_twin(model)
-        for leaves in sets:
+        for i, leaves in enumerate(sets):
             args = pytree.tree_unflatten(leaves, spec)
-            with torch.no_grad():
-                out = model(*args)
+            try:
+                with torch.no_grad():
+                    out = model(*args)
+            except Exception as e:
+                if i == 0:  # the user's own inputs: export ran them, so this is not expected
+                    raise ExportError(f"the model raised on its example inputs: "
+                                      f"{type(e).__name__}: {e}") from None
+                self.dropped_sets.append(f"random input set {i}: the model raised "
+                                         f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                continue
             self.input_sets.append([to_numpy(x) for x in leaves if isinstance(x, torch.Tensor)])
             outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
             self.expected.append([to_numpy(o) for o in outs])

@@ -381,7 +381,12 @@ def _sdpa_ref(xs, a):
         s = np.where(m, s, -np.inf) if m.dtype == np.bool_ else s + _f(m)
     mx = np.max(s, axis=-1, keepdims=True)
     e = np.exp(s - np.where(np.isfinite(mx), mx, 0.0))
-    return [np.matmul(e / e.sum(axis=-1, keepdims=True), v)]
+    den = e.sum(axis=-1, keepdims=True)
+    # a query that may attend to nothing (a padding row) gets zeros, as torch's SDPA gives
+    # (its safe softmax), not softmax's 0/0; a NaN score still propagates
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.where(den == 0, 0.0, e / den)
+    return [np.matmul(p, v)]
 
 
 def _sdpa_cost(ins, outs, a) -> Cost:
@@ -397,4 +402,4 @@ register(OpDef("attention", Category.opaque, _sdpa_type, _sdpa_ref, _sdpa_cost,
                       AttrSpec("gqa", "bool", False), _OUT_DTYPE),
                arity=None, min_inputs=3,
                doc="scaled_dot_product_attention: (q, k, v) or (q, k, v, mask); a bool mask keeps "
-                   "True, a float mask is added to the scores"))
+                   "True, a float mask is added to the scores; a fully masked query row is zero"))

@@ -245,7 +245,7 @@ def _div(ctx):
 def _matmul(ctx):
     (a, b), (c, d) = _operand(ctx, 0), _operand(ctx, 1)
     dt = _out_dtype(ctx)
-    a, b, c, d = (_cast(ctx, v, dt) for v in (a, b, c, d))  # a real operand joins at the parts' dtype
+    a, b, c, d = (_cast(ctx, v, dt) for v in (a, b, c, d))  # a real operand: the parts' dtype
     re = _bin(ctx, "sub", _bin(ctx, "matmul", a, c), _bin(ctx, "matmul", b, d))
     im = _bin(ctx, "add", _bin(ctx, "matmul", a, d), _bin(ctx, "matmul", b, c))
     return _pack(ctx, re, im)

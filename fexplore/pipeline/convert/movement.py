@@ -439,10 +439,9 @@ def _upsample_nearest(ctx):
 @converter("aten.index_put.default", "aten._unsafe_index_put.default")
 def _index_put(ctx):
     x, values = ctx.args[0], ctx.args[2]
-    masks = [t for t in ctx.args[1] if t is not None]
-    if len(ctx.args[1]) == 1 and masks and masks[0].type.dtype == DType.bool and \
-            values.type.rank == 0 and not ctx.arg(3, "accumulate", False):
-        return _masked_put(ctx, x, masks[0], values)
+    if any(t is not None and t.type.dtype == DType.bool for t in ctx.args[1]):
+        return _masked_put(ctx, x, list(ctx.args[1]), ctx.value(values),
+                           bool(ctx.arg(3, "accumulate", False)))
     axes, idx = _advanced_indices(ctx.args[1])
     if values.type.dtype != x.type.dtype:
         values = ctx.emit("cast", [values], {"dtype": x.type.dtype})
@@ -450,14 +449,37 @@ def _index_put(ctx):
                     {"axes": axes, "accumulate": bool(ctx.arg(3, "accumulate", False))})
 
 
-def _masked_put(ctx, x, mask, value):
-    """x[mask] = v with one value: a where, whatever the mask holds (a mask over the leading
-    dims covers the rest of each indexed slab)."""
-    if mask.type.rank < x.type.rank:
-        mask = _reshape_to(ctx, mask, mask.type.shape + (1,) * (x.type.rank - mask.type.rank))
-    if value.type.dtype != x.type.dtype:
-        value = ctx.emit("cast", [value], {"dtype": x.type.dtype})
-    return ctx.emit("where", [mask, value, x])
+def _masked_put(ctx, x, indices, values, accumulate: bool):
+    """x[mask] = values (or +=) with a boolean mask over x's leading axes: the result keeps x's
+    shape whatever the mask holds (a VLM writing image features over its image tokens,
+    ``x[x > 0] = 0``). Values broadcast to (number of true positions, *rest): one value for
+    every position is a where; one row per position reads row cumsum(mask) - 1, in order."""
+    if len(indices) != 1:
+        raise NotImplementedError("a boolean mask beside other indices in an assignment")
+    (mask,) = indices
+    m, shape = mask.type.rank, x.type.shape
+    rest = shape[m:]
+    if values.type.dtype != x.type.dtype:
+        values = ctx.emit("cast", [values], {"dtype": x.type.dtype})
+    full_mask = _reshape_to(ctx, mask, mask.type.shape + (1,) * len(rest))
+    if full_mask.type.shape != shape:
+        full_mask = ctx.emit("expand", [full_mask], {"shape": shape})
+    r = len(rest)
+    if values.type.rank > r and values.type.shape[-r - 1] != 1:
+        # one row per true position, in order: row k of (rows, *rest) goes to the k-th position
+        rows = values.type.shape[-r - 1]
+        values = _reshape_to(ctx, values, values.type.shape[-r - 1:])  # leading 1s only
+        if values.type.shape != (rows,) + tuple(rest):
+            values = ctx.emit("expand", [values], {"shape": (rows,) + tuple(rest)})
+        n = 1
+        for d in mask.type.shape:
+            n = n * d
+        k = ctx.emit("sub", [ctx.emit("cumsum", [_reshape_to(ctx, mask, (n,))], {"axis": 0}), 1])
+        k = ctx.emit("clamp", [k], {"min": 0, "max": rows - 1}) if isinstance(rows, int) else \
+            ctx.emit("maximum", [k, 0])
+        values = _reshape_to(ctx, ctx.emit("index", [values, k], {"axes": (0,)}), shape)
+    new = ctx.emit("add", [x, values]) if accumulate else values
+    return ctx.emit("where", [full_mask, new, x])
 
 
 @converter("aten.index_copy.default")

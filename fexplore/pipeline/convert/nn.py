@@ -59,6 +59,36 @@ def _matmul(ctx):
     return ctx.emit("matmul", [ctx.args[0], ctx.args[1]])
 
 
+@converter("aten._grouped_mm.default", "transformers.grouped_mm_fallback.default")
+def _grouped_mm(ctx):
+    """Rows of x (S, K) sorted into groups, group g ending before row offs[g]; each row times its
+    group's matrix w[g] (K, N). (A MoE layer's experts over tokens sorted by expert; the second
+    name is transformers' own op for the same product where torch's kernel does not apply.)
+    Written as a per-row gather of the group's matrix and a batched matmul; rows past the last
+    offset (no group) are zero."""
+    x, w = ctx.args[0], ctx.args[1]
+    offs = ctx.kwargs.get("offs", ctx.arg(2))
+    if ctx.kwargs.get("bias", ctx.arg(3)) is not None:
+        raise NotImplementedError("grouped_mm with a bias")
+    if offs is None or x.type.rank != 2 or w.type.rank != 3:
+        raise NotImplementedError("grouped_mm other than rows (S, K) by groups (G, K, N) at offs")
+    (s, k), g = x.type.shape, w.type.shape[0]
+    rows = ctx.emit("arange", [], {"start": 0, "end": s, "step": 1, "dtype": DType.i64})
+    rows = ctx.emit("reshape", [rows], {"shape": (s, 1)})
+    ends = ctx.emit("cast", [offs], {"dtype": DType.i64})
+    # a row's group is the number of groups that end at or before it
+    ended = ctx.emit("cast", [ctx.emit("le", [ends, rows])], {"dtype": DType.i64})
+    group = ctx.emit("sum", [ended], {"axes": (1,), "keepdim": False})
+    group = ctx.emit("minimum", [group, g - 1])
+    mats = ctx.emit("index", [w, group], {"axes": (0,)})                        # (S, K, N)
+    y = ctx.emit("matmul", [ctx.emit("reshape", [x], {"shape": (s, 1, k)}), mats])
+    y = ctx.emit("reshape", [y], {"shape": (s, w.type.shape[2])})
+    grouped = ctx.emit("lt", [rows, ctx.emit("select", [ends], {"axis": 0, "index": g - 1})])
+    y = ctx.emit("where", [grouped, y, ctx.scalar(0, y.type.dtype)])
+    want = ctx.out_type().dtype
+    return y if y.type.dtype == want else ctx.emit("cast", [y], {"dtype": want})
+
+
 def _pair(v):
     v = tuple(v)
     return v * 2 if len(v) == 1 else v
@@ -138,7 +168,8 @@ def _conv_fold_first_axis(ctx, x, w, b, stride, padding, dilation, groups):
                                         "end": j * dd + sd * (do - 1) + 1, "step": sd})
         taps.append(ctx.emit("reshape", [t], {"shape": (n, c, 1, do) + rest}))
     x = taps[0] if kd == 1 else ctx.emit("concat", taps, {"axis": 2})
-    # (N, C, KD, Do, *S) -> (N, G, C/G, KD, Do, *S) -> (N, Do, G, KD, C/G, *S) -> (N*Do, G*KD*C/G, *S)
+    # (N, C, KD, Do, *S) -> (N, G, C/G, KD, Do, *S) -> (N, Do, G, KD, C/G, *S)
+    #   -> (N*Do, G*KD*C/G, *S)
     x = ctx.emit("reshape", [x], {"shape": (n, groups, cg, kd, do) + rest})
     r = len(rest)
     x = ctx.emit("permute", [x], {"perm": (0, 4, 1, 3, 2) + tuple(range(5, 5 + r))})

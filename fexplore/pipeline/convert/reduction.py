@@ -145,7 +145,11 @@ converter("aten.log_softmax.int", "aten._log_softmax.default")(_softmax("log_sof
 def _cumsum(ctx):
     x = _maybe_cast(ctx, ctx.args[0])
     op = str(ctx.node.target).split(".")[1]
-    return ctx.emit(op, [x], {"axis": _ax(ctx.args[1], x.type.rank)})
+    y = ctx.emit(op, [x], {"axis": _ax(ctx.args[1], x.type.rank)})
+    want = ctx.out_type().dtype
+    # cumsum widens integers to i64 unless a dtype is asked for (MoE offsets ask for i32);
+    # the sums agree modulo 2^32, so the narrowing is exact wherever torch's is
+    return y if y.type.dtype == want else ctx.emit("cast", [y], {"dtype": want})
 
 
 @converter("aten.cummax.default", "aten.cummin.default")
