@@ -13,9 +13,9 @@ Python exception.
 
 or in two shards side by side (the machine has two cores), then the table from both:
 
-    .venv/bin/python bench/opinfo.py --shard 0/2 --jsonl /tmp/s0.jsonl &
-    .venv/bin/python bench/opinfo.py --shard 1/2 --jsonl /tmp/s1.jsonl; wait
-    .venv/bin/python bench/opinfo.py --merge /tmp/s0.jsonl,/tmp/s1.jsonl
+    .venv/bin/python bench/opinfo.py --shard 0/2 --jsonl shard0.jsonl &
+    .venv/bin/python bench/opinfo.py --shard 1/2 --jsonl shard1.jsonl; wait
+    .venv/bin/python bench/opinfo.py --merge shard0.jsonl,shard1.jsonl
 
 Writes bench/results/opinfo.md (per-op table) and prints the summary. No assertion: a benchmark
 reports; tests/test_opinfo.py asserts on a seeded subset.
