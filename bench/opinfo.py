@@ -117,7 +117,9 @@ def report(results, args, elapsed: float, n_entries: int) -> str:
         f"Python {platform.python_version()}; {elapsed / 60:.1f} min.",
         f"Command: `.venv/bin/python bench/opinfo.py --float-samples {args.float_samples} "
         f"--int-samples {args.int_samples}"
-        + (f" --ops {args.ops}" if args.ops else "") + "`.",
+        + (f" --ops {args.ops}" if args.ops else "") + "`"
+        + (f", in {len(args.merge.split(','))} shards side by side (`--shard i/n`), merged "
+           "(`--merge`); the time is the slower shard's" if args.merge else "") + ".",
         "",
         f"{n_entries} OpInfo entries: every entry of an op the converter registry claims, plus the "
         "ops real models use most (`fexplore.testing.opinfo.COMMON_OPS`). Samples: the first "
