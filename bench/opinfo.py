@@ -134,7 +134,8 @@ def report(results, args, elapsed: float, n_entries: int) -> str:
         "| | samples |",
         "|---|---:|",
         f"| samples run | {s.samples} |",
-        f"| excluded: not a test of an op (eager raises, or its output is not tensors) | "
+        f"| excluded: not a test of an op (eager raises, its output is not tensors, or torch "
+        f"leaves its contents unspecified: the empty_* entries) | "
         f"{s.excluded} |",
         f"| torch.export alone fails (left out of the denominator) | {s.export_fail} |",
         f"| **torch.export alone passes (the denominator)** | **{s.export_pass}** |",
