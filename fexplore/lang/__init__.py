@@ -48,10 +48,10 @@ def __getattr__(name):
     raise AttributeError(f"module 'fexplore.lang' has no attribute {name!r}")
 
 
-# `from fexplore.lang import *` leaves Python's range/sum/max/min/abs alone; write fl.range etc.
+# `from fexplore.lang import *` leaves Python's range/sum/max/min/abs/round alone; write fl.range etc.
 __all__ = ["ACC", "DRAM", "SRAM", "ArgSpec", "DMA", "DType", "DramSlice", "DramTensor", "Kernel", "KernelError",
            "KernelTrace", "PipelineCheck", "Tensor", "TensorSpec", "Tile", "bf16", "bool_", "broadcast_to",
            "cast", "contract", "copy", "empty", "errors", "f16", "f32", "fp8", "full", "i8", "i32", "i64",
            "kernel", "load", "num_pes", "output", "parallel", "pe", "scratch", "spec", "store", "target",
            "tiles", "wait", "where", "zeros",
-           *(n for n in (*ELEMENTWISE, *REDUCTIONS) if n not in ("sum", "max", "min", "abs"))]
+           *(n for n in (*ELEMENTWISE, *REDUCTIONS) if n not in ("sum", "max", "min", "abs", "round"))]

@@ -43,6 +43,23 @@ def _sigmoid(x):
     return ir_elementwise.sigmoid(x)
 
 
+def _erf(x):
+    return ir_elementwise.erf(x).astype(np.float32)
+
+
+def _sign(x):
+    return np.where(np.isnan(x), np.float32(0), np.sign(x))   # torch's sign(NaN) is 0
+
+
+def _bits(fn):
+    # bitwise ops act on integer (and mask) values: the unit holds them as exact small floats
+    return lambda a, b: fn(a.astype(np.int64), b.astype(np.int64)).astype(np.float32)
+
+
+def _logical(fn):
+    return lambda a, b: fn(a != 0, b != 0)
+
+
 def _ew(name, arity, fn, passes=1, flops=1):
     return VectorOpDef(name, arity, "elementwise", fn, passes, flops)
 
@@ -74,6 +91,28 @@ VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
     _ew("silu", 1, lambda x: x * _sigmoid(x), passes=2, flops=9),
     _ew("gelu", 1, _gelu, passes=2, flops=12),            # erf form, torch's default
     _ew("gelu_tanh", 1, _gelu_tanh, passes=2, flops=12),  # torch's approximate="tanh"
+    _ew("log1p", 1, np.log1p, passes=2, flops=4),
+    _ew("expm1", 1, np.expm1, passes=2, flops=4),
+    _ew("sin", 1, np.sin, passes=2, flops=4),
+    _ew("cos", 1, np.cos, passes=2, flops=4),
+    _ew("erf", 1, _erf, passes=2, flops=8),
+    _ew("floor", 1, np.floor),
+    _ew("ceil", 1, np.ceil),
+    _ew("round", 1, np.round),                           # half to even, as torch.round
+    _ew("trunc", 1, np.trunc),
+    _ew("sign", 1, _sign),
+    _ew("exp2", 1, np.exp2, passes=2, flops=4),
+    _ew("log2", 1, np.log2, passes=2, flops=4),
+    _ew("log10", 1, np.log10, passes=2, flops=4),
+    _ew("tan", 1, np.tan, passes=2, flops=8),
+    _ew("asin", 1, np.arcsin, passes=2, flops=8),
+    _ew("acos", 1, np.arccos, passes=2, flops=8),
+    _ew("atan", 1, np.arctan, passes=2, flops=8),
+    _ew("sinh", 1, np.sinh, passes=2, flops=8),
+    _ew("cosh", 1, np.cosh, passes=2, flops=8),
+    _ew("asinh", 1, np.arcsinh, passes=2, flops=8),
+    _ew("acosh", 1, np.arccosh, passes=2, flops=8),
+    _ew("atanh", 1, np.arctanh, passes=2, flops=8),
     # binary
     _ew("add", 2, np.add),
     _ew("sub", 2, np.subtract),
@@ -82,6 +121,18 @@ VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
     _ew("maximum", 2, np.maximum),
     _ew("minimum", 2, np.minimum),
     _ew("pow", 2, np.power, passes=2, flops=8),
+    _ew("remainder", 2, np.mod, passes=2, flops=4),     # the sign follows the divisor (Python's)
+    _ew("fmod", 2, np.fmod, passes=2, flops=4),         # the sign follows the dividend (C's)
+    _ew("atan2", 2, np.arctan2, passes=2, flops=8),
+    _ew("hypot", 2, np.hypot, passes=2, flops=4),
+    _ew("copysign", 2, np.copysign),
+    _ew("fmax", 2, np.fmax),                            # a NaN beside a number gives the number
+    _ew("fmin", 2, np.fmin),
+    _ew("bitwise_and", 2, _bits(np.bitwise_and)),
+    _ew("bitwise_or", 2, _bits(np.bitwise_or)),
+    _ew("bitwise_xor", 2, _bits(np.bitwise_xor)),
+    _ew("bitwise_left_shift", 2, _bits(np.left_shift)),
+    _ew("bitwise_right_shift", 2, _bits(np.right_shift)),
     # select: where(cond, a, b)
     _ew("where", 3, lambda c, a, b: np.where(c != 0, a, b)),
     # comparisons produce masks (write them into bool or numeric buffers)
@@ -91,6 +142,13 @@ VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
     _cmp("le", np.less_equal),
     _cmp("gt", np.greater),
     _cmp("ge", np.greater_equal),
+    _cmp("logical_and", _logical(np.logical_and)),
+    _cmp("logical_or", _logical(np.logical_or)),
+    _cmp("logical_xor", _logical(np.logical_xor)),
+    VectorOpDef("logical_not", 1, "compare", lambda x: x == 0),
+    VectorOpDef("signbit", 1, "compare", np.signbit),
+    VectorOpDef("isnan", 1, "compare", np.isnan),
+    VectorOpDef("isinf", 1, "compare", np.isinf),
     # reductions over `axis` (default -1), keepdims by default so results broadcast back
     _red("sum", np.sum),
     _red("max", np.max),

@@ -1,0 +1,76 @@
+"""Kernel-language source from IR: one IR node (a fused region or a plain op) -> one `fl` kernel.
+
+    from fexplore.lang import codegen
+    gk = codegen.generate(node, "rngd")     # GeneratedKernel: .name .kind .source .params .results
+    print(gk.source)                        # ordinary fl code; pastes into a %%furiosa_kernel cell
+    k = gk.kernel()                         # the traced fexplore.lang.Kernel
+    codegen.check_kernel(node, gk, inputs)  # interpreter vs the IR interpreter on the node
+
+A kernel is composed from parts, chosen by what the region holds, never by a whole-model pattern:
+
+    rowwise.py      elementwise chains (every elementwise OpDef but tril/triu), norms, softmax,
+                    last-axis reductions
+    contraction.py  linear / matmul / batched matmul with a prologue (activations.py: free views, a
+                    slice of rows, a norm, heads merged by a permute) and an epilogue chain
+    conv.py         conv2d, any stride / padding / dilation, several per region, with an epilogue
+    attention.py    streaming (flash) attention: the attention op or written out, masks, causal,
+                    grouped-query heads, q and k computed in the region (rotary), a KV cache
+    vector.py       the vector-unit lines of one IR node, which all of the above write with
+    views.py        views of a region input as index maps: a view is read as a box, never copied
+    domain.py       the iteration space, leading axes merged when every operand allows it
+
+Anything without a part raises `UnsupportedRegionError` (a NotImplementedError, code FK190)
+naming the op; the lower stage will run such a node on the host.
+"""
+
+from __future__ import annotations
+
+from fexplore.ir import Node
+from fexplore.npu import get_target
+
+from .check import KernelCheck, check_kernel
+from .common import body_of, region_label
+from .attention import generate_attention
+from .contraction import CONTRACTIONS, generate_contraction
+from .conv import generate_conv
+from .errors import UnsupportedRegionError
+from .generated import GeneratedKernel, Param, Result
+from .rowwise import generate_vector
+from .vector import check_table
+
+_NOT_YET = {"embedding": "gather", "gather": "gather", "index": "gather", "permute": "relayout", "concat": "relayout",
+            "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling"}
+
+
+def generate(node: Node, target="rngd") -> GeneratedKernel:
+    """The kernel for `node` on `target` (a preset name or an NPUConfig)."""
+    cfg = get_target(target)
+    body = body_of(node)
+    contraction = any(n.op.name in CONTRACTIONS for n in body.nodes)
+    if _is_attention(body):
+        return generate_attention(node, cfg)
+    for n in body.nodes:
+        if n.op.name in _NOT_YET and not (contraction and n.op.name == "permute"):   # a prologue view
+            raise UnsupportedRegionError(n.op.name, region_label(node),
+                                         f"the {_NOT_YET[n.op.name]} part is not written yet", loc=n.loc)
+    if any(n.op.name == "conv2d" for n in body.nodes):
+        if contraction:
+            raise UnsupportedRegionError("conv2d", region_label(node), "a convolution beside a matmul", loc=node.loc)
+        return generate_conv(node, cfg)
+    if contraction:
+        return generate_contraction(node, cfg)
+    return generate_vector(node, cfg)
+
+
+def _is_attention(body) -> bool:
+    """The attention op, or a softmax between two matmuls (attention written out)."""
+    if any(n.op.name == "attention" for n in body.nodes):
+        return True
+    made_by = {v.name: n.op.name for n in body.nodes for v in n.outputs}
+    reads = {v.name: n.inputs[0].name for n in body.nodes for v in n.outputs if n.op.name == "cast"}
+    return any(n.op.name == "matmul" and made_by.get(reads.get(n.inputs[0].name, n.inputs[0].name)) == "softmax"
+               for n in body.nodes)
+
+
+__all__ = ["GeneratedKernel", "KernelCheck", "Param", "Result", "UnsupportedRegionError", "check_kernel",
+           "check_table", "generate"]

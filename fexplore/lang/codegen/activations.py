@@ -1,0 +1,181 @@
+"""How a contraction reads its activations from a region input, through the prologue's views.
+
+`RowAccess`: free views (the input viewed as rows x K), or a select / slice of rows, and at most
+one norm over K (applied after the load). `PermutedAccess`: a permute and a reshape merging the
+last axes into K (attention heads merged before the output projection), contracted as one K slab
+per head and tile of D, read straight from the input's own layout.
+"""
+
+from __future__ import annotations
+
+
+class RowAccess:
+    """How the activations are read from their region input: through free views only (the input
+    is viewed as rows x K), or through a select/slice of rows (then the box says where)."""
+
+    def __init__(self, base_shape, ops, indexed):
+        self.base_shape = base_shape   # the input's shape after the leading free reshapes
+        self.ops = ops                 # [(kind, axis, start)] in base axes: "select" or "slice"
+        self.indexed = indexed
+
+    @classmethod
+    def of(cls, x, chain, a_val, fail):
+        shape = tuple(x.type.shape)
+        ops, normed = [], False
+        cur = list(range(len(shape)))   # base axis of each current axis
+        for n in chain:
+            op = n.op.name
+            if op == "relayout":
+                continue
+            if op in ("layer_norm", "rms_norm"):
+                if normed:
+                    fail(n, "two norms in one prologue")
+                normed = True
+                continue
+            if op == "reshape":
+                new = tuple(n.outputs[0].type.shape)
+                if ops:
+                    fail(n, "a reshape after a slice of the activations")
+                if normed and (not new or new[-1] != shape[-1]):
+                    fail(n, "a reshape that changes the rows a norm works on")
+                if not normed:
+                    shape = new
+                    cur = list(range(len(shape)))
+                continue
+            axis = n.attrs["axis"] % n.inputs[0].type.rank
+            if axis == n.inputs[0].type.rank - 1:
+                fail(n, "a slice of the contracted axis")
+            if op == "slice":
+                if n.attrs["step"] != 1:
+                    fail(n, "a strided slice")
+                ops.append(("slice", cur[axis], n.attrs["start"]))
+            else:
+                ops.append(("select", cur[axis], n.attrs["index"]))
+                cur.pop(axis)
+        if normed and ops and tuple(a_val.type.shape[-1:]) != shape[-1:]:
+            fail(chain[-1], "a view that changes the rows")
+        return cls(shape, ops, bool(ops))
+
+    def spec_and_index(self, lead, groups, axis_names, loop_vars, k_idx):
+        """Spec and box index of the base input, for an un-merged domain (each size>1 axis a group)."""
+        selected = {a: i for kind, a, i in self.ops if kind == "select"}
+        offset = {a: s for kind, a, s in self.ops if kind == "slice"}
+        base_lead = [a for a in range(len(self.base_shape) - 1) if a not in selected]
+        g_of = {g[0]: j for j, g in enumerate(groups.groups)}
+        shift = len(lead) - len(base_lead)
+        spec, idx = [], []
+        for a in range(len(self.base_shape) - 1):
+            size = self.base_shape[a]
+            if a in selected:
+                spec.append(str(size))
+                idx.append(str(selected[a]))
+                continue
+            i = base_lead.index(a) + shift
+            s = offset.get(a, 0)
+            j = g_of.get(i)
+            if j is None:    # a size-1 axis of the domain
+                spec.append(str(size))
+                idx.append(str(s))
+            elif j == len(groups.groups) - 1:
+                spec.append(f'"{axis_names[j]}"' if a not in offset else str(size))
+                idx.append(loop_vars[j] if not s else f"{loop_vars[j]}.start + {s}:{loop_vars[j]}.stop + {s}")
+            else:
+                spec.append(f'"{axis_names[j]}"' if a not in offset else str(size))
+                idx.append(loop_vars[j] if not s else f"{loop_vars[j]} + {s}")
+        spec.append('"K"')
+        idx.append(k_idx)
+        return spec, idx
+
+
+class PermutedAccess:
+    """Activations that are a permute of the region input followed by a reshape merging the last
+    axes into K (attention heads (B, H, T, D) -> (B, T, H*D) before the output projection). No
+    copy is made: K is contracted as slabs, one per outer merged index (a head) and tile of the
+    innermost merged axis (D), each a unit-stride box of the input in its own layout, against
+    the matching columns of the weights."""
+
+    indexed = True
+
+    def __init__(self, shape, lead_axes, k_axes):
+        self.shape = shape            # the region input's shape
+        self.lead_axes = lead_axes    # input axis of each leading axis of the activations
+        self.k_axes = k_axes          # input axes merged into K, outer to inner
+        self.inner = shape[k_axes[-1]]
+        outer = ["H"] if len(k_axes) == 2 else [f"H{i}" for i in range(len(k_axes) - 1)]
+        self.k_names = outer + ["D"]
+        self.letters = "mk"
+
+    @classmethod
+    def of(cls, x, chain, fail):
+        shape = tuple(x.type.shape)
+        cur = list(range(len(shape)))   # input axis of each current axis
+        merged = None
+        for n in chain:
+            op = n.op.name
+            if op == "relayout":
+                continue
+            if op == "permute" and merged is None:
+                cur = [cur[p] for p in n.attrs["perm"]]
+                continue
+            if op == "reshape" and merged is None:
+                src, new = tuple(n.inputs[0].type.shape), tuple(n.outputs[0].type.shape)
+                r = len(new) - 1
+                if src[:r] != new[:r] or new[-1] != _prod(src[r:]) or len(src) - r < 2:
+                    fail(n, "a reshape of permuted activations other than merging the last axes into K")
+                merged = (cur[:r], cur[r:])
+                continue
+            fail(n, "a view of permuted activations other than a reshape merging the last axes")
+        if merged is None:
+            fail(chain[-1], "a permute of the activations without a reshape merging the last axes")
+        lead, k_axes = merged
+        if sorted(lead + k_axes) != list(range(len(shape))):
+            fail(chain[-1], "an unexpected permutation")
+        return cls(shape, lead, k_axes)
+
+    def k_loop_vars(self) -> str:
+        return ", ".join([n.lower() for n in self.k_names[:-1]] + ["ds"])
+
+    def k_iter(self) -> str:
+        outer = [f"range({self.shape[a]})" for a in self.k_axes[:-1]]
+        if len(outer) == 1:
+            return f"[({self.k_names[0].lower()}, ds) for {self.k_names[0].lower()} in {outer[0]} " \
+                   f"for ds in fl.tiles({self.inner}, tk)]"
+        return f"itertools.product({', '.join(outer)}, fl.tiles({self.inner}, tk))"
+
+    def weight_index(self) -> str:
+        flat = self.k_names[0].lower()
+        for a, name in zip(self.k_axes[1:-1], self.k_names[1:-1]):
+            flat = f"({flat} * {self.shape[a]} + {name.lower()})"
+        base = f"{flat} * {self.inner}"
+        return f"{base} + ds.start:{base} + ds.stop"
+
+    def spec_and_index(self, lead, axis_names, loop_vars):
+        """The input's spec and its box for one slab: leading axes by their loop variables (the
+        last one, M, by its tile even when it has size 1), merged K axes by the K loop's."""
+        big = [i for i, d in enumerate(lead) if d != 1]
+        m_axis = big[-1] if big else len(lead) - 1
+        group_of = {i: j for j, i in enumerate(big)} if big else {}
+        spec, idx = [None] * len(self.shape), [None] * len(self.shape)
+        for i, a in enumerate(self.lead_axes):
+            if i == m_axis:
+                j = len(axis_names) - 1
+                spec[a], idx[a] = f'"{axis_names[j]}"' if lead[i] != 1 else "1", loop_vars[j]
+            elif i in group_of:
+                j = group_of[i]
+                spec[a], idx[a] = f'"{axis_names[j]}"', loop_vars[j]
+            else:
+                spec[a], idx[a] = "1", "0"
+        for a, name in zip(self.k_axes, self.k_names):
+            # the contracted axis binds the weights' K in the tile, so it carries no name of its own
+            spec[a] = f'"{name}"' if name != "D" else str(self.inner)
+            idx[a] = name.lower() if name != "D" else "ds"
+        m_in = self.lead_axes[m_axis]
+        self.letters = "mk" if m_in < self.k_axes[-1] else "km"
+        return spec, idx
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out

@@ -1,0 +1,512 @@
+"""The attention kernel: softmax(q kᵀ · scale + mask) v, streaming over key blocks with a running
+max and sum (flash attention), so the score matrix never exists whole.
+
+Composed from what the region holds: the ``attention`` op (scale, mask, grouped-query heads), or
+the same written out (matmul -> elementwise score ops -> softmax -> matmul), whose score ops run on
+each block of scores as `vector.VectorEmitter` lines. q, k and v are views of region inputs
+(`views.ViewMap`): head splits, permutes, the split of a fused qkv projection are read straight
+from the projection's output, one unit-stride box per block, with no copy.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fexplore.ir import DType, Node
+from fexplore.lang.examples.attention import _blocks
+
+from . import vector
+from .common import Inputs, body_of, header, kernel_name, region_label
+from .domain import aligned
+from .errors import UnsupportedRegionError
+from .generated import GeneratedKernel, Param, Result
+from .source import Names, Writer, cast_to, fl_dtype, literal
+from .views import VIEW_OPS, ViewMap
+
+STAGES = 2
+
+
+def generate_attention(node: Node, cfg) -> GeneratedKernel:
+    body = body_of(node)
+    label = region_label(node)
+    inputs = Inputs.of(node, body)
+    producer = {v.name: n for n in body.nodes for v in n.outputs}
+    users: dict[str, list] = {}
+    for n in body.nodes:
+        for x in n.inputs:
+            users.setdefault(x.name, []).append(n)
+    params_in = {v.name: v for v in body.inputs if v.name not in inputs.literals}
+
+    def fail(n, why):
+        raise UnsupportedRegionError(n.op.name if n is not None else "attention", label, why,
+                                     loc=n.loc if n is not None else node.loc)
+
+    sdpa = [n for n in body.nodes if n.op.name == "attention"]
+    score_ops, mask, scale, swap_k, causal = [], None, None, False, False
+    if sdpa:
+        core = sdpa[0]
+        causal = core.attrs["causal"]
+        q, k, v = core.inputs[:3]
+        op_dt = {x.name: x.type.dtype for x in (q, k, v)}
+        mask = core.inputs[3] if len(core.inputs) == 4 else None
+        scale = core.attrs["scale"] if core.attrs["scale"] is not None else 1.0 / math.sqrt(q.type.shape[-1])
+        gqa = core.attrs["gqa"]
+        result = core.outputs[0]
+        core_nodes = {id(core)}
+        dts = [x.type.dtype for x in (q, k, v)]
+        q, k, v = (_uncast(x, producer, core_nodes) for x in (q, k, v))
+        op_dt = {x.name: d for x, d in zip((q, k, v), dts)}
+    else:
+        sm = next((n for n in body.nodes if n.op.name == "softmax"), None)
+        if sm is None or sm.attrs["axis"] % sm.inputs[0].type.rank != sm.inputs[0].type.rank - 1:
+            fail(sm or body.nodes[0], "not an attention pattern")
+        p_val = sm.outputs[0]
+        m2 = users.get(p_val.name, [None])[0]
+        if m2 is not None and m2.op.name == "cast":   # P in the operand dtype (the precision stage's)
+            p_cast, p_val = m2, m2.outputs[0]
+            m2 = users.get(p_val.name, [None])[0]
+        else:
+            p_cast = None
+        if m2 is None or m2.op.name != "matmul" or m2.inputs[0].name != p_val.name:
+            fail(sm, "a softmax not feeding a matmul")
+        x, path = sm.inputs[0], []
+        while x.name in producer and producer[x.name].op.name != "matmul":
+            p = producer[x.name]
+            if p.op.name not in vector.SAME_NAME | vector.COMPOSED:
+                fail(p, "a score op that is not elementwise")
+            path.insert(0, p)
+            inner = [y for y in p.inputs if y.name in producer and producer[y.name].op.name not in VIEW_OPS]
+            if len(inner) != 1:
+                fail(p, "a score op combining two computed values")
+            x = inner[0]
+        if x.name not in producer:
+            fail(sm, "softmax of no matmul")
+        m1 = producer[x.name]
+        q, k, v = m1.inputs[0], m1.inputs[1], m2.inputs[1]
+        op_dt = {x.name: x.type.dtype for x in (q, k, v)}
+        swap_k, gqa = True, False
+        score_ops, result = path, m2.outputs[0]
+        core_nodes = {id(m1), id(sm), id(m2)} | {id(p) for p in path} | ({id(p_cast)} if p_cast else set())
+        q_dt, k_dt, v_dt = q.type.dtype, k.type.dtype, v.type.dtype
+        q, k, v = (_uncast(x, producer, core_nodes) for x in (q, k, v))
+        op_dt = {q.name: q_dt, k.name: k_dt, v.name: v_dt}
+        scale = None
+    exports = [o for o in body.outputs if o.name != result.name]
+    for o in exports:
+        if not sdpa or o.name not in (k.name, v.name):
+            fail(producer.get(o.name), "the region exports values besides the attention output and its keys "
+                                       "and values")
+    k_parts, v_parts = _seq_parts(k, producer), _seq_parts(v, producer)
+    cache = len(k_parts) > 1 or len(v_parts) > 1 or bool(exports)   # keys and values in parts along T
+    if cache and [(a, b) for a, b, _ in k_parts] != [(a, b) for a, b, _ in v_parts]:
+        fail(producer.get(k.name), "keys and values concatenated at different points")
+    computed = {x.name for x in (q, k) if not _is_view(x, producer)} if sdpa else set()
+    if cache:
+        computed = {q.name, k.name}
+    qm = ViewMap.of(q, producer, params_in, fail) if q.name not in computed else None
+    km = ViewMap.of(k, producer, params_in, fail) if k.name not in computed else None
+    vm = ViewMap.of(v, producer, params_in, fail) if not cache else None
+    if swap_k and km is not None:   # the matmul reads kᵀ: (..., D, T) -> (..., T, D)
+        r = len(km.shape)
+        km = ViewMap(km.source, km.shape[:-2] + (km.shape[-1], km.shape[-2]),
+                     km._substitute(lambda i: (0, [(1, r - 1 if i == r - 2 else r - 2 if i == r - 1 else i)])))
+    # every body node must be a view of q, k, v, a score op or the core
+    seen = set(core_nodes)
+    stack = [q, k, v]
+    while stack:
+        y = stack.pop()
+        if y.name in producer and id(producer[y.name]) not in seen:
+            seen.add(id(producer[y.name]))
+            stack.extend(producer[y.name].inputs)
+    for n in body.nodes:
+        if id(n) not in seen:
+            fail(n, "beside the attention (only views of q, k and v and score ops are handled)")
+
+    q_shape = qm.shape if qm is not None else tuple(q.type.shape)
+    k_shape = km.shape if km is not None else tuple(k.type.shape)
+    *lead, S, D = q_shape
+    *klead, T, Dk = k_shape
+    v_shape = vm.shape if vm is not None else tuple(v.type.shape)
+    Dv = v_shape[-1]
+    if Dk != D or any(not isinstance(d, int) for d in q_shape + k_shape + v_shape):
+        fail(q and producer.get(q.name), "q and k of different depths, or symbolic sizes")
+    lead, klead = tuple(lead), aligned(tuple(klead), len(lead))
+    names = Names({"qt", "kt", "vt", "s", "m", "l", "o", "p", "m_new", "m_safe", "alpha", "ts", "qs", "b", "h",
+                   "bq", "bk", "stages", *(f"i{i}" for i in range(8))})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    lv = [("b" if i == 0 and len(lead) > 1 else "h" if i == len(lead) - 1 else f"i{i}") for i in range(len(lead))]
+    q_index = {i: (lv[i] if lead[i] != 1 else "0") for i in range(len(lead))}
+
+    def kv_index(kl):
+        out = {}
+        for i, d in enumerate(kl):
+            if d == lead[i] or d == 1:
+                out[i] = q_index[i] if d == lead[i] else "0"
+            elif gqa and lead[i] % d == 0:
+                out[i] = f"{q_index[i]} // {lead[i] // d}"    # grouped-query: heads share k and v
+            else:
+                fail(None, f"k and v heads {kl} do not fit q heads {lead}")
+        return out
+
+    kp = len(lead) - (len(k_shape) - 2)
+    k_index = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
+    vp = len(lead) - (len(v_shape) - 2)
+    v_index = {i - vp: e for i, e in kv_index(aligned(tuple(v_shape[:-2]), len(lead))).items() if i >= vp}
+
+    # parameters: each distinct region input once, with its own shape and no axis names (q, k and
+    # v often share one input, whose token axis is both S and T)
+    kparams, specs, header_params, pnames = [], [], [], {}
+
+    def param(v):
+        if v.name not in pnames:
+            pn = names.new(v.name)
+            pnames[v.name] = pn
+            kparams.append(Param(pn, inputs.index[v.name], tuple(v.type.shape)))
+            specs.append(f"{pn}: {fl_dtype(v.type.dtype)}[{', '.join(str(d) for d in v.type.shape)}]")
+            header_params.append((pn, v, tuple(v.type.shape)))
+        return pnames[v.name]
+
+    def box(m, index, seq_axis, seq, depth_axis, depth):
+        text, order = m.box(index, {seq_axis: (f"{seq}.start", f"{seq}.stop"), depth_axis: ("0", str(depth))})
+        return f"{param(m.source)}[{text}]", order
+
+    n_lead = len(lead)
+    try:
+        if qm is not None:
+            q_box, q_order = box(qm, q_index, n_lead, "qs", n_lead + 1, D)
+        if km is not None:
+            k_box, k_order = box(km, k_index, len(k_shape) - 2, "ts", len(k_shape) - 1, D)
+        if vm is not None:
+            v_box, v_order = box(vm, v_index, len(v_shape) - 2, "ts", len(v_shape) - 1, Dv)
+    except ValueError:
+        fail(next(n for n in body.nodes if id(n) in core_nodes), "q, k or v is not a unit-stride box of its input")
+    q_letters = "".join("s" if a == n_lead else "d" for a in q_order) if qm is not None else "sd"
+    k_letters = "".join("t" if a == len(k_shape) - 2 else "d" for a in k_order) if km is not None else "td"
+    v_letters = "".join("t" if a == len(v_shape) - 2 else "e" for a in v_order) if vm is not None else "te"
+    # pieces of D: computed q and k (rotary embedding) are made per piece between the cuts where
+    # their graphs slice and concatenate D, and contracted piece by piece
+    cuts = tuple(sorted({0, D} | _concat_cuts([x for x in (q, k) if x.name in computed], producer, D)))
+
+    # score operands (a mask): region inputs aligned to the scores (lead..., S, T)
+    score_rank = len(lead) + 2
+    operand_boxes = {}
+
+    def operand(x):
+        if x.name in inputs.literals:
+            return None
+        if x.name not in params_in:
+            fail(producer.get(x.name), "a score operand computed inside the region")
+        sh = aligned(tuple(x.type.shape), score_rank)
+        full = [s == d and d != 1 for s, d in zip(sh, lead + (S, T))]
+        idx = [q_index[i] if full[i] else "0" for i in range(len(lead))] + \
+            ["qs" if full[-2] else "0:1", "ts" if full[-1] else "0:1"]
+        idx = idx[score_rank - x.type.rank:]
+        operand_boxes[x.name] = f"{param(x)}[{', '.join(idx)}]"
+
+    for p in score_ops:
+        for x in p.inputs:
+            if x.name in params_in or x.name in inputs.literals:
+                operand(x)
+    if mask is not None:
+        operand(mask)
+    # q, k and v's sources were registered by box(); the output
+    bq, bk = _blocks(math.prod(lead) or 1, S, T, max(D, Dv), 4, cfg, STAGES)
+    if causal:   # query and key blocks of one size, so a block on the diagonal starts where its queries do
+        bq = bk = min(bq, bk)
+
+    w = Writer()   # the body first: computed q and k add parameters as they are written
+    w.depth = 1
+    if causal:
+        w("# the mask of a block on the diagonal, key j <= query i, made once in DRAM")
+        w("tri = fl.scratch((bq, bq), fl.bool_)")
+        w("for r in range(bq):")
+        with w.indent():
+            w("fl.store(tri[r:r + 1, 0:r + 1], fl.full((1, r + 1), 1.0, dtype=fl.bool_))")
+            w("if r + 1 < bq:")
+            with w.indent():
+                w("fl.store(tri[r:r + 1, r + 1:bq], fl.full((1, bq - r - 1), 0.0, dtype=fl.bool_))")
+    w(f"S, T = {S}, {T}")
+    out = names.new(result.name + "_out").upper()
+    axes = " ".join(["_"] * len(lead) + ["S", "_"])
+    w(f"{out} = fl.output(({', '.join(str(d) for d in lead + (S, Dv))}), {fl_dtype(result.type.dtype)}, "
+      f'axes="{axes}")')
+    export_names = {}
+    for o in exports:
+        export_names[o.name] = names.new(o.name + "_out").upper()
+        w(f"{export_names[o.name]} = fl.output(({', '.join(str(d) for d in o.type.shape)}), "
+          f"{fl_dtype(o.type.dtype)})")
+    grid = [f"range({d})" for d, e in zip(lead, lv) if d != 1] + ["fl.tiles(S, bq)"]
+    gvars = [e for d, e in zip(lead, lv) if d != 1] + ["qs"]
+    w(f"for {', '.join(gvars)} in fl.parallel({', '.join(grid)}):")
+    with w.indent():
+        qdt = fl_dtype(q.type.dtype)
+        if q.name in computed:
+            qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail)
+            q_tiles = qp.pieces(q, cuts)
+            if scale is None and op_dt[q.name] != q.type.dtype:
+                for t in q_tiles:
+                    w(f"{t} = {cast_to(t, q.type.dtype, op_dt[q.name])}")
+            if scale is not None:
+                for j, t in enumerate(q_tiles):
+                    w(f"{t} = fl.mul({t}, {literal(scale)}, dtype={fl_dtype(op_dt[q.name])})   # the scale folded into q once")
+        elif scale is not None:
+            w(f"qt = fl.mul(fl.load({q_box}), {literal(scale)}, dtype={fl_dtype(op_dt[q.name])})   # the scale folded into q once")
+        else:
+            w(f"qt = {cast_to(f'fl.load({q_box})', q.type.dtype, op_dt[q.name])}")
+        w('m = fl.full((qs, 1), float("-inf"))   # running row max')
+        w("l = o = None                         # running row sum, output (ACC)")
+        t_cuts = tuple(b for _, b, _ in k_parts[:-1])
+        keys = f"bands(T, {t_cuts}, bk)" if cache else "fl.tiles(T, bk)"
+        if causal:   # key blocks after the block's last query are masked whole: skipped
+            w(f"for ts in fl.range([ts for ts in {keys} if ts.start < qs.stop], stages=stages):")
+        else:
+            w(f"for ts in fl.range({keys}, stages=stages):")
+        with w.indent():
+            if cache:
+                kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
+                first_head = " and ".join(f"{q_index[i]} % {lead[i] // d} == 0" for i, d in enumerate(klead)
+                                          if d not in (1, lead[i]) and q_index[i] != "0")
+                for j, ((a, b_, kx), (_, _, vx)) in enumerate(zip(k_parts, v_parts)):
+                    cond = f"ts.start < {b_}" if j < len(k_parts) - 1 else None
+                    w(("if " if j == 0 else "elif ") + f"{cond}:   # keys {a}:{b_} of %{kx.name}" if cond
+                      else ("else:" if j else "if True:") + f"   # keys {a}:{b_} of %{kx.name}")
+                    with w.indent():
+                        kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
+                                      tuple(k_shape[:-2]), kidx, "ts", fail, offset=a)
+                        k_raw = kpc.pieces(kx, cuts)
+                        k_tiles = [_cast_line(w, names, t, kx.type.dtype, op_dt[k.name]) for t in k_raw]
+                        vpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
+                                      tuple(v_shape[:-2]), v_index, "ts", fail, offset=a)
+                        (vtile,) = vpc.pieces(vx, (0, Dv))
+                        v_raw = vtile
+                        vtile = _cast_line(w, names, vtile, vx.type.dtype, op_dt[v.name])
+                        w(f"vt = {vtile}")
+                        for jj, (qa, kb) in enumerate(zip(q_tiles, k_tiles)):
+                            acc = "" if jj == 0 else ", acc=s"
+                            w(f's = fl.contract("sd,td->st", {qa}, {kb}{acc})   # D[{cuts[jj]}:{cuts[jj + 1]}]')
+                        if exports:
+                            cond = " and ".join(c for c in (first_head, "qs.start == 0") if c)
+                            w(f"if {cond}:   # the keys and values leave the region: stored once")
+                            with w.indent():
+                                for val, tiles_, pc, idx_ in ((k, k_raw, cuts, kidx), (v, [v_raw], (0, Dv), v_index)):
+                                    if val.name not in export_names:
+                                        continue
+                                    lead_idx = [idx_.get(i, "0") for i in range(len(val.type.shape) - 2)]
+                                    for t_, c0, c1 in zip(tiles_, pc, pc[1:]):
+                                        w(f"fl.store({export_names[val.name]}[{', '.join(lead_idx + ['ts', f'{c0}:{c1}'])}], {t_})")
+            elif k.name in computed:
+                kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
+                kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
+                              tuple(k_shape[:-2]), kidx, "ts", fail)
+                k_tiles = [_cast_line(w, names, t, k.type.dtype, op_dt[k.name]) for t in kpc.pieces(k, cuts)]
+            else:
+                w(f"kt = {cast_to(f'fl.load({k_box})', k.type.dtype, op_dt[k.name])}")
+            if not cache:
+                w(f"vt = {cast_to(f'fl.load({v_box})', v.type.dtype, op_dt[v.name])}")
+            if cache:   # the scores were made part by part above
+                pass
+            elif q.name in computed or k.name in computed:
+                qs_ = q_tiles if q.name in computed else None
+                ks_ = k_tiles if k.name in computed else None
+                if qs_ is None or ks_ is None:
+                    fail(core_nodes and next(n for n in body.nodes if id(n) in core_nodes),
+                         "only one of q and k computed in the region")
+                for j, (a, b_) in enumerate(zip(qs_, ks_)):
+                    acc = "" if j == 0 else ", acc=s"
+                    w(f's = fl.contract("sd,td->st", {a}, {b_}{acc})   # D[{cuts[j]}:{cuts[j + 1]}]')
+            else:
+                w(f's = fl.contract("{q_letters},{k_letters}->st", qt, kt)')
+            if causal:
+                w("if ts.stop - 1 > qs.start:   # on the diagonal: keys after a query are masked")
+                with w.indent():
+                    w('s = fl.where(fl.load(tri[0:qs.stop - qs.start, 0:ts.stop - ts.start]), s, float("-inf"))')
+            tiles = dict(inputs.literals)
+            for name, b in operand_boxes.items():
+                t = names.new(name + "_t")
+                w(f"{t} = fl.load({b})")
+                tiles[name] = t
+            cur = "s"
+            if score_ops:
+                tiles[score_ops[0].inputs[0].name] = "s"
+                for x in score_ops[0].inputs:
+                    if x.name in producer and producer[x.name].op.name == "matmul":
+                        tiles[x.name] = "s"
+                emit = vector.VectorEmitter(w, names, label)
+                for p in score_ops:
+                    cur = emit.node(p, [tiles[x.name] for x in p.inputs], p.inputs[0].type.rank - 1)
+                    tiles[p.outputs[0].name] = cur
+            if mask is not None:
+                if mask.type.dtype == DType.bool:
+                    w(f's = fl.where({tiles[mask.name]}, s, float("-inf"))   # the mask keeps True')
+                else:
+                    w(f"s = s + {tiles[mask.name]}")
+            w(f"m_new = fl.maximum(m, {cur}.max(axis=-1))")
+            w('m_safe = fl.where(m_new == float("-inf"), 0.0, m_new)   # rows masked so far stay 0')
+            w(f"p = fl.exp({cur} - m_safe, dtype={fl_dtype(op_dt[v.name])})")
+            w("if o is not None:")
+            with w.indent():
+                w("alpha = fl.exp(m - m_safe)   # how much the old max shrinks by")
+                w("fl.mul(o, alpha, out=o)")
+                w("l = fl.add(l * alpha, p.sum(axis=-1))")
+            w("else:")
+            with w.indent():
+                w("l = p.sum(axis=-1)")
+            w(f'o = fl.contract("st,{v_letters}->se", p, vt, acc=o)')
+            w("m = m_new")
+        idx = ", ".join([q_index[i] for i in range(len(lead))] + ["qs", ":"])
+        w(f"fl.store({out}[{idx}], fl.div(o, l, dtype={fl_dtype(result.type.dtype)}))")
+    order = {result.name: out, **export_names}
+    w(f"return {', '.join(order[o.name] for o in body.outputs)}")
+    text = Writer()
+    header(text, node, body, "streaming attention", header_params, inputs.literals)
+    if cache:
+        for line in BANDS.splitlines():
+            text(line)
+        text()
+        text()
+    text(f'@fl.kernel(target="{cfg.name}")')
+    text(f"def {fname}({', '.join(specs)}, *, bq: int = {bq}, bk: int = {bk}, stages: int = {STAGES}):")
+    text.lines += w.lines
+    w = text
+    results = tuple(Result(i, tuple(node.outputs[i].type.shape)) for i in range(len(body.outputs)))
+    parts = ("view",) + (("rotary",) if computed else ()) + ("attention",) + (("score ops",) if score_ops else ()) + \
+        (("causal",) if causal else ()) + (("kv cache",) if cache else ())
+    return GeneratedKernel(fname, "attention", w.text(), cfg, tuple(kparams), results, parts)
+
+
+BANDS = '''\
+def bands(n, cuts, size):
+    """[0, n) in tiles of at most `size` that do not straddle any of `cuts`."""
+    edges = sorted({0, n, *(c for c in cuts if 0 < c < n)})
+    return [slice(i, min(i + size, hi)) for lo, hi in zip(edges, edges[1:]) for i in range(lo, hi, size)]
+'''
+
+
+def _seq_parts(v, producer) -> list:
+    """(start, stop, value) of the parts `v` concatenates along its sequence axis (one part if none)."""
+    n = producer.get(v.name)
+    if n is not None and n.op.name == "concat" and n.attrs["axis"] % v.type.rank == v.type.rank - 2:
+        out, off = [], 0
+        for x in n.inputs:
+            out.append((off, off + x.type.shape[-2], x))
+            off += x.type.shape[-2]
+        return out
+    return [(0, v.type.shape[-2], v)]
+
+
+def _uncast(x, producer, core_nodes):
+    """The value a cast to the operand dtype (the precision stage's) reads; the cast joins the core."""
+    n = producer.get(x.name)
+    if n is not None and n.op.name == "cast":
+        core_nodes.add(id(n))
+        return n.inputs[0]
+    return x
+
+
+def _cast_line(w, names, tile, src, dst) -> str:
+    if src == dst:
+        return tile
+    t = names.new(tile + "_op")
+    w(f"{t} = {cast_to(tile, src, dst)}")
+    return t
+
+
+def _is_view(v, producer) -> bool:
+    while v.name in producer:
+        if producer[v.name].op.name not in VIEW_OPS:
+            return False
+        v = producer[v.name].inputs[0]
+    return True
+
+
+def _concat_cuts(values, producer, D) -> set:
+    """Where the graphs of `values` concatenate D-wide values along the last axis."""
+    cuts, stack, seen = set(), list(values), set()
+    while stack:
+        v = stack.pop()
+        if v.name in seen or v.name not in producer:
+            continue
+        seen.add(v.name)
+        n = producer[v.name]
+        if n.op.name == "concat" and n.attrs["axis"] % v.type.rank == v.type.rank - 1 and v.type.shape[-1] == D:
+            off = 0
+            for x in n.inputs:
+                off += x.type.shape[-1]
+                cuts.add(off)
+        stack.extend(n.inputs)
+    return cuts
+
+
+class _Pieces:
+    """q or k computed in the region from views of its inputs (rotary embedding: halves of D
+    swapped, negated, scaled by cos and sin tables), written piece by piece along D: a view is
+    loaded per piece, an elementwise op runs per piece, a slice or concat of D only picks pieces."""
+
+    def __init__(self, w, names, label, producer, params_in, literals, param, lead, index, seq, fail, offset=0):
+        self.offset = offset   # where this part starts along the sequence axis
+        self.w, self.names, self.label = w, names, label
+        self.producer, self.params_in, self.literals = producer, params_in, literals
+        self.param, self.lead, self.index, self.seq, self.fail = param, lead, index, seq, fail
+        self.emit = vector.VectorEmitter(w, names, label)
+        self.memo: dict = {}
+        self.loaded: dict = {}
+
+    def pieces(self, v, cuts: tuple) -> list[str]:
+        key = (v.name, cuts)
+        if key not in self.memo:
+            self.memo[key] = self._pieces(v, cuts)
+        return self.memo[key]
+
+    def _pieces(self, v, cuts):
+        n_pieces = len(cuts) - 1
+        if v.name in self.literals:
+            return [self.literals[v.name]] * n_pieces
+        if v.type.shape[-1] == 1 and cuts != (0, 1):   # broadcast along D: one tile serves every piece
+            return self.pieces(v, (0, 1)) * n_pieces
+        if _is_view(v, self.producer):
+            m = ViewMap.of(v, self.producer, self.params_in, self.fail)
+            rank = len(m.shape)
+            shift = len(self.lead) - (rank - 2)
+            index = {i: (self.index.get(i + shift, "0") if m.shape[i] != 1 else "0") for i in range(rank - 2)}
+            off = f" - {self.offset}" if self.offset else ""
+            seq = (f"{self.seq}.start{off}", f"{self.seq}.stop{off}") if m.shape[-2] != 1 else ("0", "1")
+            out = []
+            for c0, c1 in zip(cuts, cuts[1:]):
+                try:
+                    text, order = m.box(index, {rank - 2: seq, rank - 1: (str(c0), str(c1))})
+                except ValueError:
+                    self.fail(self.producer.get(v.name), "a view that is not a unit-stride box of its input")
+                if order != sorted(order):
+                    self.fail(self.producer.get(v.name), "a view whose D comes before its sequence axis")
+                src = f"{self.param(m.source)}[{text}]"
+                if src not in self.loaded:   # one load per box, however many views read it
+                    self.loaded[src] = self.names.new(v.name + "_t")
+                    self.w(f"{self.loaded[src]} = fl.load({src})")
+                out.append(self.loaded[src])
+            return out
+        n = self.producer[v.name]
+        op = n.op.name
+        if op == "concat" and n.attrs["axis"] % v.type.rank == v.type.rank - 1:
+            out, off = [], 0
+            bounds = []
+            for x in n.inputs:
+                bounds.append((off, off + x.type.shape[-1], x))
+                off += x.type.shape[-1]
+            for c0, c1 in zip(cuts, cuts[1:]):
+                part = next(((a, b, x) for a, b, x in bounds if a <= c0 and c1 <= b), None)
+                if part is None:
+                    self.fail(n, "a piece of D across a concat boundary")
+                a, _, x = part
+                out += self.pieces(x, (c0 - a, c1 - a))
+            return out
+        if op == "slice" and n.attrs["axis"] % v.type.rank == v.type.rank - 1 and n.attrs["step"] == 1:
+            a = n.attrs["start"]
+            return self.pieces(n.inputs[0], tuple(c + a for c in cuts))
+        if op in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
+            args = [self.pieces(x, cuts if x.type.rank == 0 or x.type.shape[-1] != 1 else (0, 1))
+                    if x.name in self.literals or x.type.rank > 0 else self.fail(n, "a scalar tensor operand")
+                    for x in n.inputs]
+            args = [a * n_pieces if len(a) == 1 and n_pieces > 1 else a for a in args]
+            return [self.emit.node(n, [a[j] for a in args], n.inputs[0].type.rank - 1) for j in range(n_pieces)]
+        self.fail(n, "in the computation of q or k (views, elementwise ops, slices and concats of D are handled)")

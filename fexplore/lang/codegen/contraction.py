@@ -1,0 +1,322 @@
+"""The contraction kernel: linear / matmul / batched matmul on the tensor unit, composed with a
+prologue on its activations (free views, a slice or select of rows, a layer or RMS norm) and an
+epilogue chain on its result (bias, any elementwise op, residual adds, scaling, casts; a sibling
+contraction over the same activations, as in SwiGLU, shares the loop and gets its own accumulator).
+
+Output tiles (tm x tn) go round-robin to the PEs; the K loop is double buffered. A norm prologue
+needs whole rows of the activations, so then a K slab is the whole of K. The epilogue runs on the
+vector unit straight off the accumulators, one line per IR node (`vector.VectorEmitter`).
+"""
+
+from __future__ import annotations
+
+from fexplore.ir import Node
+from fexplore.lang.examples._tiling import matmul_tiles
+
+from . import vector
+from .common import Inputs, body_of, header, kernel_name, region_label
+from .activations import PermutedAccess, RowAccess
+from .domain import OWN, Groups, aligned, group_axes, leading_broadcast, pattern, trimmed
+from .errors import UnsupportedRegionError
+from .generated import GeneratedKernel, Param, Result
+from .source import Names, Writer, cast_to, fl_dtype
+
+CONTRACTIONS = {"linear", "matmul"}
+STAGES = 2
+_VIEWS = {"relayout", "reshape", "select", "slice", "permute"}
+
+
+def generate_contraction(node: Node, cfg) -> GeneratedKernel:
+    body = body_of(node)
+    label = region_label(node)
+    inputs = Inputs.of(node, body)
+    producer = {v.name: n for n in body.nodes for v in n.outputs}
+    body_inputs = {v.name: v for v in body.inputs}
+    cons = [n for n in body.nodes if n.op.name in CONTRACTIONS]
+    if not cons:
+        raise UnsupportedRegionError(body.nodes[0].op.name, label, "no contraction")
+
+    def fail(n, why):
+        raise UnsupportedRegionError(n.op.name, label, why, loc=n.loc)
+
+    first = cons[0]
+    upstream = {}
+    for n in body.nodes:
+        upstream[n.outputs[0].name] = set().union(*(upstream.get(x.name, set()) for x in n.inputs)) | \
+            ({n.outputs[0].name} if n.op.name in CONTRACTIONS else set())
+    for c in cons:
+        if any(upstream.get(x.name) for x in c.inputs):
+            fail(c, "a contraction of another contraction's result (attention): the streaming attention "
+                    "part is not written yet")
+    for c in cons:
+        if c.op.name != first.op.name or c.inputs[0].name != first.inputs[0].name or \
+                c.outputs[0].type.shape != first.outputs[0].type.shape:
+            fail(c, "two contractions over different activations (only siblings sharing theirs fuse)")
+        if any(not isinstance(d, int) for d in c.outputs[0].type.shape + c.inputs[0].type.shape):
+            fail(c, "symbolic sizes (specialize the shapes first)")
+    # -- the prologue: from a region input to the activations --------------------------------------
+    a_val = first.inputs[0]
+    if a_val.name in producer and producer[a_val.name].op.name == "cast":   # the operand dtype (precision)
+        a_val = producer[a_val.name].inputs[0]
+        if a_val.name in producer and producer[a_val.name].op.name == "cast":
+            fail(producer[a_val.name], "two casts of the activations")
+    chain, v = [], a_val
+    while v.name in producer:
+        p = producer[v.name]
+        if p.op.name not in _VIEWS and p.op.name not in ("layer_norm", "rms_norm"):
+            fail(p, "in a contraction's prologue (views, a slice of rows and a norm are handled)")
+        chain.insert(0, p)
+        v = p.inputs[0]
+    x_in = v
+    if x_in.name in inputs.literals:
+        fail(first, "constant activations")
+    permuted = PermutedAccess.of(x_in, chain, fail) if any(n.op.name == "permute" for n in chain) else None
+    access = permuted or RowAccess.of(x_in, chain, a_val, fail)
+    # -- the weights: region inputs, through identity views ---------------------------------------
+    weights = []
+    for c in cons:
+        wv = c.inputs[1]
+        while wv.name in producer and producer[wv.name].op.name == "relayout":
+            wv = producer[wv.name].inputs[0]
+        if wv.name not in body_inputs or wv.name in inputs.literals:
+            fail(c, "weights computed inside the region (a transposed or sliced weight)")
+        bias = c.inputs[2] if len(c.inputs) == 3 else None
+        if bias is not None and bias.name not in body_inputs:
+            fail(c, "a bias computed inside the region")
+        weights.append((wv, bias))
+    prologue = {id(n) for n in chain} | ({id(producer[first.inputs[0].name])} if a_val is not first.inputs[0] else set())
+    epilogue = [n for n in body.nodes if id(n) not in prologue and n.op.name not in CONTRACTIONS]
+    for n in epilogue:
+        if n.op.name not in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
+            fail(n, "in a contraction's epilogue (elementwise ops are handled)")
+    in_prologue = {v.name for n in chain for v in n.outputs} | {first.inputs[0].name}
+    for o in body.outputs:
+        if o.name in in_prologue:
+            fail(producer[o.name], "a prologue value leaves the region")
+
+    # -- the domain: the contraction's output, (lead..., N) -----------------------------------------
+    out_t = first.outputs[0].type
+    lead, N = tuple(out_t.shape[:-1]), out_t.shape[-1]
+    K = first.inputs[0].type.shape[-1]
+    rank = len(out_t.shape)
+    is_linear = first.op.name == "linear"
+    w_rank = weights[0][0].type.rank
+    batched_b = not is_linear and w_rank > 2
+    epi_params = []      # (body input, domain-aligned shape)
+    seen = set()
+    for n in epilogue:
+        for x in n.inputs:
+            if x.name in body_inputs and x.name not in inputs.literals and x.name not in seen:
+                if x.type.rank > rank:
+                    fail(n, "an epilogue operand with more axes than the result")
+                seen.add(x.name)
+                epi_params.append((x, aligned(x.type.shape, rank)))
+    pats = [pattern(s[:-1], lead) for _, s in epi_params]
+    a_lead = aligned(first.inputs[0].type.shape[:-1], len(lead))
+    a_pat = tuple(OWN if access.indexed and d != 1 else p for p, d in zip(pattern(a_lead, lead), lead))
+    pats.append(a_pat)
+    if batched_b:
+        b_pat = pattern(aligned(weights[0][0].type.shape[:-2], len(lead) - 1), lead[:-1]) + ("one",)
+        pats.append(b_pat)
+        bg = group_axes(lead[:-1], [p[:-1] for p in pats])
+        real = tuple(g for g in bg.groups if g[0] < len(lead) - 1 and lead[g[0]] != 1) if lead[:-1] else ()
+        groups = Groups(lead, real + ((len(lead) - 1,),))
+    else:
+        groups = group_axes(lead, pats)
+    sizes = groups.sizes
+    M = sizes[-1]
+    outer_names = ["B"] if len(sizes) == 2 else [f"B{i}" for i in range(len(sizes) - 1)]
+    axis_names = outer_names + ["M"]
+    loop_vars = [a.lower() for a in outer_names] + ["ms"]
+
+    # -- tile sizes ----------------------------------------------------------------------------------
+    dt = first.inputs[0].type.dtype
+    op_dt = first.inputs[1].type.dtype   # the tensor unit's operand dtype: the weights'
+    if dt != op_dt:
+        fail(first, f"activations of {dt} and weights of {op_dt}")
+    norm = next((n for n in chain if n.op.name in ("layer_norm", "rms_norm")), None)
+    tm, tn, tk = matmul_tiles(M, N, K, max(dt.itemsize, 1), cfg, dt.name, STAGES)
+    budget = cfg.sram_bytes_per_pe // 2
+    if norm is not None:
+        tk = K
+    if permuted is not None:
+        tk = min(tk, permuted.inner)
+    nb = len(cons)
+
+    def footprint(tm, tn, tk):
+        # operand tiles: double buffered by the K loop and by the tile loop; with a norm there is
+        # no K loop, but the row statistics and the normalized rows are tiles too
+        operands = STAGES * (tm * tk * 3 + nb * tk * tn) if norm is not None else \
+            2 * STAGES * (tm * tk + nb * tk * tn)
+        return operands * 4 + 2 * tm * tn * 4 * (nb + 1 + len(epilogue))
+
+    while footprint(tm, tn, tk) > budget and max(tm, tn, tk if norm is None else 0) > 1:
+        if norm is None and tk >= max(tm, tn):
+            tk = max(1, tk // 2)
+        elif tm >= tn:
+            tm = max(1, tm // 2)
+        else:
+            tn = max(1, tn // 2)
+    if permuted is not None and norm is not None:
+        fail(norm, "a norm over permuted activations")
+    if footprint(tm, tn, tk) > budget:
+        fail(norm or first, f"rows of {K} activations do not fit one PE's SRAM on {cfg.name}")
+
+    # -- parameters ------------------------------------------------------------------------------------
+    names = Names({"tm", "tn", "tk", "stages", "ms", "ns", "ks", "ds", "h", "itertools", "b",
+                   *(f"b{i}" for i in range(8)), *(f"h{i}" for i in range(8))})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    kparams, specs, header_params = [], [], []
+
+    def add_param(v, shape, spec):
+        pname = names.new(v.name)
+        kparams.append(Param(pname, inputs.index[v.name], tuple(shape)))
+        specs.append(f"{pname}: {fl_dtype(v.type.dtype)}[{', '.join(spec)}]")
+        header_params.append((pname, v, tuple(shape)))
+        return pname
+
+    def group_spec(view):
+        k = leading_broadcast(view, sizes)
+        return [f'"{axis_names[j]}"' if view[j] != 1 or sizes[j] == 1 else "1" for j in range(k, len(view))], k
+
+    def group_index(view, k):
+        return [loop_vars[j] if view[j] != 1 or sizes[j] == 1 else ("0:1" if j == len(view) - 1 else "0")
+                for j in range(k, len(view))]
+
+    # activations
+    k_idx = ":" if norm is not None else "ks"
+    if permuted is not None:
+        x_shape = permuted.shape
+        x_spec, x_idx = permuted.spec_and_index(lead, axis_names, loop_vars)
+    elif access.indexed:
+        x_shape = access.base_shape
+        x_spec, x_idx = access.spec_and_index(lead, groups, axis_names, loop_vars, k_idx)
+    else:
+        view = groups.view(a_pat)
+        x_shape = trimmed(view, (K,), sizes)
+        sp, k0 = group_spec(view)
+        x_spec, x_idx = sp + ['"K"'], group_index(view, k0) + [k_idx]
+    x_name = add_param(x_in, x_shape, x_spec)
+    x_box = f"{x_name}[{', '.join(x_idx)}]"
+    norm_params = []
+    if norm is not None:
+        for g in norm.inputs[1:]:
+            if g.name not in body_inputs:
+                fail(norm, "norm weights computed inside the region")
+            norm_params.append(add_param(g, (K,), ['"K"']))
+    # weights and biases
+    w_boxes, b_names = [], []
+    for (wv, bias), c in zip(weights, cons):
+        a_letters = permuted.letters if permuted is not None else "mk"
+        w_k = permuted.weight_index() if permuted is not None else k_idx
+        if is_linear:
+            wn = add_param(wv, (N, K), ['"N"', '"K"'])
+            w_boxes.append((f"{wn}[ns, {w_k}]", f"{a_letters},nk->mn"))
+        elif not batched_b:
+            wn = add_param(wv, (K, N), ['"K"', '"N"'])
+            w_boxes.append((f"{wn}[{w_k}, ns]", f"{a_letters},kn->mn"))
+        else:
+            view = groups.view(b_pat)[:-1] + (1,)
+            sp, k0 = group_spec(view[:-1])
+            idx = group_index(view[:-1], k0)
+            wn = add_param(wv, trimmed(view[:-1], (K, N), sizes[:-1]), sp + ['"K"', '"N"'])
+            w_boxes.append((f"{wn}[{', '.join(idx + [k_idx, 'ns'])}]", "mk,kn->mn"))
+        b_names.append(add_param(bias, (N,), ['"N"']) if bias is not None else None)
+    # epilogue operands
+    epi_boxes = {}
+    for x, s in epi_params:
+        view = groups.view(pattern(s[:-1], lead))
+        tail = N if s[-1] == N and N != 1 else 1
+        sp, k0 = group_spec(view)
+        sp.append('"N"' if tail == N and N != 1 else "1")
+        idx = group_index(view, k0) + ["ns" if tail == N and N != 1 else ":"]
+        pname = add_param(x, trimmed(view, (tail,), sizes), sp)
+        epi_boxes[x.name] = f"{pname}[{', '.join(idx)}]"
+
+    # -- the source --------------------------------------------------------------------------------------
+    w = Writer()
+    header(w, node, body, "contraction", header_params, inputs.literals)
+    if permuted is not None and len(permuted.k_names) > 2:
+        w("import itertools")
+        w()
+    w(f'@fl.kernel(target="{cfg.name}")')
+    w(f"def {fname}({', '.join(specs)}, *, tm: int = {tm}, tn: int = {tn}, tk: int = {tk}, "
+      f"stages: int = {STAGES}):")
+    with w.indent():
+        w(f"{', '.join(axis_names + ['N', 'K'])} = {', '.join(str(s) for s in sizes + (N, K))}")
+        out_vals = list(body.outputs)
+        onames, results = [], []
+        for i, o in enumerate(out_vals):
+            oname = names.new(o.name + "_out").upper()
+            onames.append(oname)
+            results.append(Result(i, tuple(node.outputs[i].type.shape)))
+            w(f'{oname} = fl.output(({", ".join(axis_names)}, N), {fl_dtype(o.type.dtype)}, '
+              f'axes="{" ".join(axis_names)} N")')
+        grid = ", ".join([f"range({a})" for a in outer_names[:len(sizes) - 1]] +
+                         ["fl.tiles(M, tm)", "fl.tiles(N, tn)"])
+        w(f"for {', '.join(loop_vars + ['ns'])} in fl.parallel({grid}, stages=stages):")
+        with w.indent():
+            tiles: dict[str, str] = dict(inputs.literals)
+            accs = [names.new("acc") for _ in cons]
+            emit = vector.VectorEmitter(w, names, label, axis='"K"')
+            if norm is not None:
+                xt = names.new(x_in.name + "_t")
+                w(f"{xt} = fl.load({x_box})   # whole rows: the {norm.op.name} needs them")
+                ptiles = []
+                for pn in norm_params:
+                    t = names.new(pn + "_t")
+                    w(f"{t} = fl.load({pn}[:])")
+                    ptiles.append(t)
+                a_tile = emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1)
+                if op_dt != norm.outputs[0].type.dtype:
+                    a_tile_c = names.new(a_tile + "_op")
+                    w(f"{a_tile_c} = {cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)}")
+                    a_tile = a_tile_c
+                for acc, (wb, spec) in zip(accs, w_boxes):
+                    w(f'{acc} = fl.contract("{spec}", {a_tile}, fl.load({wb}))')
+            else:
+                w(f"{' = '.join(accs)} = None")
+                if permuted is not None:
+                    w(f"# K = {' x '.join(permuted.k_names)}: one slab per {', '.join(permuted.k_names[:-1])} "
+                      f"and tile of {permuted.k_names[-1]}, read straight from %{x_in.name}'s layout")
+                    w(f"for {permuted.k_loop_vars()} in fl.range({permuted.k_iter()}, stages=stages):")
+                else:
+                    w("for ks in fl.range(fl.tiles(K, tk), stages=stages):")
+                with w.indent():
+                    if len(cons) == 1:
+                        wb, spec = w_boxes[0]
+                        a = cast_to(f"fl.load({x_box})", x_in.type.dtype, op_dt)
+                        w(f'{accs[0]} = fl.contract("{spec}", {a}, fl.load({wb}), acc={accs[0]})')
+                    else:
+                        xt = names.new(x_in.name + "_t")
+                        w(f"{xt} = {cast_to(f'fl.load({x_box})', x_in.type.dtype, op_dt)}")
+                        for acc, (wb, spec) in zip(accs, w_boxes):
+                            w(f'{acc} = fl.contract("{spec}", {xt}, fl.load({wb}), acc={acc})')
+            # the contractions' values (+ bias), then the epilogue
+            emit.axis = '"N"'
+            for c, acc, bn in zip(cons, accs, b_names):
+                val = acc
+                if bn is not None:
+                    bt = names.new(bn + "_t")
+                    w(f"{bt} = fl.load({bn}[ns])")
+                    val = names.new(c.outputs[0].name)
+                    w(f"{val} = {acc} + {bt}")
+                if c.outputs[0].type.dtype.name != "f32":
+                    cast = names.new(c.outputs[0].name + "_c")
+                    w(f"{cast} = {val}.astype({fl_dtype(c.outputs[0].type.dtype)})")
+                    val = cast
+                tiles[c.outputs[0].name] = val
+            for x, _ in epi_params:
+                t = names.new(epi_boxes[x.name].split("[")[0] + "_t")
+                w(f"{t} = fl.load({epi_boxes[x.name]})")
+                tiles[x.name] = t
+            for n in epilogue:
+                tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], -1)
+            idx = ", ".join(loop_vars + ["ns"])
+            for o, oname in zip(out_vals, onames):
+                w(f"fl.store({oname}[{idx}], {tiles[o.name]})")
+        w(f"return {', '.join(onames)}")
+    parts = (["view"] if any(n.op.name in _VIEWS for n in chain) else []) + \
+        (["norm"] if norm is not None else []) + ["contraction"] + (["epilogue"] if epilogue else [])
+    return GeneratedKernel(fname, "contraction", w.text(), cfg, tuple(kparams), tuple(results), tuple(parts))

@@ -1,0 +1,113 @@
+"""Writing kernel source: names a person would pick, literals, indentation, the header comment."""
+
+from __future__ import annotations
+
+import keyword
+import math
+import os
+import re
+
+import numpy as np
+
+from fexplore.ir import Constant, DType
+
+_RESERVED = {"fl", "target", "pipelining", "functional", "range", "sum", "max", "min", "abs", "round"}
+
+
+_SUFFIXES = {"tiled", "relayout"}      # what the layout stage adds to a parameter's name
+_GENERIC = {"weight", "bias"}
+
+
+class Names:
+    """Unique Python identifiers derived from IR names (``h.0.ln_1.weight`` -> ``ln_1_weight``)."""
+
+    def __init__(self, taken=()):
+        self.taken: set[str] = set(taken) | _RESERVED
+
+    def new(self, hint: str) -> str:
+        parts = [p for p in re.split(r"[^0-9A-Za-z_]+", hint) if p]
+        while len(parts) > 1 and parts[-1] in _SUFFIXES:
+            parts.pop()
+        k = len(parts) - 1
+        while k > 0 and (parts[k] in _GENERIC or parts[k].isdigit()):
+            k -= 1   # blocks.0.mlp.2.weight -> mlp_2_weight
+        base = "_".join(parts[max(k, 0):]) if parts else "t"
+        base = re.sub(r"^(\d)", r"v\1", base.lstrip("_")).lower() or "t"
+        if keyword.iskeyword(base):
+            base += "_"
+        name, k = base, 1
+        while name in self.taken:
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+
+def literal(value) -> str:
+    """A Python literal for a scalar (what a constant 0-d region input becomes)."""
+    v = np.asarray(value).item()
+    if isinstance(v, bool):
+        return "1.0" if v else "0.0"
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return 'float("nan")'
+    if math.isinf(v):
+        return 'float("inf")' if v > 0 else 'float("-inf")'
+    return repr(float(np.float32(v))) if abs(v) > 0 else "0.0"
+
+
+def scalar_constant(v) -> str | None:
+    """The literal of a region input that is a 0-d (or 1-element) constant, else None."""
+    if isinstance(v, Constant) and v.payload is not None and np.asarray(v.payload).size == 1 \
+            and np.asarray(v.payload).ndim == 0:
+        return literal(v.payload)
+    return None
+
+
+def fl_dtype(dt: DType) -> str:
+    return {"bool": "fl.bool_"}.get(dt.name, f"fl.{dt.name}")
+
+
+def where_from(node) -> str:
+    """``h.0.mlp.c_fc (gpt.py:73)``: the module path and the file's name and line, no directories."""
+    loc = node.loc
+    if loc is None:
+        return "no source location"
+    module = loc.module or "the model"
+    if loc.file:
+        return f"{module} ({os.path.basename(loc.file)}:{loc.line})"
+    return module
+
+
+class Writer:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, line: str = "") -> None:
+        self.lines.append(("    " * self.depth + line) if line else "")
+
+    def indent(self):
+        writer = self
+
+        class _Block:
+            def __enter__(self):
+                writer.depth += 1
+
+            def __exit__(self, *exc):
+                writer.depth -= 1
+
+        return _Block()
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def cast_to(expr: str, src: DType, dst: DType) -> str:
+    """`expr` (a tile of dtype `src`) as an operand of dtype `dst` for the tensor unit; fp8 saturates
+    to its range first, as the IR's cast does."""
+    if src == dst:
+        return expr
+    if dst == DType.fp8 and src.is_float:
+        return f"fl.cast(fl.minimum(fl.maximum({expr}, -448.0), 448.0), fl.fp8)"
+    return f"{expr}.astype({fl_dtype(dst)})"

@@ -1,0 +1,577 @@
+"""Kernel-language source generated from IR nodes (`fexplore.lang.codegen`): every kernel, run by
+the kernel-language interpreter, equals its node run by the IR interpreter.
+
+Two sources of nodes: the fused regions of the zoo models after the fusion stage (every region the
+generator claims, on both targets; the rest must be refused with an error naming the op), and
+hand-built regions with unusual epilogues and sizes that do not divide the tiles (odd sizes,
+batch 1, a single head, broadcast operands of every shape)."""
+
+from __future__ import annotations
+
+import collections
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fexplore
+from fexplore import lang
+from fexplore.errors import SourceLoc
+from fexplore.ir import Attrs, Constant, DType, Graph, Node, TensorType, Value, get_op, run
+from fexplore.lang import codegen
+from fexplore.lang.codegen import UnsupportedRegionError, check_kernel
+from fexplore.lang.codegen import vector as vector_mod
+from fexplore.npu import get_target
+from fexplore.models import ZOO
+
+TARGETS = ["rngd", "tiny"]
+
+
+# ---- the zoo's fused regions ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def zoo_regions():
+    """{model: [(region node, its input arrays)]}, from the fusion stage's graph run on the
+    model's example inputs."""
+    out = {}
+    for name, factory in ZOO.items():
+        model, inputs = factory()
+        cm = fexplore.compile(model, inputs, verify=False)
+        g = cm["fusion"].after
+        values = {c.name: c.payload for c in g.constants}
+        arrays = [t.detach().numpy() for t in inputs]
+        values.update({v.name: a for v, a in zip(g.inputs, arrays)})
+
+        def keep(node, outs):
+            values.update({v.name: a for v, a in zip(node.outputs, outs)})
+
+        run(g, arrays, hook=keep)
+        out[name] = [(n, [values[v.name] for v in n.inputs]) for n in g.nodes if n.op.name == "region"]
+    return out
+
+
+# What the generator does not write yet, by the op it names (the lower stage will run these on
+# the host until their parts land): nothing in the zoo today.
+NOT_YET: set[str] = set()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("model", sorted(ZOO))
+def test_zoo_regions_equal_the_ir_interpreter(zoo_regions, model, target):
+    covered = 0
+    for node, inputs in zoo_regions[model]:
+        try:
+            gk = codegen.generate(node, target)
+        except UnsupportedRegionError as e:
+            assert e.op in NOT_YET, str(e)
+            assert e.op in str(e) and node.regions[0].name in str(e)
+            continue
+        check = check_kernel(node, gk, inputs)
+        assert check.ok, f"{model}: {node.regions[0].name}\n{check}\n{gk.source}"
+        assert check.outputs == len(node.outputs)
+        covered += 1
+    assert covered >= 1
+
+
+def test_zoo_coverage(zoo_regions, capsys):
+    """The fraction of the zoo's regions the generator covers, by kind: all of them."""
+    total, covered = collections.Counter(), collections.Counter()
+    refused = collections.Counter()
+    for model, regions in zoo_regions.items():
+        for node, _ in regions:
+            kind = node.attrs["kind"]
+            total[kind] += 1
+            try:
+                codegen.generate(node, "rngd")
+                covered[kind] += 1
+            except UnsupportedRegionError as e:
+                refused[e.op] += 1
+    with capsys.disabled():
+        print("\nzoo regions covered by kernel generation: "
+              f"{sum(covered.values())}/{sum(total.values())}; by kind: " +
+              ", ".join(f"{k} {covered[k]}/{total[k]}" for k in sorted(total)) +
+              f"; refused by op: {dict(refused)}")
+    assert covered["norm"] == total["norm"] > 0
+    assert covered["elementwise"] == total["elementwise"] > 0
+    assert covered["contraction"] == total["contraction"] > 0   # linear, matmul and conv2d regions
+    assert covered["attention"] == total["attention"] >= 10 and not refused
+    assert sum(covered.values()) == sum(total.values()) >= 72
+
+
+@pytest.mark.parametrize("precision, target", [("bf16", "tiny"), ("fp8", "rngd")])
+def test_regions_after_the_precision_stage_equal_the_ir_interpreter(precision, target):
+    """After `precision` (the stage lower will follow), operands are cast to bf16 / fp8 inside the
+    regions: the kernels cast their tiles after the load, and still equal the IR interpreter
+    (within the tolerance of the dtype the region computes in)."""
+    checked = collections.Counter()
+    for name in ("cnn", "gpt", "llama_decode"):
+        model, inputs = ZOO[name]()
+        g = fexplore.compile(model, inputs, verify=False, precision=precision)["precision"].after
+        values = {c.name: c.payload for c in g.constants}
+        arrays = [t.detach().numpy() for t in inputs]
+        values.update({v.name: a for v, a in zip(g.inputs, arrays)})
+        run(g, arrays, hook=lambda node, outs: values.update({v.name: a for v, a in zip(node.outputs, outs)}))
+        for node in (n for n in g.nodes if n.op.name == "region"):
+            gk = codegen.generate(node, target)
+            check = check_kernel(node, gk, [values[v.name] for v in node.inputs])
+            assert check.ok, f"{name} {precision}: {node.regions[0].name}\n{check}\n{gk.source}"
+            checked[node.attrs["kind"]] += 1
+    assert set(checked) == {"contraction", "attention", "norm", "elementwise"}
+
+
+def test_generated_source_is_readable_and_points_at_the_model(zoo_regions):
+    node = next(n for n, _ in zoo_regions["gpt"] if n.loc.module == "h.0.mlp.c_fc")
+    gk = codegen.generate(node, "rngd")
+    assert gk.kind == "contraction" and gk.parts == ("norm", "contraction", "epilogue")
+    src = gk.source
+    assert "# from h.0.mlp.c_fc (gpt.py:" in src and "/" not in src.splitlines()[1]
+    assert '@fl.kernel(target="rngd")' in src and f"def {gk.name}(" in src
+    assert 'fl.contract("mk,nk->mn"' in src and "fl.gelu_tanh(" in src and ".mean(axis=" in src
+    k = gk.kernel()
+    assert isinstance(k, lang.Kernel) and k.name == gk.name == "h_0_mlp_c_fc"
+
+
+def test_generated_source_runs_as_a_furiosa_kernel_cell(zoo_regions):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    node, inputs = next((n, x) for n, x in zoo_regions["llama"] if n.attrs["kind"] == "norm")
+    gk = codegen.generate(node, "tiny")
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "fexplore")
+    for i, arr in enumerate(gk.arguments(inputs)):
+        shell.user_ns[f"arg{i}"] = arr
+    names = ",".join(f"arg{i}" for i in range(len(gk.params)))
+    res = shell.run_cell(f"%%furiosa_kernel --inputs {names}\n{gk.source}")
+    assert res.success, res.error_in_exec
+    k = shell.user_ns[gk.name]
+    assert isinstance(k, lang.Kernel)
+    want = fexplore.ir.evaluate_node(node, inputs)[0]
+    np.testing.assert_allclose(k(*gk.arguments(inputs)).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_generated_kernel_simulates_to_what_it_interprets(zoo_regions):
+    node, inputs = next((n, x) for n, x in zoo_regions["llama"] if n.loc.module == "layers.0.mlp.gate_proj")
+    gk = codegen.generate(node, "tiny")
+    k = gk.kernel()
+    args = gk.arguments(inputs)
+    interpreted = k(*args)
+    simulated = k.last_trace.unpack(k.simulate(*args).outputs)
+    np.testing.assert_array_equal(simulated, interpreted)
+
+
+def test_a_generated_convolution_simulates_to_what_it_interprets():
+    node, arrays = conv_strided_padded_dilated()
+    gk = codegen.generate(node, "tiny")
+    assert gk.kind == "convolution"
+    k = gk.kernel()
+    args = gk.arguments(arrays)
+    interpreted = k(*args)
+    simulated = k.last_trace.unpack(k.simulate(*args).outputs)
+    np.testing.assert_array_equal(simulated, interpreted)
+    assert np.isfinite(interpreted).all()
+
+
+def test_attention_reads_its_operands_where_they_are_and_streams_the_keys():
+    node, arrays = sdpa_gqa_float_mask_odd_sizes()
+    gk = codegen.generate(node, "tiny")
+    assert gk.kind == "attention" and [p.name for p in gk.params] == ["qkv", "kv", "bias"]
+    src = gk.source
+    assert "for ts in fl.range(fl.tiles(T, bk)" in src and "h // 2" in src   # two q heads per k head
+    k = gk.kernel()
+    args = gk.arguments(arrays)
+    assert k.__wrapped__.__kwdefaults__["bk"] < 141     # the keys come in several blocks on tiny
+    interpreted = k(*args)
+    simulated = k.last_trace.unpack(k.simulate(*args).outputs)
+    np.testing.assert_array_equal(simulated, interpreted)
+
+
+def test_rotary_embedding_is_computed_per_half_of_d_and_causal_blocks_are_skipped(zoo_regions):
+    node, inputs = next((n, x) for n, x in zoo_regions["llama"] if n.attrs["kind"] == "attention")
+    gk = codegen.generate(node, "tiny")
+    assert gk.parts == ("view", "rotary", "attention", "causal")
+    assert "# D[0:8]" in gk.source and "# D[8:16]" in gk.source and "if ts.start < qs.stop" in gk.source
+    assert "concat" not in gk.source.split("def ", 1)[1]      # no copy is made of the rotated halves
+    assert check_kernel(node, gk, inputs).ok
+
+
+def test_a_decode_step_reads_the_cache_and_this_steps_key_as_parts_and_exports_both(zoo_regions):
+    node, inputs = next((n, x) for n, x in zoo_regions["llama_decode"] if n.attrs["kind"] == "attention")
+    assert len(node.outputs) == 3                             # the new keys, the new values, the attention
+    gk = codegen.generate(node, "rngd")
+    assert "kv cache" in gk.parts and "bands(T, (8,), bk)" in gk.source
+    check = check_kernel(node, gk, inputs)
+    assert check.ok and check.outputs == 3
+
+
+def test_check_kernel_catches_a_wrong_kernel(zoo_regions):
+    node, inputs = next((n, x) for n, x in zoo_regions["vit"] if n.loc.module == "blocks.0.mlp.2")
+    gk = codegen.generate(node, "rngd")
+    assert check_kernel(node, gk, inputs).ok
+    wrong = gk.source.replace("acc + ", "acc - ", 1)
+    assert wrong != gk.source
+    bad = type(gk)(gk.name, gk.kind, wrong, gk.target, gk.params, gk.results, gk.parts)
+    check = check_kernel(node, bad, inputs)
+    assert not check.ok and check.limit_exceeded_by > 1
+
+
+def test_every_elementwise_opdef_has_a_vector_unit_counterpart():
+    assert codegen.check_table() == []
+    for name in ("sin", "cos", "erf", "log1p", "remainder", "logical_not", "round"):
+        assert callable(getattr(lang, name))
+    assert "round" not in lang.__all__          # `from fexplore.lang import *` keeps Python's round
+
+
+# ---- hand-built regions --------------------------------------------------------------------------
+class Body:
+    """Build a region node op by op: ``b.input(...)``, ``b("add", x, y)``, ``b.region(...)``."""
+
+    def __init__(self, seed=0):
+        self.inputs, self.outer, self.arrays, self.nodes = [], [], [], []
+        self.rng = np.random.default_rng(seed)
+        self.count = collections.Counter()
+
+    def input(self, name, shape, dtype=DType.f32, data=None, positive=False):
+        t = TensorType(tuple(shape), dtype)
+        v = Value(name, t)
+        if data is None:
+            data = self.rng.standard_normal(shape)
+            data = np.abs(data) + 0.5 if positive else data
+        arr = np.asarray(data).astype(dtype.numpy)
+        self.inputs.append(v)
+        self.outer.append(v)
+        self.arrays.append(arr)
+        return v
+
+    def const(self, name, value, dtype=DType.f32):
+        """A scalar constant of the outer graph, passed into the region (it is written in)."""
+        arr = np.asarray(value, dtype=dtype.numpy)
+        inner = Value(name, TensorType((), dtype))
+        self.inputs.append(inner)
+        self.outer.append(Constant(name, TensorType((), dtype), arr))
+        self.arrays.append(arr)
+        return inner
+
+    def __call__(self, op, *ins, **attrs):
+        opdef = get_op(op)
+        full = Attrs(opdef.complete_attrs(attrs))
+        (t,) = opdef.infer_types([v.type for v in ins], full)
+        self.count[op] += 1
+        out = Value(f"{op}_{self.count[op]}", t)
+        self.nodes.append(Node(opdef, list(ins), full, [out], SourceLoc("/some/dir/model.py", 7, "blk.fc")))
+        return out
+
+    def region(self, *outputs, kind="fused"):
+        body = Graph(f"{kind}_test", list(self.inputs), [], list(self.nodes), list(outputs), {})
+        return Node("region", list(self.outer), {"kind": kind}, list(outputs),
+                    SourceLoc("/some/dir/model.py", 7, "blk.fc"), [body])
+
+
+def _check(node, arrays, target):
+    gk = codegen.generate(node, target)
+    check = check_kernel(node, gk, arrays)
+    assert check.ok, f"{check}\n{gk.source}"
+    return gk
+
+
+def linear_with_unusual_epilogue():
+    b = Body(1)
+    x = b.input("x", (2, 37, 45))
+    w = b.input("fc.weight", (29, 45))
+    bias = b.input("fc.bias", (29,))
+    res = b.input("res", (2, 37, 29))
+    col = b.input("col", (2, 37, 1))           # one value per row
+    half = b.const("half", 0.5)
+    y = b("linear", x, w, bias)
+    y = b("mul", y, half)
+    y = b("tanh", y)
+    y = b("sub", b("add", y, res), col)
+    y = b("clamp", y, min=-0.75, max=2.0)
+    y = b("div", y, b("add", b("abs", col), half))
+    y = b("where", b("gt", y, res), y, b("neg", y))
+    return b.region(b("cast", y, dtype=DType.bf16), kind="contraction"), b.arrays
+
+
+def batched_matmul_batch1_single_head():
+    b = Body(2)
+    q = b.input("q", (1, 1, 13, 24))
+    k = b.input("k", (1, 1, 24, 19))
+    s = b("matmul", q, k)
+    return b.region(b("silu", b("mul", s, b.const("scale", 0.2))), kind="contraction"), b.arrays
+
+
+def batched_matmul_with_partial_broadcast():
+    b = Body(3)
+    a = b.input("a", (3, 5, 13, 33))
+    m = b.input("m", (3, 5, 33, 10))
+    per_batch = b.input("per_batch", (3, 1, 1, 10))
+    y = b("matmul", a, m)
+    return b.region(b("gelu", b("add", y, per_batch), approximate="tanh"), kind="contraction"), b.arrays
+
+
+def matmul_3d_by_2d_and_swiglu():
+    b = Body(4)
+    x = b.input("x", (1, 7, 33))
+    wg = b.input("gate.weight", (41, 33))
+    wu = b.input("up.weight", (41, 33))
+    g = b("linear", x, wg)
+    u = b("linear", x, wu)
+    return b.region(b("mul", b("silu", g), u), kind="contraction"), b.arrays
+
+
+def norm_prologue_with_selected_row():
+    b = Body(5)
+    x = b.input("x", (3, 11, 40))
+    gamma = b.input("norm.weight", (40,))
+    w = b.input("head.weight", (9, 40))
+    h = b("rms_norm", x, gamma, eps=1e-6)
+    h = b("select", h, axis=1, index=4)
+    return b.region(b("linear", h, w), kind="contraction"), b.arrays
+
+
+def row_ops():
+    b = Body(6)
+    x = b.input("x", (3, 5, 77))
+    gamma = b.input("g", (77,))
+    beta = b.input("beta", (77,))
+    ln = b("layer_norm", x, gamma, beta, eps=1e-5)
+    sm = b("softmax", ln, axis=-1)
+    ls = b("log_softmax", x, axis=2)
+    plain = b("layer_norm", x)
+    return b.region(sm, ls, plain, kind="norm"), b.arrays
+
+
+def reductions():
+    b = Body(7)
+    x = b.input("x", (4, 3, 50))
+    s = b("sum", x, axes=(-1,), keepdim=False)
+    mx = b("amax", x, axes=(2,), keepdim=True)
+    mn = b("amin", b("sub", x, mx), axes=(-1,), keepdim=True)
+    mean = b("mean", x, axes=(-1,), keepdim=False)
+    v = b("var", x, axes=(-1,), keepdim=True, correction=1)
+    return b.region(s, mn, b("mul", mean, s), v, kind="norm"), b.arrays
+
+
+def long_elementwise_chain():
+    b = Body(8)
+    x = b.input("x", (2, 9, 31))
+    row = b.input("row", (31,))
+    col = b.input("col", (2, 9, 1))
+    per_batch = b.input("pb", (2, 1, 31))      # broadcast along the middle axis only
+    pos = b.input("pos", (2, 9, 31), positive=True)
+    y = b("add", x, row)
+    y = b("mul", y, col)
+    y = b("sub", y, per_batch)
+    y = b("exp", b("neg", b("abs", y)))
+    y = b("add", y, b("log1p", pos))
+    y = b("add", y, b("sin", x))
+    y = b("mul", y, b("cos", row))
+    y = b("add", y, b("erf", per_batch))
+    y = b("maximum", y, b("floor", col))
+    y = b("minimum", y, b("ceil", pos))
+    y = b("add", y, b("sign", x))
+    y = b("add", y, b("pow", pos, b.const("p", 1.5)))
+    y = b("add", y, b("remainder", x, b.const("r", 0.7)))
+    y = b("add", y, b("fmod", x, b.const("f", 0.7)))
+    y = b("add", y, b("sqrt", pos))
+    y = b("add", y, b("rsqrt", pos))
+    y = b("add", y, b("reciprocal", pos))
+    y = b("add", y, b("sigmoid", x))
+    y = b("add", y, b("gelu", x))
+    y = b("add", y, b("relu", x))
+    y = b("add", y, b("expm1", b("mul", x, b.const("s", 0.1))))
+    y = b("add", y, b("log", pos))
+    mask = b("logical_and", b("gt", x, row), b("logical_not", b("lt", col, b.const("z", 0.0))))
+    y = b("where", mask, y, b("round", x))
+    return b.region(y, mask, kind="elementwise"), b.arrays
+
+
+def conv_strided_padded_dilated():
+    b = Body(9)
+    x = b.input("x", (1, 5, 14, 18))
+    w = b.input("conv.weight", (7, 5, 3, 3))
+    bias = b.input("conv.bias", (7,))
+    y = b("conv2d", x, w, bias, stride=(2, 2), padding=(2, 1), dilation=(2, 1))
+    return b.region(b("relu", b("mul", y, b.const("s", 1.5))), kind="contraction"), b.arrays
+
+
+def residual_block_with_projection_shortcut():
+    b = Body(10)
+    x = b.input("x", (2, 4, 10, 10))
+    h = b.input("h", (2, 6, 5, 5))
+    w1 = b.input("down.weight", (6, 4, 1, 1))
+    w3 = b.input("conv2.weight", (6, 6, 3, 3))
+    per_channel = b.input("scale", (6, 1, 1))
+    short = b("conv2d", x, w1, stride=(2, 2))
+    main = b("conv2d", h, w3, padding=(1, 1))
+    y = b("add", b("mul", main, per_channel), short)
+    return b.region(b("relu", y), kind="contraction"), b.arrays
+
+
+def sdpa_gqa_float_mask_odd_sizes():
+    b = Body(11)
+    qkv = b.input("qkv", (2, 13, 3 * 32))             # q: 4 heads of 8; k, v: 2 heads (grouped)
+    kv = b.input("kv", (2, 141, 2, 2, 8))             # k and v, 141 keys, in a (T, 2, heads, D) layout
+    bias = b.input("bias", (1, 1, 13, 141))           # an additive mask
+    q = b("permute", b("reshape", b("slice", qkv, axis=2, start=0, end=32), shape=(2, 13, 4, 8)), perm=(0, 2, 1, 3))
+    k = b("permute", b("select", kv, axis=2, index=0), perm=(0, 2, 1, 3))
+    v = b("permute", b("select", kv, axis=2, index=1), perm=(0, 2, 1, 3))
+    y = b("attention", q, k, v, bias, gqa=True, scale=0.3)
+    return b.region(y, kind="attention"), b.arrays
+
+
+def written_out_attention_single_head_bool_mask():
+    b = Body(12)
+    q = b.input("q", (1, 1, 7, 5))
+    kt = b.input("kt", (1, 1, 5, 150))                # k stored transposed (named like the kernel's k tile)
+    v = b.input("v", (1, 1, 150, 6))
+    keep = b.input("keep", (1, 1, 7, 150), DType.bool, data=np.random.default_rng(0).random((1, 1, 7, 150)) > 0.3)
+    s = b("mul", b("matmul", q, kt), b.const("scale", 0.4))
+    s = b("where", keep, s, b.const("ninf", -np.inf))
+    return b.region(b("matmul", b("softmax", s, axis=-1), v), kind="attention"), b.arrays
+
+
+def causal_attention_odd_sizes(S=45, T=45):
+    b = Body(13)
+    q = b.input("q", (1, 1, S, 12))
+    k = b.input("k", (1, 1, T, 12))
+    v = b.input("v", (1, 1, T, 7))
+    return b.region(b("attention", q, k, v, causal=True), kind="attention"), b.arrays
+
+
+def causal_attention_fewer_queries_than_keys():
+    return causal_attention_odd_sizes(20, 45)
+
+
+HAND_BUILT = {f.__name__: f for f in (causal_attention_odd_sizes, causal_attention_fewer_queries_than_keys,
+                                      sdpa_gqa_float_mask_odd_sizes, written_out_attention_single_head_bool_mask,
+                                      conv_strided_padded_dilated, residual_block_with_projection_shortcut,
+                                      linear_with_unusual_epilogue, batched_matmul_batch1_single_head,
+                                      batched_matmul_with_partial_broadcast, matmul_3d_by_2d_and_swiglu,
+                                      norm_prologue_with_selected_row, row_ops, reductions,
+                                      long_elementwise_chain)}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", sorted(HAND_BUILT))
+def test_hand_built_regions_equal_the_ir_interpreter(case, target):
+    node, arrays = HAND_BUILT[case]()
+    gk = _check(node, arrays, target)
+    assert "# from blk.fc (model.py:7)" in gk.source and "/some/dir" not in gk.source
+
+
+def test_sizes_that_do_not_divide_the_tiles_make_edge_tiles():
+    node, arrays = linear_with_unusual_epilogue()
+    gk = codegen.generate(node, "tiny")
+    k = gk.kernel()
+    trace = k.trace(*gk.arguments(arrays))
+    tm, tn = k.__wrapped__.__kwdefaults__["tm"], k.__wrapped__.__kwdefaults__["tn"]
+    assert 74 % tm and 29 % tn            # M = 2 x 37 rows, N = 29: the last tiles are short
+    assert trace.target.name == "tiny"
+    assert check_kernel(node, gk, arrays).ok
+    assert gk.run(arrays)[0].dtype == ml_dtypes.bfloat16
+
+
+def test_plain_op_nodes_are_kernels_too():
+    x = Value("x", TensorType((6, 21), DType.f32))
+    y = Value("y", TensorType((6, 21), DType.f32))
+    node = Node("softmax", [x], {"axis": -1}, [y], SourceLoc("m.py", 3, "attn"))
+    arr = np.random.default_rng(0).standard_normal((6, 21)).astype(np.float32)
+    gk = _check(node, [arr], "tiny")
+    assert gk.kind == "vector" and "softmax" in gk.source
+    w = Value("w", TensorType((5, 21), DType.f32))
+    z = Value("z", TensorType((6, 5), DType.f32))
+    lin = Node("linear", [x, w], {}, [z], SourceLoc("m.py", 4, "fc"))
+    gk = _check(lin, [arr, np.ones((5, 21), np.float32)], "rngd")
+    assert gk.kind == "contraction"
+
+
+def test_what_has_no_part_is_refused_with_the_op_named():
+    b = Body()
+    x = b.input("x", (4, 6))
+    node = b.region(b("sum", x, axes=(0,), keepdim=False))
+    with pytest.raises(UnsupportedRegionError, match=r"no kernel generator for sum .*last axis only") as e:
+        codegen.generate(node, "rngd")
+    assert isinstance(e.value, NotImplementedError) and e.value.op == "sum" and e.value.code == "FK190"
+    b = Body()
+    x = b.input("x", (1, 4, 8, 8))
+    w = b.input("w", (4, 2, 3, 3))
+    node = b.region(b("relu", b("conv2d", x, w, groups=2)), kind="contraction")
+    with pytest.raises(UnsupportedRegionError, match="conv2d .*grouped"):
+        codegen.generate(node, "tiny")
+    b = Body()
+    q = b.input("q", (1, 2, 8, 4))
+    node = b.region(b("attention", b("neg", q), q, q), kind="attention")
+    with pytest.raises(UnsupportedRegionError, match="attention .*only one of q and k computed"):
+        codegen.generate(node, "rngd")
+    b = Body()
+    x = b.input("x", (4, 6))
+    node = b.region(b("tril", x))
+    with pytest.raises(UnsupportedRegionError, match="tril"):
+        codegen.generate(node, "tiny")
+
+
+def _linear_region(M, K, N, norm):
+    b = Body()
+    x = b.input("x", (1, M, K), data=np.zeros((1, M, K)))
+    w = b.input("w", (N, K), data=np.zeros((N, K)))
+    g = b.input("g", (K,), data=np.zeros(K))
+    r = b.input("r", (1, M, N), data=np.zeros((1, M, N)))
+    h = b("rms_norm", x, g) if norm else x
+    return b.region(b("add", b("linear", h, w), r), kind="contraction")
+
+
+@pytest.mark.parametrize("target, M, K, N, norm", [("rngd", 512, 4096, 11008, False), ("rngd", 512, 4096, 4096, True),
+                                                   ("tiny", 256, 1024, 512, False), ("tiny", 64, 256, 96, True)])
+def test_tiles_fit_the_targets_sram(target, M, K, N, norm):
+    """Real sizes, traced without data: the tile sizes the generator picks fit one PE's SRAM
+    (the kernel language's planner would raise SRAMOverflowError otherwise)."""
+    gk = codegen.generate(_linear_region(M, K, N, norm), target)
+    k = gk.kernel()
+    trace = k.trace(*[lang.spec(p.shape, "f32") for p in gk.params])
+    assert 0 < max(trace.plan.peak) <= trace.target.sram_bytes_per_pe
+    if norm:
+        assert k.__wrapped__.__kwdefaults__["tk"] == K      # the norm needs whole rows
+
+
+def test_rows_too_long_for_sram_are_refused_not_overflowed():
+    with pytest.raises(UnsupportedRegionError, match="rms_norm .*do not fit one PE's SRAM on tiny"):
+        codegen.generate(_linear_region(64, 2048, 96, True), "tiny")
+    b = Body()
+    x = b.input("x", (16, 8192), data=np.zeros((16, 8192)))
+    with pytest.raises(UnsupportedRegionError, match="split-row kernel"):
+        codegen.generate(b.region(b("softmax", x, axis=-1)), "tiny")
+
+
+def _operand_data(op_name, rng, shape):
+    """Inputs inside each op's domain (acosh needs >= 1, atanh (-1, 1), pow a positive base, shifts
+    small counts): outside it both sides give NaN, which says nothing about the op."""
+    x = rng.standard_normal(shape)
+    if op_name in ("acosh",):
+        return np.abs(x) + 1.0
+    if op_name in ("asin", "acos", "atanh"):
+        return np.tanh(x) * 0.9
+    if op_name in ("log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow"):
+        return np.abs(x) + 0.1
+    return x
+
+
+@pytest.mark.parametrize("name", sorted(vector_mod.SAME_NAME))
+def test_every_same_name_elementwise_op_as_a_kernel_equals_the_ir(name):
+    """One kernel per vector-unit op the table maps, on odd-sized operands (one broadcast along
+    rows): the generated kernel equals the IR interpreter, so a wrong entry in either table fails."""
+    op = get_op(name)
+    b = Body(11)
+    ints = name.startswith("bitwise")
+    bools = name.startswith("logical") or name == "where"
+    shapes = [(5, 37), (1, 37), (5, 37)][:op.arity]
+    ins = []
+    for i, shape in enumerate(shapes):
+        if ints:
+            data = b.rng.integers(0 if "shift" in name else -50, 6 if "shift" in name else 50, shape)
+            ins.append(b.input(f"x{i}", shape, DType.i32, data=data))
+        elif bools and (name != "where" or i == 0):
+            ins.append(b.input(f"x{i}", shape, DType.bool, data=b.rng.random(shape) < 0.5))
+        else:
+            ins.append(b.input(f"x{i}", shape, data=_operand_data(name, b.rng, shape)))
+    node = b.region(b(name, *ins), kind="elementwise")
+    for target in ("rngd", "tiny"):
+        _check(node, b.arrays, get_target(target))
