@@ -27,6 +27,8 @@ test: install browser-deps
 notebooks: install
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
 	  --ExecutePreprocessor.timeout=600 notebooks/*.ipynb
+	@# source locations are stored relative to the checkout: no machine's path in the repo
+	sed -i 's|$(CURDIR)/fexplore/|fexplore/|g' notebooks/*.ipynb
 
 install: $(STAMP) system-deps
 

@@ -6,7 +6,9 @@ table shows, per model, the output's magnitude, that noise, fexplore's worst err
 and their ratio. A ratio near 1 says fexplore's interpreter rounds as well as torch's kernels do; a
 ratio far above 1 on some model is a numerics problem worth a look (the tolerance allows 8).
 
-    .venv/bin/python bench/numerics.py [--models mlp,gpt,...]
+    .venv/bin/python bench/numerics.py [--models mlp,gpt,...] [--hf]
+
+``--hf`` adds the Hugging Face architectures of tests/test_hf_models.py (tiny random-init configs).
 
 Prints a table and writes bench/results/numerics.md. No assertion: a benchmark reports.
 """
@@ -14,6 +16,7 @@ Prints a table and writes bench/results/numerics.md. No assertion: a benchmark r
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import os
 import platform
@@ -53,8 +56,21 @@ def _resnet50(size):
         (torch.randn(1, 3, size, size),)
 
 
-def models():
+def _hf_models():
+    """The Hugging Face factories of the test suite, loaded from its file (one list of models)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "test_hf_models.py"
+    spec = importlib.util.spec_from_file_location("hf_models", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return {f"hf:{name}": (lambda name=name: mod.build(name)) for name in sorted(mod.FACTORIES)}
+
+
+def models(hf: bool = False):
     out = {name: (lambda name=name: ZOO[name]()) for name in ZOO}
+    if hf:
+        out.update(_hf_models())
     try:
         import transformers  # noqa: F401
         out["resnet50-64px"] = lambda: _resnet50(64)
@@ -72,9 +88,9 @@ def measure(name, factory):
     worst = max(checks, key=lambda n: n.max_abs)
     stage = ex.records[checks.index(worst)].name
     with torch.no_grad():
-        outs = [o for o in torch.utils._pytree.tree_leaves(model(*inputs))
+        outs = [o for o in torch.utils._pytree.tree_leaves(model(*copy.deepcopy(inputs)))
                 if isinstance(o, torch.Tensor) and o.is_floating_point()]
-    mag = max(float(o.abs().max()) for o in outs)
+    mag = max((float(o.abs().max()) for o in outs if o.numel()), default=0.0)
     noise = worst.eager_noise
     floor = TOLERANCES[DType.f32].atol * max(1.0, mag)
     return {
@@ -88,8 +104,9 @@ def measure(name, factory):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", help="comma-separated subset")
+    ap.add_argument("--hf", action="store_true", help="add the Hugging Face architectures")
     args = ap.parse_args()
-    table = models()
+    table = models(args.hf)
     names = args.models.split(",") if args.models else list(table)
     rows = [measure(n, table[n]) for n in names]
     cols = list(rows[0])
@@ -102,7 +119,7 @@ def main():
     print(body)
     head = (f"# Numerics: fexplore's error against eager's own f32 error\n\n"
             f"{datetime.date.today()}, {platform.machine()}, torch {torch.__version__}. "
-            f"Command: `.venv/bin/python bench/numerics.py`.\n\n"
+            f"Command: `.venv/bin/python bench/numerics.py{' --hf' if args.hf else ''}`.\n\n"
             f"A stage passes when |got - eager| <= atol*max(1, max|out|) + rtol*|out| + "
             f"{NOISE_MULTIPLE:g} x eager f32 noise (docs/numerics.md). `floor alone passes` says "
             f"whether the fixed f32 tolerance would have been enough.\n\n")

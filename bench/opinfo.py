@@ -11,6 +11,12 @@ Python exception.
 
     .venv/bin/python bench/opinfo.py [--float-samples N] [--int-samples N] [--ops a,b,...]
 
+or in two shards side by side (the machine has two cores), then the table from both:
+
+    .venv/bin/python bench/opinfo.py --shard 0/2 --jsonl shard0.jsonl &
+    .venv/bin/python bench/opinfo.py --shard 1/2 --jsonl shard1.jsonl; wait
+    .venv/bin/python bench/opinfo.py --merge shard0.jsonl,shard1.jsonl
+
 Writes bench/results/opinfo.md (per-op table) and prints the summary. No assertion: a benchmark
 reports; tests/test_opinfo.py asserts on a seeded subset.
 """
@@ -18,7 +24,9 @@ reports; tests/test_opinfo.py asserts on a seeded subset.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import json
 import os
 import platform
 import sys
@@ -46,7 +54,23 @@ def main() -> None:
                     help="samples per entry in each integer/bool dtype it takes (0 = all)")
     ap.add_argument("--ops", default="", help="comma-separated OpInfo names (default: all)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "opinfo.md"))
+    ap.add_argument("--shard", default="", help="i/n: run every n-th entry from the i-th (0-based) "
+                    "and write its samples as JSON lines to --jsonl, for --merge")
+    ap.add_argument("--jsonl", default="", help="where a shard writes its samples")
+    ap.add_argument("--merge", default="", help="comma-separated shard files: write the table")
     args = ap.parse_args()
+    if args.merge:
+        results, elapsed, n_entries = [], 0.0, 0
+        for path in args.merge.split(","):
+            lines = Path(path).read_text().splitlines()
+            head = json.loads(lines[0])
+            elapsed, n_entries = max(elapsed, head["elapsed"]), n_entries + head["entries"]
+            results += [opinfo.SampleResult(**json.loads(line)) for line in lines[1:]]
+        text = report(results, args, elapsed, n_entries)
+        Path(args.out).write_text(text)
+        print(text.split("\n## ")[0])
+        print(f"wrote {args.out}")
+        return
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -54,6 +78,9 @@ def main() -> None:
     if args.ops:
         wanted = set(args.ops.split(","))
         infos = [i for i in infos if i.name in wanted]
+    if args.shard:
+        i, n = map(int, args.shard.split("/"))
+        infos = infos[i::n]
     caps = {torch.float32: args.float_samples or None,
             **{d: args.int_samples or None for d in opinfo.INT_DTYPES}}
     done = [0]
@@ -67,6 +94,12 @@ def main() -> None:
 
     results = opinfo.run(infos, max_per_dtype=caps, progress=progress)
     elapsed = time.perf_counter() - t0
+    if args.shard:
+        rows = [json.dumps({"elapsed": elapsed, "entries": len(infos)})]
+        rows += [json.dumps(dataclasses.asdict(r)) for r in results]
+        Path(args.jsonl).write_text("\n".join(rows) + "\n")
+        print(f"shard {args.shard}: {len(results)} samples in {elapsed:.0f} s -> {args.jsonl}")
+        return
     text = report(results, args, elapsed, len(infos))
     Path(args.out).write_text(text)
     print(text.split("\n## ")[0])
@@ -84,7 +117,9 @@ def report(results, args, elapsed: float, n_entries: int) -> str:
         f"Python {platform.python_version()}; {elapsed / 60:.1f} min.",
         f"Command: `.venv/bin/python bench/opinfo.py --float-samples {args.float_samples} "
         f"--int-samples {args.int_samples}"
-        + (f" --ops {args.ops}" if args.ops else "") + "`.",
+        + (f" --ops {args.ops}" if args.ops else "") + "`"
+        + (f", in {len(args.merge.split(','))} shards side by side (`--shard i/n`), merged "
+           "(`--merge`); the time is the slower shard's" if args.merge else "") + ".",
         "",
         f"{n_entries} OpInfo entries: every entry of an op the converter registry claims, plus the "
         "ops real models use most (`fexplore.testing.opinfo.COMMON_OPS`). Samples: the first "
@@ -99,7 +134,8 @@ def report(results, args, elapsed: float, n_entries: int) -> str:
         "| | samples |",
         "|---|---:|",
         f"| samples run | {s.samples} |",
-        f"| excluded: not a test of an op (eager raises, or its output is not tensors) | "
+        f"| excluded: not a test of an op (eager raises, its output is not tensors, or torch "
+        f"leaves its contents unspecified: the empty_* entries) | "
         f"{s.excluded} |",
         f"| torch.export alone fails (left out of the denominator) | {s.export_fail} |",
         f"| **torch.export alone passes (the denominator)** | **{s.export_pass}** |",
@@ -148,7 +184,8 @@ def report(results, args, elapsed: float, n_entries: int) -> str:
 def _cell(s: str) -> str:
     s = s.replace("|", "\\|").replace("\n", " ")
     # machine paths have no place in a results file
-    return " ".join(w if "/" not in w or w.startswith("aten") else "<path>" for w in s.split())[:200]
+    words = (w if "/" not in w or w.startswith("aten") else "<path>" for w in s.split())
+    return " ".join(words)[:200]
 
 
 if __name__ == "__main__":

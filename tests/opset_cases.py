@@ -787,7 +787,8 @@ case("slice_scatter", "strided", [randn(6, 3), randn(3, 3)],
 # the rest of torch's unary float math: f32, a 0-d operand, an empty one, ints promoted to f32
 _unit = (lambda *s, **k: _rng.uniform(-0.95, 0.95, size=s).astype(k.get("dtype", np.float32)))
 _DOMAINS = {"exp2": lambda *s, **k: randn(*s, **k, scale=3.0), "log2": positive, "log10": positive,
-            "tan": randn, "asin": _unit, "acos": _unit, "atan": lambda *s, **k: randn(*s, **k, scale=4.0),
+            "tan": randn, "asin": _unit, "acos": _unit,
+            "atan": lambda *s, **k: randn(*s, **k, scale=4.0),
             "sinh": lambda *s, **k: randn(*s, **k, scale=3.0),
             "cosh": lambda *s, **k: randn(*s, **k, scale=3.0),
             "asinh": lambda *s, **k: randn(*s, **k, scale=5.0),
@@ -885,11 +886,16 @@ case("scatter", "reduce-mean-i64-floor", [arr([5, -5, 7], np.int64), arr([0, 1, 
                                           arr([2, -4, 1, 0], np.int64)],
      lambda x, i, s: x.scatter_reduce(0, i, s, "mean"), axis=0, reduce="mean")
 case("scatter", "reduce-amax-i32-noself", [randint(-9, 9, 5, dtype=np.int32),
-                                          arr([0, 0, 4], np.int64), randint(-9, 9, 3, dtype=np.int32)],
+                                          arr([0, 0, 4], np.int64),
+                                          randint(-9, 9, 3, dtype=np.int32)],
      lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False), axis=0,
      reduce="amax", include_self=False)
 case("hypot", "f32", [randn(3, 4), randn(4)], torch.hypot)
 case("hypot", "inf-nan", [arr([INF, NAN, 3.0, -0.0]), arr([NAN, INF, -4.0, 0.0])], torch.hypot)
+case("erfc", "f32", [randn(3, 4, scale=3.0)], torch.erfc)
+case("erfc", "tails", [arr([-30.0, -5.0, -0.6, -0.4, 0.0, 0.3, 0.49, 0.51, 2.0, 9.0, 26.0, INF, NAN])],
+     torch.erfc, rtol=1e-5)
+case("erfc", "i64-0d", [scalar(1, np.int64)], torch.erfc)
 
 
 COVERED = {c.op for c in CASES}

@@ -11,6 +11,7 @@ convolutional nets get variance-preserving weights and non-trivial batch-norm st
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 
 import re
@@ -219,6 +220,11 @@ def rwkv():
 
 # -- a decode step on a real KV cache -------------------------------------------------------------
 
+def _cache_keyword(model) -> str:
+    """transformers 5 renames past_key_values to cache; either way the output's field 1."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class DecodeStep(torch.nn.Module):
     """One token on top of a prompt's cache: (logits, the updated DynamicCache)."""
 
@@ -227,10 +233,8 @@ class DecodeStep(torch.nn.Module):
         self.model = model
 
     def forward(self, ids, cache):
-        # the cache by position and the output by index: the keyword is being renamed
-        # (past_key_values -> cache) across transformers releases
-        logits, cache = self.model(ids, None, None, cache, use_cache=True)[:2]
-        return logits, cache
+        out = self.model(ids, use_cache=True, **{_cache_keyword(self.model): cache})
+        return out.logits, out[1]
 
 
 def llama_decode_dynamic_cache():
@@ -254,9 +258,9 @@ class TensorCacheDecodeStep(torch.nn.Module):
         cache = T.DynamicCache(config=self.model.config)
         for i in range(keys.shape[0]):
             cache.update(keys[i], values[i], i)
-        logits, cache = self.model(ids, None, None, cache, use_cache=True)[:2]
-        layers = cache.layers
-        return (logits, torch.stack([c.keys for c in layers]),
+        out = self.model(ids, use_cache=True, **{_cache_keyword(self.model): cache})
+        layers = out[1].layers
+        return (out.logits, torch.stack([c.keys for c in layers]),
                 torch.stack([c.values for c in layers]))
 
 
@@ -434,6 +438,31 @@ def t5():
     return Out(T.T5ForConditionalGeneration(c).eval()), (_ids(), None, _ids(4))
 
 
+class EncoderDecoderStep(torch.nn.Module):
+    """One decoder token given the encoder's output and an EncoderDecoderCache (self- and
+    cross-attention keys and values): (logits, the updated cache)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, encoded, ids, cache):
+        out = self.model(encoder_outputs=(encoded,), decoder_input_ids=ids, use_cache=True,
+                         **{_cache_keyword(self.model): cache})
+        return out.logits, out[1]
+
+
+def t5_decode_step():
+    c = T.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                   num_decoder_layers=1, num_heads=4, use_cache=True)
+    m = T.T5ForConditionalGeneration(c).eval()
+    register_cache_pytrees_for_model(m)
+    with torch.no_grad():
+        encoded = m.get_encoder()(_ids()).last_hidden_state
+        cache = m(encoder_outputs=(encoded,), decoder_input_ids=_ids(3), use_cache=True)[1]
+    return EncoderDecoderStep(m), (encoded, _ids(1), cache)
+
+
 def bart():
     c = T.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
@@ -448,7 +477,7 @@ FACTORIES = {f.__name__: f for f in [
     qwen2_moe, deepseek_v3, mamba, rwkv, llama_decode_dynamic_cache, qwen2_decode_tensor_cache,
     # encoders, vision, speech, multimodal, encoder-decoders
     bert, roberta, distilbert, albert, deberta_v2, vit, deit, dinov2, swin, convnext, resnet,
-    bit, segformer, whisper, wav2vec2, hubert, clip, llava, t5, bart]}
+    bit, segformer, whisper, wav2vec2, hubert, clip, llava, t5, t5_decode_step, bart]}
 
 
 def build(name):

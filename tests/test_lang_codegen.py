@@ -429,6 +429,17 @@ def written_out_attention_single_head_bool_mask():
     return b.region(b("matmul", b("softmax", s, axis=-1), v), kind="attention"), b.arrays
 
 
+def attention_bool_mask_with_padding_rows():
+    b = Body(14)
+    q = b.input("q", (2, 2, 9, 8))
+    k = b.input("k", (2, 2, 140, 8))
+    v = b.input("v", (2, 2, 140, 8))
+    keep = np.random.default_rng(1).random((2, 1, 9, 140)) > 0.3
+    keep[0, :, :3, :] = False                         # left-padded queries: nothing to attend to
+    mask = b.input("keep", (2, 1, 9, 140), DType.bool, data=keep)
+    return b.region(b("attention", q, k, v, mask), kind="attention"), b.arrays
+
+
 def causal_attention_odd_sizes(S=45, T=45):
     b = Body(13)
     q = b.input("q", (1, 1, S, 12))
@@ -442,6 +453,7 @@ def causal_attention_fewer_queries_than_keys():
 
 
 HAND_BUILT = {f.__name__: f for f in (causal_attention_odd_sizes, causal_attention_fewer_queries_than_keys,
+                                      attention_bool_mask_with_padding_rows,
                                       sdpa_gqa_float_mask_odd_sizes, written_out_attention_single_head_bool_mask,
                                       conv_strided_padded_dilated, residual_block_with_projection_shortcut,
                                       linear_with_unusual_epilogue, batched_matmul_batch1_single_head,

@@ -47,6 +47,10 @@ def _erf(x):
     return ir_elementwise.erf(x).astype(np.float32)
 
 
+def _erfc(x):
+    return ir_elementwise.erfc(x).astype(np.float32)
+
+
 def _sign(x):
     return np.where(np.isnan(x), np.float32(0), np.sign(x))   # torch's sign(NaN) is 0
 
@@ -96,6 +100,7 @@ VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
     _ew("sin", 1, np.sin, passes=2, flops=4),
     _ew("cos", 1, np.cos, passes=2, flops=4),
     _ew("erf", 1, _erf, passes=2, flops=8),
+    _ew("erfc", 1, _erfc, passes=2, flops=8),
     _ew("floor", 1, np.floor),
     _ew("ceil", 1, np.ceil),
     _ew("round", 1, np.round),                           # half to even, as torch.round

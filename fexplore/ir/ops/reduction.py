@@ -135,30 +135,26 @@ def _cumsum_type(ins, a):
     return [TensorType(t.shape, dt)]
 
 
-def _cumsum_ref(xs, a):
-    x = xs[0]
-    if x.dtype.kind == "f":
-        x = x.astype(np.float64)
-    elif x.dtype.kind == "b":
-        x = x.astype(np.int64)
-    return [np.cumsum(x, axis=norm_axis(a["axis"], x.ndim))]
+def _scan(fn):
+    """A running sum or product along 'axis': floats accumulate in f64, bools and ints in i64."""
+
+    def reference(xs, a):
+        x = xs[0]
+        if x.dtype.kind == "f":
+            x = x.astype(np.float64)
+        elif x.dtype.kind == "b":
+            x = x.astype(np.int64)
+        return [fn(x, axis=norm_axis(a["axis"], x.ndim))]
+
+    return reference
 
 
-register(OpDef("cumsum", Category.reduction, _cumsum_type, zero_d_as_vector(_cumsum_ref),
+register(OpDef("cumsum", Category.reduction, _cumsum_type, zero_d_as_vector(_scan(np.cumsum)),
                elementwise_cost(1),
                attrs=(_AXIS,), arity=1))
 
 
-def _cumprod_ref(xs, a):
-    x = xs[0]
-    if x.dtype.kind == "f":
-        x = x.astype(np.float64)
-    elif x.dtype.kind == "b":
-        x = x.astype(np.int64)
-    return [np.cumprod(x, axis=norm_axis(a["axis"], x.ndim))]
-
-
-register(OpDef("cumprod", Category.reduction, _cumsum_type, zero_d_as_vector(_cumprod_ref),
+register(OpDef("cumprod", Category.reduction, _cumsum_type, zero_d_as_vector(_scan(np.cumprod)),
                elementwise_cost(1), attrs=(_AXIS,), arity=1,
                doc="running product along 'axis'; bools and ints accumulate in i64"))
 

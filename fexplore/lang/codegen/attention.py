@@ -355,6 +355,8 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             w(f'o = fl.contract("st,{v_letters}->se", p, vt, acc=o)')
             w("m = m_new")
         idx = ", ".join([q_index[i] for i in range(len(lead))] + ["qs", ":"])
+        # a query row with every key masked out has o = 0 and l = 0: it is 0, as torch's SDPA
+        w('l = fl.where(l == 0.0, 1.0, l)   # rows with nothing to attend to stay 0')
         w(f"fl.store({out}[{idx}], fl.div(o, l, dtype={fl_dtype(result.type.dtype)}))")
     order = {result.name: out, **export_names}
     w(f"return {', '.join(order[o.name] for o in body.outputs)}")

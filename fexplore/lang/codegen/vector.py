@@ -16,7 +16,7 @@ from .errors import UnsupportedRegionError
 from .source import Names, Writer, fl_dtype, literal
 
 # IR elementwise op -> vector-unit op with the same name and meaning
-SAME_NAME = {"exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "erf",
+SAME_NAME = {"exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "erf", "erfc",
              "sigmoid", "silu", "neg", "abs", "relu", "floor", "ceil", "round", "sign", "logical_not",
              "add", "sub", "mul", "maximum", "minimum", "pow", "remainder", "fmod", "eq", "ne", "lt", "le",
              "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "where",

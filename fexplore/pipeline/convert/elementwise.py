@@ -9,7 +9,8 @@ from .registry import ConvertContext, converter, ir_dtype
 _BINARY = {
     "mul": "mul", "maximum": "maximum", "minimum": "minimum", "pow": "pow",
     "remainder": "remainder", "fmod": "fmod", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le",
-    "gt": "gt", "ge": "ge", "atan2": "atan2", "hypot": "hypot", "logical_and": "logical_and", "logical_or": "logical_or",
+    "gt": "gt", "ge": "ge", "atan2": "atan2", "hypot": "hypot", "logical_and": "logical_and",
+    "logical_or": "logical_or",
     "logical_xor": "logical_xor", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
     "bitwise_xor": "bitwise_xor", "bitwise_left_shift": "bitwise_left_shift",
     "bitwise_right_shift": "bitwise_right_shift", "__lshift__": "bitwise_left_shift",
@@ -65,7 +66,7 @@ def _floor_divide(ctx):
 
 _UNARY = ["exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal",
           "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
-          "atanh", "erf", "sigmoid", "silu", "neg", "abs", "relu", "floor", "ceil", "round",
+          "atanh", "erf", "erfc", "sigmoid", "silu", "neg", "abs", "relu", "floor", "ceil", "round",
           "trunc", "sign", "logical_not", "isnan", "isinf", "signbit"]
 
 for _name in _UNARY:

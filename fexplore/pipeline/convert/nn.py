@@ -49,6 +49,8 @@ def _addmv(ctx):
 def _addbmm(ctx):
     input, b1, b2 = ctx.args[:3]
     product = ctx.emit("sum", [ctx.emit("matmul", [b1, b2])], {"axes": (0,)})
+    if product.type.dtype != b1.type.dtype:  # sum widens ints to i64; addbmm keeps their dtype
+        product = ctx.emit("cast", [product], {"dtype": b1.type.dtype})
     return _scaled_add(ctx, input, product, ctx.kwargs.get("beta", 1), ctx.kwargs.get("alpha", 1))
 
 
@@ -257,8 +259,12 @@ def _batch_norm(ctx):
     y = ctx.emit("batch_norm", [x, w, b, mean, var], {"eps": float(eps)})
     if target == "aten.batch_norm.default":
         return y
-    # in eval mode nothing is saved: torch returns empty tensors for the mean and 1/std
-    return (y, _empty_result(ctx, 1), _empty_result(ctx, 2))
+    # in eval mode nothing is saved: torch returns empty tensors for the mean and 1/std (and
+    # the functional form the running statistics, unchanged)
+    saved = (_empty_result(ctx, 1), _empty_result(ctx, 2))
+    if target == "aten._native_batch_norm_legit_functional.default":
+        return (y, *saved, mean, var)
+    return (y, *saved)
 
 
 def _empty_result(ctx, i):
@@ -341,12 +347,12 @@ def _drop_batch(ctx, y):
     return ctx.emit("reshape", [y], {"shape": y.type.shape[1:]})
 
 
-def _unbatched_pool(conv):
-    """Pooling converters take (C, H, W) inputs as a batch of one, as torch does."""
+def _unbatched_pool(conv, spatial: int = 2):
+    """Pooling converters take unbatched (C, *spatial) inputs as a batch of one, as torch does."""
 
     def wrapped(ctx):
         x = ctx.args[0]
-        if x.type.rank != 3:
+        if x.type.rank != spatial + 1:
             return conv(ctx, x)
         out = conv(ctx, _add_batch(ctx, x))
         if isinstance(out, tuple):
@@ -416,11 +422,33 @@ def _max_pool3d(ctx):
     (p, pd), (dl, dd) = _split_hw_d(ctx.arg(3, "padding", (0,))), \
         _split_hw_d(ctx.arg(4, "dilation", (1,)))
     ceil = bool(ctx.arg(5, "ceil_mode", False))
-    y = _pool3d(ctx, x, "max_pool2d",
-                {"kernel": k, "stride": s, "padding": p, "dilation": dl, "ceil_mode": ceil},
-                {"kernel": (kd, 1), "stride": (sd, 1), "padding": (pd, 0), "dilation": (dd, 1),
-                 "ceil_mode": ceil})
-    return y if str(ctx.node.target) == "aten.max_pool3d.default" else (y, None)
+    inner = {"kernel": k, "stride": s, "padding": p, "dilation": dl, "ceil_mode": ceil}
+    outer = {"kernel": (kd, 1), "stride": (sd, 1), "padding": (pd, 0), "dilation": (dd, 1),
+             "ceil_mode": ceil}
+    if str(ctx.node.target) == "aten.max_pool3d.default":
+        return _pool3d(ctx, x, "max_pool2d", inner, outer)
+    return _max_pool3d_indices(ctx, x, inner, outer)
+
+
+def _max_pool3d_indices(ctx, x, inner, outer):
+    """Separable max pooling that also says where each maximum is, as a flat index into the
+    (D, H, W) volume: the (H, W) pass gives each depth's winner, the depth pass which depth won;
+    its winner's (H, W) index is gathered. Ties go to the first depth, then the first (H, W)
+    cell, which is torch's scan order."""
+    n, c, d, h, w = x.type.shape
+    y = ctx.emit("reshape", [x], {"shape": (n, c * d, h, w)})
+    y, hw = ctx.emit("max_pool2d_with_indices", [y], inner, n_results=2)
+    ho, wo = y.type.shape[2:]
+    y = ctx.emit("reshape", [y], {"shape": (n, c, d, ho * wo)})
+    y, at = ctx.emit("max_pool2d_with_indices", [y], outer, n_results=2)
+    do = y.type.shape[2]
+    depth = ctx.emit("div", [at, ho * wo], {"rounding": "floor"})  # (depth, column) -> depth
+    hw = ctx.emit("gather", [ctx.emit("reshape", [hw], {"shape": (n, c, d, ho * wo)}), depth],
+                  {"axis": 2})
+    index = ctx.emit("add", [ctx.emit("mul", [depth, h * w]), hw])
+    shape = (n, c, do, ho, wo)
+    return (ctx.emit("reshape", [y], {"shape": shape}),
+            ctx.emit("reshape", [index], {"shape": shape}))
 
 
 @converter("aten.avg_pool3d.default")

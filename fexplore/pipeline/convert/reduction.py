@@ -33,7 +33,10 @@ def _reduce(op):
         keep = ctx.arg(2, "keepdim", False)
         if isinstance(dims, bool):  # any.default / sum.default have no dim argument
             dims, keep = None, False
-        return ctx.emit(op, [x], {"axes": _axes(dims, x.type.rank), "keepdim": bool(keep)})
+        y = ctx.emit(op, [x], {"axes": _axes(dims, x.type.rank), "keepdim": bool(keep)})
+        if op == "any" and x.type.dtype == DType.u8:  # torch's any/all of u8 answer in u8
+            y = ctx.emit("cast", [y], {"dtype": DType.u8})
+        return y
 
     return conv
 
@@ -174,6 +177,11 @@ def _vector_norm(ctx):
     mag = ctx.emit("abs", [x])
     if order == float("inf"):
         return ctx.emit("amax", [mag], red)
+    if order == float("-inf"):
+        return ctx.emit("amin", [mag], red)
+    if order == 0:  # the number of nonzero elements
+        count = ctx.emit("sum", [ctx.emit("ne", [x, 0])], red)
+        return ctx.emit("cast", [count], {"dtype": ctx.out_type().dtype})
     if order == 2:
         return ctx.emit("sqrt", [ctx.emit("sum", [ctx.emit("mul", [x, x])], red)])
     if order == 1:

@@ -207,5 +207,7 @@ class ConvertContext:
 
     def scalar(self, v, dtype: DType) -> Constant:
         self._literals += 1
-        return self.b.literal(np.asarray(v, dtype=dtype.numpy),
+        with np.errstate(over="ignore"):  # -1 as u8 is 255, as torch wraps it
+            array = np.asarray(v).astype(dtype.numpy)
+        return self.b.literal(array,
                               f"{self.node.name}.c{self._literals - 1}")
