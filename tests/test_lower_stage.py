@@ -130,3 +130,13 @@ def test_each_kernel_equals_its_region_on_the_example_inputs(zoo_compiled):
     for k in cm.kernels:
         got = check_kernel(k.node, k.kernel, [env[v.name] for v in k.node.inputs])
         assert got.ok, (k.name, got)
+
+
+def test_the_lower_stage_view_lists_every_kernel_with_its_source(zoo_compiled):
+    _, _, cm = zoo_compiled("gpt")
+    html = cm["lower"]._repr_html_()
+    assert "<summary>kernels</summary>" in html and "why on the host" in html
+    for k in cm.kernels:
+        assert f"{k.name} (generated, {k.kind})" in html
+    assert "free view" in html or not cm.lowering.free_views
+    assert '<span class="bad">host</span>' in html  # gpt's embedding runs on the host
