@@ -667,3 +667,22 @@ def test_families_compile_with_bf16_precision(name):
                      "video": (VideoNet(), (torch.randn(1, 3, 4, 16, 16),))}[name]
     cm = fexplore.compile(model.eval(), inputs, precision="bf16")
     assert bool(cm.verification["ok"].all())
+
+
+def test_unbatched_3d_pooling_runs_as_a_batch_of_one():
+    """(C, D, H, W) video clips without a batch axis: max (with indices), average and adaptive
+    pooling, as torch takes them."""
+    F = torch.nn.functional
+
+    class Clip(torch.nn.Module):
+        def forward(self, x):
+            peak, where = F.max_pool3d(x, 2, return_indices=True)
+            return (F.adaptive_avg_pool3d(x, (2, 3, 2)), F.avg_pool3d(x, 2), peak, where,
+                    F.max_pool3d(x, 3, 1, 1))
+
+    x = torch.randn(3, 4, 6, 5)
+    model = Clip()
+    cm = fexplore.compile(model, (x,))
+    for got, want in zip(cm(x), model(x)):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got, want)

@@ -414,9 +414,13 @@ def _split_hw_d(v, k=3):
     return tuple(v[1:]), v[0]
 
 
+def _unbatched_pool3d(conv):
+    return _unbatched_pool(conv, spatial=3)
+
+
 @converter("aten.max_pool3d_with_indices.default", "aten.max_pool3d.default")
-def _max_pool3d(ctx):
-    x = ctx.args[0]
+@_unbatched_pool3d
+def _max_pool3d(ctx, x):
     (k, kd), (s, sd) = _split_hw_d(ctx.arg(1, "kernel_size")), \
         _split_hw_d(ctx.arg(2, "stride") or ctx.arg(1, "kernel_size"))
     (p, pd), (dl, dd) = _split_hw_d(ctx.arg(3, "padding", (0,))), \
@@ -452,8 +456,8 @@ def _max_pool3d_indices(ctx, x, inner, outer):
 
 
 @converter("aten.avg_pool3d.default")
-def _avg_pool3d(ctx):
-    x = ctx.args[0]
+@_unbatched_pool3d
+def _avg_pool3d(ctx, x):
     (k, kd) = _split_hw_d(ctx.arg(1, "kernel_size"))
     (s, sd) = _split_hw_d(ctx.arg(2, "stride") or ctx.arg(1, "kernel_size"))
     (p, pd) = _split_hw_d(ctx.arg(3, "padding", (0,)))
@@ -472,8 +476,8 @@ def _avg_pool3d(ctx):
 
 
 @converter("aten.adaptive_avg_pool3d.default", "aten._adaptive_avg_pool3d.default")
-def _adaptive_avg_pool3d(ctx):
-    x = ctx.args[0]
+@_unbatched_pool3d
+def _adaptive_avg_pool3d(ctx, x):
     od, oh, ow = ctx.out_type().shape[-3:]
     return _pool3d(ctx, x, "adaptive_avg_pool2d", {"output_size": (oh, ow)},
                    {"output_size": (od, oh * ow)})
