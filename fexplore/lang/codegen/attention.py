@@ -16,10 +16,10 @@ from fexplore.ir import DType, Node
 from fexplore.lang.examples.attention import _blocks
 
 from . import vector
-from .common import Inputs, body_of, header, kernel_name, region_label
+from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .domain import aligned
 from .errors import UnsupportedRegionError
-from .generated import GeneratedKernel, Param, Result
+from .generated import GeneratedKernel, Result
 from .source import Names, Writer, cast_to, fl_dtype, literal
 from .views import VIEW_OPS, ViewMap
 
@@ -156,15 +156,11 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
 
     # parameters: each distinct region input once, with its own shape and no axis names (q, k and
     # v often share one input, whose token axis is both S and T)
-    kparams, specs, header_params, pnames = [], [], [], {}
+    sig, pnames = Signature(names, inputs), {}
 
     def param(v):
         if v.name not in pnames:
-            pn = names.new(v.name)
-            pnames[v.name] = pn
-            kparams.append(Param(pn, inputs.index[v.name], tuple(v.type.shape)))
-            specs.append(f"{pn}: {fl_dtype(v.type.dtype)}[{', '.join(str(d) for d in v.type.shape)}]")
-            header_params.append((pn, v, tuple(v.type.shape)))
+            pnames[v.name] = sig.add(v, v.type.shape, [str(d) for d in v.type.shape])
         return pnames[v.name]
 
     def box(m, index, seq_axis, seq, depth_axis, depth):
@@ -361,20 +357,20 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     order = {result.name: out, **export_names}
     w(f"return {', '.join(order[o.name] for o in body.outputs)}")
     text = Writer()
-    header(text, node, body, "streaming attention", header_params, inputs.literals)
+    header(text, node, body, "streaming attention", sig.header, inputs.literals)
     if cache:
         for line in BANDS.splitlines():
             text(line)
         text()
         text()
     text(f'@fl.kernel(target="{cfg.name}")')
-    text(f"def {fname}({', '.join(specs)}, *, bq: int = {bq}, bk: int = {bk}, stages: int = {STAGES}):")
+    text(f"def {fname}({', '.join(sig.annotations)}, *, bq: int = {bq}, bk: int = {bk}, stages: int = {STAGES}):")
     text.lines += w.lines
     w = text
     results = tuple(Result(i, tuple(node.outputs[i].type.shape)) for i in range(len(body.outputs)))
     parts = ("view",) + (("rotary",) if computed else ()) + ("attention",) + (("score ops",) if score_ops else ()) + \
         (("causal",) if causal else ()) + (("kv cache",) if cache else ())
-    return GeneratedKernel(fname, "attention", w.text(), cfg, tuple(kparams), results, parts)
+    return GeneratedKernel(fname, "attention", w.text(), cfg, tuple(sig.params), results, parts)
 
 
 BANDS = '''\

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from fexplore.ir import Graph, Node, Value
 
-from .source import Names, scalar_constant, where_from
+from .generated import Param
+from .source import Names, fl_dtype, scalar_constant, where_from
 
 
 def body_of(node: Node) -> Graph:
@@ -49,6 +50,26 @@ class Inputs:
             if lit is not None:
                 literals[inner.name] = lit
         return cls(literals, index)
+
+
+class Signature:
+    """A kernel's parameters as a generator adds them: the ``Param`` records (which node input
+    feeds each), the annotations of its ``def`` line (``x: fl.f32["M", "K"]``) and the rows of
+    its header comment."""
+
+    def __init__(self, names: Names, inputs: Inputs):
+        self.names, self.inputs = names, inputs
+        self.params: list[Param] = []
+        self.annotations: list[str] = []
+        self.header: list[tuple[str, Value, tuple]] = []
+
+    def add(self, v: Value, shape, spec) -> str:
+        """A parameter for ``v`` of the given (viewed) shape; ``spec`` spells its axes."""
+        pname = self.names.new(v.name)
+        self.params.append(Param(pname, self.inputs.index[v.name], tuple(shape)))
+        self.annotations.append(f"{pname}: {fl_dtype(v.type.dtype)}[{', '.join(spec)}]")
+        self.header.append((pname, v, tuple(shape)))
+        return pname
 
 
 def header(w, node: Node, body: Graph, kind: str, params: list[tuple[str, Value, tuple]],

@@ -14,11 +14,11 @@ from fexplore.ir import Node
 from fexplore.lang.examples._tiling import matmul_tiles
 
 from . import vector
-from .common import Inputs, body_of, header, kernel_name, region_label
+from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .activations import PermutedAccess, RowAccess
 from .domain import OWN, Groups, aligned, group_axes, leading_broadcast, pattern, trimmed
 from .errors import UnsupportedRegionError
-from .generated import GeneratedKernel, Param, Result
+from .generated import GeneratedKernel, Result
 from .source import Names, Writer, cast_to, fl_dtype
 
 CONTRACTIONS = {"linear", "matmul"}
@@ -167,14 +167,8 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                    *(f"b{i}" for i in range(8)), *(f"h{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
-    kparams, specs, header_params = [], [], []
-
-    def add_param(v, shape, spec):
-        pname = names.new(v.name)
-        kparams.append(Param(pname, inputs.index[v.name], tuple(shape)))
-        specs.append(f"{pname}: {fl_dtype(v.type.dtype)}[{', '.join(spec)}]")
-        header_params.append((pname, v, tuple(shape)))
-        return pname
+    sig = Signature(names, inputs)
+    add_param = sig.add
 
     def group_spec(view):
         k = leading_broadcast(view, sizes)
@@ -236,12 +230,12 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
 
     # -- the source --------------------------------------------------------------------------------------
     w = Writer()
-    header(w, node, body, "contraction", header_params, inputs.literals)
+    header(w, node, body, "contraction", sig.header, inputs.literals)
     if permuted is not None and len(permuted.k_names) > 2:
         w("import itertools")
         w()
     w(f'@fl.kernel(target="{cfg.name}")')
-    w(f"def {fname}({', '.join(specs)}, *, tm: int = {tm}, tn: int = {tn}, tk: int = {tk}, "
+    w(f"def {fname}({', '.join(sig.annotations)}, *, tm: int = {tm}, tn: int = {tn}, tk: int = {tk}, "
       f"stages: int = {STAGES}):")
     with w.indent():
         w(f"{', '.join(axis_names + ['N', 'K'])} = {', '.join(str(s) for s in sizes + (N, K))}")
@@ -319,4 +313,4 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         w(f"return {', '.join(onames)}")
     parts = (["view"] if any(n.op.name in _VIEWS for n in chain) else []) + \
         (["norm"] if norm is not None else []) + ["contraction"] + (["epilogue"] if epilogue else [])
-    return GeneratedKernel(fname, "contraction", w.text(), cfg, tuple(kparams), tuple(results), tuple(parts))
+    return GeneratedKernel(fname, "contraction", w.text(), cfg, tuple(sig.params), tuple(results), tuple(parts))

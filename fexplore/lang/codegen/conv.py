@@ -20,10 +20,10 @@ from fexplore.ir import Node
 from fexplore.lang.examples._tiling import big_tile
 
 from . import vector
-from .common import Inputs, body_of, header, kernel_name, region_label
+from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .domain import aligned
 from .errors import UnsupportedRegionError
-from .generated import GeneratedKernel, Param, Result
+from .generated import GeneratedKernel, Result
 from .source import Names, Writer, cast_to, fl_dtype
 
 STAGES = 2
@@ -121,14 +121,8 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                    "cp"})
     fname = kernel_name(node)
     names.taken.add(fname)
-    kparams, pspecs, header_params = [], [], []
-
-    def add_param(v, shape, spec):
-        pname = names.new(v.name)
-        kparams.append(Param(pname, inputs.index[v.name], tuple(shape)))
-        pspecs.append(f"{pname}: {fl_dtype(v.type.dtype)}[{', '.join(spec)}]")
-        header_params.append((pname, v, tuple(shape)))
-        return pname
+    sig = Signature(names, inputs)
+    add_param = sig.add
 
     conv_params = []
     for i, (c, x, w, bias) in enumerate(specs):
@@ -158,13 +152,13 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                 epi_boxes[v.name] = f"{pn}[{', '.join(idx)}]"
 
     w_ = Writer()
-    header(w_, node, body, "convolution", header_params, inputs.literals)
+    header(w_, node, body, "convolution", sig.header, inputs.literals)
     for line in HELPERS.splitlines():
         w_(line)
     w_()
     w_()
     w_(f'@fl.kernel(target="{cfg.name}")')
-    w_(f"def {fname}({', '.join(pspecs)}, *, rows: int = {rows}, to: int = {to}, stages: int = {STAGES}):")
+    w_(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}, to: int = {to}, stages: int = {STAGES}):")
     with w_.indent():
         w_(f"B, O, P, Q = {Bo}, {O}, {P}, {Q}")
         onames = []
@@ -228,7 +222,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                 w_(f"fl.store({on}[b, os_, ps, qs], {tiles[o.name]})")
         w_(f"return {', '.join(onames)}")
     parts = ("convolution", "epilogue") if epilogue or any(s[3] for s in specs) else ("convolution",)
-    return GeneratedKernel(fname, "convolution", w_.text(), cfg, tuple(kparams), tuple(results), parts)
+    return GeneratedKernel(fname, "convolution", w_.text(), cfg, tuple(sig.params), tuple(results), parts)
 
 
 def _offset(var: str, dilation: int, pad: int) -> str:
