@@ -23,6 +23,7 @@ from .passmanager import PassManager
 from .stage import Stage, StageRecord, Verification, graph_stats
 
 from .stages import GRAPH_STAGE_LIST
+from .stages.lower import check_lowering
 
 # The graph stages after ingestion, in DESIGN.md's order.
 GRAPH_STAGES: list[Stage] = list(GRAPH_STAGE_LIST)
@@ -170,25 +171,8 @@ class Exploration:
             numeric = check_graph(rec.after, self._oracle, before=rec.before)
         kernels = None
         if structural[0] and rec.lowering is not None:
-            kernels = _check_lowering(rec, self._oracle)
+            kernels = check_lowering(rec.after, rec.lowering, self._oracle)
         rec.verification = Verification(structural[0], structural[1], numeric, kernels)
-
-
-def _check_lowering(rec: StageRecord, oracle: Oracle):
-    """The lowered program run the chip way on the example inputs, against eager."""
-    from fexplore.lang.codegen import check_kernel
-
-    from .numeric import TOLERANCES, accept_tie_order, compare, compute_dtype
-    from .stages.lower import check_lowering
-
-    inputs = oracle.input_sets[0]
-
-    def compare_ties(got, want, tol, noise):  # sort/topk indices of ties: as check_graph does
-        return compare(accept_tie_order(rec.after, inputs, got, want), want, tol, noise)
-
-    return check_lowering(rec.after, rec.lowering, inputs, oracle.expected[0],
-                          TOLERANCES[compute_dtype(rec.after)], oracle.noise[0], compare_ties,
-                          check_kernel)
 
 
 def _raise_failed(rec: StageRecord):
