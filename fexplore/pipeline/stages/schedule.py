@@ -133,7 +133,7 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
              "vs_bound": _vs_bound(timing), "limiter": timing.roofline.limiter,
              "interleaved": not any(w == "serial" for w, _ in sched.decisions),
              "resident_tensors": len(sched.residency.get("kept", [])),
-             "dram_bytes_saved": sched.residency.get("dram_bytes_saved", 0),
+             "resident_bytes": sched.residency.get("bytes", 0),
              "decisions": [f"{w}: {why}" for w, why in sched.decisions],
              "not_modelled": ["tile-size search"],
              "build_s": time.perf_counter() - t0}
