@@ -87,14 +87,15 @@ class Schedules:
 def kernel_report(sched, res):
     """One row per lowered node that runs (kernels and host ops), in program order.
 
-    Kernels overlap in a schedule, so a kernel's ``cycles`` is its span (first command start to
-    last command end) and ``share`` is that span over the program's; ``busy_*`` are the cycles
+    Kernels overlap in a schedule, so a kernel's ``cycles`` is its span (its first command start to
+    its last command end, not counting weight loads prefetched earlier) and ``share`` is that span
+    over the program's; ``busy_*`` are the cycles
     its commands keep each engine busy. ``roofline_cycles`` is the kernel's own bound (its flops
     at the chip's peak, its DRAM bytes at full bandwidth, its vector work on every lane) and
     ``vs_roofline`` the span over it; ``bound`` names the resource that sets it."""
     import pandas as pd
 
-    from fexplore.npu.commands import Contract, Host, Vector
+    from fexplore.npu.commands import Contract, Host, Load, Vector
 
     prog, cfg = sched.program, sched.program.target
     start, end = res.trace.start, res.trace.end
@@ -119,7 +120,11 @@ def kernel_report(sched, res):
                 dram += c.nbytes
             elif c.engine == 0:
                 dram += prog.moved_bytes[c.id]
-        t0 = min(start[c.id] for c in cmds)
+        # the span starts at its first command that is not a prefetch (a weight or model-input
+        # load, or a fill, which the schedule may issue long before the kernel runs)
+        own = [c for c in cmds if not (isinstance(c, Load) and c.src.tensor.kind == "input")
+               and not (isinstance(c, Vector) and c.op.name == "fill")] or cmds
+        t0 = min(start[c.id] for c in own)
         t1 = max(end[c.id] for c in cmds)
         bounds = {"compute": tensor_bound, "DRAM": dram / cfg.dram_bytes_per_cycle,
                   "vector": vec / (cfg.vector_lanes * cfg.num_pes)}
