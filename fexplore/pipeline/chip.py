@@ -24,6 +24,7 @@ class MadeSchedule:
     cycles: int
     latency_us: float
     build_s: float
+    why: str = ""         # why there is no schedule (schedule None)
 
 
 class Schedules:
@@ -68,10 +69,12 @@ class Schedules:
         t0 = time.perf_counter()
         g = specialize(self.graph, **dict(key)) if key else self.graph
         low = lower(g, self.options).lowering
-        sched = schedule(g, self.options, lowering=low).schedule
-        if sched is None:
-            raise InputError(f"could not schedule @{self.graph.name} for sizes {dict(key)}")
-        return self._remember(key, sched, time.perf_counter() - t0)
+        result = schedule(g, self.options, lowering=low)
+        if result.schedule is None:   # e.g. empty tensors: the caller runs the interpreter
+            made = MadeSchedule(key, None, 0, 0.0, time.perf_counter() - t0, result.stats.get("why", ""))
+            self._by_size[key] = made
+            return made
+        return self._remember(key, result.schedule, time.perf_counter() - t0)
 
     @property
     def made(self):
@@ -80,7 +83,7 @@ class Schedules:
 
         return pd.DataFrame([{"sizes": dict(m.sizes) or "static", "cycles": m.cycles,
                               "latency_us": m.latency_us, "build_s": m.build_s,
-                              "commands": len(m.schedule.program.commands)}
+                              "commands": len(m.schedule.program.commands) if m.schedule else 0}
                              for m in self._by_size.values()])
 
 

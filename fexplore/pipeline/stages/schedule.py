@@ -110,6 +110,10 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
         lowering = lower(graph, options).lowering
     if any(not isinstance(d, int) for v in graph.inputs for d in v.type.shape):
         return _no_schedule(graph, lowering, "symbolic shapes: scheduled per size on first call")
+    values = list(graph.inputs) + list(graph.constants) + [o for n in graph.nodes for o in n.outputs]
+    if any(0 in tuple(v.type.shape) for v in values):
+        return _no_schedule(graph, lowering, "a tensor with no elements: nothing for the chip to "
+                                             "move or compute; the interpreter runs the model")
     t0 = time.perf_counter()
     sched, spills = None, []
     # residency first; without it if the longer-lived buffers overflow SRAM; then kernels in sequence
