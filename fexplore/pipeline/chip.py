@@ -200,13 +200,15 @@ def graph_cost(graph, options) -> Cost:
     if hit is not None and hit[0] is graph:
         return hit[1]
     low = lower(graph, options).lowering
+    from .stages.schedule import RESIDENT_SHARES
+
     sched = None
-    for interleave, resident in ((True, True), (True, False), (False, False)):
+    for interleave, share in [(True, x) for x in RESIDENT_SHARES] + [(True, 0.0), (False, 0.0)]:
         try:
-            sched = build_schedule(graph, low, options.target, interleave=interleave, resident=resident)
+            sched = build_schedule(graph, low, options.target, interleave=interleave, resident=share)
             break
         except Exception as e:  # noqa: BLE001 - an SRAM overflow: retry as the stage does
-            if not (interleave or resident) or "SRAM" not in type(e).__name__ + str(e):
+            if not (interleave or share) or "SRAM" not in type(e).__name__ + str(e):
                 raise
     res = sched.simulate()
     cost = Cost(res.cycles, res.latency_s * 1e6, res.dram_bytes,
