@@ -8,7 +8,8 @@ from fexplore import ir
 from fexplore.models import ZOO
 from fexplore.pipeline import GRAPH_STAGES
 
-STAGE_NAMES = ["ingest", "fold", "simplify", "shapes", "layout", "fusion", "precision", "lower"]
+STAGE_NAMES = ["ingest", "fold", "simplify", "shapes", "layout", "fusion", "precision", "lower",
+               "schedule"]
 
 
 def test_stage_order_is_designs():

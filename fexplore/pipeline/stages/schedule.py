@@ -21,8 +21,9 @@ the kernels' DMAs to it are on-chip copies, whatever tiles each kernel uses, and
 When the kernels' own tiles then do not fit, the stage spills (schedules with every intermediate
 in DRAM) and records that decision with its reason.
 
-Not done yet (in the stats as ``not_modelled``): searching tile sizes per kernel with the cost
-model (the generator's sizes are used).
+Tile sizes: each generated kernel's tiling parameters are searched with the cost model
+(`tiles.py`: candidates traced, timed alone on the simulator, the fastest kept); the choices are
+in ``Schedule.tiles`` and the stage's decisions.
 
 The stage's result is a `Schedule`: the program, the map from graph values to DRAM tensors, and
 the span of commands of each kernel, so a timeline event names its kernel, module and source
@@ -66,7 +67,8 @@ class Schedule:
     outputs: list            # graph output value names
     kernels: list = field(default_factory=list)   # ScheduledKernel, program order
     decisions: list = field(default_factory=list)  # (what, why): spills, serial fallback, residency
-    residency: dict = field(default_factory=dict)  # what `lang.lowering.emit` kept in SRAM
+    residency: dict = field(default_factory=dict)  # intermediates kept in SRAM, their bytes
+    tiles: list = field(default_factory=list)      # tiles.TileChoice per generated kernel
 
     def dram_inputs(self, arrays) -> dict:
         feed = {self.tensor_of[n]: np.asarray(a) for n, a in zip(self.inputs, arrays)}
@@ -141,7 +143,7 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
              "resident_tensors": len(sched.residency.get("kept", [])),
              "resident_bytes": sched.residency.get("bytes", 0),
              "decisions": [f"{w}: {why}" for w, why in sched.decisions],
-             "not_modelled": ["tile-size search"],
+             "kernels_retiled": sum(t.changed for t in sched.tiles),
              "build_s": time.perf_counter() - t0}
     summary = (f"{stats['kernels']} kernels, {stats['host_ops']} host ops -> {stats['commands']} commands; "
                f"simulated {stats['latency_us']:.1f} us on {sched.target.name}, "
@@ -161,9 +163,12 @@ def _no_schedule(graph, lowering, why):
 
 
 def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
-                   resident: float | bool = True) -> Schedule:
+                   resident: float | bool = True, search_tiles: bool = True) -> Schedule:
     """The whole-model program. `resident`: the share of a PE's SRAM intermediates may stay in
-    (True: the first of RESIDENT_SHARES; False or 0: every intermediate in DRAM)."""
+    (True: the first of RESIDENT_SHARES; False or 0: every intermediate in DRAM).
+    `search_tiles`: each generated kernel's tile sizes searched with the cost model (`tiles.py`);
+    False keeps the generator's defaults."""
+    tiles: list = []
     from fexplore.lang.lowering import HostPart, KernelPart, emit
     from fexplore.npu import ProgramBuilder, get_target
 
@@ -222,7 +227,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
             parts.append(None)
             continue
         if x.how in ("generated", "user") and x.kernel is not None:
-            part = _kernel_part(x, node, view, b, cfg)
+            part = _kernel_part(x, node, view, b, cfg, tiles if search_tiles else None)
             if part is not None:
                 parts.append(part)
                 kernels.append(ScheduledKernel(x.name, x.kind, x.how, mod, node.loc, node=node))
@@ -242,6 +247,13 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     sched = Schedule(cfg, prog, tensor_of, [v.name for v in graph.inputs], weights,
                      [v.name for v in graph.outputs], kernels)
     sched.residency = {"kept": sorted(kept), "bytes": sum(tensors[n].nbytes for n in kept)}
+    sched.tiles = tiles
+    changed = [t for t in tiles if t.changed]
+    if changed:
+        saved = sum(t.default_cycles - t.cycles for t in changed)
+        sched.decisions.append(("tiles", f"{len(changed)} of {len(tiles)} kernels retiled by the cost model "
+                                f"({saved:,} cycles saved, kernels timed alone): "
+                                + "; ".join(str(t) for t in changed[:4]) + (" ..." if len(changed) > 4 else "")))
     if kept:
         sched.decisions.append(("resident", f"{len(kept)} intermediates stay in SRAM between their "
                                 f"producer and consumers ({sched.residency['bytes'] / 1e6:.2f} MB not "
@@ -293,8 +305,9 @@ def _pick_resident(graph: Graph, lowering, cfg, share: float) -> dict[str, int]:
     return chosen
 
 
-def _kernel_part(x, node, view, b, cfg):
-    """The KernelPart of a generated or user kernel, or None if it cannot be traced here."""
+def _kernel_part(x, node, view, b, cfg, tiles: list | None = None):
+    """The KernelPart of a generated or user kernel, or None if it cannot be traced here. With
+    `tiles` (a list, filled with TileChoice), a generated kernel's tile sizes are searched."""
     from fexplore.lang.lowering import KernelPart
 
     zeros = [np.zeros(_shape(v), v.type.dtype.numpy) for v in node.inputs]
@@ -310,7 +323,14 @@ def _kernel_part(x, node, view, b, cfg):
             return None   # a plain callable: it runs on the host
         args = zeros
         params, results = list(node.inputs), list(node.outputs)
-    trace = kernel.trace(*args, target=cfg)
+    if x.how == "generated" and tiles is not None:
+        from .tiles import best_trace
+
+        key = (gk.source.replace(gk.name, "<k>"), tuple((a.shape, str(a.dtype)) for a in args))
+        trace, choice = best_trace(x.name, kernel, args, cfg, key)
+        tiles.append(choice)
+    else:
+        trace = kernel.trace(*args, target=cfg)
     dram = {}
     for t, v in list(zip(trace.params, params)) + list(zip(trace.outputs, results)):
         dram[t.name] = view(v, t.shape, f"{v.name}@{x.name}.{t.name}")
