@@ -24,7 +24,7 @@ from numbers import Number
 from fexplore.errors import ConfigError, SourceLoc
 from fexplore.npu import dtypes
 from fexplore.npu.commands import (ENGINES, NO_ENGINE, Buffer, Command, Contract, DramRef, DramTensor,
-                                   Load, Store, Sync, Vector, _squeeze)
+                                   Gather, Load, Scatter, Store, Sync, Transpose, Vector, _squeeze)
 from fexplore.npu.config import NPUConfig, get_target
 from fexplore.npu.errors import ProgramError, SRAMOverflowError
 from fexplore.npu.hazards import HazardTracker
@@ -98,6 +98,43 @@ class ProgramBuilder:
         self._check_buffer(src, loc)
         self._check_transfer(src, ref, loc)
         return self._add(Store(ref, src, loc), deps, dram=(ref, True))
+
+    def gather(self, dst: Buffer, src: DramRef | DramTensor, index: Buffer, *, axis: int = 0,
+               mode: str = "rows", deps=(), loc=None) -> Gather:
+        """DMA gather: ``dst = take(src, index, axis)`` (rows mode) or ``take_along_axis`` (elements
+        mode), the index read from SRAM buffer `index` when the command runs. `axis` is a dim of
+        `src`'s tensor. See `commands.Gather`."""
+        loc = self._loc(loc)
+        ref = self._ref(src, loc)
+        for buf in (dst, index):
+            self._check_buffer(buf, loc)
+        self._check_indexed(ref, index, dst, axis, mode, "gather", loc)
+        return self._add(Gather(dst, ref, index, axis, mode, loc), deps, dram=(ref, False))
+
+    def scatter(self, dst: DramRef | DramTensor, index: Buffer, src: Buffer, *, axis: int = 0,
+                mode: str = "rows", reduce: str | None = None, deps=(), loc=None) -> Scatter:
+        """DMA scatter: the rows (or elements) of `src` into `dst` at `index` along `axis`; reduce
+        "add" accumulates, None overwrites (of duplicate indices, the last one wins)."""
+        loc = self._loc(loc)
+        ref = self._ref(dst, loc)
+        for buf in (src, index):
+            self._check_buffer(buf, loc)
+        if reduce not in (None, "add"):
+            raise ProgramError(f"scatter: reduce must be None or 'add', got {reduce!r}", loc=loc)
+        self._check_indexed(ref, index, src, axis, mode, "scatter", loc)
+        return self._add(Scatter(ref, index, src, axis, mode, reduce, loc), deps, dram=(ref, True))
+
+    def transpose(self, out: Buffer, src: Buffer, perm, *, deps=(), loc=None) -> Transpose:
+        """Transpose engine: ``out = src.transpose(perm)``, both buffers on one PE."""
+        loc = self._loc(loc)
+        for buf in (out, src):
+            self._check_buffer(buf, loc)
+        perm = tuple(int(p) for p in perm)
+        if sorted(perm) != list(range(len(src.shape))):
+            raise ProgramError(f"transpose: {list(perm)} is not a permutation of {src!r}'s axes", loc=loc)
+        if out.pe != src.pe or out.dtype != src.dtype or out.shape != tuple(src.shape[p] for p in perm):
+            raise ProgramError(f"transpose: {out!r} is not {src!r} permuted by {list(perm)} on its PE", loc=loc)
+        return self._add(Transpose(out, src, perm, loc), deps)
 
     def contract(self, out: Buffer, spec: str, a: Buffer, b: Buffer, *, accumulate: bool = False,
                  deps=(), loc=None) -> Contract:
@@ -242,6 +279,29 @@ class ProgramBuilder:
         if not isinstance(buf, Buffer) or buf.id >= len(self._buffers) or self._buffers[buf.id] is not buf:
             raise ProgramError(f"{buf!r} is not an SRAM buffer of this program", loc=loc,
                                hint="allocate it with builder.alloc(name, shape, dtype, pe=...)")
+
+    @staticmethod
+    def _check_indexed(ref: DramRef, index: Buffer, buf: Buffer, axis: int, mode: str, what: str, loc) -> None:
+        if index.pe != buf.pe:
+            raise ProgramError(f"{what}: index {index!r} and data {buf!r} are on different PEs", loc=loc)
+        if index.dtype not in ("i32", "i64"):
+            raise ProgramError(f"{what}: the index buffer {index!r} must hold i32 or i64", loc=loc)
+        if buf.dtype != ref.tensor.dtype:
+            raise ProgramError(f"{what}: {ref} is {ref.tensor.dtype}, {buf!r} is not", loc=loc)
+        if not 0 <= axis < len(ref.shape):
+            raise ProgramError(f"{what}: axis {axis} is not a dim of {ref}", loc=loc)
+        if mode == "rows":
+            want = ref.shape[:axis] + index.shape + ref.shape[axis + 1:]
+            if _squeeze(buf.shape) != _squeeze(want):
+                raise ProgramError(f"{what}: {buf!r} does not hold the rows of {ref} picked by {index!r}",
+                                   loc=loc)
+        elif mode == "elements":
+            if index.shape != buf.shape or len(index.shape) != len(ref.shape) or any(
+                    i > n for d, (i, n) in enumerate(zip(index.shape, ref.shape)) if d != axis):
+                raise ProgramError(f"{what}: the index {index!r} and {buf!r} must have one shape, of {ref}'s "
+                                   f"rank, no larger off the axis", loc=loc)
+        else:
+            raise ProgramError(f"{what}: mode must be 'rows' or 'elements', got {mode!r}", loc=loc)
 
     @staticmethod
     def _check_transfer(buf: Buffer, ref: DramRef, loc) -> None:

@@ -13,7 +13,8 @@ import numpy as np
 
 from fexplore.errors import InputError
 from fexplore.npu import dtypes
-from fexplore.npu.commands import Buffer, Contract, Load, Store, Vector
+from fexplore.npu.commands import Buffer, Contract, Gather, Load, Scatter, Store, Transpose, Vector
+from fexplore.npu.errors import IndexOutOfRangeError
 from fexplore.npu.program import Program
 from fexplore.npu.vector_ops import apply
 
@@ -74,9 +75,72 @@ def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
             if c.accumulate:
                 res = out.astype(acc_t) + res
             out[...] = res
+        elif isinstance(c, Gather):
+            buf(c.dst)[...] = gather_rows(dram[c.src.tensor.name][c.src.slices], buf(c.index), c.axis, c.mode,
+                                          what=c.name, loc=c.loc).reshape(c.dst.shape)
+        elif isinstance(c, Scatter):
+            scatter_rows(dram[c.dst.tensor.name][c.dst.slices], buf(c.index), buf(c.src), c.axis, c.mode,
+                         c.reduce, what=c.name, loc=c.loc)
+        elif isinstance(c, Transpose):
+            buf(c.out)[...] = np.transpose(buf(c.src), c.perm)
         elif isinstance(c, Vector):
             args = [buf(x) if isinstance(x, Buffer) else x for x in c.operands]
             res = apply(c.op, args, c.axis, c.keepdims)
             out = buf(c.out)
             out[...] = res if out.dtype != np.bool_ else (res != 0)
     return dram
+
+
+# ---- indexed DMA: one meaning, shared with the kernel-language interpreter ----------------------------
+def checked_index(index: np.ndarray, n: int, what, loc=None) -> np.ndarray:
+    """Index values as int64 in [0, n): negative ones count from the end; anything outside [-n, n)
+    raises `IndexOutOfRangeError` (`what` names the command or op, for the message)."""
+    idx = np.asarray(index).astype(np.int64)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise IndexOutOfRangeError(
+            f"{what}: index value {int(idx[first])} at position {list(first)} is outside [-{n}, {n})",
+            loc=loc,
+            hint="indices pick rows of the DRAM box; check the index data (torch raises here too)")
+    return np.where(idx < 0, idx + n, idx)
+
+
+def gather_rows(box: np.ndarray, index, axis: int, mode: str, *, what, loc=None) -> np.ndarray:
+    idx = checked_index(index, box.shape[axis], what, loc)
+    if mode == "rows":
+        return np.take(box, idx, axis=axis)
+    box = box[tuple(slice(None) if d == axis else slice(0, k) for d, k in enumerate(idx.shape))]
+    return np.take_along_axis(box, idx, axis=axis)
+
+
+def scatter_rows(box: np.ndarray, index, src: np.ndarray, axis: int, mode: str, reduce, *, what,
+                 loc=None) -> None:
+    """Write `src` into `box` (a view of DRAM) in place. reduce=None: of duplicate indices the last
+    write wins (the DMA writes in index order); "add": accumulates, in f32 for float data, rounded
+    once to the tensor's dtype."""
+    idx = checked_index(index, box.shape[axis], what, loc)
+    if mode == "rows":
+        src = np.asarray(src).reshape(box.shape[:axis] + idx.shape + box.shape[axis + 1:])
+        key = (slice(None),) * axis + (idx,)
+    else:
+        grids = list(np.indices(idx.shape, sparse=True))
+        grids[axis] = idx
+        key = tuple(grids)
+        src = np.asarray(src).reshape(idx.shape)
+    if reduce is None:
+        if mode == "rows":   # numpy's fancy assignment is last-wins only in practice: make it explicit
+            flat = idx.reshape(-1)
+            order = np.arange(flat.size)
+            last = np.zeros(box.shape[axis], dtype=np.int64) - 1
+            np.maximum.at(last, flat, order)
+            keep = last[flat] == order
+            s = np.moveaxis(src.reshape(box.shape[:axis] + (flat.size,) + box.shape[axis + 1:]), axis, 0)
+            np.moveaxis(box, axis, 0)[flat[keep]] = s[keep]
+        else:
+            box[key] = src
+        return
+    acc_t = np.float32 if dtypes.is_float(dtypes.dtype_name(box.dtype)) else np.int64
+    acc = box.astype(acc_t)
+    np.add.at(acc, key, src.astype(acc_t))
+    box[...] = acc

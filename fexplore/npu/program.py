@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import Counter
 
 from fexplore.npu import cost
-from fexplore.npu.commands import (DMA, ENGINES, NO_ENGINE, Buffer, Command, Contract, DramTensor,
-                                   Load, Store, Vector)
+from fexplore.npu.commands import (DMA, ENGINES, NO_ENGINE, Buffer, Command, Contract, DramTensor, Gather,
+                                   Load, Scatter, Store, Transpose, Vector)
 from fexplore.npu.config import NPUConfig
 from fexplore.npu.sram import Allocation
 
@@ -57,9 +57,11 @@ class Program:
             self.queues[q].append(i)
             if c.engine == DMA:
                 self.duration[i] = cfg.dma_startup_cycles
-                self.moved_bytes[i] = cost.dma_moved_bytes(c.ref, cfg)
+                self.moved_bytes[i] = cost.dma_command_bytes(c, cfg)
             elif isinstance(c, Contract):
                 self.duration[i] = cost.contract_cycles(c, cfg)
+            elif isinstance(c, Transpose):
+                self.duration[i] = cost.transpose_cycles(c, cfg)
             else:
                 self.duration[i] = cost.vector_cycles(c, cfg)
         self.num_deps = [len(c.deps) for c in self.commands]
@@ -91,8 +93,13 @@ class Program:
     def compulsory_bytes(self) -> int:
         """Each DRAM tensor the program reads, read once; each it writes, written once."""
         read = {c.src.tensor.name for c in self.commands if isinstance(c, Load)}
-        written = {c.dst.tensor.name for c in self.commands if isinstance(c, Store)}
-        return sum(self.tensors[n].nbytes for n in read) + sum(self.tensors[n].nbytes for n in written)
+        written = {c.dst.tensor.name for c in self.commands if isinstance(c, (Store, Scatter))}
+        gathered: dict[str, int] = {}   # a gather reads only the rows it picks (an embedding table)
+        for c in self.commands:
+            if isinstance(c, Gather) and c.src.tensor.name not in read:
+                gathered[c.src.tensor.name] = gathered.get(c.src.tensor.name, 0) + c.nbytes
+        return sum(self.tensors[n].nbytes for n in read) + sum(self.tensors[n].nbytes for n in written) + \
+            sum(min(b, self.tensors[n].nbytes) for n, b in gathered.items())
 
     def stats(self) -> dict:
         kinds = Counter(c.kind for c in self.commands)
