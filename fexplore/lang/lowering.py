@@ -65,9 +65,10 @@ def lower(trace: ir.KernelTrace):
         writes = tuple(buf(t) for t in op.writes())
         d = hz.buffer_deps(k, reads, writes)
         box = None
-        if isinstance(op, (ir.Load, ir.Store)):
-            box = ref(op.src if isinstance(op, ir.Load) else op.dst)
-            d |= hz.dram_deps(k, box, isinstance(op, ir.Store))
+        if isinstance(op, (ir.Load, ir.Store, ir.Gather, ir.Scatter)):
+            writes_dram = isinstance(op, (ir.Store, ir.Scatter))
+            box = ref(op.dst if writes_dram else op.src)   # a gather/scatter may touch all of its box
+            d |= hz.dram_deps(k, box, writes_dram)
         if isinstance(op, ir.Wait):
             d.add(slot[op.target.index])
         elif op.pe in fence:
@@ -92,6 +93,14 @@ def lower(trace: ir.KernelTrace):
             cmd = b.load(buf(op.dst), refs[k], deps=explicit, loc=loc)
         elif isinstance(op, ir.Store):
             cmd = b.store(refs[k], buf(op.src), deps=explicit, loc=loc)
+        elif isinstance(op, ir.Gather):
+            cmd = b.gather(buf(op.dst), refs[k], buf(op.idx), axis=_dram_axis(op.src, op.axis), mode=op.mode,
+                           deps=explicit, loc=loc)
+        elif isinstance(op, ir.Scatter):
+            cmd = b.scatter(refs[k], buf(op.idx), buf(op.src), axis=_dram_axis(op.dst, op.axis), mode=op.mode,
+                            reduce=op.reduce, deps=explicit, loc=loc)
+        elif isinstance(op, ir.Transpose):
+            cmd = b.transpose(buf(op.out), buf(op.src), op.perm, deps=explicit, loc=loc)
         elif isinstance(op, ir.Contract):
             acc = op.accumulate and op.index not in overwrite
             cmd = b.contract(buf(op.out), op.spec, buf(op.a), buf(op.b), accumulate=acc, deps=explicit, loc=loc)
@@ -136,12 +145,31 @@ def _fresh_accumulators(ops: list[ir.Op]) -> tuple[set[int], set[int]]:
     return dropped, overwrite
 
 
+def box_of(op):
+    return op.src if isinstance(op, ir.Gather) else op.dst
+
+
+def _dram_axis(box, axis: int) -> int:
+    """The tensor dim of a box's tile axis (dims indexed by an int are not in the tile)."""
+    return [d for d, kept in enumerate(box.kept) if kept][axis]
+
+
 def _engine(op: ir.Op) -> int:
     return {"dma": DMA, "tensor": TENSOR, "vector": VECTOR}.get(op.engine, -1)
 
 
 def _estimate(op: ir.Op, cfg, box, dma_rate: float) -> float:
     """The op's cycles in the npu's cost model (DMA at a fair share of DRAM for the PEs in use)."""
+    if isinstance(op, (ir.Gather, ir.Scatter)):
+        tile = op.dst if isinstance(op, ir.Gather) else op.src
+        rows = op.idx.size if op.mode == "rows" else tile.size
+        shape = tuple(1 if d == _dram_axis(box_of(op), op.axis) else n for d, n in enumerate(box.shape))
+        per = cost.dma_moved_bytes(type(box)(box.tensor, box.offsets, shape), cfg) if op.mode == "rows" else \
+            cfg.dram_min_transfer_bytes
+        rmw = 2 if getattr(op, "reduce", None) == "add" else 1
+        return cfg.dma_startup_cycles + rows * per * rmw / dma_rate
+    if isinstance(op, ir.Transpose):
+        return math.ceil(op.src.size / cfg.transpose_elements_per_cycle) + cfg.vector_latency_cycles
     if box is not None:
         return cfg.dma_startup_cycles + cost.dma_moved_bytes(box, cfg) / dma_rate
     if isinstance(op, ir.Contract):
