@@ -1,0 +1,236 @@
+"""The gather part: ops that read or write rows picked by an index tensor, as DMA gathers and
+scatters (`fl.gather`, `fl.scatter`) -- the rows move between DRAM and SRAM once, never the table.
+
+    embedding(w, idx)                 rows of w           -> a row gather
+    index(x, idx, axes=(a,))          x[..., idx, ...]    -> a row gather along axis a
+    gather(x, idx, axis)              torch.gather        -> an element gather (one per index)
+    index_put(x, v, idx, axes=(a,))   x[..., idx, ...] = v (or +=)  -> copy x, then a row scatter
+    scatter(x, idx, src, axis)        torch.scatter(_add) -> copy x, then an element scatter
+
+A row gather views the table as (P, A, R): the axes before the indexed one merged into P, the
+indexed axis A, the axes after it merged into R (free views of the row-major array), and the index
+as N values. Blocks of (p, index rows, columns) go round-robin to the PEs, double buffered. Index
+values in [-A, A) are valid (negative from the end, as torch's indexing); others fail when the
+kernel runs, as torch does.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fexplore.ir import Node
+
+from .common import Inputs, Signature, body_of, header, kernel_name, region_label
+from .errors import UnsupportedRegionError
+from .generated import GeneratedKernel, Result
+from .source import Names, Writer, fl_dtype
+
+STAGES = 2
+GATHERS = ("embedding", "index", "gather", "index_put", "scatter")
+MAX_ITERATIONS = 8192   # loops unroll at trace time: beyond this the kernel is too big to trace
+
+
+def generate_gather(node: Node, cfg) -> GeneratedKernel:
+    op = node.op.name
+    label = region_label(node)
+    for v in list(node.inputs) + list(node.outputs):
+        if any(not isinstance(d, int) for d in v.type.shape):
+            raise UnsupportedRegionError(op, label, "symbolic sizes (specialize the shapes first)", loc=node.loc)
+    if op == "embedding":
+        return _rows(node, cfg, table=0, index=1, axis=0, values=None)
+    if op == "index":
+        axes = tuple(node.attrs["axes"])
+        if len(axes) != 1:
+            raise UnsupportedRegionError(op, label, f"{len(axes)} index tensors (one is written)", loc=node.loc)
+        return _rows(node, cfg, table=0, index=1, axis=axes[0], values=None)
+    if op == "index_put":
+        axes = tuple(node.attrs["axes"])
+        if len(axes) != 1:
+            raise UnsupportedRegionError(op, label, f"{len(axes)} index tensors (one is written)", loc=node.loc)
+        return _rows(node, cfg, table=0, index=2, axis=axes[0], values=1,
+                     reduce="add" if node.attrs["accumulate"] else None)
+    if op == "gather":
+        return _elements(node, cfg, table=0, index=1, values=None)
+    if op == "scatter":
+        reduce = node.attrs["reduce"]
+        if reduce not in ("none", "add") or (reduce == "add" and not node.attrs["include_self"]):
+            raise UnsupportedRegionError(op, label, f"reduce={reduce!r} (none and add are written)", loc=node.loc)
+        return _elements(node, cfg, table=0, index=1, values=2, reduce=None if reduce == "none" else "add")
+    raise UnsupportedRegionError(op, label, "not a gather or scatter op", loc=node.loc)
+
+
+# ---- rows: embedding, index, index_put ---------------------------------------------------------------
+def _rows(node: Node, cfg, *, table: int, index: int, axis: int, values: int | None, reduce=None):
+    op, label = node.op.name, region_label(node)
+    x, idx = node.inputs[table], node.inputs[index]
+    shape = tuple(x.type.shape)
+    if not shape:
+        raise UnsupportedRegionError(op, label, "a 0-d table", loc=node.loc)
+    axis %= len(shape)
+    P, A, R = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    N = max(1, math.prod(idx.type.shape))
+    if values is not None:
+        v = node.inputs[values]
+        if math.prod(v.type.shape) != P * N * R:
+            raise UnsupportedRegionError(op, label, f"values {v.type} broadcast to the indexed rows "
+                                                    "(values of the indexed shape are written)", loc=node.loc)
+    item = x.type.dtype.itemsize
+    rows, cols = _row_tiles(cfg, N if values is None else max(N, A), R, item, P)
+    iterations = P * math.ceil(N / rows) * math.ceil(R / cols)
+    if values is not None:
+        iterations += P * math.ceil(A / rows) * math.ceil(R / cols)
+    if iterations > MAX_ITERATIONS:
+        raise UnsupportedRegionError(op, label, f"{iterations:,} blocks (more than {MAX_ITERATIONS:,} to unroll)",
+                                     loc=node.loc)
+
+    body = body_of(node)
+    inputs = Inputs.of(node, body)
+    names = Names({"rows", "cols", "stages", "p", "ns", "rs", "As", "i", "picked", "vals", "P", "A", "N", "R",
+                   "OUT"})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    sig = Signature(names, inputs)
+    lead = P > 1
+    tab_spec = (['"P"'] if lead else []) + ['"A"', '"R"']
+    tname = sig.add(x, ((P,) if lead else ()) + (A, R), tab_spec)
+    if values is not None:
+        vname = sig.add(node.inputs[values], ((P,) if lead else ()) + (N, R), (['"P"'] if lead else []) + ['"N"', '"R"'])
+    iname = sig.add(idx, (N,), ['"N"'])
+
+    w = Writer()
+    what = "scatter" if values is not None else "gather"
+    header(w, node, body, f"{what} (DMA)", sig.header, {})
+    if values is not None:
+        w(f"# the output starts as a copy of {tname}; the rows {iname} picks are then "
+          + ("added onto" if reduce == "add" else "overwritten (of repeated indices the last one wins)"))
+    w(f'@fl.kernel(target="{cfg.name}")')
+    w(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}, cols: int = {cols}, "
+      f"stages: int = {STAGES}):")
+    pre = "p, " if lead else ""
+    at = "p, " if lead else ""
+    grid = "P, " if lead else ""
+    with w.indent():
+        dims = ("P, " if lead else "") + "A, R"
+        w(f"{dims} = {tname}.shape")
+        w(f"(N,) = {iname}.shape")
+        dt = fl_dtype(x.type.dtype)
+        if values is None:
+            out_spec = (['"P"'] if lead else []) + ['"N"', '"R"']
+            w(f"OUT = fl.output({dt}[{', '.join(out_spec)}])")
+        else:
+            w(f"OUT = fl.output({dt}[{', '.join(tab_spec)}])")
+            w(f"for {pre}As, rs in fl.parallel({grid}fl.tiles(A, rows), fl.tiles(R, cols), stages=stages):")
+            with w.indent():
+                w(f"fl.store(OUT[{at}As, rs], fl.load({tname}[{at}As, rs]))   # the copy")
+        w(f"for {pre}ns, rs in fl.parallel({grid}fl.tiles(N, rows), fl.tiles(R, cols), stages=stages):")
+        with w.indent():
+            w(f"i = fl.load({iname}[ns])")
+            if values is None:
+                w(f"picked = fl.gather({tname}[{at}:, rs], i)   # the rows i picks, straight from DRAM")
+                w(f"fl.store(OUT[{at}ns, rs], picked)")
+            else:
+                w(f"vals = fl.load({vname}[{at}ns, rs])")
+                red = ', reduce="add"' if reduce == "add" else ""
+                w(f"fl.scatter(OUT[{at}:, rs], i, vals{red})")
+        w("return OUT")
+    results = (Result(0, tuple(node.outputs[0].type.shape)),)
+    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,))
+
+
+def _row_tiles(cfg, N: int, R: int, item: int, P: int) -> tuple[int, int]:
+    """(index rows, columns) per block: columns as many as fit, rows to fill a quarter of SRAM over
+    the stages (a block holds the index, the picked rows and, for a scatter, the values), and enough
+    blocks to give every PE some."""
+    budget = cfg.sram_bytes_per_pe // 4
+    cols = R
+    while cols > 16 and 2 * STAGES * cols * item > budget // 8:
+        cols = -(-cols // 2)
+    per_row = STAGES * (2 * cols * item + 8)
+    rows = max(1, min(N, budget // per_row, 512))
+    while rows > 8 and P * math.ceil(N / rows) * math.ceil(R / cols) < cfg.num_pes:
+        rows = -(-rows // 2)
+    return rows, cols
+
+
+# ---- elements: torch.gather, torch.scatter ---------------------------------------------------------------
+def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, reduce=None):
+    op, label = node.op.name, region_label(node)
+    x, idx = node.inputs[table], node.inputs[index]
+    xs, js = tuple(x.type.shape), tuple(idx.type.shape)
+    rank = len(xs)
+    if rank == 0 or len(js) != rank or min(js, default=1) == 0:
+        raise UnsupportedRegionError(op, label, "a 0-d or empty index", loc=node.loc)
+    axis = node.attrs["axis"] % rank
+    src = node.inputs[values] if values is not None else None
+    if src is not None and (len(src.type.shape) != rank or any(s < j for s, j in zip(src.type.shape, js))):
+        raise UnsupportedRegionError(op, label, f"a source {src.type} smaller than the index", loc=node.loc)
+    item = x.type.dtype.itemsize
+    per_row = STAGES * math.prod(js[1:]) * (8 + 2 * item)
+    budget = cfg.sram_bytes_per_pe // 4
+    if per_row > budget:
+        raise UnsupportedRegionError(op, label, f"one index row of {math.prod(js[1:])} elements does not fit "
+                                                f"a quarter of a PE's SRAM on {cfg.name}", loc=node.loc)
+    rows = max(1, min(js[0], budget // per_row, 512))
+    while rows > 1 and math.ceil(js[0] / rows) < cfg.num_pes:
+        rows = -(-rows // 2)
+    copy_rows = max(1, min(xs[0], budget // max(1, 2 * STAGES * math.prod(xs[1:]) * item)))
+    if values is not None and 2 * STAGES * math.prod(xs[1:]) * item > budget:
+        raise UnsupportedRegionError(op, label, "a row of the tensor does not fit SRAM for the copy", loc=node.loc)
+
+    body = body_of(node)
+    inputs = Inputs.of(node, body)
+    names = Names({"rows", "stages", "ts", "i", "picked", "vals", "OUT", "X", "J"})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    sig = Signature(names, inputs)
+    xaxes = [f'"X{d}"' for d in range(rank)]
+    jaxes = [f'"J{d}"' for d in range(rank)]
+    tname = sig.add(x, xs, xaxes)
+    iname = sig.add(idx, js, jaxes)
+    sname = sig.add(src, tuple(src.type.shape), [f'"S{d}"' for d in range(rank)]) if src is not None else None
+
+    def box(tensor, full, tiled_axis_full):
+        """Dim 0 tiled (ts), the indexed axis whole in a table box, the rest cut to the index's extent."""
+        parts = []
+        for d in range(rank):
+            if d == 0:
+                parts.append(":" if (tiled_axis_full and d == axis) else "ts")
+            elif (tiled_axis_full and d == axis) or full[d] == js[d]:
+                parts.append(":")
+            else:
+                parts.append(f"0:{js[d]}")
+        return f"{tensor}[{', '.join(parts)}]"
+
+    w = Writer()
+    what = "scatter" if src is not None else "gather"
+    header(w, node, body, f"DMA element-{what}", sig.header, {})
+    w(f"# one DMA transfer per index element along axis {axis} (torch.{what}): each element is its own "
+      f"{cfg.dram_min_transfer_bytes} B line")
+    if src is not None:
+        w(f"# the output starts as a copy of {tname}; the elements {iname} picks are then "
+          + ("added onto" if reduce == "add" else "overwritten (of repeated indices the last one wins)"))
+    w(f'@fl.kernel(target="{cfg.name}")')
+    copy_kw = f", copy_rows: int = {copy_rows}" if src is not None else ""
+    w(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}{copy_kw}, stages: int = {STAGES}):")
+    dt = fl_dtype(x.type.dtype)
+    with w.indent():
+        if src is None:
+            w(f"OUT = fl.output({dt}[{', '.join(jaxes)}])")
+        else:
+            w(f"OUT = fl.output({dt}[{', '.join(xaxes)}])")
+            w(f"for ts in fl.parallel(fl.tiles({xs[0]}, copy_rows), stages=stages):")
+            with w.indent():
+                w(f"fl.store(OUT[ts], fl.load({tname}[ts]))   # the copy")
+        w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
+        with w.indent():
+            w(f"i = fl.load({iname}[ts])")
+            if src is None:
+                w(f'picked = fl.gather({box(tname, xs, True)}, i, axis={axis}, mode="elements")')
+                w("fl.store(OUT[ts], picked)")
+            else:
+                w(f"vals = fl.load({box(sname, src.type.shape, False)})")
+                red = ', reduce="add"' if reduce == "add" else ""
+                w(f'fl.scatter({box("OUT", xs, True)}, i, vals, axis={axis}, mode="elements"{red})')
+        w("return OUT")
+    results = (Result(0, tuple(node.outputs[0].type.shape)),)
+    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (f"element {what}",))
