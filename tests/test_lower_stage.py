@@ -50,7 +50,7 @@ def test_regions_and_plain_ops_lower_free_views_are_free(zoo_compiled):
     low = cm.lowering
     assert any(x.node.op.name == "region" for x in low.kernels)
     assert all(x.node.op.name == "reshape" for x in low.free_views) and low.free_views
-    assert {x.op for x in low.host_ops} >= {"embedding"}
+    assert "embedding" not in {x.op for x in low.host_ops}   # a DMA gather kernel now
     assert "kernels:" in cm.summary() and "host ops:" in cm.summary()
 
 
