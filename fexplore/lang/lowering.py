@@ -35,6 +35,14 @@ class _VectorShape(NamedTuple):     # what npu.cost needs of a vector command
     op: object
 
 
+class _IndexedShape(NamedTuple):   # what npu.cost needs of a gather or scatter
+    ref: object
+    axis: int
+    mode: str
+    rows: int
+    reduce: str | None
+
+
 def lower(trace: ir.KernelTrace):
     cfg = trace.target
     plan = trace.plan
@@ -145,7 +153,7 @@ def _fresh_accumulators(ops: list[ir.Op]) -> tuple[set[int], set[int]]:
     return dropped, overwrite
 
 
-def box_of(op):
+def _box_of(op):
     return op.src if isinstance(op, ir.Gather) else op.dst
 
 
@@ -163,11 +171,8 @@ def _estimate(op: ir.Op, cfg, box, dma_rate: float) -> float:
     if isinstance(op, (ir.Gather, ir.Scatter)):
         tile = op.dst if isinstance(op, ir.Gather) else op.src
         rows = op.idx.size if op.mode == "rows" else tile.size
-        shape = tuple(1 if d == _dram_axis(box_of(op), op.axis) else n for d, n in enumerate(box.shape))
-        per = cost.dma_moved_bytes(type(box)(box.tensor, box.offsets, shape), cfg) if op.mode == "rows" else \
-            cfg.dram_min_transfer_bytes
-        rmw = 2 if getattr(op, "reduce", None) == "add" else 1
-        return cfg.dma_startup_cycles + rows * per * rmw / dma_rate
+        shape = _IndexedShape(box, _dram_axis(_box_of(op), op.axis), op.mode, rows, getattr(op, "reduce", None))
+        return cfg.dma_startup_cycles + cost.indexed_moved_bytes(shape, cfg) / dma_rate
     if isinstance(op, ir.Transpose):
         return math.ceil(op.src.size / cfg.transpose_elements_per_cycle) + cfg.vector_latency_cycles
     if box is not None:

@@ -40,7 +40,7 @@ def indexed_moved_bytes(cmd: _Indexed, cfg: NPUConfig) -> int:
     else:
         line = cfg.dram_min_transfer_bytes
         per = -(-dtypes.itemsize(ref.tensor.dtype) // line) * line
-    rmw = 2 if getattr(cmd, "reduce", None) == "add" else 1
+    rmw = 2 if getattr(cmd, "reduce", None) == "add" else 1   # a Gather has no reduce
     return cmd.rows * per * rmw
 
 
