@@ -223,6 +223,12 @@ def _cases(dt):
          [None, None, rng.integers(0, 9, 7)]),
         ("index_put", [x3, f("v", (2, 9, 6)), i64("i", (2,))], {"axes": (0,), "accumulate": False},
          [None, None, np.array([3, 1])]),
+        ("index", [f("y", (3, 4, 5, 6)), i64("j0", (2, 3)), i64("j1", (2, 3))], {"axes": (1, 2)},
+         [None, rng.integers(-4, 4, (2, 3)), rng.integers(0, 5, (2, 3))]),                 # x[:, i, j]
+        ("index", [f("y", (3, 4, 5)), i64("j0", (2,)), i64("j1", (2,))], {"axes": (0, 1)},
+         [None, np.array([2, 0]), np.array([3, 3])]),                                       # x[i, j]
+        ("index_put", [f("y", (3, 4, 5, 6)), f("v", (3, 2, 3, 6)), i64("j0", (2, 3)), i64("j1", (2, 3))],
+         {"axes": (1, 2), "accumulate": True}, [None, None, rng.integers(0, 4, (2, 3)), rng.integers(0, 5, (2, 3))]),
         ("gather", [x3, i64("g", (4, 5, 6))], {"axis": 1}, [None, rng.integers(0, 9, (4, 5, 6))]),
         ("gather", [x3, i64("g", (3, 2, 5))], {"axis": -1}, [None, rng.integers(0, 6, (3, 2, 5))]),
         ("scatter", [x3, i64("g", (4, 5, 6)), f("s", (4, 5, 6))],
@@ -255,6 +261,30 @@ def test_codegen_parts_equal_the_ir_interpreter_and_simulate(target, dtype):
         got = np.asarray(tr.unpack(res.outputs), np.float64).reshape(node.outputs[0].type.shape)
         want = np.asarray(evaluate_node(node, data)[0], np.float64)
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2, err_msg=f"{op} {attrs}\n{gk.source}")
+
+
+def test_index_tensors_on_axes_that_are_not_adjacent_are_refused_naming_why():
+    x = _v("x", (3, 4, 5), DType.f32)
+    node = _node("index", [x, _v("i", (2,), DType.i64), _v("j", (2,), DType.i64)], {"axes": (0, 2)}, DType.f32)
+    with pytest.raises(codegen.UnsupportedRegionError, match="not adjacent"):
+        codegen.generate(node, "tiny")
+
+
+@fl.kernel
+def pairs(x: fl.f32["A", "B", "C"], i: fl.i64["N"], j: fl.i64["N"]):
+    O = fl.output(fl.f32["N", "C"])
+    fl.store(O, fl.gather(x, (fl.load(i), fl.load(j))))
+    return O
+
+
+def test_two_index_tiles_gather_along_two_axes_each_checked_against_its_own():
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    i, j = np.array([2, -1, 0]), np.array([3, 0, 1])
+    np.testing.assert_array_equal(pairs(x, i, j, target="tiny"), x[i, j])
+    tr, res = _sim(pairs, x, i, j)
+    np.testing.assert_array_equal(tr.unpack(res.outputs), x[i, j])
+    with pytest.raises(fl.errors.OutOfBoundsError, match="index value 4"):   # 4 < 3 * 4 rows, but not < 4
+        pairs(x, i, np.array([3, 4, 1]))
 
 
 def test_permute_that_keeps_the_last_axis_has_no_transpose_and_one_that_moves_it_does():

@@ -44,7 +44,9 @@ def gather(table, idx, *, axis=0, mode: str = "rows"):
     """DMA gather: the rows of DRAM box `table` picked by the values of `idx` (an integer SRAM tile),
     ``np.take(table, idx, axis)``: the tile has the box's shape with `axis` replaced by ``idx.shape``.
     ``mode="elements"``: ``np.take_along_axis`` (torch.gather), one element per index position.
-    Index values in [-n, n) are valid (negative from the end); others fail when the kernel runs."""
+    A tuple of index tiles of one shape picks along consecutive axes from `axis` together
+    (``table[:, i, j]`` with ``axis=1``). Index values in [-n, n) are valid (negative from the end);
+    others fail when the kernel runs (FK140)."""
     return semantics.gather(table, idx, axis=axis, mode=mode)
 
 

@@ -49,11 +49,11 @@ class Interpreter:
             self._dram(op.dst.tensor)[op.dst.slices] = self.value(op.src).reshape(op.dst.sizes)
         elif isinstance(op, ir.Gather):
             box = self._dram(op.src.tensor)[op.src.slices].reshape(op.src.shape)
-            res = self._indexed(op, lambda: gather_rows(box, self.value(op.idx), op.axis, op.mode, what="fl.gather"))
+            res = self._indexed(op, lambda: gather_rows(box, tuple(map(self.value, op.idx)), op.axis, op.mode, what="fl.gather"))
             self.value(op.dst)[...] = res
         elif isinstance(op, ir.Scatter):
             box = self._dram(op.dst.tensor)[op.dst.slices].reshape(op.dst.shape)   # a view: written in place
-            self._indexed(op, lambda: scatter_rows(box, self.value(op.idx), self.value(op.src), op.axis, op.mode,
+            self._indexed(op, lambda: scatter_rows(box, tuple(map(self.value, op.idx)), self.value(op.src), op.axis, op.mode,
                                                    op.reduce, what="fl.scatter"))
         elif isinstance(op, ir.Transpose):
             self.value(op.out)[...] = np.transpose(self.value(op.src), op.perm)
@@ -80,9 +80,10 @@ class Interpreter:
             return run()
         except IndexOutOfRangeError as e:
             box = op.src if isinstance(op, ir.Gather) else op.dst
-            n = box.shape[op.axis]
-            raise OutOfBoundsError(e.message, expected=f"index values in [-{n}, {n}) along axis {op.axis} of {box}",
-                                   given=f"the values of tile {op.idx.name!r}", loc=op.loc,
+            ns = [box.shape[op.axis + j] for j in range(len(op.idx))]
+            raise OutOfBoundsError(e.message, expected="index values in " + ", ".join(f"[-{n}, {n})" for n in ns)
+                                   + f" along axis {op.axis}{'...' if len(ns) > 1 else ''} of {box}",
+                                   given="the values of tile " + ", ".join(repr(t.name) for t in op.idx), loc=op.loc,
                                    hint="torch raises on such an index too: check the indices fed to the kernel"
                                    ) from None
 

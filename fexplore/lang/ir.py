@@ -80,41 +80,42 @@ class Store(Op):
 
 
 class Gather(Op):
-    """`axis` is an axis of the box's tile shape (the kept dims); `mode` "rows" or "elements"."""
+    """`idx` is a tuple of index tiles (one, or several of one shape picking along consecutive axes
+    from `axis`, an axis of the box's tile shape); `mode` "rows" or "elements"."""
 
     __slots__ = ("dst", "src", "idx", "axis", "mode")
     kind, engine = "gather", "dma"
 
-    def __init__(self, dst: Tile, src: DramSlice, idx: Tile, axis: int, mode: str, pe, loc):
+    def __init__(self, dst: Tile, src: DramSlice, idx: tuple[Tile, ...], axis: int, mode: str, pe, loc):
         self._base(pe, loc)
         self.dst, self.src, self.idx, self.axis, self.mode = dst, src, idx, axis, mode
 
     def reads(self):
-        return (self.idx,)
+        return self.idx
 
     def writes(self):
         return (self.dst,)
 
     def text_body(self, name=lambda t: t.name):
         el = ", elements" if self.mode == "elements" else ""
-        return f"{name(self.dst)} = gather {self.src}[{name(self.idx)}, axis={self.axis}{el}]"
+        return f"{name(self.dst)} = gather {self.src}[{', '.join(map(name, self.idx))}, axis={self.axis}{el}]"
 
 
 class Scatter(Op):
     __slots__ = ("dst", "idx", "src", "axis", "mode", "reduce")
     kind, engine = "scatter", "dma"
 
-    def __init__(self, dst: DramSlice, idx: Tile, src: Tile, axis: int, mode: str, reduce, pe, loc):
+    def __init__(self, dst: DramSlice, idx: tuple[Tile, ...], src: Tile, axis: int, mode: str, reduce, pe, loc):
         self._base(pe, loc)
         self.dst, self.idx, self.src, self.axis, self.mode, self.reduce = dst, idx, src, axis, mode, reduce
 
     def reads(self):
-        return (self.idx, self.src)
+        return (*self.idx, self.src)
 
     def text_body(self, name=lambda t: t.name):
         el = ", elements" if self.mode == "elements" else ""
         op = "+=" if self.reduce == "add" else "<-"
-        return f"scatter {self.dst}[{name(self.idx)}, axis={self.axis}{el}] {op} {name(self.src)}"
+        return f"scatter {self.dst}[{', '.join(map(name, self.idx))}, axis={self.axis}{el}] {op} {name(self.src)}"
 
 
 class Transpose(Op):

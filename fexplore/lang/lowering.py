@@ -38,6 +38,7 @@ class _VectorShape(NamedTuple):     # what npu.cost needs of a vector command
 class _IndexedShape(NamedTuple):   # what npu.cost needs of a gather or scatter
     ref: object
     axis: int
+    index: tuple
     mode: str
     rows: int
     reduce: str | None
@@ -102,10 +103,10 @@ def lower(trace: ir.KernelTrace):
         elif isinstance(op, ir.Store):
             cmd = b.store(refs[k], buf(op.src), deps=explicit, loc=loc)
         elif isinstance(op, ir.Gather):
-            cmd = b.gather(buf(op.dst), refs[k], buf(op.idx), axis=_dram_axis(op.src, op.axis), mode=op.mode,
+            cmd = b.gather(buf(op.dst), refs[k], tuple(map(buf, op.idx)), axis=_dram_axis(op.src, op.axis), mode=op.mode,
                            deps=explicit, loc=loc)
         elif isinstance(op, ir.Scatter):
-            cmd = b.scatter(refs[k], buf(op.idx), buf(op.src), axis=_dram_axis(op.dst, op.axis), mode=op.mode,
+            cmd = b.scatter(refs[k], tuple(map(buf, op.idx)), buf(op.src), axis=_dram_axis(op.dst, op.axis), mode=op.mode,
                             reduce=op.reduce, deps=explicit, loc=loc)
         elif isinstance(op, ir.Transpose):
             cmd = b.transpose(buf(op.out), buf(op.src), op.perm, deps=explicit, loc=loc)
@@ -170,8 +171,8 @@ def _estimate(op: ir.Op, cfg, box, dma_rate: float) -> float:
     """The op's cycles in the npu's cost model (DMA at a fair share of DRAM for the PEs in use)."""
     if isinstance(op, (ir.Gather, ir.Scatter)):
         tile = op.dst if isinstance(op, ir.Gather) else op.src
-        rows = op.idx.size if op.mode == "rows" else tile.size
-        shape = _IndexedShape(box, _dram_axis(_box_of(op), op.axis), op.mode, rows, getattr(op, "reduce", None))
+        rows = op.idx[0].size if op.mode == "rows" else tile.size
+        shape = _IndexedShape(box, _dram_axis(_box_of(op), op.axis), op.idx, op.mode, rows, getattr(op, "reduce", None))
         return cfg.dma_startup_cycles + cost.indexed_moved_bytes(shape, cfg) / dma_rate
     if isinstance(op, ir.Transpose):
         return math.ceil(op.src.size / cfg.transpose_elements_per_cycle) + cfg.vector_latency_cycles

@@ -264,21 +264,48 @@ def _index_axis(x, axis, ndim: int, axes, what: str, loc) -> int:
                     given=f"axis={axis!r}", loc=loc)
 
 
-def _index_tile(tr: Tracer, idx, what: str, loc) -> Tile:
-    t = operand_tile(tr, idx, f"{what} (its index)", loc, spaces=(SRAM,))
-    if t.dtype not in ("i32", "i64"):
-        raise DTypeError(f"{what}: the index tile holds {t.dtype}, not integers",
-                         expected="an i32 or i64 tile of row numbers", given=describe(t), loc=loc,
-                         hint="load the indices from an integer tensor (an i64 parameter loads as i64)")
-    return t
+def _index_tiles(tr: Tracer, idx, what: str, loc) -> tuple[Tile, ...]:
+    """One index tile, or a tuple of them of one shape (picking along consecutive axes)."""
+    tiles = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
+    if not tiles:
+        raise TraceError(f"{what}: no index tile", given="()", loc=loc)
+    for x in tiles:
+        t = operand_tile(tr, x, f"{what} (its index)", loc, spaces=(SRAM,))
+        if t.dtype not in ("i32", "i64"):
+            raise DTypeError(f"{what}: the index tile holds {t.dtype}, not integers",
+                             expected="an i32 or i64 tile of row numbers", given=describe(t), loc=loc,
+                             hint="load the indices from an integer tensor (an i64 parameter loads as i64)")
+        if t.shape != tiles[0].shape:
+            raise ShapeError(f"{what}: index tiles of different shapes", expected=f"every index of shape "
+                             f"{tiles[0].shape}", given=describe(t), loc=loc,
+                             hint="broadcast them to one shape first: fl.broadcast_to(i, shape)")
+    return tiles
 
 
-def _indexed_shape(box: DramSlice, idx: Tile, axis: int, mode: str, what: str, loc) -> tuple:
-    """The SRAM side's shape and axes: the box with its `axis` replaced by the index's shape (rows),
-    or the index's own shape (elements)."""
+def _index_axes(box: DramSlice, idx: tuple, axis, mode: str, what: str, loc) -> int:
+    """The first of the consecutive box axes `idx` picks along (`axis`: one axis, or a tuple of them)."""
+    k = len(idx)
+    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    first = _index_axis(box, axes[0], len(box.shape), box.axes, what, loc)
+    picked = tuple(_index_axis(box, a, len(box.shape), box.axes, what, loc) for a in axes)
+    if len(axes) == 1 and k > 1:
+        picked = tuple(range(first, first + k))
+    dims = [d for d, kept in enumerate(box.kept) if kept]
+    if len(picked) != k or picked != tuple(range(first, first + k)) or picked[-1] >= len(box.shape) or \
+            (k > 1 and (mode != "rows" or dims[picked[-1]] - dims[first] != k - 1)):
+        raise AxisError(f"{what}: {k} index tiles pick along {k} consecutive axes of the box",
+                        expected=f"axis= the first of {k} consecutive axes of {box} (rows mode)",
+                        given=f"axis={axis!r}, mode={mode!r}", loc=loc)
+    return first
+
+
+def _indexed_shape(box: DramSlice, idxs: tuple, axis: int, mode: str, what: str, loc) -> tuple:
+    """The SRAM side's shape and axes: the box with its indexed axes replaced by the index's shape
+    (rows), or the index's own shape (elements)."""
+    idx, k = idxs[0], len(idxs)
     if mode == "rows":
-        return (box.shape[:axis] + idx.shape + box.shape[axis + 1:],
-                box.axes[:axis] + idx.axes + box.axes[axis + 1:])
+        return (box.shape[:axis] + idx.shape + box.shape[axis + k:],
+                box.axes[:axis] + idx.axes + box.axes[axis + k:])
     if mode != "elements":
         raise TraceError(f"{what}: mode must be 'rows' or 'elements'", given=f"mode={mode!r}", loc=loc)
     if not all(box.kept):
@@ -309,8 +336,8 @@ def gather(table, idx, axis=0, mode: str = "rows") -> Tile:
     box = _as_box(table, "fl.gather", loc)
     if box.tensor.trace is not tr.trace:
         raise TraceError("fl.gather from a DRAM tensor of another trace", given=describe(box), loc=loc)
-    t = _index_tile(tr, idx, "fl.gather", loc)
-    ax = _index_axis(box, axis, len(box.shape), box.axes, "fl.gather", loc)
+    t = _index_tiles(tr, idx, "fl.gather", loc)
+    ax = _index_axes(box, t, axis, mode, "fl.gather", loc)
     shape, axes = _indexed_shape(box, t, ax, mode, "fl.gather", loc)
     _check_covered(tr, box, "fl.gather", loc)
     dst = tr.new_tile(shape, box.dtype, axes, SRAM, loc=loc, site=site,
@@ -332,8 +359,8 @@ def scatter(dst, idx, src, axis=0, reduce=None, mode: str = "rows") -> DMA:
     if reduce not in (None, "add"):
         raise TraceError("fl.scatter: reduce is None (overwrite; of duplicate indices the last wins) or 'add'",
                          expected="reduce=None or reduce='add'", given=f"reduce={reduce!r}", loc=loc)
-    t = _index_tile(tr, idx, "fl.scatter", loc)
-    ax = _index_axis(box, axis, len(box.shape), box.axes, "fl.scatter", loc)
+    t = _index_tiles(tr, idx, "fl.scatter", loc)
+    ax = _index_axes(box, t, axis, mode, "fl.scatter", loc)
     shape, _ = _indexed_shape(box, t, ax, mode, "fl.scatter", loc)
     s = operand_tile(tr, src, "fl.scatter", loc, spaces=(SRAM,))
     if s.shape != tuple(shape):

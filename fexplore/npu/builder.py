@@ -99,25 +99,28 @@ class ProgramBuilder:
         self._check_transfer(src, ref, loc)
         return self._add(Store(ref, src, loc), deps, dram=(ref, True))
 
-    def gather(self, dst: Buffer, src: DramRef | DramTensor, index: Buffer, *, axis: int = 0,
+    def gather(self, dst: Buffer, src: DramRef | DramTensor, index, *, axis: int = 0,
                mode: str = "rows", deps=(), loc=None) -> Gather:
         """DMA gather: ``dst = take(src, index, axis)`` (rows mode) or ``take_along_axis`` (elements
         mode), the index read from SRAM buffer `index` when the command runs. `axis` is a dim of
-        `src`'s tensor. See `commands.Gather`."""
+        `src`'s tensor. A tuple of index buffers picks along that many dims from `axis` on (rows mode).
+        See `commands.Gather`."""
         loc = self._loc(loc)
         ref = self._ref(src, loc)
-        for buf in (dst, index):
+        index = tuple(index) if isinstance(index, (tuple, list)) else (index,)
+        for buf in (dst, *index):
             self._check_buffer(buf, loc)
         self._check_indexed(ref, index, dst, axis, mode, "gather", loc)
         return self._add(Gather(dst, ref, index, axis, mode, loc), deps, dram=(ref, False))
 
-    def scatter(self, dst: DramRef | DramTensor, index: Buffer, src: Buffer, *, axis: int = 0,
+    def scatter(self, dst: DramRef | DramTensor, index, src: Buffer, *, axis: int = 0,
                 mode: str = "rows", reduce: str | None = None, deps=(), loc=None) -> Scatter:
         """DMA scatter: the rows (or elements) of `src` into `dst` at `index` along `axis`; reduce
         "add" accumulates, None overwrites (of duplicate indices, the last one wins)."""
         loc = self._loc(loc)
         ref = self._ref(dst, loc)
-        for buf in (src, index):
+        index = tuple(index) if isinstance(index, (tuple, list)) else (index,)
+        for buf in (src, *index):
             self._check_buffer(buf, loc)
         if reduce not in (None, "add"):
             raise ProgramError(f"scatter: reduce must be None or 'add', got {reduce!r}", loc=loc)
@@ -281,17 +284,22 @@ class ProgramBuilder:
                                hint="allocate it with builder.alloc(name, shape, dtype, pe=...)")
 
     @staticmethod
-    def _check_indexed(ref: DramRef, index: Buffer, buf: Buffer, axis: int, mode: str, what: str, loc) -> None:
-        if index.pe != buf.pe:
-            raise ProgramError(f"{what}: index {index!r} and data {buf!r} are on different PEs", loc=loc)
-        if index.dtype not in ("i32", "i64"):
-            raise ProgramError(f"{what}: the index buffer {index!r} must hold i32 or i64", loc=loc)
+    def _check_indexed(ref: DramRef, indices: tuple, buf: Buffer, axis: int, mode: str, what: str, loc) -> None:
+        index = indices[0]
+        for ix in indices:
+            if ix.pe != buf.pe:
+                raise ProgramError(f"{what}: index {ix!r} and data {buf!r} are on different PEs", loc=loc)
+            if ix.dtype not in ("i32", "i64"):
+                raise ProgramError(f"{what}: the index buffer {ix!r} must hold i32 or i64", loc=loc)
+            if ix.shape != index.shape:
+                raise ProgramError(f"{what}: index buffers {indices} differ in shape", loc=loc)
         if buf.dtype != ref.tensor.dtype:
             raise ProgramError(f"{what}: {ref} is {ref.tensor.dtype}, {buf!r} is not", loc=loc)
-        if not 0 <= axis < len(ref.shape):
-            raise ProgramError(f"{what}: axis {axis} is not a dim of {ref}", loc=loc)
+        k = len(indices)
+        if not 0 <= axis <= len(ref.shape) - k or (k > 1 and mode != "rows"):
+            raise ProgramError(f"{what}: {k} index buffer(s) from axis {axis} do not fit {ref} ({mode})", loc=loc)
         if mode == "rows":
-            want = ref.shape[:axis] + index.shape + ref.shape[axis + 1:]
+            want = ref.shape[:axis] + index.shape + ref.shape[axis + k:]
             if _squeeze(buf.shape) != _squeeze(want):
                 raise ProgramError(f"{what}: {buf!r} does not hold the rows of {ref} picked by {index!r}",
                                    loc=loc)

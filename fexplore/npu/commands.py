@@ -310,7 +310,9 @@ class _Indexed(Command):
     """Shared by Gather and Scatter: a DMA whose DRAM addresses come from an index buffer's values.
 
     ``mode="rows"``: index value v picks the slab ``box[..., v, ...]`` along `axis` (a dim of the box's
-    tensor), so the SRAM side has shape ``box[:axis] + index.shape + box[axis+1:]`` (np.take).
+    tensor), so the SRAM side has shape ``box[:axis] + index.shape + box[axis+1:]`` (np.take). With k
+    index buffers of one shape (`index` is always a tuple), they pick along the k dims from `axis` on
+    together, ``box[..., i0, i1, ...]`` (numpy's adjacent advanced indexing).
     ``mode="elements"``: the index has the box's rank and picks one element per position along
     `axis` (np.take_along_axis / torch.gather); the SRAM side has the index's shape.
     Index values in [-n, n) are valid (negative ones count from the end of the axis, n its extent in
@@ -323,7 +325,7 @@ class _Indexed(Command):
     @property
     def rows(self) -> int:
         """Separate transfers: one per index value (rows mode) or per element (elements mode)."""
-        return self.index.size if self.mode == "rows" else self.buffer.size
+        return self.index[0].size if self.mode == "rows" else self.buffer.size
 
     @property
     def nbytes(self) -> int:
@@ -334,8 +336,9 @@ class Gather(_Indexed):
     __slots__ = ("src", "index", "dst", "axis", "mode")
     kind = "gather"
 
-    def __init__(self, dst: Buffer, src: DramRef, index: Buffer, axis: int, mode: str = "rows", loc=None):
-        self._init(dst.pe, DMA, (index,), (dst,), loc)
+    def __init__(self, dst: Buffer, src: DramRef, index: tuple[Buffer, ...], axis: int, mode: str = "rows",
+                 loc=None):
+        self._init(dst.pe, DMA, index, (dst,), loc)
         self.src, self.index, self.dst, self.axis, self.mode = src, index, dst, axis, mode
 
     @property
@@ -352,16 +355,16 @@ class Gather(_Indexed):
 
     def _args(self) -> str:
         el = ", elements" if self.mode == "elements" else ""
-        return f"{self.src}[{self.index.name}, axis={self.axis}{el}] -> {self.dst.name}"
+        return f"{self.src}[{_names(self.index)}, axis={self.axis}{el}] -> {self.dst.name}"
 
 
 class Scatter(_Indexed):
     __slots__ = ("dst", "index", "src", "axis", "mode", "reduce")
     kind = "scatter"
 
-    def __init__(self, dst: DramRef, index: Buffer, src: Buffer, axis: int, mode: str = "rows",
+    def __init__(self, dst: DramRef, index: tuple[Buffer, ...], src: Buffer, axis: int, mode: str = "rows",
                  reduce: str | None = None, loc=None):
-        self._init(src.pe, DMA, (index, src), (), loc)
+        self._init(src.pe, DMA, (*index, src), (), loc)
         self.dst, self.index, self.src, self.axis, self.mode, self.reduce = dst, index, src, axis, mode, reduce
 
     @property
@@ -379,7 +382,11 @@ class Scatter(_Indexed):
     def _args(self) -> str:
         el = ", elements" if self.mode == "elements" else ""
         op = "+=" if self.reduce == "add" else "<-"
-        return f"{self.dst}[{self.index.name}, axis={self.axis}{el}] {op} {self.src.name}"
+        return f"{self.dst}[{_names(self.index)}, axis={self.axis}{el}] {op} {self.src.name}"
+
+
+def _names(bufs) -> str:
+    return ", ".join(b.name for b in bufs)
 
 
 class Transpose(Command):

@@ -35,7 +35,8 @@ def indexed_moved_bytes(cmd: _Indexed, cfg: NPUConfig) -> int:
     """Bytes a gather or scatter really moves: each row (or element) its own transfer, rounded up."""
     ref = cmd.ref
     if cmd.mode == "rows":
-        shape = tuple(1 if d == cmd.axis else n for d, n in enumerate(ref.shape))
+        picked = range(cmd.axis, cmd.axis + len(cmd.index))
+        shape = tuple(1 if d in picked else n for d, n in enumerate(ref.shape))
         per = dma_moved_bytes(DramRef(ref.tensor, ref.offsets, shape), cfg)
     else:
         line = cfg.dram_min_transfer_bytes

@@ -2,7 +2,8 @@
 scatters (`fl.gather`, `fl.scatter`) -- the rows move between DRAM and SRAM once, never the table.
 
     embedding(w, idx)                 rows of w           -> a row gather
-    index(x, idx, axes=(a,))          x[..., idx, ...]    -> a row gather along axis a
+    index(x, idx, axes=(a,))          x[..., idx, ...]    -> a row gather along axis a (several
+                                                             adjacent index tensors of one shape too)
     gather(x, idx, axis)              torch.gather        -> an element gather (one per index)
     index_put(x, v, idx, axes=(a,))   x[..., idx, ...] = v (or +=)  -> copy x, then a row scatter
     scatter(x, idx, src, axis)        torch.scatter(_add) -> copy x, then an element scatter
@@ -37,17 +38,13 @@ def generate_gather(node: Node, cfg) -> GeneratedKernel:
         if any(not isinstance(d, int) for d in v.type.shape):
             raise UnsupportedRegionError(op, label, "symbolic sizes (specialize the shapes first)", loc=node.loc)
     if op == "embedding":
-        return _rows(node, cfg, table=0, index=1, axis=0, values=None)
+        return _rows(node, cfg, table=0, index=(1,), axes=(0,), values=None)
     if op == "index":
         axes = tuple(node.attrs["axes"])
-        if len(axes) != 1:
-            raise UnsupportedRegionError(op, label, f"{len(axes)} index tensors (one is written)", loc=node.loc)
-        return _rows(node, cfg, table=0, index=1, axis=axes[0], values=None)
+        return _rows(node, cfg, table=0, index=tuple(range(1, 1 + len(axes))), axes=axes, values=None)
     if op == "index_put":
         axes = tuple(node.attrs["axes"])
-        if len(axes) != 1:
-            raise UnsupportedRegionError(op, label, f"{len(axes)} index tensors (one is written)", loc=node.loc)
-        return _rows(node, cfg, table=0, index=2, axis=axes[0], values=1,
+        return _rows(node, cfg, table=0, index=tuple(range(2, 2 + len(axes))), axes=axes, values=1,
                      reduce="add" if node.attrs["accumulate"] else None)
     if op == "gather":
         return _elements(node, cfg, table=0, index=1, values=None)
@@ -60,84 +57,101 @@ def generate_gather(node: Node, cfg) -> GeneratedKernel:
 
 
 # ---- rows: embedding, index, index_put ---------------------------------------------------------------
-def _rows(node: Node, cfg, *, table: int, index: int, axis: int, values: int | None, reduce=None):
+def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int | None, reduce=None):
     op, label = node.op.name, region_label(node)
-    x, idx = node.inputs[table], node.inputs[index]
+    x, idxs = node.inputs[table], [node.inputs[i] for i in index]
     shape = tuple(x.type.shape)
     if not shape:
         raise UnsupportedRegionError(op, label, "a 0-d table", loc=node.loc)
-    axis %= len(shape)
-    P, A, R = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
-    N = max(1, math.prod(idx.type.shape))
+    axes = tuple(a % len(shape) for a in axes)
+    k = len(axes)
+    if axes != tuple(range(axes[0], axes[0] + k)):
+        raise UnsupportedRegionError(op, label, f"index tensors on axes {list(axes)} that are not adjacent "
+                                                "(the result's axes move to the front)", loc=node.loc)
+    if len({tuple(v.type.shape) for v in idxs}) != 1:
+        raise UnsupportedRegionError(op, label, "index tensors of different shapes (broadcast)", loc=node.loc)
+    axis = axes[0]
+    P, R = math.prod(shape[:axis]), math.prod(shape[axis + k:])
+    A = shape[axis:axis + k]
+    N = max(1, math.prod(idxs[0].type.shape))
     if values is not None:
         v = node.inputs[values]
         if math.prod(v.type.shape) != P * N * R:
             raise UnsupportedRegionError(op, label, f"values {v.type} broadcast to the indexed rows "
                                                     "(values of the indexed shape are written)", loc=node.loc)
     item = x.type.dtype.itemsize
-    rows, cols = _row_tiles(cfg, N if values is None else max(N, A), R, item, P)
+    rows, cols = _row_tiles(cfg, N if values is None else max(N, A[-1]), R, item, P, k)
     iterations = P * math.ceil(N / rows) * math.ceil(R / cols)
     if values is not None:
-        iterations += P * math.ceil(A / rows) * math.ceil(R / cols)
+        iterations += P * math.prod(A[:-1]) * math.ceil(A[-1] / rows) * math.ceil(R / cols)
     if iterations > MAX_ITERATIONS:
         raise UnsupportedRegionError(op, label, f"{iterations:,} blocks (more than {MAX_ITERATIONS:,} to unroll)",
                                      loc=node.loc)
 
     body = body_of(node)
     inputs = Inputs.of(node, body)
-    names = Names({"rows", "cols", "stages", "p", "ns", "rs", "As", "i", "picked", "vals", "P", "A", "N", "R",
-                   "OUT"})
+    anames = ["A"] if k == 1 else [f"A{j}" for j in range(k)]
+    ivars = ["i"] if k == 1 else [f"i{j}" for j in range(k)]
+    names = Names({"rows", "cols", "stages", "p", "ns", "rs", "As", "picked", "vals", "P", "N", "R", "OUT",
+                   *anames, *ivars, *(a.lower() for a in anames)})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, inputs)
     lead = P > 1
-    tab_spec = (['"P"'] if lead else []) + ['"A"', '"R"']
-    tname = sig.add(x, ((P,) if lead else ()) + (A, R), tab_spec)
+    tab_spec = (['"P"'] if lead else []) + [f'"{a}"' for a in anames] + ['"R"']
+    tname = sig.add(x, ((P,) if lead else ()) + A + (R,), tab_spec)
     if values is not None:
         vname = sig.add(node.inputs[values], ((P,) if lead else ()) + (N, R), (['"P"'] if lead else []) + ['"N"', '"R"'])
-    iname = sig.add(idx, (N,), ['"N"'])
+    inames = [sig.add(v, (N,), ['"N"']) for v in idxs]
 
     w = Writer()
     what = "scatter" if values is not None else "gather"
     header(w, node, body, f"{what} (DMA)", sig.header, {})
+    picks = " and ".join(inames)
     if values is not None:
-        w(f"# the output starts as a copy of {tname}; the rows {iname} picks are then "
+        w(f"# the output starts as a copy of {tname}; the rows {picks} pick are then "
           + ("added onto" if reduce == "add" else "overwritten (of repeated indices the last one wins)"))
     w(f'@fl.kernel(target="{cfg.name}")')
     w(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}, cols: int = {cols}, "
       f"stages: int = {STAGES}):")
     pre = "p, " if lead else ""
-    at = "p, " if lead else ""
     grid = "P, " if lead else ""
+    whole = ", ".join(":" for _ in range(k))
+    idx_expr = ivars[0] if k == 1 else f"({', '.join(ivars)})"
     with w.indent():
-        dims = ("P, " if lead else "") + "A, R"
-        w(f"{dims} = {tname}.shape")
-        w(f"(N,) = {iname}.shape")
+        w(f"{pre.upper()}{', '.join(anames)}, R = {tname}.shape")
+        w(f"(N,) = {inames[0]}.shape")
         dt = fl_dtype(x.type.dtype)
         if values is None:
             out_spec = (['"P"'] if lead else []) + ['"N"', '"R"']
             w(f"OUT = fl.output({dt}[{', '.join(out_spec)}])")
         else:
             w(f"OUT = fl.output({dt}[{', '.join(tab_spec)}])")
-            w(f"for {pre}As, rs in fl.parallel({grid}fl.tiles(A, rows), fl.tiles(R, cols), stages=stages):")
+            outer = [a.lower() for a in anames[:-1]]
+            w(f"for {pre}{''.join(o + ', ' for o in outer)}As, rs in fl.parallel({grid}"
+              f"{''.join(a + ', ' for a in anames[:-1])}fl.tiles({anames[-1]}, rows), fl.tiles(R, cols), "
+              f"stages=stages):")
             with w.indent():
-                w(f"fl.store(OUT[{at}As, rs], fl.load({tname}[{at}As, rs]))   # the copy")
+                box = f"{pre}{''.join(o + ', ' for o in outer)}As, rs"
+                w(f"fl.store(OUT[{box}], fl.load({tname}[{box}]))   # the copy")
         w(f"for {pre}ns, rs in fl.parallel({grid}fl.tiles(N, rows), fl.tiles(R, cols), stages=stages):")
         with w.indent():
-            w(f"i = fl.load({iname}[ns])")
+            for iv, iname in zip(ivars, inames):
+                w(f"{iv} = fl.load({iname}[ns])")
             if values is None:
-                w(f"picked = fl.gather({tname}[{at}:, rs], i)   # the rows i picks, straight from DRAM")
-                w(f"fl.store(OUT[{at}ns, rs], picked)")
+                w(f"picked = fl.gather({tname}[{pre}{whole}, rs], {idx_expr})   # the rows picked, straight "
+                  "from DRAM")
+                w(f"fl.store(OUT[{pre}ns, rs], picked)")
             else:
-                w(f"vals = fl.load({vname}[{at}ns, rs])")
+                w(f"vals = fl.load({vname}[{pre}ns, rs])")
                 red = ', reduce="add"' if reduce == "add" else ""
-                w(f"fl.scatter(OUT[{at}:, rs], i, vals{red})")
+                w(f"fl.scatter(OUT[{pre}{whole}, rs], {idx_expr}, vals{red})")
         w("return OUT")
     results = (Result(0, tuple(node.outputs[0].type.shape)),)
     return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,))
 
 
-def _row_tiles(cfg, N: int, R: int, item: int, P: int) -> tuple[int, int]:
+def _row_tiles(cfg, N: int, R: int, item: int, P: int, k: int = 1) -> tuple[int, int]:
     """(index rows, columns) per block: columns as many as fit, rows to fill a quarter of SRAM over
     the stages (a block holds the index, the picked rows and, for a scatter, the values), and enough
     blocks to give every PE some."""
@@ -145,7 +159,7 @@ def _row_tiles(cfg, N: int, R: int, item: int, P: int) -> tuple[int, int]:
     cols = R
     while cols > 16 and 2 * STAGES * cols * item > budget // 8:
         cols = -(-cols // 2)
-    per_row = STAGES * (2 * cols * item + 8)
+    per_row = STAGES * (2 * cols * item + 8 * k)
     rows = max(1, min(N, budget // per_row, 512))
     while rows > 8 and P * math.ceil(N / rows) * math.ceil(R / cols) < cfg.num_pes:
         rows = -(-rows // 2)
