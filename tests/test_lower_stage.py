@@ -139,4 +139,5 @@ def test_the_lower_stage_view_lists_every_kernel_with_its_source(zoo_compiled):
     for k in cm.kernels:
         assert f"{k.name} (generated, {k.kind})" in html
     assert "free view" in html or not cm.lowering.free_views
-    assert '<span class="bad">host</span>' in html  # gpt's embedding runs on the host
+    # gpt's embedding is a DMA gather kernel now; what is left on the host is marked as such
+    assert ('<span class="bad">host</span>' in html) == bool(cm.lowering.host_ops)
