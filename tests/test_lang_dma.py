@@ -340,4 +340,5 @@ def test_compiled_lookups_lower_without_host_ops(target, precision, batch, seq):
     assert not host & {"embedding", "index", "permute", "gather", "index_put", "scatter"}, \
         [(x.op, x.reason) for x in cm.lowering.host_ops]
     assert rec.verification.ok and rec.verification.kernels.ok, rec.verification.kernels
+    assert cm["schedule"].verification.ok       # the kernels linked into one program, simulated
     assert any(k.kind == "gather" for k in cm.kernels) and any(k.kind == "relayout" for k in cm.kernels)

@@ -12,6 +12,7 @@
   scatter   each rounded up to the minimum transfer like any contiguous run; a scatter with
             reduce="add" reads and writes every row ([ASSUMPTION] a read-modify-write: 2x bytes).
   transpose ceil(elements / transpose_elements_per_cycle) + the vector latency, on the vector queue.
+  host      start-up + (operand + result bytes) / host link + flops / host rate (`host_cycles`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def dma_command_bytes(cmd, cfg: NPUConfig) -> int:
     if isinstance(cmd, _Indexed):
         return indexed_moved_bytes(cmd, cfg)
     return dma_moved_bytes(cmd.ref, cfg)
+
+
+def host_cycles(cmd, cfg: NPUConfig) -> float:
+    """A host op: one DMA start-up, its operands and results over the host link, and the host's
+    compute at `host_flops_per_cycle` (an [ASSUMPTION] of the config)."""
+    return cfg.dma_startup_cycles + cmd.nbytes / cfg.host_bytes_per_cycle + cmd.flops / cfg.host_flops_per_cycle
 
 
 def dma_rate(cfg: NPUConfig, concurrent: int = 1) -> float:

@@ -14,7 +14,7 @@ from collections import Counter
 
 from fexplore.npu import cost
 from fexplore.npu.commands import (DMA, ENGINES, NO_ENGINE, Buffer, Command, Contract, DramTensor, Gather,
-                                   Load, Scatter, Store, Transpose, Vector)
+                                   Host, Load, Scatter, Store, Transpose, Vector)
 from fexplore.npu.config import NPUConfig
 from fexplore.npu.sram import Allocation
 
@@ -55,7 +55,9 @@ class Program:
             self.queue_of[i] = q
             self.position[i] = len(self.queues[q])
             self.queues[q].append(i)
-            if c.engine == DMA:
+            if isinstance(c, Host):  # the host link and the host, not DRAM bandwidth
+                self.duration[i] = cost.host_cycles(c, cfg)
+            elif c.engine == DMA:
                 self.duration[i] = cfg.dma_startup_cycles
                 self.moved_bytes[i] = cost.dma_command_bytes(c, cfg)
             elif isinstance(c, Contract):
@@ -92,12 +94,12 @@ class Program:
 
     def compulsory_bytes(self) -> int:
         """Each DRAM tensor the program reads, read once; each it writes, written once."""
-        read = {c.src.tensor.name for c in self.commands if isinstance(c, Load)}
-        written = {c.dst.tensor.name for c in self.commands if isinstance(c, (Store, Scatter))}
+        read = {c.src.tensor.storage for c in self.commands if isinstance(c, Load)}
+        written = {c.dst.tensor.storage for c in self.commands if isinstance(c, (Store, Scatter))}
         gathered: dict[str, int] = {}   # a gather reads only the rows it picks (an embedding table)
         for c in self.commands:
-            if isinstance(c, Gather) and c.src.tensor.name not in read:
-                gathered[c.src.tensor.name] = gathered.get(c.src.tensor.name, 0) + c.nbytes
+            if isinstance(c, Gather) and c.src.tensor.storage not in read:
+                gathered[c.src.tensor.storage] = gathered.get(c.src.tensor.storage, 0) + c.nbytes
         return sum(self.tensors[n].nbytes for n in read) + sum(self.tensors[n].nbytes for n in written) + \
             sum(min(b, self.tensors[n].nbytes) for n, b in gathered.items())
 
