@@ -13,7 +13,7 @@ import torch
 import fexplore
 from fexplore import lang as fl
 from fexplore.errors import SourceLoc
-from fexplore.ir import DType, Node, TensorType, Value, evaluate_node
+from fexplore.ir import Constant, DType, Node, TensorType, Value, evaluate_node
 from fexplore.lang import codegen
 from fexplore.npu import IndexOutOfRangeError, ProgramBuilder
 
@@ -199,6 +199,7 @@ def _data(v):
 
 
 def _node(op, ins, attrs, dtype):
+    dtype = ins[0].type.dtype if ins[0].type.dtype == DType.bool else dtype
     y = Value("y", TensorType(tuple(evaluate_shape(op, ins, attrs)), dtype))
     return Node(op, ins, attrs, [y], SourceLoc("/some/dir/model.py", 7, "blk.op"))
 
@@ -229,6 +230,15 @@ def _cases(dt):
          [None, np.array([2, 0]), np.array([3, 3])]),                                       # x[i, j]
         ("index_put", [f("y", (3, 4, 5, 6)), f("v", (3, 2, 3, 6)), i64("j0", (2, 3)), i64("j1", (2, 3))],
          {"axes": (1, 2), "accumulate": True}, [None, None, rng.integers(0, 4, (2, 3)), rng.integers(0, 5, (2, 3))]),
+        ("index", [_v("mask", (2, 8), DType.bool), i64("b", (2, 1, 1, 1)), i64("t", (1, 1, 1, 8))],
+         {"axes": (0, 1)}, [rng.random((2, 8)) > 0.5, np.arange(2).reshape(2, 1, 1, 1),
+                            np.arange(8).reshape(1, 1, 1, 8)]),                        # broadcast indices
+        ("index", [f("y", (3, 4, 5, 6)), i64("c0", (2, 1)), i64("c1", (3,))], {"axes": (1, 2)},
+         [None, rng.integers(0, 4, (2, 1)), rng.integers(-5, 5, 3)]),
+        ("scatter", [f("x", (8, 2)), i64("g", (8, 1)), Constant("zero", TensorType((), dt), np.array(0.0, dt.numpy))],
+         {"axis": 1, "reduce": "none", "include_self": True}, [None, rng.integers(0, 2, (8, 1)), np.array(0.0)]),
+        ("scatter", [f("x", (8, 2)), i64("g", (8, 1)), f("s", ())],
+         {"axis": 1, "reduce": "add", "include_self": True}, [None, rng.integers(0, 2, (8, 1)), None]),
         ("gather", [x3, i64("g", (4, 5, 6))], {"axis": 1}, [None, rng.integers(0, 9, (4, 5, 6))]),
         ("gather", [x3, i64("g", (3, 2, 5))], {"axis": -1}, [None, rng.integers(0, 6, (3, 2, 5))]),
         ("scatter", [x3, i64("g", (4, 5, 6)), f("s", (4, 5, 6))],

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from fexplore.ir import Node
 
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
-from .source import Names, Writer, fl_dtype
+from .source import Names, Writer, fl_dtype, scalar_constant
 
 STAGES = 2
 GATHERS = ("embedding", "index", "gather", "index_put", "scatter")
@@ -69,7 +71,9 @@ def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int
         raise UnsupportedRegionError(op, label, f"index tensors on axes {list(axes)} that are not adjacent "
                                                 "(the result's axes move to the front)", loc=node.loc)
     if len({tuple(v.type.shape) for v in idxs}) != 1:
-        raise UnsupportedRegionError(op, label, "index tensors of different shapes (broadcast)", loc=node.loc)
+        if values is not None:
+            raise UnsupportedRegionError(op, label, "index tensors of different shapes (broadcast)", loc=node.loc)
+        return _rows_broadcast(node, cfg, x, idxs, axes)
     axis = axes[0]
     P, R = math.prod(shape[:axis]), math.prod(shape[axis + k:])
     A = shape[axis:axis + k]
@@ -151,6 +155,71 @@ def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int
     return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,))
 
 
+def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple) -> GeneratedKernel:
+    """Index tensors of different shapes that broadcast together (``mask[b[:, None], t[None, :]]``):
+    each is loaded whole and broadcast on the vector unit to the common shape (exact for index
+    values below 2**24, as the unit computes in f32), then one gather per block of columns."""
+    op, label = node.op.name, region_label(node)
+    shape = tuple(x.type.shape)
+    try:
+        bshape = tuple(int(d) for d in np.broadcast_shapes(*(tuple(v.type.shape) for v in idxs)))
+    except ValueError:
+        raise UnsupportedRegionError(op, label, "index tensors that do not broadcast", loc=node.loc) from None
+    k, axis = len(axes), axes[0]
+    P, R = math.prod(shape[:axis]), math.prod(shape[axis + k:])
+    A = shape[axis:axis + k]
+    N = max(1, math.prod(bshape))
+    item = x.type.dtype.itemsize
+    budget = cfg.sram_bytes_per_pe // 4
+    if max(A) >= 1 << 24 or STAGES * N * (8 * (2 * k) + item) > budget:
+        raise UnsupportedRegionError(op, label, f"a broadcast index of {N:,} rows that does not fit a quarter of "
+                                                f"a PE's SRAM on {cfg.name}", loc=node.loc)
+    cols = R
+    while cols > 1 and STAGES * N * (cols * item + 16 * k) > budget:
+        cols = -(-cols // 2)
+    if P * math.ceil(R / cols) > MAX_ITERATIONS:
+        raise UnsupportedRegionError(op, label, f"more than {MAX_ITERATIONS:,} blocks to unroll", loc=node.loc)
+    bs = bshape or (1,)
+
+    body = body_of(node)
+    names = Names({"cols", "stages", "p", "rs", "picked", "P", "R", "OUT", *(f"A{j}" for j in range(k)),
+                   *(f"i{j}" for j in range(k))})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    sig = Signature(names, Inputs.of(node, body))
+    lead = P > 1
+    anames = [f"A{j}" for j in range(k)]
+    tname = sig.add(x, ((P,) if lead else ()) + A + (R,),
+                    (['"P"'] if lead else []) + [f'"{a}"' for a in anames] + ['"R"'])
+    inames = []
+    for v in idxs:   # each index right-aligned into the broadcast rank: a free view
+        own = (1,) * (len(bs) - len(v.type.shape)) + tuple(v.type.shape)
+        inames.append(sig.add(v, own, [str(d) for d in own]))
+
+    w = Writer()
+    header(w, node, body, "gather (DMA)", sig.header, {})
+    w(f"# the index tensors broadcast to {list(bs)}; each is broadcast on the vector unit, then gathered")
+    w(f'@fl.kernel(target="{cfg.name}")')
+    w(f"def {fname}({', '.join(sig.annotations)}, *, cols: int = {cols}, stages: int = {STAGES}):")
+    pre, grid = ("p, ", "P, ") if lead else ("", "")
+    with w.indent():
+        w(f"{pre.upper()}{', '.join(anames)}, R = {tname}.shape")
+        dims = ", ".join(str(d) for d in bs) + ("," if len(bs) == 1 else "")
+        lead_axis = '"P", ' if lead else ""
+        w(f'OUT = fl.output({fl_dtype(x.type.dtype)}[{lead_axis}{dims}, "R"])')
+        w(f"for {pre}rs in fl.parallel({grid}fl.tiles(R, cols), stages=stages):")
+        with w.indent():
+            for j, iname in enumerate(inames):
+                w(f"i{j} = fl.broadcast_to(fl.load({iname}), ({dims}))")
+            idx = ", ".join(f"i{j}" for j in range(k)) + ("," if k == 1 else "")
+            whole = ", ".join(":" for _ in range(k))
+            w(f"picked = fl.gather({tname}[{pre}{whole}, rs], ({idx}))")
+            w(f"fl.store(OUT[{pre}{', '.join(':' for _ in bs)}, rs], picked)")
+        w("return OUT")
+    results = (Result(0, tuple(node.outputs[0].type.shape)),)
+    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, ("gather",))
+
+
 def _row_tiles(cfg, N: int, R: int, item: int, P: int, k: int = 1) -> tuple[int, int]:
     """(index rows, columns) per block: columns as many as fit, rows to fill a quarter of SRAM over
     the stages (a block holds the index, the picked rows and, for a scatter, the values), and enough
@@ -176,7 +245,9 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
         raise UnsupportedRegionError(op, label, "a 0-d or empty index", loc=node.loc)
     axis = node.attrs["axis"] % rank
     src = node.inputs[values] if values is not None else None
-    if src is not None and (len(src.type.shape) != rank or any(s < j for s, j in zip(src.type.shape, js))):
+    scalar = src is not None and src.type.rank == 0    # torch.scatter(x, axis, idx, value)
+    if src is not None and not scalar and (len(src.type.shape) != rank or
+                                           any(s < j for s, j in zip(src.type.shape, js))):
         raise UnsupportedRegionError(op, label, f"a source {src.type} smaller than the index", loc=node.loc)
     item = x.type.dtype.itemsize
     per_row = STAGES * math.prod(js[1:]) * (8 + 2 * item)
@@ -201,7 +272,11 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
     jaxes = [f'"J{d}"' for d in range(rank)]
     tname = sig.add(x, xs, xaxes)
     iname = sig.add(idx, js, jaxes)
-    sname = sig.add(src, tuple(src.type.shape), [f'"S{d}"' for d in range(rank)]) if src is not None else None
+    literal = scalar_constant(src) if scalar else None
+    sname = None
+    if src is not None and literal is None:
+        sname = sig.add(src, (1,) if scalar else tuple(src.type.shape),
+                        ["1"] if scalar else [f'"S{d}"' for d in range(rank)])
 
     def box(tensor, full, tiled_axis_full):
         """Dim 0 tiled (ts), the indexed axis whole in a table box, the rest cut to the index's extent."""
@@ -242,7 +317,12 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
                 w(f'picked = fl.gather({box(tname, xs, True)}, i, axis={axis}, mode="elements")')
                 w("fl.store(OUT[ts], picked)")
             else:
-                w(f"vals = fl.load({box(sname, src.type.shape, False)})")
+                if literal is not None:
+                    w(f"vals = fl.full(i.shape, {literal}, {dt})   # the scattered value, written in")
+                elif scalar:
+                    w(f"vals = fl.broadcast_to(fl.load({sname}), i.shape)")
+                else:
+                    w(f"vals = fl.load({box(sname, src.type.shape, False)})")
                 red = ', reduce="add"' if reduce == "add" else ""
                 w(f'fl.scatter({box("OUT", xs, True)}, i, vals, axis={axis}, mode="elements"{red})')
         w("return OUT")
