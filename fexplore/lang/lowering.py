@@ -258,6 +258,8 @@ def _engine(op: ir.Op) -> int:
 
 def _estimate(op: ir.Op, cfg, box, dma_rate: float) -> float:
     """The op's cycles in the npu's cost model (DMA at a fair share of DRAM for the PEs in use)."""
+    if box is not None and box.tensor.resident:
+        return cost.onchip_copy_cycles(box, cfg)
     if isinstance(op, (ir.Gather, ir.Scatter)):
         tile = op.dst if isinstance(op, ir.Gather) else op.src
         rows = op.idx[0].size if op.mode == "rows" else tile.size

@@ -57,6 +57,8 @@ class Program:
             self.queues[q].append(i)
             if isinstance(c, Host):  # the host link and the host, not DRAM bandwidth
                 self.duration[i] = cost.host_cycles(c, cfg)
+            elif c.engine == DMA and c.ref.tensor.resident:   # on-chip copy: no DRAM traffic
+                self.duration[i] = cost.onchip_copy_cycles(c.ref, cfg)
             elif c.engine == DMA:
                 self.duration[i] = cfg.dma_startup_cycles
                 self.moved_bytes[i] = cost.dma_command_bytes(c, cfg)
@@ -94,12 +96,14 @@ class Program:
 
     def compulsory_bytes(self) -> int:
         """Each DRAM tensor the program reads, read once; each it writes, written once."""
-        read = {c.src.tensor.storage for c in self.commands if isinstance(c, Load)}
-        written = {c.dst.tensor.storage for c in self.commands if isinstance(c, (Store, Scatter))}
+        read = {c.src.tensor.storage for c in self.commands if isinstance(c, Load) and not c.src.tensor.resident}
+        written = {c.dst.tensor.storage for c in self.commands
+                   if isinstance(c, (Store, Scatter)) and not c.dst.tensor.resident}
         gathered: dict[str, int] = {}   # a gather reads only the rows it picks (an embedding table)
         for c in self.commands:
-            if isinstance(c, Gather) and c.src.tensor.storage not in read:
-                gathered[c.src.tensor.storage] = gathered.get(c.src.tensor.storage, 0) + c.nbytes
+            t = c.src.tensor if isinstance(c, Gather) else None
+            if t is not None and not t.resident and t.storage not in read:
+                gathered[t.storage] = gathered.get(t.storage, 0) + c.nbytes
         return sum(self.tensors[n].nbytes for n in read) + sum(self.tensors[n].nbytes for n in written) + \
             sum(min(b, self.tensors[n].nbytes) for n, b in gathered.items())
 
