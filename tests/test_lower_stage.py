@@ -50,7 +50,7 @@ def test_regions_and_plain_ops_lower_free_views_are_free(zoo_compiled):
     low = cm.lowering
     assert any(x.node.op.name == "region" for x in low.kernels)
     assert all(x.node.op.name == "reshape" for x in low.free_views) and low.free_views
-    assert {x.op for x in low.host_ops} >= {"embedding"}
+    assert "embedding" not in {x.op for x in low.host_ops}   # a DMA gather kernel now
     assert "kernels:" in cm.summary() and "host ops:" in cm.summary()
 
 
@@ -139,4 +139,5 @@ def test_the_lower_stage_view_lists_every_kernel_with_its_source(zoo_compiled):
     for k in cm.kernels:
         assert f"{k.name} (generated, {k.kind})" in html
     assert "free view" in html or not cm.lowering.free_views
-    assert '<span class="bad">host</span>' in html  # gpt's embedding runs on the host
+    # gpt's embedding is a DMA gather kernel now; what is left on the host is marked as such
+    assert ('<span class="bad">host</span>' in html) == bool(cm.lowering.host_ops)

@@ -27,8 +27,8 @@ Example kernels: ``fl.examples.matmul`` and friends (imported on first use).
 
 from fexplore.lang import errors
 from fexplore.lang.builtins import (ELEMENTWISE, REDUCTIONS, broadcast_to, cast, contract, copy, empty, full,
-                                    load, num_pes, output, parallel, pe, range, scratch, store, target, tiles,
-                                    wait, where, zeros)
+                                    gather, load, num_pes, output, parallel, pe, range, scatter, scratch, store,
+                                    target, tiles, transpose, wait, where, zeros)
 from fexplore.lang.errors import KernelError
 from fexplore.lang.ir import KernelTrace
 from fexplore.lang.kernel import ArgSpec, Kernel, PipelineCheck, kernel, spec
@@ -51,7 +51,7 @@ def __getattr__(name):
 # `from fexplore.lang import *` leaves Python's range/sum/max/min/abs/round alone; write fl.range etc.
 __all__ = ["ACC", "DRAM", "SRAM", "ArgSpec", "DMA", "DType", "DramSlice", "DramTensor", "Kernel", "KernelError",
            "KernelTrace", "PipelineCheck", "Tensor", "TensorSpec", "Tile", "bf16", "bool_", "broadcast_to",
-           "cast", "contract", "copy", "empty", "errors", "f16", "f32", "fp8", "full", "i8", "i32", "i64",
-           "kernel", "load", "num_pes", "output", "parallel", "pe", "scratch", "spec", "store", "target",
-           "tiles", "wait", "where", "zeros",
+           "cast", "contract", "copy", "empty", "errors", "f16", "f32", "fp8", "full", "gather", "i8", "i32",
+           "i64", "kernel", "load", "num_pes", "output", "parallel", "pe", "scatter", "scratch", "spec", "store",
+           "target", "tiles", "transpose", "wait", "where", "zeros",
            *(n for n in (*ELEMENTWISE, *REDUCTIONS) if n not in ("sum", "max", "min", "abs", "round"))]

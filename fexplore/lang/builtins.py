@@ -40,6 +40,29 @@ def store(dst, src):
     return semantics.store(dst, src)
 
 
+def gather(table, idx, *, axis=0, mode: str = "rows"):
+    """DMA gather: the rows of DRAM box `table` picked by the values of `idx` (an integer SRAM tile),
+    ``np.take(table, idx, axis)``: the tile has the box's shape with `axis` replaced by ``idx.shape``.
+    ``mode="elements"``: ``np.take_along_axis`` (torch.gather), one element per index position.
+    A tuple of index tiles of one shape picks along consecutive axes from `axis` together
+    (``table[:, i, j]`` with ``axis=1``). Index values in [-n, n) are valid (negative from the end);
+    others fail when the kernel runs (FK140)."""
+    return semantics.gather(table, idx, axis=axis, mode=mode)
+
+
+def scatter(dst, idx, src, *, axis=0, reduce=None, mode: str = "rows"):
+    """DMA scatter: the rows of tile `src` into DRAM box `dst` at the rows `idx` picks (the inverse of
+    `gather`). ``reduce="add"`` accumulates; ``None`` overwrites, and of duplicate indices the last
+    one wins. Returns a handle with ``.wait()``, like `store`."""
+    return semantics.scatter(dst, idx, src, axis=axis, reduce=reduce, mode=mode)
+
+
+def transpose(x, perm):
+    """`x` with its axes permuted (``np.transpose(x, perm)``; axes by index or name), on the PE's
+    transpose engine. A new SRAM tile."""
+    return semantics.transpose(x, perm)
+
+
 def wait(handle) -> None:
     """Everything issued after this on the PE starts once the DMA (`handle`, or the last load into
     a tile) is done. Dependencies are inferred anyway: a wait orders, it never changes results."""
@@ -209,6 +232,7 @@ def pe() -> int:
     return current("pe").pe
 
 
-__all__ = ["ACC", "SRAM", "broadcast_to", "cast", "contract", "copy", "empty", "full", "load", "num_pes",
-           "output", "parallel", "pe", "range", "scratch", "store", "target", "tiles", "wait", "where",
+__all__ = ["ACC", "SRAM", "broadcast_to", "cast", "contract", "copy", "empty", "full", "gather", "load", "num_pes",
+           "output", "parallel", "pe", "range", "scatter", "scratch", "store", "target", "tiles", "transpose",
+           "wait", "where",
            "zeros", *ELEMENTWISE, *REDUCTIONS]

@@ -13,7 +13,8 @@ story; in IPython ``_render_traceback_`` shows just that, not a traceback into f
     FK112  AxisError                named axes disagree, or a named axis does not exist
     FK120  DTypeError               dtypes do not fit (contraction operands, DMA, masks, tensor unit)
     FK130  MemorySpaceError         a value is in the wrong memory space (DRAM / SRAM / ACC) or PE
-    FK140  OutOfBoundsError         a DRAM tile slice leaves its tensor, or is not a unit-stride box
+    FK140  OutOfBoundsError         a DRAM tile slice leaves its tensor, or is not a unit-stride box;
+                                    or (when the kernel runs) a gather/scatter index leaves its box
     FK150  UninitializedReadError   a tile (or DRAM region) is read before anything was written to it
     FK160  SRAMOverflowError        the tiles live at some point do not fit a PE's SRAM on the target
     FK170  TraceError               trace-time misuse: value-dependent Python control flow, a builtin

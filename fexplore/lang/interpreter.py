@@ -14,7 +14,9 @@ import numpy as np
 
 from fexplore.lang import ir
 from fexplore.lang.values import DramTensor, Tile
-from fexplore.npu.functional import _fresh
+from fexplore.lang.errors import OutOfBoundsError
+from fexplore.npu.errors import IndexOutOfRangeError
+from fexplore.npu.functional import _fresh, gather_rows, scatter_rows
 from fexplore.npu.vector_ops import VECTOR_OPS, apply
 
 
@@ -45,6 +47,16 @@ class Interpreter:
             self.value(op.dst)[...] = src.reshape(op.dst.shape)
         elif isinstance(op, ir.Store):
             self._dram(op.dst.tensor)[op.dst.slices] = self.value(op.src).reshape(op.dst.sizes)
+        elif isinstance(op, ir.Gather):
+            box = self._dram(op.src.tensor)[op.src.slices].reshape(op.src.shape)
+            res = self._indexed(op, lambda: gather_rows(box, tuple(map(self.value, op.idx)), op.axis, op.mode, what="fl.gather"))
+            self.value(op.dst)[...] = res
+        elif isinstance(op, ir.Scatter):
+            box = self._dram(op.dst.tensor)[op.dst.slices].reshape(op.dst.shape)   # a view: written in place
+            self._indexed(op, lambda: scatter_rows(box, tuple(map(self.value, op.idx)), self.value(op.src), op.axis, op.mode,
+                                                   op.reduce, what="fl.scatter"))
+        elif isinstance(op, ir.Transpose):
+            self.value(op.out)[...] = np.transpose(self.value(op.src), op.perm)
         elif isinstance(op, ir.Contract):
             acc_t = np.float32 if op.out.dtype.is_float else np.int32
             res = np.einsum(op.spec, self.value(op.a).astype(acc_t), self.value(op.b).astype(acc_t))
@@ -60,6 +72,20 @@ class Interpreter:
         elif isinstance(op, ir.Broadcast):
             self._write(op.out, np.broadcast_to(self.value(op.src), op.out.shape))
         # Wait: an ordering point for the chip; nothing to compute
+
+    @staticmethod
+    def _indexed(op, run):
+        """An index value outside the box is the author's data error: FK140 on their line."""
+        try:
+            return run()
+        except IndexOutOfRangeError as e:
+            box = op.src if isinstance(op, ir.Gather) else op.dst
+            ns = [box.shape[op.axis + j] for j in range(len(op.idx))]
+            raise OutOfBoundsError(e.message, expected="index values in " + ", ".join(f"[-{n}, {n})" for n in ns)
+                                   + f" along axis {op.axis}{'...' if len(ns) > 1 else ''} of {box}",
+                                   given="the values of tile " + ", ".join(repr(t.name) for t in op.idx), loc=op.loc,
+                                   hint="torch raises on such an index too: check the indices fed to the kernel"
+                                   ) from None
 
     def outputs(self, trace: ir.KernelTrace) -> dict[str, np.ndarray]:
         return {t.name: self._dram(t) for t in trace.outputs}

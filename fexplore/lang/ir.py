@@ -1,10 +1,13 @@
 """The kernel IR: what tracing a kernel produces, and what every back end consumes.
 
 A `KernelTrace` is a flat list of ops in program order (loops are unrolled at trace time, like a
-jaxpr), over DRAM tensors and tiles. Seven ops, one per thing the chip does:
+jaxpr), over DRAM tensors and tiles. Ten ops, one per thing the chip does:
 
     load      DMA      DRAM box -> tile
     store     DMA      tile -> DRAM box
+    gather    DMA      rows (or elements) of a DRAM box picked by an integer tile's values -> tile
+    scatter   DMA      a tile's rows (or elements) -> a DRAM box at an integer tile's values
+    transpose vector   a tile relaid out with a permutation of its axes (the transpose engine)
     contract  tensor   einsum of two SRAM tiles into (or accumulating onto) an ACC tile, f32
     vector    vector   an op of `fexplore.npu.vector_ops.VECTOR_OPS` over tiles and scalars
     fill      vector   every element of a tile set to a scalar (zeros, full)
@@ -74,6 +77,63 @@ class Store(Op):
 
     def text_body(self, name=lambda t: t.name):
         return f"store {self.dst} <- {name(self.src)}"
+
+
+class Gather(Op):
+    """`idx` is a tuple of index tiles (one, or several of one shape picking along consecutive axes
+    from `axis`, an axis of the box's tile shape); `mode` "rows" or "elements"."""
+
+    __slots__ = ("dst", "src", "idx", "axis", "mode")
+    kind, engine = "gather", "dma"
+
+    def __init__(self, dst: Tile, src: DramSlice, idx: tuple[Tile, ...], axis: int, mode: str, pe, loc):
+        self._base(pe, loc)
+        self.dst, self.src, self.idx, self.axis, self.mode = dst, src, idx, axis, mode
+
+    def reads(self):
+        return self.idx
+
+    def writes(self):
+        return (self.dst,)
+
+    def text_body(self, name=lambda t: t.name):
+        el = ", elements" if self.mode == "elements" else ""
+        return f"{name(self.dst)} = gather {self.src}[{', '.join(map(name, self.idx))}, axis={self.axis}{el}]"
+
+
+class Scatter(Op):
+    __slots__ = ("dst", "idx", "src", "axis", "mode", "reduce")
+    kind, engine = "scatter", "dma"
+
+    def __init__(self, dst: DramSlice, idx: tuple[Tile, ...], src: Tile, axis: int, mode: str, reduce, pe, loc):
+        self._base(pe, loc)
+        self.dst, self.idx, self.src, self.axis, self.mode, self.reduce = dst, idx, src, axis, mode, reduce
+
+    def reads(self):
+        return (*self.idx, self.src)
+
+    def text_body(self, name=lambda t: t.name):
+        el = ", elements" if self.mode == "elements" else ""
+        op = "+=" if self.reduce == "add" else "<-"
+        return f"scatter {self.dst}[{', '.join(map(name, self.idx))}, axis={self.axis}{el}] {op} {name(self.src)}"
+
+
+class Transpose(Op):
+    __slots__ = ("out", "src", "perm")
+    kind, engine = "transpose", "vector"
+
+    def __init__(self, out: Tile, src: Tile, perm: tuple[int, ...], pe, loc):
+        self._base(pe, loc)
+        self.out, self.src, self.perm = out, src, perm
+
+    def reads(self):
+        return (self.src,)
+
+    def writes(self):
+        return (self.out,)
+
+    def text_body(self, name=lambda t: t.name):
+        return f"{name(self.out)} = transpose {name(self.src)} {list(self.perm)}"
 
 
 class Contract(Op):

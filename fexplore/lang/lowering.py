@@ -39,6 +39,15 @@ class _VectorShape(NamedTuple):     # what npu.cost needs of a vector command
     op: object
 
 
+class _IndexedShape(NamedTuple):   # what npu.cost needs of a gather or scatter
+    ref: object
+    axis: int
+    index: tuple
+    mode: str
+    rows: int
+    reduce: str | None
+
+
 def lower(trace: ir.KernelTrace):
     """The kernel's NPU program: its DRAM tensors as the program's inputs, outputs and scratch."""
     b = ProgramBuilder(trace.target, name=trace.name, capture_locs=False)
@@ -126,9 +135,10 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool = True, owner: list
         writes = tuple(buf(pi, t) for t in op.writes())
         d = hz.buffer_deps(k, reads, writes)
         box = None
-        if isinstance(op, (ir.Load, ir.Store)):
-            box = ref(pi, op.src if isinstance(op, ir.Load) else op.dst)
-            d |= hz.dram_deps(k, box, isinstance(op, ir.Store))
+        if isinstance(op, (ir.Load, ir.Store, ir.Gather, ir.Scatter)):
+            writes_dram = isinstance(op, (ir.Store, ir.Scatter))
+            box = ref(pi, op.dst if writes_dram else op.src)   # a gather/scatter may touch all of its box
+            d |= hz.dram_deps(k, box, writes_dram)
         if isinstance(op, ir.Wait):
             d.add(slot[(pi, op.target.index)])
         elif (pi, op.pe) in fence:
@@ -178,6 +188,14 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool = True, owner: list
             cmd = b.load(buf(pi, op.dst), refs[k], deps=explicit, loc=loc)
         elif isinstance(op, ir.Store):
             cmd = b.store(refs[k], buf(pi, op.src), deps=explicit, loc=loc)
+        elif isinstance(op, ir.Gather):
+            cmd = b.gather(buf(pi, op.dst), refs[k], tuple(buf(pi, t) for t in op.idx),
+                           axis=_dram_axis(op.src, op.axis), mode=op.mode, deps=explicit, loc=loc)
+        elif isinstance(op, ir.Scatter):
+            cmd = b.scatter(refs[k], tuple(buf(pi, t) for t in op.idx), buf(pi, op.src),
+                            axis=_dram_axis(op.dst, op.axis), mode=op.mode, reduce=op.reduce, deps=explicit, loc=loc)
+        elif isinstance(op, ir.Transpose):
+            cmd = b.transpose(buf(pi, op.out), buf(pi, op.src), op.perm, deps=explicit, loc=loc)
         elif isinstance(op, ir.Contract):
             acc = op.accumulate and op.index not in overwrite
             cmd = b.contract(buf(pi, op.out), op.spec, buf(pi, op.a), buf(pi, op.b), accumulate=acc,
@@ -225,6 +243,15 @@ def _fresh_accumulators(ops: list[ir.Op]) -> tuple[set[int], set[int]]:
     return dropped, overwrite
 
 
+def _box_of(op):
+    return op.src if isinstance(op, ir.Gather) else op.dst
+
+
+def _dram_axis(box, axis: int) -> int:
+    """The tensor dim of a box's tile axis (dims indexed by an int are not in the tile)."""
+    return [d for d, kept in enumerate(box.kept) if kept][axis]
+
+
 def _engine(op: ir.Op) -> int:
     return {"dma": DMA, "tensor": TENSOR, "vector": VECTOR}.get(op.engine, -1)
 
@@ -233,6 +260,13 @@ def _estimate(op: ir.Op, cfg, box, dma_rate: float) -> float:
     """The op's cycles in the npu's cost model (DMA at a fair share of DRAM for the PEs in use)."""
     if box is not None and box.tensor.resident:
         return cost.onchip_copy_cycles(box, cfg)
+    if isinstance(op, (ir.Gather, ir.Scatter)):
+        tile = op.dst if isinstance(op, ir.Gather) else op.src
+        rows = op.idx[0].size if op.mode == "rows" else tile.size
+        shape = _IndexedShape(box, _dram_axis(_box_of(op), op.axis), op.idx, op.mode, rows, getattr(op, "reduce", None))
+        return cfg.dma_startup_cycles + cost.indexed_moved_bytes(shape, cfg) / dma_rate
+    if isinstance(op, ir.Transpose):
+        return math.ceil(op.src.size / cfg.transpose_elements_per_cycle) + cfg.vector_latency_cycles
     if box is not None:
         return cfg.dma_startup_cycles + cost.dma_moved_bytes(box, cfg) / dma_rate
     if isinstance(op, ir.Contract):

@@ -253,6 +253,147 @@ def store(dst, src) -> DMA:
     return DMA(tr.trace, op)
 
 
+def _index_axis(x, axis, ndim: int, axes, what: str, loc) -> int:
+    """An axis given as an int (negative counts from the end) or as a named axis, checked."""
+    if isinstance(axis, str) and axis in axes:
+        return axes.index(axis)
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) and -ndim <= axis < ndim:
+        return int(axis) % ndim
+    raise AxisError(f"{what}: axis {axis!r} is not an axis of {describe(x)}",
+                    expected=f"an int in [-{ndim}, {ndim}) or one of the names {[a for a in axes if a]}",
+                    given=f"axis={axis!r}", loc=loc)
+
+
+def _index_tiles(tr: Tracer, idx, what: str, loc) -> tuple[Tile, ...]:
+    """One index tile, or a tuple of them of one shape (picking along consecutive axes)."""
+    tiles = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
+    if not tiles:
+        raise TraceError(f"{what}: no index tile", given="()", loc=loc)
+    for x in tiles:
+        t = operand_tile(tr, x, f"{what} (its index)", loc, spaces=(SRAM,))
+        if t.dtype not in ("i32", "i64"):
+            raise DTypeError(f"{what}: the index tile holds {t.dtype}, not integers",
+                             expected="an i32 or i64 tile of row numbers", given=describe(t), loc=loc,
+                             hint="load the indices from an integer tensor (an i64 parameter loads as i64)")
+        if t.shape != tiles[0].shape:
+            raise ShapeError(f"{what}: index tiles of different shapes", expected=f"every index of shape "
+                             f"{tiles[0].shape}", given=describe(t), loc=loc,
+                             hint="broadcast them to one shape first: fl.broadcast_to(i, shape)")
+    return tiles
+
+
+def _index_axes(box: DramSlice, idx: tuple, axis, mode: str, what: str, loc) -> int:
+    """The first of the consecutive box axes `idx` picks along (`axis`: one axis, or a tuple of them)."""
+    k = len(idx)
+    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    first = _index_axis(box, axes[0], len(box.shape), box.axes, what, loc)
+    picked = tuple(_index_axis(box, a, len(box.shape), box.axes, what, loc) for a in axes)
+    if len(axes) == 1 and k > 1:
+        picked = tuple(range(first, first + k))
+    dims = [d for d, kept in enumerate(box.kept) if kept]
+    if len(picked) != k or picked != tuple(range(first, first + k)) or picked[-1] >= len(box.shape) or \
+            (k > 1 and (mode != "rows" or dims[picked[-1]] - dims[first] != k - 1)):
+        raise AxisError(f"{what}: {k} index tiles pick along {k} consecutive axes of the box",
+                        expected=f"axis= the first of {k} consecutive axes of {box} (rows mode)",
+                        given=f"axis={axis!r}, mode={mode!r}", loc=loc)
+    return first
+
+
+def _indexed_shape(box: DramSlice, idxs: tuple, axis: int, mode: str, what: str, loc) -> tuple:
+    """The SRAM side's shape and axes: the box with its indexed axes replaced by the index's shape
+    (rows), or the index's own shape (elements)."""
+    idx, k = idxs[0], len(idxs)
+    if mode == "rows":
+        return (box.shape[:axis] + idx.shape + box.shape[axis + k:],
+                box.axes[:axis] + idx.axes + box.axes[axis + k:])
+    if mode != "elements":
+        raise TraceError(f"{what}: mode must be 'rows' or 'elements'", given=f"mode={mode!r}", loc=loc)
+    if not all(box.kept):
+        raise OutOfBoundsError(f"{what}(mode='elements') needs a box that keeps every axis of {box.tensor.name}",
+                               expected="slices on every axis, e.g. X[0:1, :, :]", given=str(box), loc=loc)
+    if idx.ndim != len(box.shape) or any(i > n for d, (i, n) in enumerate(zip(idx.shape, box.shape))
+                                         if d != axis):
+        raise ShapeError(f"{what}(mode='elements'): the index picks one element per position, so it has "
+                         f"the box's rank and is no larger than the box off the axis",
+                         expected=f"an index of rank {len(box.shape)} within {box.shape} off axis {axis}",
+                         given=describe(idx), loc=loc)
+    return idx.shape, box.axes
+
+
+def _check_covered(tr: Tracer, box: DramSlice, what: str, loc) -> None:
+    mask = tr.coverage.get(box.tensor.name)
+    if mask is not None and not mask[box.slices].all():
+        raise UninitializedReadError(
+            f"{what} reads {box} before all of it was stored",
+            expected=f"a box of {box.tensor.kind} {box.tensor.name!r} that earlier stores covered",
+            given=f"{int((~mask[box.slices]).sum())} of {mask[box.slices].size} elements never stored",
+            loc=loc, hint="store the data first (outputs and scratch start out uninitialized)")
+
+
+def gather(table, idx, axis=0, mode: str = "rows") -> Tile:
+    tr = current("gather")
+    loc, site = tr.where()
+    box = _as_box(table, "fl.gather", loc)
+    if box.tensor.trace is not tr.trace:
+        raise TraceError("fl.gather from a DRAM tensor of another trace", given=describe(box), loc=loc)
+    t = _index_tiles(tr, idx, "fl.gather", loc)
+    ax = _index_axes(box, t, axis, mode, "fl.gather", loc)
+    shape, axes = _indexed_shape(box, t, ax, mode, "fl.gather", loc)
+    _check_covered(tr, box, "fl.gather", loc)
+    dst = tr.new_tile(shape, box.dtype, axes, SRAM, loc=loc, site=site,
+                      name=tr.assigned_name(site, box.tensor.name.lower()),
+                      origin=f"fl.gather at line {loc.line if loc else '?'}")
+    tr.record(ir.Gather(dst, box, t, ax, mode, tr.pe, loc))
+    return mark_written(dst)
+
+
+def scatter(dst, idx, src, axis=0, reduce=None, mode: str = "rows") -> DMA:
+    tr = current("scatter")
+    loc, _ = tr.where()
+    box = _as_box(dst, "fl.scatter", loc)
+    if box.tensor.kind == "input":
+        raise OutputError(f"fl.scatter into parameter {box.tensor.name!r}: parameters are read-only",
+                          expected="a box of a tensor made with fl.output(...) or fl.scratch(...)",
+                          given=describe(box), loc=loc,
+                          hint="copy the parameter into an output first, then scatter into the output")
+    if reduce not in (None, "add"):
+        raise TraceError("fl.scatter: reduce is None (overwrite; of duplicate indices the last wins) or 'add'",
+                         expected="reduce=None or reduce='add'", given=f"reduce={reduce!r}", loc=loc)
+    t = _index_tiles(tr, idx, "fl.scatter", loc)
+    ax = _index_axes(box, t, axis, mode, "fl.scatter", loc)
+    shape, _ = _indexed_shape(box, t, ax, mode, "fl.scatter", loc)
+    s = operand_tile(tr, src, "fl.scatter", loc, spaces=(SRAM,))
+    if s.shape != tuple(shape):
+        raise ShapeError(f"fl.scatter: the tile does not fit the rows of {box} the index picks",
+                         expected=f"a tile of shape {tuple(shape)}", given=describe(s), loc=loc)
+    if s.dtype != box.dtype:
+        raise DTypeError(f"fl.scatter: DMA copies bytes, so the tile's dtype must be {box.tensor.name}'s",
+                         expected=f"a {box.dtype} tile", given=describe(s), loc=loc,
+                         hint=f"cast it first: {s.name}.astype(fl.{box.dtype})")
+    if reduce == "add":   # the rows it adds onto are read
+        _check_covered(tr, box, "fl.scatter(reduce='add')", loc)
+    op = tr.record(ir.Scatter(box, t, s, ax, mode, reduce, tr.pe, loc))
+    return DMA(tr.trace, op)   # which elements it writes is data: coverage is not marked
+
+
+def transpose(x, perm) -> Tile:
+    tr = current("transpose")
+    loc, site = tr.where()
+    t = operand_tile(tr, x, "fl.transpose", loc, spaces=(SRAM,))
+    try:
+        perm = tuple(_index_axis(t, p, t.ndim, t.axes, "fl.transpose", loc) for p in perm)
+    except TypeError:
+        raise AxisError("fl.transpose: perm is a sequence of axes", given=repr(perm), loc=loc) from None
+    if sorted(perm) != list(range(t.ndim)):
+        raise AxisError(f"fl.transpose: {list(perm)} is not a permutation of the tile's {t.ndim} axes",
+                        expected=f"each of 0..{t.ndim - 1} once", given=f"perm={list(perm)}", loc=loc)
+    out = tr.new_tile(tuple(t.shape[p] for p in perm), t.dtype, tuple(t.axes[p] for p in perm), SRAM,
+                      loc=loc, site=site, name=tr.assigned_name(site, "transpose"),
+                      origin=f"fl.transpose at line {loc.line if loc else '?'}")
+    tr.record(ir.Transpose(out, t, perm, tr.pe, loc))
+    return mark_written(out)
+
+
 def wait(handle) -> None:
     tr = current("wait")
     loc, _ = tr.where()

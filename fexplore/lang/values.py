@@ -136,6 +136,18 @@ class Tile:
 
         return builtins.cast(self, dtype)
 
+    def transpose(self, *perm) -> "Tile":
+        """``t.transpose(1, 0)`` (or a tuple): the tile with its axes permuted, on the transpose engine."""
+        from fexplore.lang import builtins
+
+        return builtins.transpose(self, perm[0] if len(perm) == 1 and isinstance(perm[0], (tuple, list)) else perm)
+
+    permute = transpose
+
+    @property
+    def T(self) -> "Tile":
+        return self.transpose(tuple(reversed(range(self.ndim))))
+
     def sum(self, axis=-1, **kw) -> "Tile":
         return _vec("sum", self, axis=axis, **kw)
 

@@ -10,10 +10,10 @@ Headless: nothing here imports matplotlib or pandas until a view or a table is a
 """
 
 from fexplore.npu.builder import ProgramBuilder
-from fexplore.npu.commands import (ENGINES, Buffer, Command, Contract, DramRef, DramTensor, Load, Store,
-                                   Sync, Vector)
+from fexplore.npu.commands import (ENGINES, Buffer, Command, Contract, DramRef, DramTensor, Gather, Load,
+                                   Scatter, Store, Sync, Transpose, Vector)
 from fexplore.npu.config import PRESETS, NPUConfig, get_target
-from fexplore.npu.errors import ProgramError, SRAMOverflowError
+from fexplore.npu.errors import IndexOutOfRangeError, ProgramError, SRAMOverflowError
 from fexplore.npu.program import Program
 from fexplore.npu.result import Roofline, SimResult
 from fexplore.npu.simulator import simulate
@@ -24,5 +24,6 @@ __all__ = [
     "NPUConfig", "get_target", "PRESETS",
     "ProgramBuilder", "Program", "simulate", "SimResult", "Roofline", "Timeline", "TimelineEvent",
     "Buffer", "DramTensor", "DramRef", "Command", "Load", "Store", "Contract", "Vector", "Sync",
+    "Gather", "Scatter", "Transpose", "IndexOutOfRangeError",
     "ENGINES", "VECTOR_OPS", "ProgramError", "SRAMOverflowError",
 ]

@@ -25,7 +25,7 @@ from numbers import Number
 from fexplore.errors import ConfigError, SourceLoc
 from fexplore.npu import dtypes
 from fexplore.npu.commands import (ENGINES, NO_ENGINE, Buffer, Command, Contract, DramRef, DramTensor,
-                                   Host, Load, Store, Sync, Vector, _squeeze)
+                                   Gather, Host, Load, Scatter, Store, Sync, Transpose, Vector, _squeeze)
 from fexplore.npu.config import NPUConfig, get_target
 from fexplore.npu.errors import ProgramError, SRAMOverflowError
 from fexplore.npu.hazards import HazardTracker
@@ -134,6 +134,46 @@ class ProgramBuilder:
         self._check_buffer(src, loc)
         self._check_transfer(src, ref, loc)
         return self._add(Store(ref, src, loc), deps, dram=(ref, True))
+
+    def gather(self, dst: Buffer, src: DramRef | DramTensor, index, *, axis: int = 0,
+               mode: str = "rows", deps=(), loc=None) -> Gather:
+        """DMA gather: ``dst = take(src, index, axis)`` (rows mode) or ``take_along_axis`` (elements
+        mode), the index read from SRAM buffer `index` when the command runs. `axis` is a dim of
+        `src`'s tensor. A tuple of index buffers picks along that many dims from `axis` on (rows mode).
+        See `commands.Gather`."""
+        loc = self._loc(loc)
+        ref = self._ref(src, loc)
+        index = tuple(index) if isinstance(index, (tuple, list)) else (index,)
+        for buf in (dst, *index):
+            self._check_buffer(buf, loc)
+        self._check_indexed(ref, index, dst, axis, mode, "gather", loc)
+        return self._add(Gather(dst, ref, index, axis, mode, loc), deps, dram=(ref, False))
+
+    def scatter(self, dst: DramRef | DramTensor, index, src: Buffer, *, axis: int = 0,
+                mode: str = "rows", reduce: str | None = None, deps=(), loc=None) -> Scatter:
+        """DMA scatter: the rows (or elements) of `src` into `dst` at `index` along `axis`; reduce
+        "add" accumulates, None overwrites (of duplicate indices, the last one wins)."""
+        loc = self._loc(loc)
+        ref = self._ref(dst, loc)
+        index = tuple(index) if isinstance(index, (tuple, list)) else (index,)
+        for buf in (src, *index):
+            self._check_buffer(buf, loc)
+        if reduce not in (None, "add"):
+            raise ProgramError(f"scatter: reduce must be None or 'add', got {reduce!r}", loc=loc)
+        self._check_indexed(ref, index, src, axis, mode, "scatter", loc)
+        return self._add(Scatter(ref, index, src, axis, mode, reduce, loc), deps, dram=(ref, True))
+
+    def transpose(self, out: Buffer, src: Buffer, perm, *, deps=(), loc=None) -> Transpose:
+        """Transpose engine: ``out = src.transpose(perm)``, both buffers on one PE."""
+        loc = self._loc(loc)
+        for buf in (out, src):
+            self._check_buffer(buf, loc)
+        perm = tuple(int(p) for p in perm)
+        if sorted(perm) != list(range(len(src.shape))):
+            raise ProgramError(f"transpose: {list(perm)} is not a permutation of {src!r}'s axes", loc=loc)
+        if out.pe != src.pe or out.dtype != src.dtype or out.shape != tuple(src.shape[p] for p in perm):
+            raise ProgramError(f"transpose: {out!r} is not {src!r} permuted by {list(perm)} on its PE", loc=loc)
+        return self._add(Transpose(out, src, perm, loc), deps)
 
     def contract(self, out: Buffer, spec: str, a: Buffer, b: Buffer, *, accumulate: bool = False,
                  deps=(), loc=None) -> Contract:
@@ -293,6 +333,34 @@ class ProgramBuilder:
         if not isinstance(buf, Buffer) or buf.id >= len(self._buffers) or self._buffers[buf.id] is not buf:
             raise ProgramError(f"{buf!r} is not an SRAM buffer of this program", loc=loc,
                                hint="allocate it with builder.alloc(name, shape, dtype, pe=...)")
+
+    @staticmethod
+    def _check_indexed(ref: DramRef, indices: tuple, buf: Buffer, axis: int, mode: str, what: str, loc) -> None:
+        index = indices[0]
+        for ix in indices:
+            if ix.pe != buf.pe:
+                raise ProgramError(f"{what}: index {ix!r} and data {buf!r} are on different PEs", loc=loc)
+            if ix.dtype not in ("i32", "i64"):
+                raise ProgramError(f"{what}: the index buffer {ix!r} must hold i32 or i64", loc=loc)
+            if ix.shape != index.shape:
+                raise ProgramError(f"{what}: index buffers {indices} differ in shape", loc=loc)
+        if buf.dtype != ref.tensor.dtype:
+            raise ProgramError(f"{what}: {ref} is {ref.tensor.dtype}, {buf!r} is not", loc=loc)
+        k = len(indices)
+        if not 0 <= axis <= len(ref.shape) - k or (k > 1 and mode != "rows"):
+            raise ProgramError(f"{what}: {k} index buffer(s) from axis {axis} do not fit {ref} ({mode})", loc=loc)
+        if mode == "rows":
+            want = ref.shape[:axis] + index.shape + ref.shape[axis + k:]
+            if _squeeze(buf.shape) != _squeeze(want):
+                raise ProgramError(f"{what}: {buf!r} does not hold the rows of {ref} picked by {index!r}",
+                                   loc=loc)
+        elif mode == "elements":
+            if index.shape != buf.shape or len(index.shape) != len(ref.shape) or any(
+                    i > n for d, (i, n) in enumerate(zip(index.shape, ref.shape)) if d != axis):
+                raise ProgramError(f"{what}: the index {index!r} and {buf!r} must have one shape, of {ref}'s "
+                                   f"rank, no larger off the axis", loc=loc)
+        else:
+            raise ProgramError(f"{what}: mode must be 'rows' or 'elements', got {mode!r}", loc=loc)
 
     @staticmethod
     def _check_transfer(buf: Buffer, ref: DramRef, loc) -> None:

@@ -8,6 +8,9 @@ Commands, one engine each (per PE: DMA, tensor, vector):
   Store     DMA     SRAM buffer -> DRAM box
   Contract  tensor  einsum of two SRAM buffers, f32 accumulation, into (or accumulating onto) a buffer
   Vector    vector  an op from `vector_ops.VECTOR_OPS` over buffers and scalars
+  Gather    DMA     rows (or elements) of a DRAM box picked by an index buffer's values -> SRAM buffer
+  Scatter   DMA     SRAM buffer -> rows (or elements) of a DRAM box at an index buffer's values
+  Transpose vector  an SRAM buffer relaid out with a permutation of its axes (the transpose engine)
   Host      DMA     an op the chip cannot run: its operands go to the host over the host link, the
                     host computes it, the result comes back (a whole program's explicit host ops)
   Sync      none    a join point: done when its dependencies are; costs nothing
@@ -323,6 +326,108 @@ class Vector(Command):
         args = ", ".join(x.name if isinstance(x, Buffer) else repr(x) for x in self.operands)
         red = f", axis={self.axis}" if self.op.kind == "reduction" else ""
         return f"{self.out.name} = {self.op.name}({args}{red})"
+
+    def _text(self) -> str:
+        return self._args()
+
+
+class _Indexed(Command):
+    """Shared by Gather and Scatter: a DMA whose DRAM addresses come from an index buffer's values.
+
+    ``mode="rows"``: index value v picks the slab ``box[..., v, ...]`` along `axis` (a dim of the box's
+    tensor), so the SRAM side has shape ``box[:axis] + index.shape + box[axis+1:]`` (np.take). With k
+    index buffers of one shape (`index` is always a tuple), they pick along the k dims from `axis` on
+    together, ``box[..., i0, i1, ...]`` (numpy's adjacent advanced indexing).
+    ``mode="elements"``: the index has the box's rank and picks one element per position along
+    `axis` (np.take_along_axis / torch.gather); the SRAM side has the index's shape.
+    Index values in [-n, n) are valid (negative ones count from the end of the axis, n its extent in
+    the box); anything else is an error when the command runs. The DRAM box is the whole region the
+    command may touch, which is what hazards track (the rows themselves are known only at run time).
+    """
+
+    __slots__ = ()
+
+    @property
+    def rows(self) -> int:
+        """Separate transfers: one per index value (rows mode) or per element (elements mode)."""
+        return self.index[0].size if self.mode == "rows" else self.buffer.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes
+
+
+class Gather(_Indexed):
+    __slots__ = ("src", "index", "dst", "axis", "mode")
+    kind = "gather"
+
+    def __init__(self, dst: Buffer, src: DramRef, index: tuple[Buffer, ...], axis: int, mode: str = "rows",
+                 loc=None):
+        self._init(dst.pe, DMA, index, (dst,), loc)
+        self.src, self.index, self.dst, self.axis, self.mode = src, index, dst, axis, mode
+
+    @property
+    def ref(self) -> DramRef:
+        return self.src
+
+    @property
+    def buffer(self) -> Buffer:
+        return self.dst
+
+    @property
+    def name(self) -> str:
+        return f"gather {self.src.tensor.name}"
+
+    def _args(self) -> str:
+        el = ", elements" if self.mode == "elements" else ""
+        return f"{self.src}[{_names(self.index)}, axis={self.axis}{el}] -> {self.dst.name}"
+
+
+class Scatter(_Indexed):
+    __slots__ = ("dst", "index", "src", "axis", "mode", "reduce")
+    kind = "scatter"
+
+    def __init__(self, dst: DramRef, index: tuple[Buffer, ...], src: Buffer, axis: int, mode: str = "rows",
+                 reduce: str | None = None, loc=None):
+        self._init(src.pe, DMA, (*index, src), (), loc)
+        self.dst, self.index, self.src, self.axis, self.mode, self.reduce = dst, index, src, axis, mode, reduce
+
+    @property
+    def ref(self) -> DramRef:
+        return self.dst
+
+    @property
+    def buffer(self) -> Buffer:
+        return self.src
+
+    @property
+    def name(self) -> str:
+        return f"scatter {self.dst.tensor.name}"
+
+    def _args(self) -> str:
+        el = ", elements" if self.mode == "elements" else ""
+        op = "+=" if self.reduce == "add" else "<-"
+        return f"{self.dst}[{_names(self.index)}, axis={self.axis}{el}] {op} {self.src.name}"
+
+
+def _names(bufs) -> str:
+    return ", ".join(b.name for b in bufs)
+
+
+class Transpose(Command):
+    """``out = src.transpose(perm)`` on the PE's transpose engine, modeled on the vector unit's
+    queue (see `NPUConfig.transpose_elements_per_cycle`)."""
+
+    __slots__ = ("src", "out", "perm", "elements")
+    kind = "transpose"
+
+    def __init__(self, out: Buffer, src: Buffer, perm: tuple[int, ...], loc=None):
+        self._init(out.pe, VECTOR, (src,), (out,), loc)
+        self.src, self.out, self.perm = src, out, tuple(perm)
+        self.elements = src.size
+
+    def _args(self) -> str:
+        return f"{self.out.name} = transpose({self.src.name}, {list(self.perm)})"
 
     def _text(self) -> str:
         return self._args()

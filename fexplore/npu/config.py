@@ -55,6 +55,10 @@ class NPUConfig:
     vector_lanes: int = 256
     vector_latency_cycles: int = 16
 
+    # Transpose engine: elements relaid out per cycle per PE. Modeled on the vector unit's queue
+    # (the engine shares the slice's vector datapath in this model), plus `vector_latency_cycles`.
+    transpose_elements_per_cycle: int = 128
+
     # Memories and data movement.
     sram_bytes_per_pe: int = 32 * MiB
     sram_alignment_bytes: int = 64
@@ -87,7 +91,8 @@ class NPUConfig:
 
     # ---- validation -----------------------------------------------------------------------
     def _validate(self) -> None:
-        positive_ints = ("num_pes", "slices_per_pe", "vector_lanes", "sram_bytes_per_pe",
+        positive_ints = ("num_pes", "slices_per_pe", "vector_lanes", "transpose_elements_per_cycle",
+                         "sram_bytes_per_pe",
                          "sram_alignment_bytes", "dram_bytes", "dram_min_transfer_bytes")
         for name in positive_ints:
             v = getattr(self, name)
@@ -183,6 +188,9 @@ SOURCES = {
     "vector_lanes": "[ASSUMPTION] 4 f32 elements/cycle per slice x 64 slices (DESIGN.md); "
                     "the rate is not in the public sources we cite",
     "vector_latency_cycles": "[ASSUMPTION] fixed latency per vector command",
+    "transpose_elements_per_cycle": "[HC2024] a transpose engine per slice; its rate is an [ASSUMPTION]: "
+                                    "2 elements/cycle per slice x 64 slices, run on the vector "
+                                    "unit's queue (one relayout at a time per PE)",
     "sram_bytes_per_pe": "[HC2024] 256 MB per chip = 32 MB per PE (512 KB per slice)",
     "sram_alignment_bytes": "[ASSUMPTION] allocation granularity of the SRAM allocator",
     "dram_bytes": "[HC2024] 48 GB HBM3",
@@ -208,6 +216,7 @@ RNGD = NPUConfig(
     tensor_latency_cycles=32,          # [ASSUMPTION]
     vector_lanes=256,                  # [ASSUMPTION] 4 f32/cycle/slice x 64 (DESIGN.md)
     vector_latency_cycles=16,          # [ASSUMPTION]
+    transpose_elements_per_cycle=128,  # [HC2024] engine exists; rate [ASSUMPTION]
     sram_bytes_per_pe=32 * MiB,        # [HC2024] 256 MB / 8 PEs
     sram_alignment_bytes=64,           # [ASSUMPTION]
     dram_bytes=48 * 10**9,             # [HC2024] 48 GB HBM3
@@ -232,6 +241,7 @@ TINY = NPUConfig(
     tensor_latency_cycles=4,
     vector_lanes=16,
     vector_latency_cycles=2,
+    transpose_elements_per_cycle=8,
     sram_bytes_per_pe=64 * KiB,
     sram_alignment_bytes=64,
     dram_bytes=64 * MiB,

@@ -8,6 +8,10 @@
             padded to the unit's native tile (tm, tn, tk) for its dtype (tile quantization), so
             a 100x100x100 matmul costs what a 128x112x112 one does on rngd.
   vector    ceil(elements x passes / lanes) + latency, elements being the largest operand.
+  gather /  one start-up for the command, then one transfer per index value (a row) or per element,
+  scatter   each rounded up to the minimum transfer like any contiguous run; a scatter with
+            reduce="add" reads and writes every row ([ASSUMPTION] a read-modify-write: 2x bytes).
+  transpose ceil(elements / transpose_elements_per_cycle) + the vector latency, on the vector queue.
   host      start-up + (operand + result bytes) / host link + flops / host rate (`host_cycles`).
 """
 
@@ -16,7 +20,7 @@ from __future__ import annotations
 import math
 
 from fexplore.npu import dtypes
-from fexplore.npu.commands import Contract, DramRef, Vector
+from fexplore.npu.commands import Contract, DramRef, Transpose, Vector, _Indexed
 from fexplore.npu.config import NPUConfig
 
 
@@ -26,6 +30,27 @@ def dma_moved_bytes(ref: DramRef, cfg: NPUConfig) -> int:
     run_bytes = run_elems * dtypes.itemsize(ref.tensor.dtype)
     line = cfg.dram_min_transfer_bytes
     return (ref.size // run_elems) * (-(-run_bytes // line)) * line
+
+
+def indexed_moved_bytes(cmd: _Indexed, cfg: NPUConfig) -> int:
+    """Bytes a gather or scatter really moves: each row (or element) its own transfer, rounded up."""
+    ref = cmd.ref
+    if cmd.mode == "rows":
+        picked = range(cmd.axis, cmd.axis + len(cmd.index))
+        shape = tuple(1 if d in picked else n for d, n in enumerate(ref.shape))
+        per = dma_moved_bytes(DramRef(ref.tensor, ref.offsets, shape), cfg)
+    else:
+        line = cfg.dram_min_transfer_bytes
+        per = -(-dtypes.itemsize(ref.tensor.dtype) // line) * line
+    rmw = 2 if getattr(cmd, "reduce", None) == "add" else 1   # a Gather has no reduce
+    return cmd.rows * per * rmw
+
+
+def dma_command_bytes(cmd, cfg: NPUConfig) -> int:
+    """Moved bytes of any DMA command (a box load/store, a gather or a scatter)."""
+    if isinstance(cmd, _Indexed):
+        return indexed_moved_bytes(cmd, cfg)
+    return dma_moved_bytes(cmd.ref, cfg)
 
 
 def host_cycles(cmd, cfg: NPUConfig) -> float:
@@ -62,3 +87,7 @@ def contract_cycles(cmd: Contract, cfg: NPUConfig) -> int:
 
 def vector_cycles(cmd: Vector, cfg: NPUConfig) -> int:
     return math.ceil(cmd.elements * cmd.op.passes / cfg.vector_lanes) + cfg.vector_latency_cycles
+
+
+def transpose_cycles(cmd: Transpose, cfg: NPUConfig) -> int:
+    return math.ceil(cmd.elements / cfg.transpose_elements_per_cycle) + cfg.vector_latency_cycles

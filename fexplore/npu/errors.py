@@ -21,3 +21,9 @@ class ProgramError(FexploreError):
     """A command program is malformed: wrong PE, shape or dtype mismatch, unknown op, bad einsum."""
 
     code = "FX501"
+
+
+class IndexOutOfRangeError(FexploreError):
+    """A gather or scatter met an index value outside its DRAM box when it ran (functional mode)."""
+
+    code = "FX502"

@@ -13,7 +13,8 @@ import numpy as np
 
 from fexplore.errors import InputError
 from fexplore.npu import dtypes
-from fexplore.npu.commands import Buffer, Contract, Host, Load, Store, Vector
+from fexplore.npu.commands import Buffer, Contract, Gather, Host, Load, Scatter, Store, Transpose, Vector
+from fexplore.npu.errors import IndexOutOfRangeError
 from fexplore.npu.program import Program
 from fexplore.npu.vector_ops import apply
 
@@ -79,6 +80,14 @@ def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
             if c.accumulate:
                 res = out.astype(acc_t) + res
             out[...] = res
+        elif isinstance(c, Gather):
+            buf(c.dst)[...] = gather_rows(dram[c.src.tensor.name][c.src.slices], tuple(buf(i) for i in c.index), c.axis, c.mode,
+                                          what=c.name, loc=c.loc).reshape(c.dst.shape)
+        elif isinstance(c, Scatter):
+            scatter_rows(dram[c.dst.tensor.name][c.dst.slices], tuple(buf(i) for i in c.index), buf(c.src), c.axis, c.mode,
+                         c.reduce, what=c.name, loc=c.loc)
+        elif isinstance(c, Transpose):
+            buf(c.out)[...] = np.transpose(buf(c.src), c.perm)
         elif isinstance(c, Vector):
             args = [buf(x) if isinstance(x, Buffer) else x for x in c.operands]
             res = apply(c.op, args, c.axis, c.keepdims)
@@ -89,3 +98,68 @@ def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
             for r, y in zip(c.dst, got):
                 dram[r.tensor.name][r.slices] = np.asarray(y).reshape(r.shape)
     return dram
+
+
+# ---- indexed DMA: one meaning, shared with the kernel-language interpreter ----------------------------
+def checked_index(index: np.ndarray, n: int, what, loc=None) -> np.ndarray:
+    """Index values as int64 in [0, n): negative ones count from the end; anything outside [-n, n)
+    raises `IndexOutOfRangeError` (`what` names the command or op, for the message)."""
+    idx = np.asarray(index).astype(np.int64)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise IndexOutOfRangeError(
+            f"{what}: index value {int(idx[first])} at position {list(first)} is outside [-{n}, {n})",
+            loc=loc, hint="indices pick rows of the DRAM box; check the index data (torch raises here too)")
+    return np.where(idx < 0, idx + n, idx)
+
+
+def _key(box: np.ndarray, indices, axis: int, what, loc) -> tuple:
+    """The numpy index of the rows `indices` (a tuple, one per dim from `axis` on) pick."""
+    idxs = tuple(checked_index(ix, box.shape[axis + j], what, loc) for j, ix in enumerate(indices))
+    return (slice(None),) * axis + idxs
+
+
+def gather_rows(box: np.ndarray, indices, axis: int, mode: str, *, what, loc=None) -> np.ndarray:
+    indices = tuple(indices) if isinstance(indices, (tuple, list)) else (indices,)
+    if mode == "rows":
+        return box[_key(box, indices, axis, what, loc)]
+    idx = checked_index(indices[0], box.shape[axis], what, loc)
+    box = box[tuple(slice(None) if d == axis else slice(0, k) for d, k in enumerate(idx.shape))]
+    return np.take_along_axis(box, idx, axis=axis)
+
+
+def scatter_rows(box: np.ndarray, indices, src: np.ndarray, axis: int, mode: str, reduce, *, what,
+                 loc=None) -> None:
+    """Write `src` into `box` (a view of DRAM) in place. reduce=None: of duplicate indices the last
+    write wins (the DMA writes in index order); "add": accumulates, in f32 for float data, rounded
+    once to the tensor's dtype."""
+    indices = tuple(indices) if isinstance(indices, (tuple, list)) else (indices,)
+    k = len(indices)
+    if mode == "rows":
+        key = _key(box, indices, axis, what, loc)
+        shape = np.shape(indices[0])
+        src = np.asarray(src).reshape(box.shape[:axis] + shape + box.shape[axis + k:])
+    else:
+        idx = checked_index(indices[0], box.shape[axis], what, loc)
+        grids = list(np.indices(idx.shape, sparse=True))
+        grids[axis] = idx
+        key = tuple(grids)
+        src = np.asarray(src).reshape(idx.shape)
+    if reduce is None:
+        if mode == "rows":   # numpy's fancy assignment is last-wins only in practice: make it explicit
+            flat = [i.reshape(-1) for i in key[axis:]]
+            lin = np.ravel_multi_index(flat, box.shape[axis:axis + k])
+            order = np.arange(lin.size)
+            last = np.full(int(np.prod(box.shape[axis:axis + k])), -1, dtype=np.int64)
+            np.maximum.at(last, lin, order)
+            keep = last[lin] == order
+            s = np.moveaxis(src.reshape(box.shape[:axis] + (lin.size,) + box.shape[axis + k:]), axis, 0)
+            np.moveaxis(box, tuple(range(axis, axis + k)), tuple(range(k)))[tuple(f[keep] for f in flat)] = s[keep]
+        else:
+            box[key] = src
+        return
+    acc_t = np.float32 if dtypes.is_float(dtypes.dtype_name(box.dtype)) else np.int64
+    acc = box.astype(acc_t)
+    np.add.at(acc, key, src.astype(acc_t))
+    box[...] = acc

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import Counter
 
 from fexplore.npu import cost
-from fexplore.npu.commands import (DMA, ENGINES, NO_ENGINE, Buffer, Command, Contract, DramTensor,
-                                   Host, Load, Store, Vector)
+from fexplore.npu.commands import (DMA, ENGINES, NO_ENGINE, Buffer, Command, Contract, DramTensor, Gather,
+                                   Host, Load, Scatter, Store, Transpose, Vector)
 from fexplore.npu.config import NPUConfig
 from fexplore.npu.sram import Allocation
 
@@ -61,9 +61,11 @@ class Program:
                 self.duration[i] = cost.onchip_copy_cycles(c.ref, cfg)
             elif c.engine == DMA:
                 self.duration[i] = cfg.dma_startup_cycles
-                self.moved_bytes[i] = cost.dma_moved_bytes(c.ref, cfg)
+                self.moved_bytes[i] = cost.dma_command_bytes(c, cfg)
             elif isinstance(c, Contract):
                 self.duration[i] = cost.contract_cycles(c, cfg)
+            elif isinstance(c, Transpose):
+                self.duration[i] = cost.transpose_cycles(c, cfg)
             else:
                 self.duration[i] = cost.vector_cycles(c, cfg)
         self.num_deps = [len(c.deps) for c in self.commands]
@@ -96,8 +98,14 @@ class Program:
         """Each DRAM tensor the program reads, read once; each it writes, written once."""
         read = {c.src.tensor.storage for c in self.commands if isinstance(c, Load) and not c.src.tensor.resident}
         written = {c.dst.tensor.storage for c in self.commands
-                   if isinstance(c, Store) and not c.dst.tensor.resident}
-        return sum(self.tensors[n].nbytes for n in read) + sum(self.tensors[n].nbytes for n in written)
+                   if isinstance(c, (Store, Scatter)) and not c.dst.tensor.resident}
+        gathered: dict[str, int] = {}   # a gather reads only the rows it picks (an embedding table)
+        for c in self.commands:
+            t = c.src.tensor if isinstance(c, Gather) else None
+            if t is not None and not t.resident and t.storage not in read:
+                gathered[t.storage] = gathered.get(t.storage, 0) + c.nbytes
+        return sum(self.tensors[n].nbytes for n in read) + sum(self.tensors[n].nbytes for n in written) + \
+            sum(min(b, self.tensors[n].nbytes) for n, b in gathered.items())
 
     def stats(self) -> dict:
         kinds = Counter(c.kind for c in self.commands)

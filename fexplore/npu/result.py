@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-from fexplore.npu.commands import ENGINES, Load, Store
+from fexplore.npu.commands import ENGINES, Gather, Load, Scatter, Store
 from fexplore.npu.program import Program
 from fexplore.npu.simulator import TimingTrace
 
@@ -116,12 +116,12 @@ class SimResult:
     def dram_bytes_read(self) -> int:
         """Bytes loaded from DRAM, after rounding each contiguous run up to the minimum transfer."""
         moved = self.program.moved_bytes
-        return sum(moved[c.id] for c in self.program.commands if isinstance(c, Load))
+        return sum(moved[c.id] for c in self.program.commands if isinstance(c, (Load, Gather)))
 
     @cached_property
     def dram_bytes_written(self) -> int:
         moved = self.program.moved_bytes
-        return sum(moved[c.id] for c in self.program.commands if isinstance(c, Store))
+        return sum(moved[c.id] for c in self.program.commands if isinstance(c, (Store, Scatter)))
 
     @property
     def dram_bytes(self) -> int:

@@ -15,6 +15,8 @@ A kernel is composed from parts, chosen by what the region holds, never by a who
     conv.py         conv2d, any stride / padding / dilation, several per region, with an epilogue
     attention.py    streaming (flash) attention: the attention op or written out, masks, causal,
                     grouped-query heads, q and k computed in the region (rotary), a KV cache
+    gather.py       embedding, index, gather, index_put, scatter: DMA gathers and scatters
+    permute.py      permute: box copies, or tiles turned on the transpose engine
     vector.py       the vector-unit lines of one IR node, which all of the above write with
     views.py        views of a region input as index maps: a view is read as a box, never copied
     domain.py       the iteration space, leading axes merged when every operand allows it
@@ -34,7 +36,9 @@ from .attention import generate_attention
 from .contraction import CONTRACTIONS, generate_contraction
 from .conv import generate_conv
 from .errors import UnsupportedRegionError
+from .gather import GATHERS, generate_gather
 from .generated import GeneratedKernel, Param, Result
+from .permute import generate_permute
 from .rowwise import generate_vector
 from .vector import check_table
 
@@ -45,6 +49,10 @@ _NOT_YET = {"embedding": "gather", "gather": "gather", "index": "gather", "permu
 def generate(node: Node, target="rngd") -> GeneratedKernel:
     """The kernel for `node` on `target` (a preset name or an NPUConfig)."""
     cfg = get_target(target)
+    if node.op.name in GATHERS:      # plain ops; inside a region they are still host work (below)
+        return generate_gather(node, cfg)
+    if node.op.name == "permute":
+        return generate_permute(node, cfg)
     body = body_of(node)
     contraction = any(n.op.name in CONTRACTIONS for n in body.nodes)
     if _is_attention(body):

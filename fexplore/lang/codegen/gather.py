@@ -1,0 +1,330 @@
+"""The gather part: ops that read or write rows picked by an index tensor, as DMA gathers and
+scatters (`fl.gather`, `fl.scatter`) -- the rows move between DRAM and SRAM once, never the table.
+
+    embedding(w, idx)                 rows of w           -> a row gather
+    index(x, idx, axes=(a,))          x[..., idx, ...]    -> a row gather along axis a (several
+                                                             adjacent index tensors of one shape too)
+    gather(x, idx, axis)              torch.gather        -> an element gather (one per index)
+    index_put(x, v, idx, axes=(a,))   x[..., idx, ...] = v (or +=)  -> copy x, then a row scatter
+    scatter(x, idx, src, axis)        torch.scatter(_add) -> copy x, then an element scatter
+
+A row gather views the table as (P, A, R): the axes before the indexed one merged into P, the
+indexed axis A, the axes after it merged into R (free views of the row-major array), and the index
+as N values. Blocks of (p, index rows, columns) go round-robin to the PEs, double buffered. Index
+values in [-A, A) are valid (negative from the end, as torch's indexing); others fail when the
+kernel runs, as torch does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fexplore.ir import Node
+
+from .common import Inputs, Signature, body_of, header, kernel_name, region_label
+from .errors import UnsupportedRegionError
+from .generated import GeneratedKernel, Result
+from .source import Names, Writer, fl_dtype, scalar_constant
+
+STAGES = 2
+GATHERS = ("embedding", "index", "gather", "index_put", "scatter")
+MAX_ITERATIONS = 8192   # loops unroll at trace time: beyond this the kernel is too big to trace
+
+
+def generate_gather(node: Node, cfg) -> GeneratedKernel:
+    op = node.op.name
+    label = region_label(node)
+    for v in list(node.inputs) + list(node.outputs):
+        if any(not isinstance(d, int) for d in v.type.shape):
+            raise UnsupportedRegionError(op, label, "symbolic sizes (specialize the shapes first)", loc=node.loc)
+    if op == "embedding":
+        return _rows(node, cfg, table=0, index=(1,), axes=(0,), values=None)
+    if op == "index":
+        axes = tuple(node.attrs["axes"])
+        return _rows(node, cfg, table=0, index=tuple(range(1, 1 + len(axes))), axes=axes, values=None)
+    if op == "index_put":
+        axes = tuple(node.attrs["axes"])
+        return _rows(node, cfg, table=0, index=tuple(range(2, 2 + len(axes))), axes=axes, values=1,
+                     reduce="add" if node.attrs["accumulate"] else None)
+    if op == "gather":
+        return _elements(node, cfg, table=0, index=1, values=None)
+    if op == "scatter":
+        reduce = node.attrs["reduce"]
+        if reduce not in ("none", "add") or (reduce == "add" and not node.attrs["include_self"]):
+            raise UnsupportedRegionError(op, label, f"reduce={reduce!r} (none and add are written)", loc=node.loc)
+        return _elements(node, cfg, table=0, index=1, values=2, reduce=None if reduce == "none" else "add")
+    raise UnsupportedRegionError(op, label, "not a gather or scatter op", loc=node.loc)
+
+
+# ---- rows: embedding, index, index_put ---------------------------------------------------------------
+def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int | None, reduce=None):
+    op, label = node.op.name, region_label(node)
+    x, idxs = node.inputs[table], [node.inputs[i] for i in index]
+    shape = tuple(x.type.shape)
+    if not shape:
+        raise UnsupportedRegionError(op, label, "a 0-d table", loc=node.loc)
+    axes = tuple(a % len(shape) for a in axes)
+    k = len(axes)
+    if axes != tuple(range(axes[0], axes[0] + k)):
+        raise UnsupportedRegionError(op, label, f"index tensors on axes {list(axes)} that are not adjacent "
+                                                "(the result's axes move to the front)", loc=node.loc)
+    if len({tuple(v.type.shape) for v in idxs}) != 1:
+        if values is not None:
+            raise UnsupportedRegionError(op, label, "index tensors of different shapes (broadcast)", loc=node.loc)
+        return _rows_broadcast(node, cfg, x, idxs, axes)
+    axis = axes[0]
+    P, R = math.prod(shape[:axis]), math.prod(shape[axis + k:])
+    A = shape[axis:axis + k]
+    N = max(1, math.prod(idxs[0].type.shape))
+    if values is not None:
+        v = node.inputs[values]
+        if math.prod(v.type.shape) != P * N * R:
+            raise UnsupportedRegionError(op, label, f"values {v.type} broadcast to the indexed rows "
+                                                    "(values of the indexed shape are written)", loc=node.loc)
+    item = x.type.dtype.itemsize
+    rows, cols = _row_tiles(cfg, N if values is None else max(N, A[-1]), R, item, P, k)
+    iterations = P * math.ceil(N / rows) * math.ceil(R / cols)
+    if values is not None:
+        iterations += P * math.prod(A[:-1]) * math.ceil(A[-1] / rows) * math.ceil(R / cols)
+    if iterations > MAX_ITERATIONS:
+        raise UnsupportedRegionError(op, label, f"{iterations:,} blocks (more than {MAX_ITERATIONS:,} to unroll)",
+                                     loc=node.loc)
+
+    body = body_of(node)
+    inputs = Inputs.of(node, body)
+    anames = ["A"] if k == 1 else [f"A{j}" for j in range(k)]
+    ivars = ["i"] if k == 1 else [f"i{j}" for j in range(k)]
+    names = Names({"rows", "cols", "stages", "p", "ns", "rs", "As", "picked", "vals", "P", "N", "R", "OUT",
+                   *anames, *ivars, *(a.lower() for a in anames)})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    sig = Signature(names, inputs)
+    lead = P > 1
+    tab_spec = (['"P"'] if lead else []) + [f'"{a}"' for a in anames] + ['"R"']
+    tname = sig.add(x, ((P,) if lead else ()) + A + (R,), tab_spec)
+    if values is not None:
+        vname = sig.add(node.inputs[values], ((P,) if lead else ()) + (N, R), (['"P"'] if lead else []) + ['"N"', '"R"'])
+    inames = [sig.add(v, (N,), ['"N"']) for v in idxs]
+
+    w = Writer()
+    what = "scatter" if values is not None else "gather"
+    header(w, node, body, f"{what} (DMA)", sig.header, {})
+    picks = " and ".join(inames)
+    if values is not None:
+        w(f"# the output starts as a copy of {tname}; the rows {picks} pick are then "
+          + ("added onto" if reduce == "add" else "overwritten (of repeated indices the last one wins)"))
+    w(f'@fl.kernel(target="{cfg.name}")')
+    w(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}, cols: int = {cols}, "
+      f"stages: int = {STAGES}):")
+    pre = "p, " if lead else ""
+    grid = "P, " if lead else ""
+    whole = ", ".join(":" for _ in range(k))
+    idx_expr = ivars[0] if k == 1 else f"({', '.join(ivars)})"
+    with w.indent():
+        w(f"{pre.upper()}{', '.join(anames)}, R = {tname}.shape")
+        w(f"(N,) = {inames[0]}.shape")
+        dt = fl_dtype(x.type.dtype)
+        if values is None:
+            out_spec = (['"P"'] if lead else []) + ['"N"', '"R"']
+            w(f"OUT = fl.output({dt}[{', '.join(out_spec)}])")
+        else:
+            w(f"OUT = fl.output({dt}[{', '.join(tab_spec)}])")
+            outer = [a.lower() for a in anames[:-1]]
+            w(f"for {pre}{''.join(o + ', ' for o in outer)}As, rs in fl.parallel({grid}"
+              f"{''.join(a + ', ' for a in anames[:-1])}fl.tiles({anames[-1]}, rows), fl.tiles(R, cols), "
+              f"stages=stages):")
+            with w.indent():
+                box = f"{pre}{''.join(o + ', ' for o in outer)}As, rs"
+                w(f"fl.store(OUT[{box}], fl.load({tname}[{box}]))   # the copy")
+        w(f"for {pre}ns, rs in fl.parallel({grid}fl.tiles(N, rows), fl.tiles(R, cols), stages=stages):")
+        with w.indent():
+            for iv, iname in zip(ivars, inames):
+                w(f"{iv} = fl.load({iname}[ns])")
+            if values is None:
+                w(f"picked = fl.gather({tname}[{pre}{whole}, rs], {idx_expr})   # the rows picked, straight "
+                  "from DRAM")
+                w(f"fl.store(OUT[{pre}ns, rs], picked)")
+            else:
+                w(f"vals = fl.load({vname}[{pre}ns, rs])")
+                red = ', reduce="add"' if reduce == "add" else ""
+                w(f"fl.scatter(OUT[{pre}{whole}, rs], {idx_expr}, vals{red})")
+        w("return OUT")
+    results = (Result(0, tuple(node.outputs[0].type.shape)),)
+    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,))
+
+
+def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple) -> GeneratedKernel:
+    """Index tensors of different shapes that broadcast together (``mask[b[:, None], t[None, :]]``):
+    each is loaded whole and broadcast on the vector unit to the common shape (exact for index
+    values below 2**24, as the unit computes in f32), then one gather per block of columns."""
+    op, label = node.op.name, region_label(node)
+    shape = tuple(x.type.shape)
+    try:
+        bshape = tuple(int(d) for d in np.broadcast_shapes(*(tuple(v.type.shape) for v in idxs)))
+    except ValueError:
+        raise UnsupportedRegionError(op, label, "index tensors that do not broadcast", loc=node.loc) from None
+    k, axis = len(axes), axes[0]
+    P, R = math.prod(shape[:axis]), math.prod(shape[axis + k:])
+    A = shape[axis:axis + k]
+    N = max(1, math.prod(bshape))
+    item = x.type.dtype.itemsize
+    budget = cfg.sram_bytes_per_pe // 4
+    if max(A) >= 1 << 24 or STAGES * N * (8 * (2 * k) + item) > budget:
+        raise UnsupportedRegionError(op, label, f"a broadcast index of {N:,} rows that does not fit a quarter of "
+                                                f"a PE's SRAM on {cfg.name}", loc=node.loc)
+    cols = R
+    while cols > 1 and STAGES * N * (cols * item + 16 * k) > budget:
+        cols = -(-cols // 2)
+    if P * math.ceil(R / cols) > MAX_ITERATIONS:
+        raise UnsupportedRegionError(op, label, f"more than {MAX_ITERATIONS:,} blocks to unroll", loc=node.loc)
+    bs = bshape or (1,)
+
+    body = body_of(node)
+    names = Names({"cols", "stages", "p", "rs", "picked", "P", "R", "OUT", *(f"A{j}" for j in range(k)),
+                   *(f"i{j}" for j in range(k))})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    sig = Signature(names, Inputs.of(node, body))
+    lead = P > 1
+    anames = [f"A{j}" for j in range(k)]
+    tname = sig.add(x, ((P,) if lead else ()) + A + (R,),
+                    (['"P"'] if lead else []) + [f'"{a}"' for a in anames] + ['"R"'])
+    inames = []
+    for v in idxs:   # each index right-aligned into the broadcast rank: a free view
+        own = (1,) * (len(bs) - len(v.type.shape)) + tuple(v.type.shape)
+        inames.append(sig.add(v, own, [str(d) for d in own]))
+
+    w = Writer()
+    header(w, node, body, "gather (DMA)", sig.header, {})
+    w(f"# the index tensors broadcast to {list(bs)}; each is broadcast on the vector unit, then gathered")
+    w(f'@fl.kernel(target="{cfg.name}")')
+    w(f"def {fname}({', '.join(sig.annotations)}, *, cols: int = {cols}, stages: int = {STAGES}):")
+    pre, grid = ("p, ", "P, ") if lead else ("", "")
+    with w.indent():
+        w(f"{pre.upper()}{', '.join(anames)}, R = {tname}.shape")
+        dims = ", ".join(str(d) for d in bs) + ("," if len(bs) == 1 else "")
+        lead_axis = '"P", ' if lead else ""
+        w(f'OUT = fl.output({fl_dtype(x.type.dtype)}[{lead_axis}{dims}, "R"])')
+        w(f"for {pre}rs in fl.parallel({grid}fl.tiles(R, cols), stages=stages):")
+        with w.indent():
+            for j, iname in enumerate(inames):
+                w(f"i{j} = fl.broadcast_to(fl.load({iname}), ({dims}))")
+            idx = ", ".join(f"i{j}" for j in range(k)) + ("," if k == 1 else "")
+            whole = ", ".join(":" for _ in range(k))
+            w(f"picked = fl.gather({tname}[{pre}{whole}, rs], ({idx}))")
+            w(f"fl.store(OUT[{pre}{', '.join(':' for _ in bs)}, rs], picked)")
+        w("return OUT")
+    results = (Result(0, tuple(node.outputs[0].type.shape)),)
+    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, ("gather",))
+
+
+def _row_tiles(cfg, N: int, R: int, item: int, P: int, k: int = 1) -> tuple[int, int]:
+    """(index rows, columns) per block: columns as many as fit, rows to fill a quarter of SRAM over
+    the stages (a block holds the index, the picked rows and, for a scatter, the values), and enough
+    blocks to give every PE some."""
+    budget = cfg.sram_bytes_per_pe // 4
+    cols = R
+    while cols > 16 and 2 * STAGES * cols * item > budget // 8:
+        cols = -(-cols // 2)
+    per_row = STAGES * (2 * cols * item + 8 * k)
+    rows = max(1, min(N, budget // per_row, 512))
+    while rows > 8 and P * math.ceil(N / rows) * math.ceil(R / cols) < cfg.num_pes:
+        rows = -(-rows // 2)
+    return rows, cols
+
+
+# ---- elements: torch.gather, torch.scatter ---------------------------------------------------------------
+def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, reduce=None):
+    op, label = node.op.name, region_label(node)
+    x, idx = node.inputs[table], node.inputs[index]
+    xs, js = tuple(x.type.shape), tuple(idx.type.shape)
+    rank = len(xs)
+    if rank == 0 or len(js) != rank or min(js, default=1) == 0:
+        raise UnsupportedRegionError(op, label, "a 0-d or empty index", loc=node.loc)
+    axis = node.attrs["axis"] % rank
+    src = node.inputs[values] if values is not None else None
+    scalar = src is not None and src.type.rank == 0    # torch.scatter(x, axis, idx, value)
+    if src is not None and not scalar and (len(src.type.shape) != rank or
+                                           any(s < j for s, j in zip(src.type.shape, js))):
+        raise UnsupportedRegionError(op, label, f"a source {src.type} smaller than the index", loc=node.loc)
+    item = x.type.dtype.itemsize
+    per_row = STAGES * math.prod(js[1:]) * (8 + 2 * item)
+    budget = cfg.sram_bytes_per_pe // 4
+    if per_row > budget:
+        raise UnsupportedRegionError(op, label, f"one index row of {math.prod(js[1:])} elements does not fit "
+                                                f"a quarter of a PE's SRAM on {cfg.name}", loc=node.loc)
+    rows = max(1, min(js[0], budget // per_row, 512))
+    while rows > 1 and math.ceil(js[0] / rows) < cfg.num_pes:
+        rows = -(-rows // 2)
+    copy_rows = max(1, min(xs[0], budget // max(1, 2 * STAGES * math.prod(xs[1:]) * item)))
+    if values is not None and 2 * STAGES * math.prod(xs[1:]) * item > budget:
+        raise UnsupportedRegionError(op, label, "a row of the tensor does not fit SRAM for the copy", loc=node.loc)
+
+    body = body_of(node)
+    inputs = Inputs.of(node, body)
+    names = Names({"rows", "stages", "ts", "i", "picked", "vals", "OUT", "X", "J"})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    sig = Signature(names, inputs)
+    xaxes = [f'"X{d}"' for d in range(rank)]
+    jaxes = [f'"J{d}"' for d in range(rank)]
+    tname = sig.add(x, xs, xaxes)
+    iname = sig.add(idx, js, jaxes)
+    literal = scalar_constant(src) if scalar else None
+    sname = None
+    if src is not None and literal is None:
+        sname = sig.add(src, (1,) if scalar else tuple(src.type.shape),
+                        ["1"] if scalar else [f'"S{d}"' for d in range(rank)])
+
+    def box(tensor, full, tiled_axis_full):
+        """Dim 0 tiled (ts), the indexed axis whole in a table box, the rest cut to the index's extent."""
+        parts = []
+        for d in range(rank):
+            if d == 0:
+                parts.append(":" if (tiled_axis_full and d == axis) else "ts")
+            elif (tiled_axis_full and d == axis) or full[d] == js[d]:
+                parts.append(":")
+            else:
+                parts.append(f"0:{js[d]}")
+        return f"{tensor}[{', '.join(parts)}]"
+
+    w = Writer()
+    what = "scatter" if src is not None else "gather"
+    header(w, node, body, f"DMA element-{what}", sig.header, {})
+    w(f"# one DMA transfer per index element along axis {axis} (torch.{what}): each element is its own "
+      f"{cfg.dram_min_transfer_bytes} B line")
+    if src is not None:
+        w(f"# the output starts as a copy of {tname}; the elements {iname} picks are then "
+          + ("added onto" if reduce == "add" else "overwritten (of repeated indices the last one wins)"))
+    w(f'@fl.kernel(target="{cfg.name}")')
+    copy_kw = f", copy_rows: int = {copy_rows}" if src is not None else ""
+    w(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}{copy_kw}, stages: int = {STAGES}):")
+    dt = fl_dtype(x.type.dtype)
+    with w.indent():
+        if src is None:
+            w(f"OUT = fl.output({dt}[{', '.join(jaxes)}])")
+        else:
+            w(f"OUT = fl.output({dt}[{', '.join(xaxes)}])")
+            w(f"for ts in fl.parallel(fl.tiles({xs[0]}, copy_rows), stages=stages):")
+            with w.indent():
+                w(f"fl.store(OUT[ts], fl.load({tname}[ts]))   # the copy")
+        w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
+        with w.indent():
+            w(f"i = fl.load({iname}[ts])")
+            if src is None:
+                w(f'picked = fl.gather({box(tname, xs, True)}, i, axis={axis}, mode="elements")')
+                w("fl.store(OUT[ts], picked)")
+            else:
+                if literal is not None:
+                    w(f"vals = fl.full(i.shape, {literal}, {dt})   # the scattered value, written in")
+                elif scalar:
+                    w(f"vals = fl.broadcast_to(fl.load({sname}), i.shape)")
+                else:
+                    w(f"vals = fl.load({box(sname, src.type.shape, False)})")
+                red = ', reduce="add"' if reduce == "add" else ""
+                w(f'fl.scatter({box("OUT", xs, True)}, i, vals, axis={axis}, mode="elements"{red})')
+        w("return OUT")
+    results = (Result(0, tuple(node.outputs[0].type.shape)),)
+    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (f"element {what}",))
