@@ -17,6 +17,8 @@ A kernel is composed from parts, chosen by what the region holds, never by a who
                     grouped-query heads, q and k computed in the region (rotary), a KV cache
     vector.py       the vector-unit lines of one IR node, which all of the above write with
     views.py        views of a region input as index maps: a view is read as a box, never copied
+    movement.py     slice, select, split, concat, pad, expand (plain ops) as DMA box copies
+    boxes.py        the free views, tile sizes and tile loops those box copies walk
     domain.py       the iteration space, leading axes merged when every operand allows it
 
 Anything without a part raises `UnsupportedRegionError` (a NotImplementedError, code FK190)
@@ -35,6 +37,7 @@ from .contraction import CONTRACTIONS, generate_contraction
 from .conv import generate_conv
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
+from .movement import MOVEMENT, generate_movement
 from .rowwise import generate_vector
 from .vector import check_table
 
@@ -49,6 +52,8 @@ def generate(node: Node, target="rngd") -> GeneratedKernel:
     contraction = any(n.op.name in CONTRACTIONS for n in body.nodes)
     if _is_attention(body):
         return generate_attention(node, cfg)
+    if node.op.name in MOVEMENT:        # a plain op (a region's op name is "region")
+        return generate_movement(node, cfg)
     for n in body.nodes:
         if n.op.name in _NOT_YET and not (contraction and n.op.name == "permute"):   # a prologue view
             raise UnsupportedRegionError(n.op.name, region_label(node),
