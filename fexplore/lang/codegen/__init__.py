@@ -18,6 +18,7 @@ A kernel is composed from parts, chosen by what the region holds, never by a who
     vector.py       the vector-unit lines of one IR node, which all of the above write with
     views.py        views of a region input as index maps: a view is read as a box, never copied
     movement.py     slice, select, split, concat, pad, expand (plain ops) as DMA box copies
+    reduce.py       reductions over any neighbouring axes, argmax/argmin, cumsum/cumprod, topk, sort
     boxes.py        the free views, tile sizes and tile loops those box copies walk
     domain.py       the iteration space, leading axes merged when every operand allows it
 
@@ -38,6 +39,7 @@ from .conv import generate_conv
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
 from .movement import MOVEMENT, generate_movement
+from .reduce import generate_reduction, takes as reduction_takes
 from .rowwise import generate_vector
 from .vector import check_table
 
@@ -54,6 +56,8 @@ def generate(node: Node, target="rngd") -> GeneratedKernel:
         return generate_attention(node, cfg)
     if node.op.name in MOVEMENT:        # a plain op (a region's op name is "region")
         return generate_movement(node, cfg)
+    if reduction_takes(node):
+        return generate_reduction(node, cfg)
     for n in body.nodes:
         if n.op.name in _NOT_YET and not (contraction and n.op.name == "permute"):   # a prologue view
             raise UnsupportedRegionError(n.op.name, region_label(node),
