@@ -19,6 +19,7 @@ A kernel is composed from parts, chosen by what the region holds, never by a who
     views.py        views of a region input as index maps: a view is read as a box, never copied
     movement.py     slice, select, split, concat, pad, expand (plain ops) as DMA box copies
     reduce.py       reductions over any neighbouring axes, argmax/argmin, cumsum/cumprod, topk, sort
+    pool.py         max / avg / adaptive-avg pooling: windowed reductions over (W / stride, stride) views
     boxes.py        the free views, tile sizes and tile loops those box copies walk
     domain.py       the iteration space, leading axes merged when every operand allows it
 
@@ -39,6 +40,7 @@ from .conv import generate_conv
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
 from .movement import MOVEMENT, generate_movement
+from .pool import POOLS, generate_pool
 from .reduce import generate_reduction, takes as reduction_takes
 from .rowwise import generate_vector
 from .vector import check_table
@@ -58,6 +60,8 @@ def generate(node: Node, target="rngd") -> GeneratedKernel:
         return generate_movement(node, cfg)
     if reduction_takes(node):
         return generate_reduction(node, cfg)
+    if node.op.name in POOLS:
+        return generate_pool(node, cfg)
     for n in body.nodes:
         if n.op.name in _NOT_YET and not (contraction and n.op.name == "permute"):   # a prologue view
             raise UnsupportedRegionError(n.op.name, region_label(node),

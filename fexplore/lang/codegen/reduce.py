@@ -36,6 +36,8 @@ def takes(node: Node) -> bool:
     """A plain op this part writes: a reduction the vector part cannot (not over the last axis
     alone), and every arg-extreme, scan, topk and sort."""
     op = node.op.name
+    if op == "adaptive_avg_pool2d":          # global average pooling: a mean over H and W
+        return tuple(node.attrs["output_size"]) == (1, 1)
     if op not in REDUCE:
         return False
     if op in ("sum", "mean", "amax", "amin"):
@@ -57,7 +59,9 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
             raise UnsupportedRegionError(n.op.name, label, "an empty tensor", loc=n.loc)
     rank = x.type.rank
     op = n.op.name
-    if op in ACCUMULATE or op == "prod":
+    if op == "adaptive_avg_pool2d":
+        op, axes = "mean", [2, 3]
+    elif op in ACCUMULATE or op == "prod":
         axes = sorted({a % rank for a in n.attrs["axes"]}) if n.attrs["axes"] else list(range(rank))
     elif op in ("argmax", "argmin"):
         axes = list(range(rank)) if n.attrs["axis"] is None else [n.attrs["axis"] % max(rank, 1)]
@@ -84,10 +88,10 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
         elif op in ("argmax", "argmin"):
             _arg_extreme(w, n, cfg, xname, R, K, C)
         else:
-            _accumulate(w, n, cfg, xname, R, K, C)
+            _accumulate(w, n, op, cfg, xname, R, K, C)
         w(f"return {'VALUES, INDICES' if len(n.outputs) == 2 else 'OUT'}")
     results = tuple(Result(i, tuple(v.type.shape)) for i, v in enumerate(node.outputs))
-    return GeneratedKernel(fname, "reduction", w.text(), cfg, tuple(sig.params), results, (op,))
+    return GeneratedKernel(fname, "reduction", w.text(), cfg, tuple(sig.params), results, (n.op.name,))
 
 
 def _around(shape, axes, n: Node, label: str) -> tuple[int, int, int]:
@@ -118,12 +122,10 @@ def _store_cast(expr: str, dt: DType) -> str:
     return expr if dt == DType.f32 else f"{expr}.astype({fl_dtype(dt)})"
 
 
-def _accumulate(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
-    op = n.op.name
+def _accumulate(w, n: Node, op: str, cfg, x: str, R: int, K: int, C: int) -> None:
     (out,) = _outputs(w, n, "(R, C)", "R C")
     walk = op == "prod"
     tiles = tile_sizes((R, K, C), cfg, live=3, fixed={1} if walk else ())
-    loops = Loops(["R", "K", "C"], (R, K, C), tiles, {"R", "K", "C"})
     outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
     w(outer.header())
     with w.indent():
@@ -147,7 +149,6 @@ def _accumulate(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
         result = "acc / K" if op == "mean" else "acc != 0.0" if op == "any" else "acc"
         dt = n.outputs[0].type.dtype
         w(f"fl.store({out}[{rs}, {cs}], {result if op == 'any' else _store_cast(result, dt)})")
-    del loops
 
 
 def _iota(w, cfg, K: int) -> None:
