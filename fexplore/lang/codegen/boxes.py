@@ -94,3 +94,24 @@ def _plus(a, b) -> str:
 def spec(labels, sizes, named) -> list[str]:
     """Annotation axes: an axis name (``"R"``) where it is one of `named`, else its size."""
     return [f'"{a}"' if a in named else str(s) for a, s in zip(labels, sizes)]
+
+
+def index_row(w, cfg, name: str, n: int, rank: int, axis: int, what: str) -> None:
+    """Write the positions 0, 1, ..., n-1 along `axis` into a DRAM scratch `name` of `rank` axes
+    (size 1 elsewhere), by doubling: ``[n:2n] = [0:n] + n``, log2(n) copies. The kernel language
+    has no iota; positions come from DRAM like any other operand."""
+    chunk = tile_sizes((n,), cfg)[0]
+
+    def box(rng: str) -> str:
+        return ", ".join(rng if i == axis else ":" for i in range(rank))
+
+    shape = ", ".join(str(n) if i == axis else "1" for i in range(rank))
+    w(f"{name} = fl.scratch(({shape}), fl.f32)   # {what}: 0, 1, ..., {n - 1}")
+    w(f"fl.store({name}[{box('0:1')}], fl.zeros(({', '.join('1' for _ in range(rank))})))")
+    w("n = 1")
+    w(f"while n < {n}:                           # doubling: [n:2n] = [0:n] + n")
+    with w.indent():
+        w(f"for js in fl.range(fl.tiles(min(n, {n} - n), {chunk})):")
+        with w.indent():
+            w(f"fl.store({name}[{box('n + js.start:n + js.stop')}], fl.load({name}[{box('js')}]) + n)")
+        w("n *= 2")

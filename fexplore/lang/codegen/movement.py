@@ -9,6 +9,8 @@ two merged runs (``x: (B, T, D)``, ``x[:, 3:8]`` -> ``x`` as (R, J, C) = (B, T, 
     select   one box with the axis fixed; split: one box per result; concat: one box per operand
     pad      the input into the middle of the output, ``fl.full`` tiles into the border boxes
     expand   the input box (size 1 on broadcast axes) broadcast on the vector unit, then stored
+    tril     (and triu) a copy through a mask of column - row <= diagonal, the positions loaded from
+             index rows in DRAM scratch
 
 A copy never passes through the vector unit unless the data changes dtype (concat of mixed
 dtypes) or is broadcast (expand).
@@ -21,13 +23,13 @@ from dataclasses import dataclass, field
 
 from fexplore.ir import Node
 
-from .boxes import STAGES, Loops, around, spec, tile_sizes
+from .boxes import STAGES, Loops, around, index_row, spec, tile_sizes
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
 from .source import Names, Writer, fl_dtype, literal
 
-MOVEMENT = {"slice", "select", "split", "concat", "pad", "expand"}
+MOVEMENT = {"slice", "select", "split", "concat", "pad", "expand", "tril", "triu"}
 
 
 @dataclass
@@ -66,6 +68,8 @@ def generate_movement(node: Node, cfg) -> GeneratedKernel:
             raise UnsupportedRegionError(n.op.name, label, "symbolic sizes (specialize the shapes first)", loc=n.loc)
         if math.prod(v.type.shape) == 0:
             raise UnsupportedRegionError(n.op.name, label, "an empty tensor: nothing to move", loc=n.loc)
+    if n.op.name in ("tril", "triu"):
+        return _triangle(node, body, n, cfg)
     params, outs, pieces = _PLANS[n.op.name](n)
     return _write(node, body, n, cfg, params, outs, pieces)
 
@@ -286,3 +290,43 @@ def _describe(p: Piece, pnames, onames) -> str:
     where = ", ".join(f"{o}:{o + e}" for o, e in zip(p.dst_off, p.extents))
     what = f"fill {p.fill}" if p.src is None else pnames[p.src]
     return f"{what} -> {onames[p.out]}[{where}]"
+
+
+def _triangle(node: Node, body, n: Node, cfg) -> GeneratedKernel:
+    """tril / triu of (..., M, N): each (rows, columns) tile is kept where column - row is at most
+    (tril) or at least (triu) the diagonal, zero elsewhere."""
+    x, y = n.inputs[0], n.outputs[0]
+    *lead, M, N = x.type.shape
+    B = math.prod(lead)
+    names = Names({"stages", "ROWS", "COLS"})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    inputs = Inputs.of(node, body)
+    sig = Signature(names, inputs)
+    xname = sig.add(x, (B, M, N), ['"B"', '"M"', '"N"'])
+    tiles = tile_sizes((B, M, N), cfg, live=4)
+    loops = Loops(["B", "M", "N"], (B, M, N), tiles, {"B", "M", "N"})
+    for i in (1, 2):                     # rows and columns are always loop variables: their positions
+        if i not in loops.looped:
+            loops.looped.append(i)
+            loops.vars[i] = {1: "ms", 2: "ns"}[i]
+    loops.looped.sort()
+    d = n.attrs["diagonal"]
+    keep = "<=" if n.op.name == "tril" else ">="
+    w = Writer()
+    header(w, node, body, "data-movement", sig.header, inputs.literals)
+    w(f'@fl.kernel(target="{cfg.name}")')
+    w(f"def {fname}({', '.join(sig.annotations)}, *, stages: int = {STAGES}):")
+    with w.indent():
+        w(f"B, M, N = {B}, {M}, {N}")
+        w(f'OUT = fl.output((B, M, N), {fl_dtype(y.type.dtype)}, axes="B M N")')
+        index_row(w, cfg, "ROWS", M, 2, 0, "the row of each element")
+        index_row(w, cfg, "COLS", N, 2, 1, "the column of each element")
+        w(loops.header())
+        with w.indent():
+            w(f"x_t = fl.load({xname}[bs, ms, ns])")
+            w(f"keep = fl.load(COLS[:, ns]) - fl.load(ROWS[ms, :]) {keep} {d}   # column - row {keep} diagonal")
+            w(f"fl.store(OUT[bs, ms, ns], fl.where(keep, x_t, 0.0, dtype={fl_dtype(y.type.dtype)}))")
+        w("return OUT")
+    return GeneratedKernel(fname, "movement", w.text(), cfg, tuple(sig.params), (Result(0, tuple(y.type.shape)),),
+                           (n.op.name,))

@@ -20,7 +20,7 @@ import math
 
 from fexplore.ir import DType, Node
 
-from .boxes import STAGES, Loops, spec, tile_sizes
+from .boxes import STAGES, Loops, index_row, spec, tile_sizes
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
@@ -151,25 +151,11 @@ def _accumulate(w, n: Node, op: str, cfg, x: str, R: int, K: int, C: int) -> Non
         w(f"fl.store({out}[{rs}, {cs}], {result if op == 'any' else _store_cast(result, dt)})")
 
 
-def _iota(w, cfg, K: int) -> None:
-    """The index row 0, 1, ..., K-1 in DRAM scratch, written by doubling (log2 K copies)."""
-    chunk = tile_sizes((K,), cfg)[0]
-    w("IOTA = fl.scratch((1, K, 1), fl.f32)   # the index of each position along K: 0, 1, ..., K-1")
-    w("fl.store(IOTA[:, 0:1, :], fl.zeros((1, 1, 1)))")
-    w("n = 1")
-    w("while n < K:                           # doubling: IOTA[n:2n] = IOTA[0:n] + n")
-    with w.indent():
-        w(f"for js in fl.range(fl.tiles(min(n, K - n), {chunk})):")
-        with w.indent():
-            w("fl.store(IOTA[:, n + js.start:n + js.stop, :], fl.load(IOTA[:, js, :]) + n)")
-        w("n *= 2")
-
-
 def _arg_extreme(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
     big = n.op.name == "argmax"
     pick, better, worst = ("max", "gt", 'float("-inf")') if big else ("min", "lt", 'float("inf")')
     (out,) = _outputs(w, n, "(R, C)", "R C")
-    _iota(w, cfg, K)
+    index_row(w, cfg, "IOTA", K, 3, 1, "the position of each element along K")
     tiles = tile_sizes((R, K, C), cfg, live=5)
     outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
     w(outer.header())
@@ -223,7 +209,7 @@ def _ranked(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None
     pick, masked = ("max", 'float("-inf")') if largest else ("min", 'float("inf")')
     values, indices = _outputs(w, n, f"(R, {k}, C)" if op == "topk" else "(R, K, C)", "R _ C" if op == "topk"
                                else "R K C")
-    _iota(w, cfg, K)
+    index_row(w, cfg, "IOTA", K, 3, 1, "the position of each element along K")
     outer = Loops(["R", "C"], (R, C), (budget[0], budget[2]), {"R", "C"})
     w(outer.header())
     with w.indent():
