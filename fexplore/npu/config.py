@@ -64,6 +64,8 @@ class NPUConfig:
     dma_bytes_per_cycle: float = 256.0
     dma_startup_cycles: int = 500
     host_bytes_per_cycle: float = 30.0
+    # A host op (one the chip cannot run) also costs the host's compute: f32 flops per chip cycle.
+    host_flops_per_cycle: float = 100.0
 
     def __post_init__(self):
         rates = self.tensor_dtype_rates
@@ -94,7 +96,8 @@ class NPUConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"config {self.name!r}: {name} must be an integer >= 0, got {v!r}")
-        for name in ("clock_hz", "dram_bytes_per_cycle", "dma_bytes_per_cycle", "host_bytes_per_cycle"):
+        for name in ("clock_hz", "dram_bytes_per_cycle", "dma_bytes_per_cycle", "host_bytes_per_cycle",
+                     "host_flops_per_cycle"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ConfigError(f"config {self.name!r}: {name} must be a positive number, got {v!r}")
@@ -185,6 +188,7 @@ SOURCES = {
     "dma_bytes_per_cycle": "[ASSUMPTION] one DMA engine per PE at 256 B/cycle (DESIGN.md)",
     "dma_startup_cycles": "[ASSUMPTION] ~500 cycles start-up per DMA command (DESIGN.md)",
     "host_bytes_per_cycle": "[derived] PCIe Gen5 x16 [RNGD-docs], ~30 GB/s modeled / 1 GHz",
+    "host_flops_per_cycle": "[ASSUMPTION] a host CPU core's ~100 GFLOPS f32 / 1 GHz chip clock, for host ops",
 }
 
 RNGD = NPUConfig(
