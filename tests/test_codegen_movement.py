@@ -57,6 +57,8 @@ CASES = {
     "amax_first": (lambda x: x.amax(dim=0), (r(5, 3, 7),), "amax", "reduction"),
     "sum_all_0d": (lambda x: x.sum(), (r(5, 3, 7),), "sum", "reduction"),
     "sum_long": (lambda x: x.sum(dim=0), (r(300, 9),), "sum", "reduction"),
+    "var_middle": (lambda x: x.var(dim=1), (r(2, 11, 7),), "var", "reduction"),
+    "var_all_long": (lambda x: x.var(), (r(4, 301),), "var", "reduction"),
     "prod": (lambda x: x.prod(dim=-1), (torch.rand(4, 6) + 0.5,), "prod", "reduction"),
     "argmax_last": (lambda x: x.argmax(dim=-1), (r(3, 37),), "argmax", "reduction"),
     "argmin_middle": (lambda x: x.argmin(dim=1), (r(3, 37, 5),), "argmin", "reduction"),

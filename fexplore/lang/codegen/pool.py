@@ -33,6 +33,8 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
     N, Cc, H, W = x.type.shape
     OH, OW = y.type.shape[2:]
     op = n.op.name
+    if 0 in tuple(x.type.shape) + tuple(y.type.shape):
+        raise UnsupportedRegionError(op, label, "an empty tensor", loc=n.loc)
     if op == "adaptive_avg_pool2d":
         if H % OH or W % OW:
             raise UnsupportedRegionError(op, label, f"adaptive bins of unequal sizes ({H}x{W} -> {OH}x{OW}): "
@@ -48,7 +50,7 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
     padded = PH or PW or need_h > H or need_w > W
     divisor = None
     if op != "max_pool2d":
-        divisor = n.attrs.get("divisor") if op == "avg_pool2d" else None
+        divisor = n.attrs["divisor"] if op == "avg_pool2d" else None
         if divisor is None:
             whole = need_h <= H + 2 * PH and need_w <= W + 2 * PW
             if (PH or PW) and not n.attrs["count_include_pad"] or not whole:

@@ -6,6 +6,7 @@ reduces any run of axes. A block of (rows, K tile, columns) is loaded at a time 
 its middle axis on the vector unit into an accumulator of (rows, columns):
 
     sum, mean, amax, amin, any   a partial reduction per K tile, added (maxed) into the accumulator
+    var                          two passes: the mean, then the squared deviations from it
     prod                         one K index at a time (the vector unit has no product reduction)
     argmax, argmin               per K tile: its extreme, and the first index that holds it, from an
                                  index row written once into DRAM scratch (0, 1, ..., K-1)
@@ -28,7 +29,7 @@ from .source import Names, Writer, fl_dtype
 
 ACCUMULATE = {"sum": ("0.0", "add", "sum"), "mean": ("0.0", "add", "sum"), "amax": ('float("-inf")', "maximum", "max"),
               "amin": ('float("inf")', "minimum", "min"), "any": ("0.0", "maximum", "max")}
-REDUCE = set(ACCUMULATE) | {"prod", "argmax", "argmin", "cumsum", "cumprod", "topk", "sort"}
+REDUCE = set(ACCUMULATE) | {"prod", "var", "argmax", "argmin", "cumsum", "cumprod", "topk", "sort"}
 SORT_LIMIT = 256    # a selection sort takes K passes over K elements: beyond this, a host op
 
 
@@ -40,7 +41,7 @@ def takes(node: Node) -> bool:
         return tuple(node.attrs["output_size"]) == (1, 1)
     if op not in REDUCE:
         return False
-    if op in ("sum", "mean", "amax", "amin"):
+    if op in ("sum", "mean", "amax", "amin", "var"):
         rank = node.inputs[0].type.rank
         axes = sorted({a % rank for a in node.attrs["axes"]}) if node.attrs["axes"] else list(range(rank))
         return axes != [rank - 1] and rank > 0
@@ -61,7 +62,7 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
     op = n.op.name
     if op == "adaptive_avg_pool2d":
         op, axes = "mean", [2, 3]
-    elif op in ACCUMULATE or op == "prod":
+    elif op in ACCUMULATE or op in ("prod", "var"):
         axes = sorted({a % rank for a in n.attrs["axes"]}) if n.attrs["axes"] else list(range(rank))
     elif op in ("argmax", "argmin"):
         axes = list(range(rank)) if n.attrs["axis"] is None else [n.attrs["axis"] % max(rank, 1)]
@@ -87,6 +88,8 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
             _scan(w, n, cfg, xname, R, K, C)
         elif op in ("argmax", "argmin"):
             _arg_extreme(w, n, cfg, xname, R, K, C)
+        elif op == "var":
+            _variance(w, n, cfg, xname, R, K, C, label)
         else:
             _accumulate(w, n, op, cfg, xname, R, K, C)
         w(f"return {'VALUES, INDICES' if len(n.outputs) == 2 else 'OUT'}")
@@ -149,6 +152,33 @@ def _accumulate(w, n: Node, op: str, cfg, x: str, R: int, K: int, C: int) -> Non
         result = "acc / K" if op == "mean" else "acc != 0.0" if op == "any" else "acc"
         dt = n.outputs[0].type.dtype
         w(f"fl.store({out}[{rs}, {cs}], {result if op == 'any' else _store_cast(result, dt)})")
+
+
+def _variance(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None:
+    """Two passes over K: the mean, then the squared deviations from it (not E[x^2] - E[x]^2,
+    which cancels badly)."""
+    dof = K - n.attrs["correction"]
+    if dof <= 0:
+        raise UnsupportedRegionError("var", label, f"{K} elements with correction {n.attrs['correction']}: "
+                                                   f"no degrees of freedom", loc=n.loc)
+    w(f'OUT = fl.output((R, 1, C), {fl_dtype(n.outputs[0].type.dtype)}, axes="R _ C")')
+    tiles = tile_sizes((R, K, C), cfg, live=4)
+    outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
+    w(outer.header())
+    with w.indent():
+        shape = f"({outer.extent(0)}, 1, {outer.extent(1)})"
+        rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
+        w(f"total = fl.zeros({shape})")
+        w(f"for ks in fl.range(fl.tiles(K, {tiles[1]})):")
+        with w.indent():
+            w(f"fl.add(total, fl.load({x}[{rs}, ks, {cs}]).sum(axis=1), out=total)")
+        w("mean = total / K")
+        w(f"squares = fl.zeros({shape})")
+        w(f"for ks in fl.range(fl.tiles(K, {tiles[1]})):")
+        with w.indent():
+            w(f"d = fl.load({x}[{rs}, ks, {cs}]) - mean")
+            w("fl.add(squares, (d * d).sum(axis=1), out=squares)")
+        w(f"fl.store(OUT[{rs}, :, {cs}], {_store_cast(f'squares / {dof}', n.outputs[0].type.dtype)})")
 
 
 def _arg_extreme(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
