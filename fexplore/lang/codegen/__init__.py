@@ -17,8 +17,9 @@ A kernel is composed from parts, chosen by what the region holds, never by a who
                     grouped-query heads, q and k computed in the region (rotary), a KV cache
     vector.py       the vector-unit lines of one IR node, which all of the above write with
     views.py        views of a region input as index maps: a view is read as a box, never copied
-    movement.py     slice, select, split, concat, pad, expand (plain ops) as DMA box copies
-    reduce.py       reductions over any neighbouring axes, argmax/argmin, cumsum/cumprod, topk, sort
+    movement.py     slice, select, split, concat, pad, expand (plain ops) as DMA box copies; tril/triu
+    reduce.py       reductions (var too) over any neighbouring axes, argmax/argmin, cumsum/cumprod,
+                    topk, sort, global average pooling
     pool.py         max / avg / adaptive-avg pooling: windowed reductions over (W / stride, stride) views
     boxes.py        the free views, tile sizes and tile loops those box copies walk
     domain.py       the iteration space, leading axes merged when every operand allows it
