@@ -11,6 +11,7 @@ its middle axis on the vector unit into an accumulator of (rows, columns):
     argmax, argmin               per K tile: its extreme, and the first index that holds it, from an
                                  index row written once into DRAM scratch (0, 1, ..., K-1)
     cumsum, cumprod              one K index at a time: a running sum stored at every step
+    cummax, cummin               one K index at a time: the running extreme and where it was seen
     topk, sort                   the whole K axis in one tile, k passes of: the extreme, its first
                                  index, then that element masked out (sort: k = K, a selection sort)
 """
@@ -29,7 +30,8 @@ from .source import Names, Writer, fl_dtype
 
 ACCUMULATE = {"sum": ("0.0", "add", "sum"), "mean": ("0.0", "add", "sum"), "amax": ('float("-inf")', "maximum", "max"),
               "amin": ('float("inf")', "minimum", "min"), "any": ("0.0", "maximum", "max")}
-REDUCE = set(ACCUMULATE) | {"prod", "var", "argmax", "argmin", "cumsum", "cumprod", "topk", "sort"}
+REDUCE = set(ACCUMULATE) | {"prod", "var", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "topk",
+                            "sort"}
 SORT_LIMIT = 256    # a selection sort takes K passes over K elements: beyond this, a host op
 
 
@@ -86,6 +88,8 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
             _ranked(w, n, cfg, xname, R, K, C, label)
         elif op in ("cumsum", "cumprod"):
             _scan(w, n, cfg, xname, R, K, C)
+        elif op in ("cummax", "cummin"):
+            _running_extreme(w, n, cfg, xname, R, K, C)
         elif op in ("argmax", "argmin"):
             _arg_extreme(w, n, cfg, xname, R, K, C)
         elif op == "var":
@@ -221,6 +225,31 @@ def _scan(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
         with w.indent():
             w(f"fl.{'mul' if prod else 'add'}(run, fl.load({x}[{rs}, k, {cs}]), out=run)")
             w(f"fl.store({out}[{rs}, k, {cs}], {_store_cast('run', n.outputs[0].type.dtype)})")
+
+
+def _running_extreme(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
+    """cummax / cummin: the running extreme and where it was last seen (a tie moves the index
+    forward); once a NaN is seen it stays the extreme, as torch has it."""
+    big = n.op.name == "cummax"
+    values, indices = _outputs(w, n, "(R, K, C)", "R K C")
+    tiles = tile_sizes((R, K, C), cfg, live=5, fixed={1})
+    outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
+    w(outer.header())
+    with w.indent():
+        shape = f"({outer.extent(0)}, {outer.extent(1)})"
+        rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
+        worst = 'float("-inf")' if big else 'float("inf")'
+        w(f"best = fl.full({shape}, {worst})")
+        w(f"at = fl.zeros({shape})")
+        w("for k in fl.range(K):")
+        with w.indent():
+            w(f"x_t = fl.load({x}[{rs}, k, {cs}])")
+            w(f"won = fl.logical_or(fl.isnan(x_t), fl.logical_and(fl.logical_not(fl.isnan(best)), "
+              f"fl.{'ge' if big else 'le'}(x_t, best)))")
+            w("fl.where(won, x_t, best, out=best)")
+            w("fl.where(won, k, at, out=at)")
+            w(f"fl.store({values}[{rs}, k, {cs}], {_store_cast('best', n.outputs[0].type.dtype)})")
+            w(f"fl.store({indices}[{rs}, k, {cs}], at.astype(fl.i64))")
 
 
 def _ranked(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None:
