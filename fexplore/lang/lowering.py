@@ -231,6 +231,8 @@ def _engine(op: ir.Op) -> int:
 
 def _estimate(op: ir.Op, cfg, box, dma_rate: float) -> float:
     """The op's cycles in the npu's cost model (DMA at a fair share of DRAM for the PEs in use)."""
+    if box is not None and box.tensor.resident:
+        return cost.onchip_copy_cycles(box, cfg)
     if box is not None:
         return cfg.dma_startup_cycles + cost.dma_moved_bytes(box, cfg) / dma_rate
     if isinstance(op, ir.Contract):

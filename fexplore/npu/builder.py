@@ -82,10 +82,23 @@ class ProgramBuilder:
                                hint="declare every view before the first command")
         t = self._dram(name, shape, base.dtype, "view")
         t.storage = base.storage
+        t.backing = base.backing
         t.aliased = True
         self._tensors[base.storage].aliased = True
         base.aliased = True
         return t
+
+    def resident(self, name: str, shape, dtype="f32", *, pe: int = 0) -> DramTensor:
+        """A scratch tensor kept in `pe`'s SRAM: addressed by boxes like a DRAM tensor, it occupies
+        SRAM from the first command that touches it to the last; loads and stores of it are
+        on-chip copies (no DRAM traffic; `onchip_copy_startup_cycles` + bytes at the DMA rate)."""
+        t = self._dram(name, shape, dtype, "scratch")
+        t.backing = self.alloc(f"resident {name}", t.shape, t.dtype, pe=pe)
+        return t
+
+    def tensor(self, name: str) -> DramTensor:
+        """The DRAM tensor declared as `name`."""
+        return self._tensors[name]
 
     def alloc(self, name: str, shape, dtype="f32", *, pe: int = 0, loc: SourceLoc | None = None) -> Buffer:
         """An SRAM buffer on `pe`. It takes space only from its first use to its last."""

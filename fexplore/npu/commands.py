@@ -12,6 +12,11 @@ Commands, one engine each (per PE: DMA, tensor, vector):
                     host computes it, the result comes back (a whole program's explicit host ops)
   Sync      none    a join point: done when its dependencies are; costs nothing
 
+A *resident* tensor (``ProgramBuilder.resident``) is addressed like a DRAM tensor but lives in one
+PE's SRAM (its `backing` buffer): DMAs to and from it are on-chip copies, with no DRAM traffic.
+This is how a whole-model program keeps an intermediate on chip between its producer and
+consumer kernels, whatever tiles each of them uses.
+
 A DRAM tensor may be a *view* of another (`storage` names the tensor that owns the bytes): the
 same row-major bytes seen with another shape, as a reshape that moves no data. Hazards and the
 functional mode follow the storage, so a store through one view orders a load through another.
@@ -38,7 +43,7 @@ NO_ENGINE = -1  # Sync
 class DramTensor:
     """A named row-major tensor in DRAM. Index it with slices to get a box for a DMA."""
 
-    __slots__ = ("name", "shape", "dtype", "kind", "nbytes", "storage", "aliased")
+    __slots__ = ("name", "shape", "dtype", "kind", "nbytes", "storage", "aliased", "backing")
 
     def __init__(self, name: str, shape: tuple[int, ...], dtype: str, kind: str, storage: str | None = None):
         self.name = name
@@ -48,6 +53,11 @@ class DramTensor:
         self.nbytes = math.prod(shape) * dtypes.itemsize(dtype)
         self.storage = storage or name   # the tensor owning the bytes (itself unless a view)
         self.aliased = False             # seen through a view: hazards then track whole byte ranges
+        self.backing = None              # a resident tensor's SRAM buffer (it never reaches DRAM)
+
+    @property
+    def resident(self) -> bool:
+        return self.backing is not None
 
     def __getitem__(self, index) -> "DramRef":
         return DramRef.from_index(self, index)

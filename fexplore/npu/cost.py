@@ -34,6 +34,12 @@ def host_cycles(cmd, cfg: NPUConfig) -> float:
     return cfg.dma_startup_cycles + cmd.nbytes / cfg.host_bytes_per_cycle + cmd.flops / cfg.host_flops_per_cycle
 
 
+def onchip_copy_cycles(ref: DramRef, cfg: NPUConfig) -> float:
+    """A DMA to or from a resident (SRAM) tensor: a short start-up and the bytes at the DMA
+    engine's rate; DRAM bandwidth is not involved."""
+    return cfg.onchip_copy_startup_cycles + ref.size * dtypes.itemsize(ref.tensor.dtype) / cfg.dma_bytes_per_cycle
+
+
 def dma_rate(cfg: NPUConfig, concurrent: int = 1) -> float:
     """Bytes per cycle each of `concurrent` transfers gets: fair shares of DRAM, capped by the engine."""
     return min(cfg.dma_bytes_per_cycle, cfg.dram_bytes_per_cycle / concurrent)

@@ -57,6 +57,8 @@ class Program:
             self.queues[q].append(i)
             if isinstance(c, Host):  # the host link and the host, not DRAM bandwidth
                 self.duration[i] = cost.host_cycles(c, cfg)
+            elif c.engine == DMA and c.ref.tensor.resident:   # on-chip copy: no DRAM traffic
+                self.duration[i] = cost.onchip_copy_cycles(c.ref, cfg)
             elif c.engine == DMA:
                 self.duration[i] = cfg.dma_startup_cycles
                 self.moved_bytes[i] = cost.dma_moved_bytes(c.ref, cfg)
@@ -92,8 +94,9 @@ class Program:
 
     def compulsory_bytes(self) -> int:
         """Each DRAM tensor the program reads, read once; each it writes, written once."""
-        read = {c.src.tensor.storage for c in self.commands if isinstance(c, Load)}
-        written = {c.dst.tensor.storage for c in self.commands if isinstance(c, Store)}
+        read = {c.src.tensor.storage for c in self.commands if isinstance(c, Load) and not c.src.tensor.resident}
+        written = {c.dst.tensor.storage for c in self.commands
+                   if isinstance(c, Store) and not c.dst.tensor.resident}
         return sum(self.tensors[n].nbytes for n in read) + sum(self.tensors[n].nbytes for n in written)
 
     def stats(self) -> dict:

@@ -135,3 +135,96 @@ def kernel_report(sched, res):
                      "roofline_cycles": bounds[bound],
                      "vs_roofline": (t1 - t0) / bounds[bound] if bounds[bound] else float("inf")})
     return pd.DataFrame(rows)
+
+
+# -- what each stage bought, in simulated time ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Cost:
+    """One graph lowered and scheduled on the target, timing only."""
+
+    cycles: int
+    latency_us: float
+    dram_bytes: int
+    kernels: int
+    host_ops: int
+
+    def __str__(self) -> str:
+        host = f", {self.host_ops} host ops" if self.host_ops else ""
+        return (f"{_fmt_time(self.latency_us)}, DRAM {self.dram_bytes / 1e6:.2f} MB "
+                f"({self.kernels} kernels{host})")
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """A stage's input and output programs on the chip (``ex["fusion"].cost()``)."""
+
+    stage: str
+    before: Cost | None
+    after: Cost
+
+    def __str__(self) -> str:
+        if self.before is None:
+            return f"{self.stage}: {self.after}"
+        b, a = self.before, self.after
+        return (f"{self.stage}: {_fmt_time(b.latency_us)} → {_fmt_time(a.latency_us)}, "
+                f"DRAM {b.dram_bytes / 1e6:.2f} MB → {a.dram_bytes / 1e6:.2f} MB")
+
+    __repr__ = __str__
+
+
+def _fmt_time(us: float) -> str:
+    return f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.1f} us"
+
+
+_COSTS: dict = {}   # (id(graph), target) -> (graph, Cost); the graph kept so the id stays its own
+
+
+def graph_cost(graph, options) -> Cost:
+    """`graph` (any stage's output) lowered and scheduled like the final one, simulated timing
+    only. Before fusion every op is its own kernel, so the difference between stages is what
+    each stage bought on the chip. Cached per graph and target."""
+    from .stages.lower import lower
+    from .stages.schedule import build_schedule
+
+    key = (id(graph), repr(options.target))
+    hit = _COSTS.get(key)
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    low = lower(graph, options).lowering
+    sched = None
+    for interleave, resident in ((True, True), (True, False), (False, False)):
+        try:
+            sched = build_schedule(graph, low, options.target, interleave=interleave, resident=resident)
+            break
+        except Exception as e:  # noqa: BLE001 - an SRAM overflow: retry as the stage does
+            if not (interleave or resident) or "SRAM" not in type(e).__name__ + str(e):
+                raise
+    res = sched.simulate()
+    cost = Cost(res.cycles, res.latency_s * 1e6, res.dram_bytes,
+                sum(k.how in ("generated", "user") for k in sched.kernels),
+                sum(k.how == "host" for k in sched.kernels))
+    if len(_COSTS) > 256:
+        _COSTS.clear()
+    _COSTS[key] = (graph, cost)
+    return cost
+
+
+def stage_costs(records, options):
+    """One row per graph stage: the simulated latency and DRAM traffic of its output program,
+    and the change from the stage before (the waterfall of what each stage bought)."""
+    import pandas as pd
+
+    rows, prev = [], None
+    for r in records:
+        if r.name == "schedule":   # its program is the lower stage's graph's: no new row
+            continue
+        if any(not isinstance(d, int) for v in r.after.inputs for d in v.type.shape):
+            continue               # symbolic sizes: scheduled per size, not here
+        c = graph_cost(r.after, options)
+        rows.append({"stage": r.name, "latency_us": c.latency_us, "dram_mb": c.dram_bytes / 1e6,
+                     "kernels": c.kernels, "host_ops": c.host_ops, "cycles": c.cycles,
+                     "latency_change_us": None if prev is None else c.latency_us - prev.latency_us,
+                     "dram_change_mb": None if prev is None else (c.dram_bytes - prev.dram_bytes) / 1e6})
+        prev = c
+    return pd.DataFrame(rows)

@@ -129,6 +129,14 @@ class CompiledModel:
             made = next(iter(scheds._by_size.values()))
         return kernel_report(made.schedule, res)
 
+    def costs(self):
+        """Simulated latency and DRAM traffic after every stage (each stage's output lowered and
+        scheduled on the target), with the change each stage made: a table, and with
+        ``fexplore.viz.timeline.cost_waterfall(cm.costs())`` a waterfall chart."""
+        from .chip import stage_costs
+
+        return stage_costs(self.stages, self.options)
+
     def _need_schedules(self):
         if self.schedules is None:
             raise InputError("this compile has no schedule stage", hint="compile with every stage")

@@ -116,12 +116,20 @@ class Exploration:
 
     # -- views (rendering lives in fexplore.viz, imported only when asked for) -------------
 
-    def overview(self):
+    def overview(self, *, costs: bool = False):
         """A pandas DataFrame: one row per stage (done, next or pending), what it changed, key
-        statistics, verification and time."""
+        statistics, verification and time; ``costs=True`` adds each stage's simulated latency
+        and DRAM traffic on the target (its output lowered and scheduled: a few seconds)."""
         from fexplore.viz.exploration_view import overview_frame
 
-        return overview_frame(self)
+        return overview_frame(self, costs=costs)
+
+    def costs(self):
+        """Simulated latency and DRAM traffic of every stage's output program run so far (each
+        lowered and scheduled on the target): what each stage bought on the chip."""
+        from .chip import stage_costs
+
+        return stage_costs(self.records, self.options)
 
     def widget(self, view: str = "graph"):
         """An ipywidgets stepper: pick a stage, step back and forth, switch views ("diff",
@@ -150,7 +158,8 @@ class Exploration:
         stats = {**graph_stats(g), "export_s": t_export, "convert_s": elapsed - t_export}
         rec = StageRecord("ingest", None, g, stats, [], None, elapsed,
                           f"{stats['nodes']} nodes, {stats['constants']} constants "
-                          f"({stats['constant_bytes'] / 1e6:.2f} MB, shared with the model)")
+                          f"({stats['constant_bytes'] / 1e6:.2f} MB, shared with the model)",
+                          options=self.options)
         self._verify_hook(rec)
         return rec
 

@@ -15,9 +15,14 @@ its split across PEs (``fl.parallel``) and its double buffering (``stages=2``) a
 choices. If the interleaved program does not fit SRAM, the stage falls back to kernels in
 sequence (each kernel's own plan fits) and records that decision with its reason.
 
-What the program does not do yet (recorded in the stage's stats as ``not_modelled``): keep an
-intermediate in SRAM between a producer and its consumer kernel (every kernel boundary is a DRAM
-round trip), and search tile sizes per kernel with the cost model (the generator's sizes are used).
+Residency: an intermediate that fits in SRAM next to the others live at the same time stays on
+chip between its producer and its consumers (`_pick_resident`; a resident tensor of the npu:
+the kernels' DMAs to it are on-chip copies, whatever tiles each kernel uses, and no DRAM traffic).
+When the kernels' own tiles then do not fit, the stage spills (schedules with every intermediate
+in DRAM) and records that decision with its reason.
+
+Not done yet (in the stats as ``not_modelled``): searching tile sizes per kernel with the cost
+model (the generator's sizes are used).
 
 The stage's result is a `Schedule`: the program, the map from graph values to DRAM tensors, and
 the span of commands of each kernel, so a timeline event names its kernel, module and source
@@ -60,7 +65,8 @@ class Schedule:
     weights: dict            # DRAM tensor name -> numpy payload (the graph's constants)
     outputs: list            # graph output value names
     kernels: list = field(default_factory=list)   # ScheduledKernel, program order
-    decisions: list = field(default_factory=list)  # (what, why)
+    decisions: list = field(default_factory=list)  # (what, why): spills, serial fallback, residency
+    residency: dict = field(default_factory=dict)  # what `lang.lowering.emit` kept in SRAM
 
     def dram_inputs(self, arrays) -> dict:
         feed = {self.tensor_of[n]: np.asarray(a) for n, a in zip(self.inputs, arrays)}
@@ -105,18 +111,19 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
     if any(not isinstance(d, int) for v in graph.inputs for d in v.type.shape):
         return _no_schedule(graph, lowering, "symbolic shapes: scheduled per size on first call")
     t0 = time.perf_counter()
-    sched, serial_why = None, None
-    for interleave in (True, False):
+    sched, spills = None, []
+    # residency first; without it if the longer-lived buffers overflow SRAM; then kernels in sequence
+    for interleave, resident in ((True, True), (True, False), (False, False)):
         try:
-            sched = build_schedule(graph, lowering, options.target, interleave=interleave)
+            sched = build_schedule(graph, lowering, options.target, interleave=interleave, resident=resident)
             break
-        except Exception as e:  # noqa: BLE001 - an SRAM overflow of the interleaved program
-            if not interleave or "SRAM" not in type(e).__name__ + str(e):
+        except Exception as e:  # noqa: BLE001 - only an SRAM overflow falls through
+            if not (interleave or resident) or "SRAM" not in type(e).__name__ + str(e):
                 raise
-            serial_why = f"interleaving the kernels overflows SRAM ({str(e).splitlines()[0][:120]}); " \
-                         "kernels run one after another"
-    if serial_why:
-        sched.decisions.append(("serial", serial_why))
+            spills.append(("spill" if resident else "serial",
+                           ("keeping intermediates in SRAM" if resident else "interleaving the kernels")
+                           + f" overflows SRAM ({str(e).splitlines()[0][:120]})"))
+    sched.decisions[:0] = spills
     prog = sched.program
     timing = sched.simulate()
     stats = {"commands": len(prog.commands), "kernels": sum(k.how in ("generated", "user") for k in sched.kernels),
@@ -124,8 +131,11 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
              "cycles": timing.cycles, "latency_us": timing.latency_s * 1e6,
              "flops": prog.flops, "dram_bytes": timing.dram_bytes, "compulsory_bytes": prog.compulsory_bytes(),
              "vs_bound": _vs_bound(timing), "limiter": timing.roofline.limiter,
-             "interleaved": serial_why is None,
-             "not_modelled": ["SRAM residency between kernels", "tile-size search"],
+             "interleaved": not any(w == "serial" for w, _ in sched.decisions),
+             "resident_tensors": len(sched.residency.get("kept", [])),
+             "resident_bytes": sched.residency.get("bytes", 0),
+             "decisions": [f"{w}: {why}" for w, why in sched.decisions],
+             "not_modelled": ["tile-size search"],
              "build_s": time.perf_counter() - t0}
     summary = (f"{stats['kernels']} kernels, {stats['host_ops']} host ops -> {stats['commands']} commands; "
                f"simulated {stats['latency_us']:.1f} us on {sched.target.name}, "
@@ -144,7 +154,8 @@ def _no_schedule(graph, lowering, why):
     return StageResult(graph, {"scheduled": False, "why": why}, [], why, lowering=lowering, schedule=None)
 
 
-def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True) -> Schedule:
+def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
+                   resident: bool = True) -> Schedule:
     from fexplore.lang.lowering import HostPart, KernelPart, emit
     from fexplore.npu import ProgramBuilder, get_target
 
@@ -154,8 +165,15 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True) -
     tensor_of: dict[str, str] = {}
     outputs = {v.name for v in graph.outputs}
 
+    on_chip = _pick_resident(graph, lowering, cfg) if resident else {}
+    kept: list[str] = []
+
     def declare(v, kind):
-        t = {"input": b.input, "output": b.output, "scratch": b.scratch}[kind](v.name, _shape(v), _dtype(v))
+        if kind == "scratch" and v.name in on_chip:
+            t = b.resident(v.name, _shape(v), _dtype(v), pe=on_chip[v.name])
+            kept.append(v.name)
+        else:
+            t = {"input": b.input, "output": b.output, "scratch": b.scratch}[kind](v.name, _shape(v), _dtype(v))
         tensors[t.name] = t
         tensor_of[v.name] = t.name
         return t
@@ -212,8 +230,57 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True) -
     for cid, pi in enumerate(owner):
         if pi >= 0:
             emitted[pi].commands.append(cid)
-    return Schedule(cfg, prog, tensor_of, [v.name for v in graph.inputs], weights,
-                    [v.name for v in graph.outputs], kernels)
+    sched = Schedule(cfg, prog, tensor_of, [v.name for v in graph.inputs], weights,
+                     [v.name for v in graph.outputs], kernels)
+    sched.residency = {"kept": sorted(kept), "bytes": sum(tensors[n].nbytes for n in kept)}
+    if kept:
+        sched.decisions.append(("resident", f"{len(kept)} intermediates stay in SRAM between their "
+                                f"producer and consumers ({sched.residency['bytes'] / 1e6:.2f} MB not "
+                                "written to DRAM and read back)"))
+    return sched
+
+
+# The share of a PE's SRAM intermediates may take; the rest is left to the kernels' own tiles.
+RESIDENT_SHARE = 0.5
+
+
+def _pick_resident(graph: Graph, lowering, cfg) -> dict[str, int]:
+    """Intermediates to keep in SRAM, with their PE: walking the program in order, an
+    intermediate stays on chip from its producer to its last consumer if it fits in the resident
+    share of the least-loaded PE's SRAM, next to the others live at that point. Free views extend
+    the life of the tensor they view."""
+    views = {x.node.outputs[0].name: x.node.inputs[0].name for x in lowering.nodes if x.how == "free view"}
+
+    def storage(name):
+        while name in views:
+            name = views[name]
+        return name
+
+    outputs = {storage(v.name) for v in graph.outputs}
+    last: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[storage(v.name)] = i
+    budget = int(cfg.sram_bytes_per_pe * RESIDENT_SHARE)
+    live: list[tuple[int, str, int, int]] = []   # (last use, name, pe, bytes)
+    used = [0] * cfg.num_pes
+    chosen: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for entry in [e for e in live if e[0] < i]:
+            live.remove(entry)
+            used[entry[2]] -= entry[3]
+        if node.outputs and node.outputs[0].name in views:
+            continue
+        for v in node.outputs:
+            if v.name in outputs or v.name not in last:
+                continue
+            nbytes = v.type.dtype.numpy.itemsize * int(np.prod(_shape(v)))
+            pe = min(range(cfg.num_pes), key=lambda p: used[p])
+            if used[pe] + nbytes <= budget:
+                chosen[v.name] = pe
+                used[pe] += nbytes
+                live.append((last[v.name], v.name, pe, nbytes))
+    return chosen
 
 
 def _kernel_part(x, node, view, b, cfg):
