@@ -70,6 +70,9 @@ CASES = {
                                                                          [1.0, 1, 0, 2, 2, 5]]),), "cummax", "reduction"),
     "cummin_first": (lambda x: torch.cummin(x, dim=0), (r(7, 3),), "cummin", "reduction"),
     "topk": (lambda x: x.topk(3, dim=-1), (r(5, 17),), "topk", "reduction"),
+    "topk_with_infinities": (lambda x: x.topk(4, dim=-1), (torch.tensor([[1.0, float("-inf"), 2, float("-inf"), 0],
+                                                                        [float("inf"), 3, float("-inf"), 1, 2]]),),
+                             "topk", "reduction"),
     "topk_smallest_middle": (lambda x: x.topk(2, dim=1, largest=False), (r(5, 17, 3),), "topk", "reduction"),
     "sort_descending": (lambda x: x.sort(dim=-1, descending=True), (r(4, 9),), "sort", "reduction"),
     "sort_first_axis": (lambda x: torch.sort(x, dim=0), (r(9, 4),), "sort", "reduction"),
@@ -127,7 +130,7 @@ def test_a_wrong_kernel_is_caught():
     fn, inputs, op, _ = CASES["topk"]
     x = _lowered(fn, inputs, op)
     arrays = [np.random.default_rng(2).standard_normal((5, 17)).astype(np.float32)]
-    wrong = dataclasses.replace(x.kernel, source=x.kernel.source.replace("work.max", "work.min"))
+    wrong = dataclasses.replace(x.kernel, source=x.kernel.source.replace(".max(axis=1)", ".min(axis=1)"))
     assert not codegen.check_kernel(x.node, wrong, arrays).ok
 
 

@@ -12,8 +12,9 @@ its middle axis on the vector unit into an accumulator of (rows, columns):
                                  index row written once into DRAM scratch (0, 1, ..., K-1)
     cumsum, cumprod              one K index at a time: a running sum stored at every step
     cummax, cummin               one K index at a time: the running extreme and where it was seen
-    topk, sort                   the whole K axis in one tile, k passes of: the extreme, its first
-                                 index, then that element masked out (sort: k = K, a selection sort)
+    topk, sort                   the whole K axis in one tile, k passes of: the extreme of the elements
+                                 not taken yet, its first index, then that element marked taken
+                                 (sort: k = K, a selection sort)
 """
 
 from __future__ import annotations
@@ -273,12 +274,14 @@ def _ranked(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None
     w(outer.header())
     with w.indent():
         rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
-        w(f"work = fl.load({x}[{rs}, :, {cs}]).astype(fl.f32)   # taken elements become {masked}")
+        w(f"x_t = fl.load({x}[{rs}, :, {cs}])")
+        w(f"taken = fl.zeros(({outer.extent(0)}, K, {outer.extent(1)}), fl.bool_)   # picked by an earlier pass")
         w("iota = fl.load(IOTA[:, :, :])")
         w(f"for p in fl.range({'K' if op == 'sort' else k}):")
         with w.indent():
-            w(f"m = work.{pick}(axis=1)")
-            w("first = fl.where(work == m, iota, float(K)).min(axis=1)   # equal values: the first one")
+            w(f"m = fl.where(taken, {masked}, x_t).{pick}(axis=1)")
+            w("# its first place not taken yet (equal values: the first one)")
+            w("first = fl.where(fl.logical_and(x_t == m, fl.logical_not(taken)), iota, float(K)).min(axis=1)")
             w(f"fl.store({values}[{rs}, p:p + 1, {cs}], {_store_cast('m', n.outputs[0].type.dtype)})")
             w(f"fl.store({indices}[{rs}, p:p + 1, {cs}], first.astype(fl.i64))")
-            w(f"fl.where(iota == first, {masked}, work, out=work)")
+            w("fl.logical_or(taken, iota == first, out=taken)")
