@@ -38,11 +38,6 @@ def tile_sizes(extents, cfg, live: int = 2, fixed=()) -> tuple[int, ...]:
     return tuple(reversed(sizes))
 
 
-def fits(extents, cfg, live: int) -> bool:
-    """Whether one tile of the last axis alone fits (a row longer than SRAM needs a split)."""
-    return int(extents[-1]) * 4 * live * STAGES <= cfg.sram_bytes_per_pe // 2
-
-
 class Loops:
     """The tile loop over a box of `extents` (axis labels `labels`): a ``fl.parallel`` over the
     axes whose tile is smaller than the axis (and always the first), each with a loop variable

@@ -109,7 +109,6 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
                     hrow = loops.index(1, PH, None)
                     wcol = f"q + {loops.vars[2]}.start:q + {loops.vars[2]}.stop" if 2 in loops.vars else f"q:q + {WQ}"
                     w(f"fl.store(XP[{pi}, {hrow}, {wcol}, c], fl.load({xname}[{pi}, {hi}, {wi}, r]))")
-        loops = Loops(["P"], (P,), (tiles[0],), {"P"})
         grid = f"fl.tiles(P, {tiles[0]}), range(OH)"
         w(f"for ps, oh in fl.parallel({grid}, stages=stages):")
         with w.indent():
