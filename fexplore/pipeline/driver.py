@@ -49,6 +49,10 @@ class Exploration:
         self._oracle: Oracle | None = None
         self._result: CompiledModel | None = None
         self._pm = PassManager(self.graph_stages, hooks=[self._verify_hook])
+        # A model on the meta device (or meta inputs) has shapes and no values: it compiles with
+        # structural verification only and simulates timing-only.
+        leaves = [x for x in torch.utils._pytree.tree_leaves(self.example_inputs) if isinstance(x, torch.Tensor)]
+        self.meta = any(t.is_meta for t in list(model.parameters()) + list(model.buffers()) + leaves)
 
     # -- stepping --------------------------------------------------------------------------
 
@@ -172,6 +176,9 @@ class Exploration:
         except VerificationError as e:
             structural = (False, str(e))
         numeric = None
+        if structural[0] and self.meta:
+            rec.verification = Verification(True, None, None, None)
+            return
         if structural[0]:
             if self._oracle is None:
                 with _model_untouched(self.model):
