@@ -19,6 +19,11 @@ A kernel is composed from parts, chosen by what the region holds, never by a who
     permute.py      permute: box copies, or tiles turned on the transpose engine
     vector.py       the vector-unit lines of one IR node, which all of the above write with
     views.py        views of a region input as index maps: a view is read as a box, never copied
+    movement.py     slice, select, split, concat, pad, expand (plain ops) as DMA box copies; tril/triu
+    reduce.py       reductions (var too) over any neighbouring axes, argmax/argmin, cumsum/cumprod,
+                    topk, sort, global average pooling
+    pool.py         max / avg / adaptive-avg pooling: windowed reductions over (W / stride, stride) views
+    boxes.py        the free views, tile sizes and tile loops those box copies walk
     domain.py       the iteration space, leading axes merged when every operand allows it
 
 Anything without a part raises `UnsupportedRegionError` (a NotImplementedError, code FK190)
@@ -38,7 +43,10 @@ from .conv import generate_conv
 from .errors import UnsupportedRegionError
 from .gather import GATHERS, generate_gather
 from .generated import GeneratedKernel, Param, Result
+from .movement import MOVEMENT, generate_movement
 from .permute import generate_permute
+from .pool import POOLS, generate_pool
+from .reduce import generate_reduction, takes as reduction_takes
 from .rowwise import generate_vector
 from .vector import check_table
 
@@ -57,6 +65,12 @@ def generate(node: Node, target="rngd") -> GeneratedKernel:
     contraction = any(n.op.name in CONTRACTIONS for n in body.nodes)
     if _is_attention(body):
         return generate_attention(node, cfg)
+    if node.op.name in MOVEMENT:        # a plain op (a region's op name is "region")
+        return generate_movement(node, cfg)
+    if reduction_takes(node):
+        return generate_reduction(node, cfg)
+    if node.op.name in POOLS:
+        return generate_pool(node, cfg)
     for n in body.nodes:
         if n.op.name in _NOT_YET and not (contraction and n.op.name == "permute"):   # a prologue view
             raise UnsupportedRegionError(n.op.name, region_label(node),

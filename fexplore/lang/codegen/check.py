@@ -49,7 +49,8 @@ def check_kernel(node: Node, generated, inputs, kernel=None) -> KernelCheck:
         atol, rtol = max(TOLERANCE.get(v.type.dtype.name, TOLERANCE["f32"]), TOLERANCE[computes_in])
         g64, w64 = np.asarray(g, np.float64), np.asarray(wv, np.float64)
         finite = np.isfinite(w64)
-        if not np.array_equal(np.isfinite(g64), finite) or not np.array_equal(g64[~finite], w64[~finite]):
+        if not np.array_equal(np.isfinite(g64), finite) or \
+                not np.array_equal(g64[~finite], w64[~finite], equal_nan=True):   # NaN where NaN is due
             return KernelCheck(generated.name, False, float("inf"), float("inf"), len(want))
         if not finite.any():
             continue

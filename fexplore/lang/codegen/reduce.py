@@ -1,0 +1,287 @@
+"""The reduction kernel: reductions over any neighbouring axes, arg-extremes, scans, topk and sort.
+
+The input is seen as (R, K, C): the reduced (or scanned, or ranked) axes merged into K between the
+kept axes before (R) and after (C); the vector part already reduces a row's last axis, this part
+reduces any run of axes. A block of (rows, K tile, columns) is loaded at a time and reduced over
+its middle axis on the vector unit into an accumulator of (rows, columns):
+
+    sum, mean, amax, amin, any   a partial reduction per K tile, added (maxed) into the accumulator
+    var                          two passes: the mean, then the squared deviations from it
+    prod                         one K index at a time (the vector unit has no product reduction)
+    argmax, argmin               per K tile: its extreme, and the first index that holds it, from an
+                                 index row written once into DRAM scratch (0, 1, ..., K-1)
+    cumsum, cumprod              one K index at a time: a running sum stored at every step
+    cummax, cummin               one K index at a time: the running extreme and where it was seen
+    topk, sort                   the whole K axis in one tile, k passes of: the extreme of the elements
+                                 not taken yet, its first index, then that element marked taken
+                                 (sort: k = K, a selection sort)
+"""
+
+from __future__ import annotations
+
+import math
+
+from fexplore.ir import DType, Node
+
+from .boxes import STAGES, Loops, index_row, spec, tile_sizes
+from .common import Inputs, Signature, body_of, header, kernel_name, region_label
+from .errors import UnsupportedRegionError
+from .generated import GeneratedKernel, Result
+from .source import Names, Writer, fl_dtype
+
+ACCUMULATE = {"sum": ("0.0", "add", "sum"), "mean": ("0.0", "add", "sum"), "amax": ('float("-inf")', "maximum", "max"),
+              "amin": ('float("inf")', "minimum", "min"), "any": ("0.0", "maximum", "max")}
+REDUCE = set(ACCUMULATE) | {"prod", "var", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "topk",
+                            "sort"}
+SORT_LIMIT = 256    # a selection sort takes K passes over K elements: beyond this, a host op
+
+
+def takes(node: Node) -> bool:
+    """A plain op this part writes: a reduction the vector part cannot (not over the last axis
+    alone), and every arg-extreme, scan, topk and sort."""
+    op = node.op.name
+    if op == "adaptive_avg_pool2d":          # global average pooling: a mean over H and W
+        return tuple(node.attrs["output_size"]) == (1, 1)
+    if op not in REDUCE:
+        return False
+    if op in ("sum", "mean", "amax", "amin", "var"):
+        rank = node.inputs[0].type.rank
+        axes = sorted({a % rank for a in node.attrs["axes"]}) if node.attrs["axes"] else list(range(rank))
+        return axes != [rank - 1] and rank > 0
+    return True
+
+
+def generate_reduction(node: Node, cfg) -> GeneratedKernel:
+    body = body_of(node)
+    n = body.nodes[0]
+    label = region_label(node)
+    x = n.inputs[0]
+    for v in list(n.inputs) + list(n.outputs):
+        if any(not isinstance(d, int) for d in v.type.shape):
+            raise UnsupportedRegionError(n.op.name, label, "symbolic sizes (specialize the shapes first)", loc=n.loc)
+        if math.prod(v.type.shape) == 0:
+            raise UnsupportedRegionError(n.op.name, label, "an empty tensor", loc=n.loc)
+    rank = x.type.rank
+    op = n.op.name
+    if op == "adaptive_avg_pool2d":
+        op, axes = "mean", [2, 3]
+    elif op in ACCUMULATE or op in ("prod", "var"):
+        axes = sorted({a % rank for a in n.attrs["axes"]}) if n.attrs["axes"] else list(range(rank))
+    elif op in ("argmax", "argmin"):
+        axes = list(range(rank)) if n.attrs["axis"] is None else [n.attrs["axis"] % max(rank, 1)]
+    else:
+        axes = [n.attrs["axis"] % max(rank, 1)] if rank else []
+    R, K, C = _around(tuple(x.type.shape), axes, n, label)
+    names = Names({"stages", "iota"})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    inputs = Inputs.of(node, body)
+    sig = Signature(names, inputs)
+    named = [a for a, s in (("R", R), ("K", K), ("C", C))]
+    xname = sig.add(x, (R, K, C), spec(["R", "K", "C"], (R, K, C), named))
+    w = Writer()
+    header(w, node, body, "reduction", sig.header, inputs.literals)
+    w(f'@fl.kernel(target="{cfg.name}")')
+    w(f"def {fname}({', '.join(sig.annotations)}, *, stages: int = {STAGES}):")
+    with w.indent():
+        w(f"R, K, C = {R}, {K}, {C}")
+        if op in ("topk", "sort"):
+            _ranked(w, n, cfg, xname, R, K, C, label)
+        elif op in ("cumsum", "cumprod"):
+            _scan(w, n, cfg, xname, R, K, C)
+        elif op in ("cummax", "cummin"):
+            _running_extreme(w, n, cfg, xname, R, K, C)
+        elif op in ("argmax", "argmin"):
+            _arg_extreme(w, n, cfg, xname, R, K, C)
+        elif op == "var":
+            _variance(w, n, cfg, xname, R, K, C, label)
+        else:
+            _accumulate(w, n, op, cfg, xname, R, K, C)
+        w(f"return {'VALUES, INDICES' if len(n.outputs) == 2 else 'OUT'}")
+    results = tuple(Result(i, tuple(v.type.shape)) for i, v in enumerate(node.outputs))
+    return GeneratedKernel(fname, "reduction", w.text(), cfg, tuple(sig.params), results, (n.op.name,))
+
+
+def _around(shape, axes, n: Node, label: str) -> tuple[int, int, int]:
+    """(R, K, C) with K the reduced axes merged; they must be neighbours (size-1 axes aside)."""
+    big = [i for i, d in enumerate(shape) if d != 1]
+    red = [i for i in big if i in axes]
+    if not red:
+        first = axes[0] if axes else len(shape)
+        return math.prod(shape[:first]), 1, math.prod(shape[first:])
+    pos = [big.index(i) for i in red]
+    if pos != list(range(pos[0], pos[0] + len(pos))):
+        raise UnsupportedRegionError(n.op.name, label, f"reduces axes {list(axes)} that are not neighbours: "
+                                                       f"the reduced axes must merge into one", loc=n.loc)
+    return (math.prod(shape[i] for i in big[:pos[0]]), math.prod(shape[i] for i in red),
+            math.prod(shape[i] for i in big[pos[-1] + 1:]))
+
+
+def _outputs(w, n: Node, shape_text: str, axes: str) -> list[str]:
+    outs = []
+    for k, v in enumerate(n.outputs):
+        name = ("VALUES", "INDICES")[k] if len(n.outputs) == 2 else "OUT"
+        w(f'{name} = fl.output({shape_text}, {fl_dtype(v.type.dtype)}, axes="{axes}")')
+        outs.append(name)
+    return outs
+
+
+def _store_cast(expr: str, dt: DType) -> str:
+    return expr if dt == DType.f32 else f"{expr}.astype({fl_dtype(dt)})"
+
+
+def _accumulate(w, n: Node, op: str, cfg, x: str, R: int, K: int, C: int) -> None:
+    (out,) = _outputs(w, n, "(R, C)", "R C")
+    walk = op == "prod"
+    tiles = tile_sizes((R, K, C), cfg, live=3, fixed={1} if walk else ())
+    outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
+    w(outer.header())
+    with w.indent():
+        shape = f"({outer.extent(0)}, {outer.extent(1)})"
+        cs = outer.index(1, 0, C)
+        rs = outer.index(0, 0, R)
+        if walk:
+            w(f"acc = fl.full({shape}, 1.0)")
+            w("for k in fl.range(K):")
+            with w.indent():
+                w(f"fl.mul(acc, fl.load({x}[{rs}, k, {cs}]), out=acc)")
+        else:
+            init, combine, part = ACCUMULATE[op]
+            w(f"acc = fl.full({shape}, {init})")
+            w(f"for ks in fl.range(fl.tiles(K, {tiles[1]})):")
+            with w.indent():
+                w(f"x_t = fl.load({x}[{rs}, ks, {cs}])")
+                if op == "any":
+                    w("x_t = x_t != 0.0")
+                w(f"fl.{combine}(acc, x_t.{part}(axis=1, keepdims=False), out=acc)")
+        result = "acc / K" if op == "mean" else "acc != 0.0" if op == "any" else "acc"
+        dt = n.outputs[0].type.dtype
+        w(f"fl.store({out}[{rs}, {cs}], {result if op == 'any' else _store_cast(result, dt)})")
+
+
+def _variance(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None:
+    """Two passes over K: the mean, then the squared deviations from it (not E[x^2] - E[x]^2,
+    which cancels badly)."""
+    dof = K - n.attrs["correction"]
+    if dof <= 0:
+        raise UnsupportedRegionError("var", label, f"{K} elements with correction {n.attrs['correction']}: "
+                                                   f"no degrees of freedom", loc=n.loc)
+    w(f'OUT = fl.output((R, 1, C), {fl_dtype(n.outputs[0].type.dtype)}, axes="R _ C")')
+    tiles = tile_sizes((R, K, C), cfg, live=4)
+    outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
+    w(outer.header())
+    with w.indent():
+        shape = f"({outer.extent(0)}, 1, {outer.extent(1)})"
+        rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
+        w(f"total = fl.zeros({shape})")
+        w(f"for ks in fl.range(fl.tiles(K, {tiles[1]})):")
+        with w.indent():
+            w(f"fl.add(total, fl.load({x}[{rs}, ks, {cs}]).sum(axis=1), out=total)")
+        w("mean = total / K")
+        w(f"squares = fl.zeros({shape})")
+        w(f"for ks in fl.range(fl.tiles(K, {tiles[1]})):")
+        with w.indent():
+            w(f"d = fl.load({x}[{rs}, ks, {cs}]) - mean")
+            w("fl.add(squares, (d * d).sum(axis=1), out=squares)")
+        w(f"fl.store(OUT[{rs}, :, {cs}], {_store_cast(f'squares / {dof}', n.outputs[0].type.dtype)})")
+
+
+def _arg_extreme(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
+    big = n.op.name == "argmax"
+    pick, better, worst = ("max", "gt", 'float("-inf")') if big else ("min", "lt", 'float("inf")')
+    (out,) = _outputs(w, n, "(R, C)", "R C")
+    index_row(w, cfg, "IOTA", K, 3, 1, "the position of each element along K")
+    tiles = tile_sizes((R, K, C), cfg, live=5)
+    outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
+    w(outer.header())
+    with w.indent():
+        shape = f"({outer.extent(0)}, {outer.extent(1)})"
+        rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
+        w(f"best = fl.full({shape}, {worst})")
+        w(f"at = fl.zeros({shape})")
+        w(f"for ks in fl.range(fl.tiles(K, {tiles[1]})):")
+        with w.indent():
+            w(f"x_t = fl.load({x}[{rs}, ks, {cs}])")
+            w("iota = fl.load(IOTA[:, ks, :])")
+            w(f"m = x_t.{pick}(axis=1)")
+            w(f"first = fl.where(x_t == m, iota, float(K)).min(axis=1, keepdims=False)   # where m first is")
+            w(f"m = x_t.{pick}(axis=1, keepdims=False)")
+            w(f"won = fl.{better}(m, best)   # strictly: on a tie the earlier tile keeps its index")
+            w("fl.where(won, first, at, out=at)")
+            w("fl.where(won, m, best, out=best)")
+        w(f"fl.store({out}[{rs}, {cs}], at.astype(fl.i64))")
+
+
+def _scan(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
+    prod = n.op.name == "cumprod"
+    (out,) = _outputs(w, n, "(R, K, C)", "R K C")
+    tiles = tile_sizes((R, K, C), cfg, live=3, fixed={1})
+    outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
+    w(outer.header())
+    with w.indent():
+        shape = f"({outer.extent(0)}, {outer.extent(1)})"
+        rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
+        w(f"run = fl.full({shape}, {'1.0' if prod else '0.0'})   # the running {'product' if prod else 'sum'}")
+        w("for k in fl.range(K):")
+        with w.indent():
+            w(f"fl.{'mul' if prod else 'add'}(run, fl.load({x}[{rs}, k, {cs}]), out=run)")
+            w(f"fl.store({out}[{rs}, k, {cs}], {_store_cast('run', n.outputs[0].type.dtype)})")
+
+
+def _running_extreme(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
+    """cummax / cummin: the running extreme and where it was last seen (a tie moves the index
+    forward); once a NaN is seen it stays the extreme, as torch has it."""
+    big = n.op.name == "cummax"
+    values, indices = _outputs(w, n, "(R, K, C)", "R K C")
+    tiles = tile_sizes((R, K, C), cfg, live=5, fixed={1})
+    outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
+    w(outer.header())
+    with w.indent():
+        shape = f"({outer.extent(0)}, {outer.extent(1)})"
+        rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
+        worst = 'float("-inf")' if big else 'float("inf")'
+        w(f"best = fl.full({shape}, {worst})")
+        w(f"at = fl.zeros({shape})")
+        w("for k in fl.range(K):")
+        with w.indent():
+            w(f"x_t = fl.load({x}[{rs}, k, {cs}])")
+            w(f"won = fl.logical_or(fl.isnan(x_t), fl.logical_and(fl.logical_not(fl.isnan(best)), "
+              f"fl.{'ge' if big else 'le'}(x_t, best)))")
+            w("fl.where(won, x_t, best, out=best)")
+            w("fl.where(won, k, at, out=at)")
+            w(f"fl.store({values}[{rs}, k, {cs}], {_store_cast('best', n.outputs[0].type.dtype)})")
+            w(f"fl.store({indices}[{rs}, k, {cs}], at.astype(fl.i64))")
+
+
+def _ranked(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None:
+    op = n.op.name
+    k = n.attrs["k"] if op == "topk" else K
+    largest = n.attrs["largest"] if op == "topk" else n.attrs["descending"]
+    if op == "sort" and K > SORT_LIMIT:
+        raise UnsupportedRegionError(op, label, f"sort has no vector-unit kernel for {K} elements: a selection "
+                                                f"sort takes K passes over K (it is written up to {SORT_LIMIT})",
+                                     loc=n.loc)
+    budget = tile_sizes((R, K, C), cfg, live=6)
+    if budget[1] < K:
+        raise UnsupportedRegionError(op, label, f"{op} over {K} elements: the whole axis does not fit one tile "
+                                                f"on {cfg.name} (a merge of per-tile winners is not written)",
+                                     loc=n.loc)
+    pick, masked = ("max", 'float("-inf")') if largest else ("min", 'float("inf")')
+    values, indices = _outputs(w, n, f"(R, {k}, C)" if op == "topk" else "(R, K, C)", "R _ C" if op == "topk"
+                               else "R K C")
+    index_row(w, cfg, "IOTA", K, 3, 1, "the position of each element along K")
+    outer = Loops(["R", "C"], (R, C), (budget[0], budget[2]), {"R", "C"})
+    w(outer.header())
+    with w.indent():
+        rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
+        w(f"x_t = fl.load({x}[{rs}, :, {cs}])")
+        w(f"taken = fl.zeros(({outer.extent(0)}, K, {outer.extent(1)}), fl.bool_)   # picked by an earlier pass")
+        w("iota = fl.load(IOTA[:, :, :])")
+        w(f"for p in fl.range({'K' if op == 'sort' else k}):")
+        with w.indent():
+            w(f"m = fl.where(taken, {masked}, x_t).{pick}(axis=1)")
+            w("# its first place not taken yet (equal values: the first one)")
+            w("first = fl.where(fl.logical_and(x_t == m, fl.logical_not(taken)), iota, float(K)).min(axis=1)")
+            w(f"fl.store({values}[{rs}, p:p + 1, {cs}], {_store_cast('m', n.outputs[0].type.dtype)})")
+            w(f"fl.store({indices}[{rs}, p:p + 1, {cs}], first.astype(fl.i64))")
+            w("fl.logical_or(taken, iota == first, out=taken)")
