@@ -55,6 +55,12 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         core_nodes = {id(core)}
         dts = [x.type.dtype for x in (q, k, v)]
         q, k, v = (_uncast(x, producer, core_nodes) for x in (q, k, v))
+        # grouped-query heads written as Hugging Face's repeat_kv (expand, then a reshape merging
+        # the copies into the head axis): read the unrepeated k and v, a query head h using
+        # key head h // copies
+        kr, vr = (_repeat_kv(x, producer, core_nodes) for x in (k, v))
+        if kr is not None and vr is not None:
+            k, v, gqa = _uncast(kr, producer, core_nodes), _uncast(vr, producer, core_nodes), True
         op_dt = {x.name: d for x, d in zip((q, k, v), dts)}
     else:
         sm = next((n for n in body.nodes if n.op.name == "softmax"), None)
@@ -400,6 +406,31 @@ def _uncast(x, producer, core_nodes):
         core_nodes.add(id(n))
         return n.inputs[0]
     return x
+
+
+def _repeat_kv(x, producer, core_nodes):
+    """The (..., Hkv, T, D) value that ``x`` = reshape(expand(reshape(it, (..., Hkv, 1, T, D)),
+    (..., Hkv, r, T, D)), (..., Hkv * r, T, D)) repeats, its three views joining the core; None
+    when ``x`` is not made so."""
+    chain, v = [], x
+    for op in ("reshape", "expand", "reshape"):
+        n = producer.get(v.name)
+        if n is None or n.op.name != op:
+            return None
+        chain.append(n)
+        v = n.inputs[0]
+    *lead, H, T, D = x.type.shape
+    src = tuple(v.type.shape)
+    if len(src) != len(lead) + 3 or src[:len(lead)] != tuple(lead) or src[-2:] != (T, D):
+        return None
+    hkv = src[-3]
+    if not isinstance(hkv, int) or not isinstance(H, int) or hkv == 0 or H % hkv:
+        return None
+    if tuple(chain[2].outputs[0].type.shape) != (*lead, hkv, 1, T, D) or \
+            tuple(chain[1].outputs[0].type.shape) != (*lead, hkv, H // hkv, T, D):
+        return None
+    core_nodes.update(id(n) for n in chain)
+    return v
 
 
 def _cast_line(w, names, tile, src, dst) -> str:

@@ -5,7 +5,12 @@
   ``fexplore.register_kernel(match, kernel)`` for its region kind, op name or a predicate;
 - a ``reshape`` of a row-major tensor moves no data -> a free view (no kernel, no cost);
 - anything codegen has no part for yet (gathers, relayouts, pooling, sort, ...) -> an explicit
-  host op, with the reason codegen gave; counted and listed in the stats and the summary.
+  host op, with the reason codegen gave; counted and listed in the stats and the summary;
+- a region no generator takes whole -> split: its body is partitioned into the largest pieces
+  codegen generates (``_Splitter``): the op codegen names is peeled off, the rest tried again as
+  sub-regions built as fusion builds regions (``fusion.region_node``); each piece is a kernel, a
+  free view or (a single op with no part) a host op. The values passed between pieces go
+  through DRAM: that fusion is lost, and the record says so with codegen's reason.
 
 Design. The graph is not rewritten: every node keeps its body, which stays its meaning, so the IR
 interpreter, printer, parser, diff and graph views work on the lowered program unchanged, and the
@@ -16,11 +21,13 @@ The CompiledModel exposes the kernels as ``cm.kernels``. Kernel names are unique
 two regions of one module get ``_2``, ``_3`` suffixes, in the source too.
 
 Verification (``check_lowering``, called by the driver's hook besides the graph-vs-eager check):
-the program is run the chip way on the example inputs: each node computed by its kernel in the
-kernel-language interpreter, host ops and free views by the IR interpreter, and each kernel's
+the program is run the chip way on each of the oracle's input sets (the example inputs and the
+random ones): each node computed by its kernel in the kernel-language interpreter, a split region
+piece by piece, host ops and free views by the IR interpreter, and each kernel's
 outputs compared with its node run by the IR interpreter on the same inputs (the dtype's
-tolerance, ``codegen.check_kernel``); the first kernel that leaves it is named. To stay cheap on
-big graphs, each distinct kernel (same source up to its name, same input shapes) is run once; its
+tolerance, ``codegen.check_kernel``); the first kernel (or piece) that leaves it is named. To stay
+cheap on big graphs, each distinct kernel (same source up to its name, same input shapes) is run
+once per input set; its
 repeats (the layers of a transformer) are computed by the IR interpreter. The chip-way outputs are
 then compared with eager.
 """
