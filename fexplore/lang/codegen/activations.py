@@ -73,9 +73,9 @@ class RowAccess:
             i = base_lead.index(a) + shift
             s = offset.get(a, 0)
             j = g_of.get(i)
-            if j is None:    # a size-1 axis of the domain
+            if j is None:    # a size-1 axis of the domain; M (the last) stays an axis of the tile
                 spec.append(str(size))
-                idx.append(str(s))
+                idx.append(f"{s}:{s + 1}" if i == len(lead) - 1 else str(s))
             elif j == len(groups.groups) - 1:
                 spec.append(f'"{axis_names[j]}"' if a not in offset else str(size))
                 idx.append(loop_vars[j] if not s else f"{loop_vars[j]}.start + {s}:{loop_vars[j]}.stop + {s}")

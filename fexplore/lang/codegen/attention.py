@@ -42,6 +42,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                                      loc=n.loc if n is not None else node.loc)
 
     sdpa = [n for n in body.nodes if n.op.name == "attention"]
+    expanded = []   # expands of the mask, read through
     score_ops, mask, scale, swap_k, causal = [], None, None, False, False
     if sdpa:
         core = sdpa[0]
@@ -49,10 +50,14 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         q, k, v = core.inputs[:3]
         op_dt = {x.name: x.type.dtype for x in (q, k, v)}
         mask = core.inputs[3] if len(core.inputs) == 4 else None
+        while mask is not None and mask.name in producer and producer[mask.name].op.name == "expand":
+            # a mask broadcast to the scores: the scores read the unexpanded one, which broadcasts
+            expanded.append(producer[mask.name])
+            mask = expanded[-1].inputs[0]
         scale = core.attrs["scale"] if core.attrs["scale"] is not None else 1.0 / math.sqrt(q.type.shape[-1])
         gqa = core.attrs["gqa"]
         result = core.outputs[0]
-        core_nodes = {id(core)}
+        core_nodes = {id(core)} | {id(n) for n in expanded}
         dts = [x.type.dtype for x in (q, k, v)]
         q, k, v = (_uncast(x, producer, core_nodes) for x in (q, k, v))
         # grouped-query heads written as Hugging Face's repeat_kv (expand, then a reshape merging
