@@ -39,7 +39,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
 
     def fail(n, why):
         raise UnsupportedRegionError(n.op.name if n is not None else "attention", label, why,
-                                     loc=n.loc if n is not None else node.loc)
+                                     loc=n.loc if n is not None else node.loc, node=n)
 
     sdpa = [n for n in body.nodes if n.op.name == "attention"]
     expanded = []   # expands of the mask, read through
@@ -455,21 +455,29 @@ def _is_view(v, producer) -> bool:
 
 
 def _concat_cuts(values, producer, D) -> set:
-    """Where the graphs of `values` concatenate D-wide values along the last axis."""
-    cuts, stack, seen = set(), list(values), set()
+    """Where the graphs of `values` concatenate along the last axis, in D's coordinates: a slice of
+    D shifts them (partial rotary embedding concatenates halves of a slice of D), elementwise ops
+    keep them."""
+    cuts, stack, seen = set(), [(v, 0) for v in values], set()
     while stack:
-        v = stack.pop()
-        if v.name in seen or v.name not in producer:
+        v, off = stack.pop()
+        if (v.name, off) in seen or v.name not in producer or v.type.rank == 0:
             continue
-        seen.add(v.name)
+        seen.add((v.name, off))
         n = producer[v.name]
-        if n.op.name == "concat" and n.attrs["axis"] % v.type.rank == v.type.rank - 1 and v.type.shape[-1] == D:
-            off = 0
+        last = v.type.rank - 1
+        if n.op.name == "concat" and n.attrs["axis"] % v.type.rank == last:
+            at = off
             for x in n.inputs:
-                off += x.type.shape[-1]
-                cuts.add(off)
-        stack.extend(n.inputs)
-    return cuts
+                stack.append((x, at))
+                at += x.type.shape[-1]
+                cuts.add(at)
+        elif n.op.name == "slice" and n.attrs["axis"] % v.type.rank == last and n.attrs["step"] == 1:
+            cuts |= {off, off + v.type.shape[-1]}
+            stack.append((n.inputs[0], off - n.attrs["start"]))
+        else:
+            stack.extend((x, off) for x in n.inputs if x.type.rank and x.type.shape[-1] == v.type.shape[-1])
+    return {c for c in cuts if 0 < c < D}
 
 
 class _Pieces:

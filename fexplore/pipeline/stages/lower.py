@@ -286,12 +286,11 @@ class _Lowerer:
 
 
 class _Splitter:
-    """The region as the largest pieces codegen generates. The op codegen names is peeled off:
-    what does not depend on it, the op itself and what depends on it become pieces, each tried
-    whole and split again if needed; with no op named, the body is halved in program order.
-    Every piece is convex (an ancestor-closed set, a single op, a descendant-closed set, or a
-    contiguous run of a topological order), so the pieces run in order. A single op no generator
-    takes is a host op."""
+    """The region as the largest pieces codegen generates. The body is cut around the op codegen
+    names (``_cut``), each part tried whole and cut again if refused; with no op named, the body
+    is halved in program order. Every part is convex (an ancestor-closed set, its complement, a
+    single op, or a contiguous run of a topological order), so the pieces run in order. A single
+    op no generator takes is a host op."""
 
     def __init__(self, lowerer: _Lowerer, node: Node):
         self.lowerer, self.node = lowerer, node
@@ -318,18 +317,8 @@ class _Splitter:
         low = self.lowerer
         if len(members) == 1:
             return [low.node(members[0], of=self.label)]
-        culprit = _culprit(members, err)
-        if culprit is None:
-            mid = len(members) // 2
-            parts = [members[:mid], members[mid:]]
-        else:
-            after = _descendants(culprit, members)
-            parts = [[n for n in members if n is not culprit and id(n) not in after], [culprit],
-                     [n for n in members if id(n) in after]]
         out = []
-        for part in parts:
-            if not part:
-                continue
+        for part in _cut(members, _culprit(members, err)):
             if len(part) == 1:
                 out.append(low.node(part[0], of=self.label))
                 continue
@@ -360,13 +349,49 @@ class _Failed(Exception):
 
 
 def _culprit(members: list[Node], err):
-    """The body op codegen's error names, preferring the one at its source location."""
+    """The body op codegen's error names: the node it gives, else one of that op at its source
+    location, else the first of that op."""
+    node = getattr(err, "node", None)
+    if node is not None and any(n is node for n in members):
+        return node
     op = getattr(err, "op", None)
-    if op is None:
-        return None
     named = [n for n in members if n.op.name == op]
     at = [n for n in named if getattr(err, "loc", None) is not None and n.loc == err.loc]
     return (at or named or [None])[0]
+
+
+_ANCHORS = {"attention", "linear", "matmul", "conv2d"}
+
+
+def _cut(members: list[Node], culprit) -> list[list[Node]]:
+    """Members in two or three convex parts, in an order they can run in, around the op codegen
+    refused: for a contraction or attention, what feeds it (the op keeps its epilogue); for any
+    other op, the op with what feeds it (the rest keeps its anchor); the op alone when that is
+    all there is. With no op named, the two halves of program order."""
+    if culprit is None:
+        mid = len(members) // 2
+        return [members[:mid], members[mid:]]
+    before = _ancestors(culprit, members)
+    if culprit.op.name in _ANCHORS and before:
+        return [[n for n in members if id(n) in before], [n for n in members if id(n) not in before]]
+    if len(before) + 1 < len(members) and culprit.op.name not in _ANCHORS:
+        return [[n for n in members if id(n) in before or n is culprit],
+                [n for n in members if id(n) not in before and n is not culprit]]
+    after = _descendants(culprit, members)
+    return [p for p in ([n for n in members if n is not culprit and id(n) not in after], [culprit],
+                        [n for n in members if id(n) in after]) if p]
+
+
+def _ancestors(node: Node, members: list[Node]) -> set[int]:
+    """ids of the members whose results ``node`` reads, directly or not."""
+    made_by = {v.name: n for n in members for v in n.outputs}
+    out, stack = set(), list(node.inputs)
+    while stack:
+        n = made_by.get(stack.pop().name)
+        if n is not None and id(n) not in out:
+            out.add(id(n))
+            stack.extend(n.inputs)
+    return out
 
 
 def _descendants(node: Node, members: list[Node]) -> set[int]:
