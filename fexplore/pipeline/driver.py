@@ -24,6 +24,7 @@ from .stage import Stage, StageRecord, Verification, graph_stats
 
 from .stages import GRAPH_STAGE_LIST
 from .stages.lower import check_lowering
+from .stages.schedule import check_schedule
 
 # The graph stages after ingestion, in DESIGN.md's order.
 GRAPH_STAGES: list[Stage] = list(GRAPH_STAGE_LIST)
@@ -67,7 +68,7 @@ class Exploration:
             rec = self._ingest()
         else:
             stage = self.graph_stages[len(self.records) - 1]
-            rec = self._pm.run_stage(stage, self.records[-1].after, self.options)
+            rec = self._pm.run_stage(stage, self.records[-1].after, self.options, self.records[-1].lowering)
         self.records.append(rec)
         return rec
 
@@ -170,7 +171,9 @@ class Exploration:
                                           seed=self.options.seed)
             numeric = check_graph(rec.after, self._oracle, before=rec.before)
         kernels = None
-        if structural[0] and rec.lowering is not None:
+        if structural[0] and rec.schedule is not None:
+            kernels = check_schedule(rec.after, rec.schedule, self._oracle)
+        elif structural[0] and rec.lowering is not None:
             kernels = check_lowering(rec.after, rec.lowering, self._oracle)
         rec.verification = Verification(structural[0], structural[1], numeric, kernels)
 

@@ -30,6 +30,7 @@ class StageResult:
     rewrites: list[Rewrite] = field(default_factory=list)
     summary: str = ""  # one line on what the stage did, in its own words
     lowering: Any = None  # the lower stage's kernels (stages/lower.py: Lowering)
+    schedule: Any = None  # the schedule stage's whole-model program (stages/schedule.py: Schedule)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Stage:
     name: str
     run: Callable[[Graph, Any], StageResult]
     doc: str = ""
+    uses_lowering: bool = False  # run(graph, options, lowering=<the previous stage's Lowering>)
 
 
 @dataclass
@@ -90,6 +92,7 @@ class StageRecord:
     elapsed_s: float
     summary: str = ""
     lowering: Any = None  # the lower stage's Lowering: its kernels, free views and host ops
+    schedule: Any = None  # the schedule stage's Schedule: the whole-model NPU program
 
     @property
     def changed(self) -> bool:
