@@ -301,11 +301,16 @@ class _Splitter:
             for v in n.inputs:
                 self.users.setdefault(v.name, set()).add(id(n))
         self.parts = 0
+        # a piece reads the region's operands and makes its results under their outer names (a
+        # body may name them otherwise, as after the precision stage), so the pieces run in the
+        # outer program; only the values between pieces keep their body names
+        self.outer = {bv.name: nv for bv, nv in zip(self.body.inputs, node.inputs)}
+        self.outer.update({bv.name: nv for bv, nv in zip(self.body.outputs, node.outputs)})
 
     def lowered(self, err) -> LoweredNode:
         pieces = self.partition(list(self.body.nodes), err)
         made = {v.name: i for i, p in enumerate(pieces) for v in p.node.outputs}
-        outs = {v.name for v in self.body.outputs}
+        outs = {v.name for v in self.node.outputs}
         scratch = tuple(dict.fromkeys(v.name for i, p in enumerate(pieces) for v in p.node.inputs
                                       if made.get(v.name, i) != i and v.name not in outs))
         reason = (f"{_reason(err)}; split into {len(pieces)} pieces"
@@ -316,11 +321,11 @@ class _Splitter:
     def partition(self, members: list[Node], err) -> list[LoweredNode]:
         low = self.lowerer
         if len(members) == 1:
-            return [low.node(members[0], of=self.label)]
+            return [low.node(self.single(members[0]), of=self.label)]
         out = []
         for part in _cut(members, _culprit(members, err)):
             if len(part) == 1:
-                out.append(low.node(part[0], of=self.label))
+                out.append(low.node(self.single(part[0]), of=self.label))
                 continue
             sub = self.piece(part)
             if _user_kernel_for(sub) is not None:
@@ -339,9 +344,20 @@ class _Splitter:
         body_outs = {v.name for v in self.body.outputs}
         outs = [v for n in part for v in n.outputs
                 if v.name in body_outs or self.users.get(v.name, set()) - inside]
-        anchor = next((n for n in part if n.op.name in ("attention", "linear", "matmul", "conv2d")), part[-1])
+        anchor = next((n for n in part if n.op.name in _ANCHORS), part[-1])
         self.parts += 1
-        return region_node(part, outs, region_kind(part), f"{self.body.name}_part{self.parts}", anchor.loc)
+        r = region_node(part, outs, region_kind(part), f"{self.body.name}_part{self.parts}", anchor.loc)
+        return Node("region", self.renamed(r.inputs), r.attrs, self.renamed(r.outputs), r.loc, r.regions)
+
+    def single(self, n: Node) -> Node:
+        """A body op as a piece of its own, over the region's operands and results."""
+        ins, outs = self.renamed(n.inputs), self.renamed(n.outputs)
+        if all(a is b for a, b in zip(ins + outs, list(n.inputs) + list(n.outputs))):
+            return n
+        return Node(n.op, ins, n.attrs, outs, n.loc, n.regions)
+
+    def renamed(self, values) -> list:
+        return [self.outer.get(v.name, v) for v in values]
 
 
 class _Failed(Exception):
@@ -508,13 +524,13 @@ class _ChipWay:
     def node(self, x: LoweredNode | None, node: Node, ins: list) -> list:
         if x is not None and x.how == "split":
             body = node.regions[0]
-            env = {v.name: a for v, a in zip(body.inputs, ins)}
+            env = {v.name: a for v, a in zip(node.inputs, ins)}   # pieces read the outer names
             env.update({c.name: c.payload for c in body.constants})
             for i, p in enumerate(x.pieces):
                 outs = self.leaf(p, p.node, [env[v.name] for v in p.node.inputs], (i, x))
                 for v, a in zip(p.node.outputs, outs):
                     env[v.name] = np.asarray(a).astype(v.type.dtype.numpy, copy=False)
-            return [env[v.name] for v in body.outputs]
+            return [env[v.name] for v in node.outputs]
         return self.leaf(x, node, ins)
 
     def leaf(self, x, node, ins, piece=None) -> list:
