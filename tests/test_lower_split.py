@@ -84,6 +84,32 @@ def hf_gqa_attention_single_kv_head_odd():
     return hf_gqa_attention(S=37, heads=3, kv_heads=1, D=6, batch=2)
 
 
+def written_out_gqa_attention_softcapped():
+    """Gemma-2-style eager attention: rotary q and k, repeat_kv, kᵀ as a transpose of the repeated
+    keys, scores scaled, soft-capped by tanh and masked additively, softmax, then · v."""
+    b = Body(25)
+    S, heads, kv_heads, D = 11, 4, 2, 8
+    q = b.input("q", (1, heads, S, D))
+    k = b.input("k", (1, kv_heads, S, D))
+    v = b.input("v", (1, kv_heads, S, D))
+    cos, sin = b.input("cos", (1, 1, S, D)), b.input("sin", (1, 1, S, D))
+    bias = b.input("bias", (1, 1, S, S), data=np.triu(np.full((S, S), -1e9), 1)[None, None])
+
+    def rotary(x):
+        lo, hi = b("slice", x, axis=3, start=0, end=D // 2), b("slice", x, axis=3, start=D // 2, end=D)
+        return b("add", b("mul", x, cos), b("mul", b("concat", b("neg", hi), lo, axis=3), sin))
+
+    def repeat_kv(x):
+        x = b("expand", b("reshape", x, shape=(1, kv_heads, 1, S, D)), shape=(1, kv_heads, 2, S, D))
+        return b("reshape", x, shape=(1, heads, S, D))
+
+    kt = b("permute", repeat_kv(rotary(k)), perm=(0, 1, 3, 2))
+    s = b("mul", b("matmul", rotary(q), kt), b.const("scale", D ** -0.5))
+    cap = b.const("cap", 50.0)
+    s = b("add", b("mul", b("tanh", b("div", s, cap)), cap), bias)
+    return b.region(b("matmul", b("softmax", s, axis=-1), repeat_kv(v)), kind="attention"), b.arrays
+
+
 def clip_head_batch1():
     """The pooled row of a batch-1 sequence, layer-normed and projected (CLIP/ViT heads)."""
     b = Body(22)
@@ -104,6 +130,7 @@ def linear_odd_sizes_masked_epilogue():
 
 
 WHOLE = {f.__name__: f for f in (hf_gqa_attention, hf_gqa_attention_single_kv_head_odd, clip_head_batch1,
+                                 written_out_gqa_attention_softcapped,
                                  linear_odd_sizes_masked_epilogue)}
 
 

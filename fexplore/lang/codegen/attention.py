@@ -100,6 +100,15 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         core_nodes = {id(m1), id(sm), id(m2)} | {id(p) for p in path} | ({id(p_cast)} if p_cast else set())
         q_dt, k_dt, v_dt = q.type.dtype, k.type.dtype, v.type.dtype
         q, k, v = (_uncast(x, producer, core_nodes) for x in (q, k, v))
+        pk = producer.get(k.name)
+        r = k.type.rank
+        if pk is not None and pk.op.name == "permute" and \
+                tuple(pk.attrs["perm"]) == tuple(range(r - 2)) + (r - 1, r - 2):   # kᵀ as a transpose of k
+            core_nodes.add(id(pk))
+            k, swap_k = _uncast(pk.inputs[0], producer, core_nodes), False
+        kr, vr = (_repeat_kv(x, producer, core_nodes) for x in (k, v))
+        if kr is not None and vr is not None:   # grouped-query heads, as in the attention op
+            k, v, gqa = _uncast(kr, producer, core_nodes), _uncast(vr, producer, core_nodes), True
         op_dt = {q.name: q_dt, k.name: k_dt, v.name: v_dt}
         scale = None
     exports = [o for o in body.outputs if o.name != result.name]
@@ -111,7 +120,9 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     cache = len(k_parts) > 1 or len(v_parts) > 1 or bool(exports)   # keys and values in parts along T
     if cache and [(a, b) for a, b, _ in k_parts] != [(a, b) for a, b, _ in v_parts]:
         fail(producer.get(k.name), "keys and values concatenated at different points")
-    computed = {x.name for x in (q, k) if not _is_view(x, producer)} if sdpa else set()
+    computed = {x.name for x in (q, k) if not _is_view(x, producer)}
+    if swap_k and k.name in computed:
+        fail(producer.get(k.name), "keys computed in the region and read transposed")
     if cache:
         computed = {q.name, k.name}
     qm = ViewMap.of(q, producer, params_in, fail) if q.name not in computed else None
