@@ -110,6 +110,17 @@ def written_out_gqa_attention_softcapped():
     return b.region(b("matmul", b("softmax", s, axis=-1), repeat_kv(v)), kind="attention"), b.arrays
 
 
+def heads_merged_batch1_dropped():
+    """GPT-2's c_proj: attention heads (1, H, T, D) permuted and viewed as (T, H*D), the batch of 1
+    dropped, into a matmul with a bias-free residual epilogue."""
+    b = Body(26)
+    attn = b.input("attn", (1, 3, 7, 5))
+    w = b.input("c_proj.weight", (15, 11))
+    res = b.input("res", (7, 11))
+    x = b("reshape", b("permute", attn, perm=(0, 2, 1, 3)), shape=(7, 15))
+    return b.region(b("add", b("matmul", x, w), res), kind="contraction"), b.arrays
+
+
 def clip_head_batch1():
     """The pooled row of a batch-1 sequence, layer-normed and projected (CLIP/ViT heads)."""
     b = Body(22)
@@ -130,7 +141,7 @@ def linear_odd_sizes_masked_epilogue():
 
 
 WHOLE = {f.__name__: f for f in (hf_gqa_attention, hf_gqa_attention_single_kv_head_odd, clip_head_batch1,
-                                 written_out_gqa_attention_softcapped,
+                                 written_out_gqa_attention_softcapped, heads_merged_batch1_dropped,
                                  linear_odd_sizes_masked_epilogue)}
 
 

@@ -119,16 +119,20 @@ class PermutedAccess:
                 continue
             if op == "reshape" and merged is None:
                 src, new = tuple(n.inputs[0].type.shape), tuple(n.outputs[0].type.shape)
-                r = len(new) - 1
-                if src[:r] != new[:r] or new[-1] != _prod(src[r:]) or len(src) - r < 2:
+                # the last m axes merge into K; size-1 leading axes may be dropped ((1, T, H, D) -> (T, H*D))
+                m = next((m for m in range(2, len(src) + 1) if _prod(src[len(src) - m:]) == new[-1]), None)
+                keep = [i for i in range(len(src) - m) if src[i] != 1 or len(src) - m == len(new) - 1] \
+                    if m is not None else []
+                if m is None or tuple(src[i] for i in keep) != new[:-1]:
                     fail(n, "a reshape of permuted activations other than merging the last axes into K")
-                merged = (cur[:r], cur[r:])
+                merged = ([cur[i] for i in keep], cur[len(src) - m:])
                 continue
             fail(n, "a view of permuted activations other than a reshape merging the last axes")
         if merged is None:
             fail(chain[-1], "a permute of the activations without a reshape merging the last axes")
         lead, k_axes = merged
-        if sorted(lead + k_axes) != list(range(len(shape))):
+        dropped = [a for a in range(len(shape)) if a not in lead + k_axes]
+        if sorted(lead + k_axes + dropped) != list(range(len(shape))) or any(shape[a] != 1 for a in dropped):
             fail(chain[-1], "an unexpected permutation")
         return cls(shape, lead, k_axes)
 
@@ -169,6 +173,9 @@ class PermutedAccess:
             # the contracted axis binds the weights' K in the tile, so it carries no name of its own
             spec[a] = f'"{name}"' if name != "D" else str(self.inner)
             idx[a] = name.lower() if name != "D" else "ds"
+        for a in range(len(self.shape)):   # size-1 axes the view dropped
+            if spec[a] is None:
+                spec[a], idx[a] = "1", "0"
         m_in = self.lead_axes[m_axis]
         self.letters = "mk" if m_in < self.k_axes[-1] else "km"
         return spec, idx
