@@ -226,12 +226,20 @@ def test_a_wrong_piece_is_named():
                                      f"{x.pieces[-1].label})")
 
 
-def test_a_region_split_in_a_compile_verifies():
-    """The zoo's GPT on tiny: its attention regions (q·kᵀ from the fused qkv projection) split."""
+def test_a_region_split_in_a_compile_verifies_schedules_and_saves(tmp_path):
+    """The zoo's GPT on tiny: its attention regions (q·kᵀ from the fused qkv projection, the
+    softmax given back for SRAM) split; the pieces verify, are scheduled and saved."""
+    import os
+
     model, inputs = fexplore.models.ZOO["gpt"]()
-    cm = fexplore.compile(model, inputs, target="tiny")
+    cm = fexplore.compile(model, inputs, target="tiny", precision="bf16")
     low = cm.lowering
-    assert cm["lower"].verification.ok
-    for x in low.splits:
-        assert x.pieces and any(p.kernel is not None for p in x.pieces)
-    assert {k.name for k in cm.kernels} >= {p.name for x in low.splits for p in x.pieces if p.kernel is not None}
+    assert low.splits and all(r.verification.ok for r in cm.stages)
+    pieces = [p for x in low.splits for p in x.pieces if p.kernel is not None]
+    assert pieces and {k.name for k in cm.kernels} >= {p.name for p in pieces}
+    assert "split regions: " in cm.summary()
+    if "schedule" in [r.name for r in cm.stages]:
+        scheduled = {k.name for k in cm["schedule"].schedule.kernels}
+        assert scheduled >= {p.name for p in pieces}
+    cm.save(tmp_path, report=False)
+    assert set(os.listdir(tmp_path / "kernels")) >= {f"{p.name}.py" for p in pieces}
