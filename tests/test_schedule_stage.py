@@ -159,3 +159,42 @@ def test_save_writes_the_trace_and_the_report(tmp_path):
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     assert len(events) == len(cm.timeline)
     assert (tmp_path / "report.csv").read_text().startswith("kernel,")
+
+
+def test_every_stage_has_a_simulated_cost_and_fusion_buys_time():
+    torch.manual_seed(0)
+    model, inputs = ZOO["gpt"]()
+    ex = fexplore.explore(model, inputs, target="rngd", precision="bf16", verify=False)
+    ex.run_all(progress=False)
+    fusion = ex["fusion"].cost()
+    assert fusion.before is not None and fusion.after.latency_us < fusion.before.latency_us
+    assert fusion.after.kernels < fusion.before.kernels
+    assert "→" in str(fusion)
+    costs = ex.costs()
+    assert list(costs.stage) == ex.stage_names[:-1]   # schedule runs lower's program: no own row
+    assert costs.latency_us.gt(0).all() and costs.dram_mb.gt(0).all()
+    last = costs.iloc[-1]
+    assert last.cycles == ex.result.simulate().cycles   # the lower stage's graph is what runs
+    over = ex.overview(costs=True)
+    assert over.set_index("stage").loc["fusion", "latency_us"] == costs.set_index("stage").loc["fusion", "latency_us"]
+    from fexplore.viz.timeline import cost_waterfall
+
+    fig = cost_waterfall(costs)
+    assert len(fig.axes[0].patches) == len(costs)
+
+
+def test_the_schedule_stage_view_shows_the_timeline_with_kernels_and_the_report():
+    torch.manual_seed(0)
+    model, inputs = ZOO["gpt"]()
+    cm = fexplore.compile(model, inputs, verify=False)
+    page = cm["schedule"]._repr_html_()
+    assert "on the chip" in page and "<svg" in page
+    k = next(k for k in cm.schedule.kernels if k.how == "generated" and k.module)
+    assert f"{k.name} ({k.kind}, generated)" in page and k.module in page   # the hover text
+    assert "slowest first" in page
+    from fexplore.viz.schedule_view import kernel_spans
+
+    res = cm.simulate()
+    whole = kernel_spans(cm.schedule, res)
+    half = kernel_spans(cm.schedule, res, window=(0, res.cycles / 2))
+    assert 0 < len(half) <= len(whole)

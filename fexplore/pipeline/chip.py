@@ -24,6 +24,7 @@ class MadeSchedule:
     cycles: int
     latency_us: float
     build_s: float
+    why: str = ""         # why there is no schedule (schedule None)
 
 
 class Schedules:
@@ -68,10 +69,12 @@ class Schedules:
         t0 = time.perf_counter()
         g = specialize(self.graph, **dict(key)) if key else self.graph
         low = lower(g, self.options).lowering
-        sched = schedule(g, self.options, lowering=low).schedule
-        if sched is None:
-            raise InputError(f"could not schedule @{self.graph.name} for sizes {dict(key)}")
-        return self._remember(key, sched, time.perf_counter() - t0)
+        result = schedule(g, self.options, lowering=low)
+        if result.schedule is None:   # e.g. empty tensors: the caller runs the interpreter
+            made = MadeSchedule(key, None, 0, 0.0, time.perf_counter() - t0, result.stats.get("why", ""))
+            self._by_size[key] = made
+            return made
+        return self._remember(key, result.schedule, time.perf_counter() - t0)
 
     @property
     def made(self):
@@ -80,21 +83,22 @@ class Schedules:
 
         return pd.DataFrame([{"sizes": dict(m.sizes) or "static", "cycles": m.cycles,
                               "latency_us": m.latency_us, "build_s": m.build_s,
-                              "commands": len(m.schedule.program.commands)}
+                              "commands": len(m.schedule.program.commands) if m.schedule else 0}
                              for m in self._by_size.values()])
 
 
 def kernel_report(sched, res):
     """One row per lowered node that runs (kernels and host ops), in program order.
 
-    Kernels overlap in a schedule, so a kernel's ``cycles`` is its span (first command start to
-    last command end) and ``share`` is that span over the program's; ``busy_*`` are the cycles
+    Kernels overlap in a schedule, so a kernel's ``cycles`` is its span (its first command start to
+    its last command end, not counting weight loads prefetched earlier) and ``share`` is that span
+    over the program's; ``busy_*`` are the cycles
     its commands keep each engine busy. ``roofline_cycles`` is the kernel's own bound (its flops
     at the chip's peak, its DRAM bytes at full bandwidth, its vector work on every lane) and
     ``vs_roofline`` the span over it; ``bound`` names the resource that sets it."""
     import pandas as pd
 
-    from fexplore.npu.commands import Contract, Host, Vector
+    from fexplore.npu.commands import Contract, Host, Load, Vector
 
     prog, cfg = sched.program, sched.program.target
     start, end = res.trace.start, res.trace.end
@@ -119,7 +123,11 @@ def kernel_report(sched, res):
                 dram += c.nbytes
             elif c.engine == 0:
                 dram += prog.moved_bytes[c.id]
-        t0 = min(start[c.id] for c in cmds)
+        # the span starts at its first command that is not a prefetch (a weight or model-input
+        # load, or a fill, which the schedule may issue long before the kernel runs)
+        own = [c for c in cmds if not (isinstance(c, Load) and c.src.tensor.kind == "input")
+               and not (isinstance(c, Vector) and c.op.name == "fill")] or cmds
+        t0 = min(start[c.id] for c in own)
         t1 = max(end[c.id] for c in cmds)
         bounds = {"compute": tensor_bound, "DRAM": dram / cfg.dram_bytes_per_cycle,
                   "vector": vec / (cfg.vector_lanes * cfg.num_pes)}
@@ -134,4 +142,99 @@ def kernel_report(sched, res):
                      "flops": flops, "dram_bytes": dram, "bound": bound,
                      "roofline_cycles": bounds[bound],
                      "vs_roofline": (t1 - t0) / bounds[bound] if bounds[bound] else float("inf")})
+    return pd.DataFrame(rows)
+
+
+# -- what each stage bought, in simulated time ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Cost:
+    """One graph lowered and scheduled on the target, timing only."""
+
+    cycles: int
+    latency_us: float
+    dram_bytes: int
+    kernels: int
+    host_ops: int
+
+    def __str__(self) -> str:
+        host = f", {self.host_ops} host ops" if self.host_ops else ""
+        return (f"{_fmt_time(self.latency_us)}, DRAM {self.dram_bytes / 1e6:.2f} MB "
+                f"({self.kernels} kernels{host})")
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """A stage's input and output programs on the chip (``ex["fusion"].cost()``)."""
+
+    stage: str
+    before: Cost | None
+    after: Cost
+
+    def __str__(self) -> str:
+        if self.before is None:
+            return f"{self.stage}: {self.after}"
+        b, a = self.before, self.after
+        return (f"{self.stage}: {_fmt_time(b.latency_us)} → {_fmt_time(a.latency_us)}, "
+                f"DRAM {b.dram_bytes / 1e6:.2f} MB → {a.dram_bytes / 1e6:.2f} MB")
+
+    __repr__ = __str__
+
+
+def _fmt_time(us: float) -> str:
+    return f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.1f} us"
+
+
+_COSTS: dict = {}   # (id(graph), target) -> (graph, Cost); the graph kept so the id stays its own
+
+
+def graph_cost(graph, options) -> Cost:
+    """`graph` (any stage's output) lowered and scheduled like the final one, simulated timing
+    only. Before fusion every op is its own kernel, so the difference between stages is what
+    each stage bought on the chip. Cached per graph and target."""
+    from .stages.lower import lower
+    from .stages.schedule import build_schedule
+
+    key = (id(graph), repr(options.target))
+    hit = _COSTS.get(key)
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    low = lower(graph, options).lowering
+    from .stages.schedule import RESIDENT_SHARES
+
+    sched = None
+    for interleave, share in [(True, x) for x in RESIDENT_SHARES] + [(True, 0.0), (False, 0.0)]:
+        try:
+            sched = build_schedule(graph, low, options.target, interleave=interleave, resident=share)
+            break
+        except Exception as e:  # noqa: BLE001 - an SRAM overflow: retry as the stage does
+            if not (interleave or share) or "SRAM" not in type(e).__name__ + str(e):
+                raise
+    res = sched.simulate()
+    cost = Cost(res.cycles, res.latency_s * 1e6, res.dram_bytes,
+                sum(k.how in ("generated", "user") for k in sched.kernels),
+                sum(k.how == "host" for k in sched.kernels))
+    if len(_COSTS) > 256:
+        _COSTS.clear()
+    _COSTS[key] = (graph, cost)
+    return cost
+
+
+def stage_costs(records, options):
+    """One row per graph stage: the simulated latency and DRAM traffic of its output program,
+    and the change from the stage before (the waterfall of what each stage bought)."""
+    import pandas as pd
+
+    rows, prev = [], None
+    for r in records:
+        if r.name == "schedule":   # its program is the lower stage's graph's: no new row
+            continue
+        if any(not isinstance(d, int) for v in r.after.inputs for d in v.type.shape):
+            continue               # symbolic sizes: scheduled per size, not here
+        c = graph_cost(r.after, options)
+        rows.append({"stage": r.name, "latency_us": c.latency_us, "dram_mb": c.dram_bytes / 1e6,
+                     "kernels": c.kernels, "host_ops": c.host_ops, "cycles": c.cycles,
+                     "latency_change_us": None if prev is None else c.latency_us - prev.latency_us,
+                     "dram_change_mb": None if prev is None else (c.dram_bytes - prev.dram_bytes) / 1e6})
+        prev = c
     return pd.DataFrame(rows)

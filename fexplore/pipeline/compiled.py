@@ -62,10 +62,10 @@ class CompiledModel:
         mode of the whole-model program); returns torch tensors in the model's output structure.
         A compile that stopped before the schedule stage runs the final graph's interpreter."""
         arrays = self._flatten_inputs(args, kwargs)
-        if self.schedules is None:
+        made = self.schedules.for_inputs(arrays) if self.schedules is not None else None
+        if made is None or made.schedule is None:   # no schedule (e.g. empty tensors): interpreter
             outs = run(self.graph, arrays)
         else:
-            made = self.schedules.for_inputs(arrays)
             outs = made.schedule.outputs_of(made.schedule.simulate(arrays))
         return pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
 
@@ -103,6 +103,8 @@ class CompiledModel:
             return made.schedule.simulate()
         arrays = self._flatten_inputs(args, kwargs)
         made = scheds.for_inputs(arrays)
+        if made.schedule is None:
+            raise InputError(f"nothing to simulate for these inputs: {made.why}")
         res = made.schedule.simulate(arrays)
         outs = made.schedule.outputs_of(res)
         res.model_outputs = pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
@@ -129,6 +131,14 @@ class CompiledModel:
             self._timing = res
             made = next(iter(scheds._by_size.values()))
         return kernel_report(made.schedule, res)
+
+    def costs(self):
+        """Simulated latency and DRAM traffic after every stage (each stage's output lowered and
+        scheduled on the target), with the change each stage made: a table, and with
+        ``fexplore.viz.timeline.cost_waterfall(cm.costs())`` a waterfall chart."""
+        from .chip import stage_costs
+
+        return stage_costs(self.stages, self.options)
 
     def _need_schedules(self):
         if self.schedules is None:

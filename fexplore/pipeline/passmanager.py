@@ -28,7 +28,7 @@ class PassManager:
         elapsed = time.perf_counter() - t0
         stats = {"nodes_before": len(graph.nodes), **graph_stats(result.graph), **result.stats}
         record = StageRecord(stage.name, graph, result.graph, stats, result.rewrites, None, elapsed,
-                             result.summary, result.lowering, result.schedule)
+                             result.summary, result.lowering, result.schedule, options)
         self.notify(record)
         return record
 
