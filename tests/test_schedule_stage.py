@@ -198,3 +198,20 @@ def test_the_schedule_stage_view_shows_the_timeline_with_kernels_and_the_report(
     whole = kernel_spans(cm.schedule, res)
     half = kernel_spans(cm.schedule, res, window=(0, res.cycles / 2))
     assert 0 < len(half) <= len(whole)
+
+
+def test_the_lowered_graph_view_marks_kernels_and_host_ops():
+    torch.manual_seed(0)
+    model, inputs = ZOO["vit"]()
+    cm = fexplore.compile(model, inputs, target="tiny", verify=False)
+    from fexplore.viz.graph_view import GraphView, lowering_marks
+
+    low = cm.lowering
+    view = GraphView(cm["lower"].after, marks=lowering_marks(low))
+    text = view.text()
+    for k in low.kernels:
+        assert f"kernel {k.name}" in text
+    for h in low.host_ops:
+        assert "HOST op" in text and h.node.name in text
+    if low.host_ops and not h.node.regions:
+        assert 'color="#d62728"' in view.source   # drawn so nobody misses it

@@ -63,6 +63,11 @@ def view_html(rec, view: str) -> str:
     if view == "diff":
         return diff_html(rec.before, rec.after, rewrites=rec.rewrites, css=False)
     if view == "graph":
+        low = getattr(rec, "lowering", None)
+        if low is not None:   # the lowered program: each node says what it became, host ops stand out
+            from .graph_view import lowering_marks
+
+            return GraphView(rec.after, marks=lowering_marks(low)).html(css=False)
         return GraphView(rec.after).html(css=False)
     if view == "ir":
         return ir_html(str(rec.after))
