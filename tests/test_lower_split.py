@@ -211,6 +211,15 @@ def test_the_split_shows_in_the_stats_summary_and_view():
     assert "1 region(s) split into 3 pieces" in res.summary
     html = lowering_html(res.lowering)
     assert "split</span> into 3" in html and "↳" in html and "through DRAM" in html
+    # the graph view marks the region and each op inside it by the piece that computes it
+    from fexplore.viz.graph_view import lowering_marks
+
+    marks = lowering_marks(res.lowering)
+    (x,) = res.lowering.nodes
+    assert marks[id(node)][1].startswith("split into 3 pieces")
+    body = {n.op.name: n for n in node.regions[0].nodes}
+    assert marks[id(body["linear"])] == marks[id(body["gelu"])] == ("kernel", f"kernel {x.pieces[0].name}")
+    assert marks[id(body["cumsum"])][0] in ("host", "kernel")
 
 
 def test_a_wrong_piece_is_named():

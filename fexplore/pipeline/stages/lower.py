@@ -123,6 +123,7 @@ class LoweredNode:
     pieces: list = field(default_factory=list)   # how == "split": the pieces
     scratch: tuple = ()           # how == "split": values the pieces pass through DRAM
     of: str = ""                  # a piece: the label of the region it was split from
+    members: tuple = ()           # a piece: the body nodes of that region it computes
 
     @property
     def name(self) -> str:
@@ -321,19 +322,24 @@ class _Splitter:
     def partition(self, members: list[Node], err) -> list[LoweredNode]:
         low = self.lowerer
         if len(members) == 1:
-            return [low.node(self.single(members[0]), of=self.label)]
+            return [self.held(low.node(self.single(members[0]), of=self.label), members)]
         out = []
         for part in _cut(members, _culprit(members, err)):
             if len(part) == 1:
-                out.append(low.node(self.single(part[0]), of=self.label))
+                out.append(self.held(low.node(self.single(part[0]), of=self.label), part))
                 continue
             sub = self.piece(part)
             if _user_kernel_for(sub) is not None:
-                out.append(low.node(sub, of=self.label))
+                out.append(self.held(low.node(sub, of=self.label), part))
                 continue
             x, e = low.generated(sub, of=self.label)
-            out += [x] if x is not None else self.partition(part, e)
+            out += [self.held(x, part)] if x is not None else self.partition(part, e)
         return out
+
+    @staticmethod
+    def held(x: LoweredNode, part: list[Node]) -> LoweredNode:
+        x.members = tuple(part)
+        return x
 
     def piece(self, part: list[Node]) -> Node:
         """A region node of ``part``, built as fusion builds regions; it gives back what other
