@@ -33,7 +33,8 @@ def test_every_zoo_model_lowers_and_verifies(name, target, precision):
     # every top-level node is accounted for, exactly once
     assert len(low.nodes) == len(cm.graph.nodes)
     assert {id(x.node) for x in low.nodes} == {id(n) for n in cm.graph.nodes}
-    assert all(x.how in ("generated", "free view", "host") for x in low.nodes)
+    assert all(x.how in ("generated", "free view", "host", "split") for x in low.nodes)
+    assert all(y.how in ("generated", "free view", "host") for x in low.splits for y in x.pieces)
     assert rec.stats["kernels"] == len(cm.kernels) >= 1
     assert rec.stats["host_ops"] == len(low.host_ops) == sum(rec.stats["host_ops_by_op"].values())
     assert all(x.reason for x in low.host_ops)  # a host op says why it is one

@@ -48,7 +48,8 @@ class CompiledModel:
     @property
     def kernels(self) -> list:
         """The lower stage's kernels, in program order: each has .name, .kind, .region (the
-        node), .source (kernel-language Python), .how ("generated" or "user"), .kernel."""
+        node), .source (kernel-language Python), .how ("generated" or "user"), .kernel. The
+        pieces of a split region are kernels here (their .of names the region)."""
         low = self.lowering
         return low.kernels if low is not None else []
 
@@ -207,6 +208,9 @@ class CompiledModel:
                          f"host ops: {len(low.host_ops)}"
                          + (" (" + ", ".join(f"{x.op} %{x.node.name}" for x in low.host_ops) + ")"
                             if low.host_ops else ""))
+            if low.splits:
+                lines.append("split regions: " + ", ".join(f"{x.label} into {len(x.pieces)} pieces"
+                                                            for x in low.splits))
             if low.replaced:
                 lines.append("user kernels: " + ", ".join(f"{x.name} for {x.label}" for x in low.replaced))
         return "\n".join(lines)

@@ -86,7 +86,14 @@ def lowering_marks(low) -> dict:
     the op inside it may share a name), for ``GraphView(g, marks=...)``."""
     out = {}
     for x in low.nodes:
-        if x.how == "host":
+        if x.how == "split":   # the region, and each op inside it by the piece that computes it
+            n_host = sum(p.how == "host" for p in x.pieces)
+            out[id(x.node)] = ("kernel", f"split into {len(x.pieces)} pieces ({n_host} on the host)")
+            for p in x.pieces:
+                what = {"host": ("host", f"HOST op: {p.reason[:80]}"), "free view": ("free view", "free view")}
+                for m in p.members:
+                    out[id(m)] = what.get(p.how, ("kernel", f"kernel {p.name}"))
+        elif x.how == "host":
             out[id(x.node)] = ("host", f"HOST op: {x.reason[:80]}")
         elif x.how == "free view":
             out[id(x.node)] = ("free view", "free view")

@@ -18,16 +18,32 @@ def source_html(source: str) -> str:
     return f'<div class="fx-scroll"><pre>{body}</pre></div>'
 
 
+_HOW = {"generated": "generated", "user": "<b>user</b>", "free view": '<span class="muted">free view</span>',
+        "host": '<span class="bad">host</span>', "split": '<span class="bad">split</span>'}
+
+
+def _row(x, piece: bool) -> list:
+    name = esc(x.name) if x.kernel is not None else '<span class="muted">–</span>'
+    label = ("&nbsp;&nbsp;↳ " if piece else "") + esc(x.label)
+    what = _HOW[x.how] if x.how != "split" else f"{_HOW['split']} into {len(x.pieces)}"
+    reason = esc(x.reason)
+    if x.how == "split" and x.scratch:
+        reason += f"<br><span class=\"muted\">through DRAM: {esc(', '.join('%' + s for s in x.scratch))}</span>"
+    return [name, what, esc(x.kind if x.kernel is not None else ""), label, esc(x.module), esc(x.shapes), reason]
+
+
 def lowering_html(low) -> str:
+    """A split region is a row followed by a row per piece (↳); its reason says why it was split
+    and which values now pass through DRAM between pieces."""
     rows = []
     for x in low.nodes:
-        what = {"generated": "generated", "user": "<b>user</b>", "free view": '<span class="muted">free view</span>',
-                "host": '<span class="bad">host</span>'}[x.how]
-        name = esc(x.name) if x.kernel is not None else '<span class="muted">–</span>'
-        rows.append([name, what, esc(x.kind if x.kernel is not None else ""), esc(x.label),
-                     esc(x.module), esc(x.shapes), esc(x.reason)])
+        rows.append(_row(x, False))
+        rows += [_row(p, True) for p in x.pieces]
+    split = f", {len(low.splits)} region(s) split into pieces" if low.splits else ""
     head = (f"<p>{len(low.kernels)} kernels, {len(low.free_views)} free views, "
-            f"{len(low.host_ops)} host ops on {esc(low.target)}</p>")
-    sources = "".join(section(f"{x.name} ({x.how}, {x.kind}) for {x.label}", source_html(x.source))
+            f"{len(low.host_ops)} host ops on {esc(low.target)}{split}</p>")
+    sources = "".join(section(f"{x.name} ({x.how}, {x.kind}) for {x.label}"
+                              + (f", a piece of {x.of}" if x.of else ""), source_html(x.source))
                       for x in low.kernels)
-    return head + table(["kernel", "how", "kind", "node", "module", "shapes", "why on the host"], rows) + sources
+    return head + table(["kernel", "how", "kind", "node", "module", "shapes", "why on the host / split"],
+                        rows) + sources

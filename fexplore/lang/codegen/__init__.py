@@ -74,7 +74,7 @@ def generate(node: Node, target="rngd") -> GeneratedKernel:
     for n in body.nodes:
         if n.op.name in _NOT_YET and not (contraction and n.op.name == "permute"):   # a prologue view
             raise UnsupportedRegionError(n.op.name, region_label(node),
-                                         f"the {_NOT_YET[n.op.name]} part is not written yet", loc=n.loc)
+                                         f"the {_NOT_YET[n.op.name]} part is not written yet", loc=n.loc, node=n)
     if any(n.op.name == "conv2d" for n in body.nodes):
         if contraction:
             raise UnsupportedRegionError("conv2d", region_label(node), "a convolution beside a matmul", loc=node.loc)

@@ -73,9 +73,9 @@ class RowAccess:
             i = base_lead.index(a) + shift
             s = offset.get(a, 0)
             j = g_of.get(i)
-            if j is None:    # a size-1 axis of the domain
+            if j is None:    # a size-1 axis of the domain; M (the last) stays an axis of the tile
                 spec.append(str(size))
-                idx.append(str(s))
+                idx.append(f"{s}:{s + 1}" if i == len(lead) - 1 else str(s))
             elif j == len(groups.groups) - 1:
                 spec.append(f'"{axis_names[j]}"' if a not in offset else str(size))
                 idx.append(loop_vars[j] if not s else f"{loop_vars[j]}.start + {s}:{loop_vars[j]}.stop + {s}")
@@ -119,16 +119,20 @@ class PermutedAccess:
                 continue
             if op == "reshape" and merged is None:
                 src, new = tuple(n.inputs[0].type.shape), tuple(n.outputs[0].type.shape)
-                r = len(new) - 1
-                if src[:r] != new[:r] or new[-1] != _prod(src[r:]) or len(src) - r < 2:
+                # the last m axes merge into K; size-1 leading axes may be dropped ((1, T, H, D) -> (T, H*D))
+                m = next((m for m in range(2, len(src) + 1) if _prod(src[len(src) - m:]) == new[-1]), None)
+                keep = [i for i in range(len(src) - m) if src[i] != 1 or len(src) - m == len(new) - 1] \
+                    if m is not None else []
+                if m is None or tuple(src[i] for i in keep) != new[:-1]:
                     fail(n, "a reshape of permuted activations other than merging the last axes into K")
-                merged = (cur[:r], cur[r:])
+                merged = ([cur[i] for i in keep], cur[len(src) - m:])
                 continue
             fail(n, "a view of permuted activations other than a reshape merging the last axes")
         if merged is None:
             fail(chain[-1], "a permute of the activations without a reshape merging the last axes")
         lead, k_axes = merged
-        if sorted(lead + k_axes) != list(range(len(shape))):
+        dropped = [a for a in range(len(shape)) if a not in lead + k_axes]
+        if sorted(lead + k_axes + dropped) != list(range(len(shape))) or any(shape[a] != 1 for a in dropped):
             fail(chain[-1], "an unexpected permutation")
         return cls(shape, lead, k_axes)
 
@@ -169,6 +173,9 @@ class PermutedAccess:
             # the contracted axis binds the weights' K in the tile, so it carries no name of its own
             spec[a] = f'"{name}"' if name != "D" else str(self.inner)
             idx[a] = name.lower() if name != "D" else "ds"
+        for a in range(len(self.shape)):   # size-1 axes the view dropped
+            if spec[a] is None:
+                spec[a], idx[a] = "1", "0"
         m_in = self.lead_axes[m_axis]
         self.letters = "mk" if m_in < self.k_axes[-1] else "km"
         return spec, idx

@@ -39,9 +39,10 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
 
     def fail(n, why):
         raise UnsupportedRegionError(n.op.name if n is not None else "attention", label, why,
-                                     loc=n.loc if n is not None else node.loc)
+                                     loc=n.loc if n is not None else node.loc, node=n)
 
     sdpa = [n for n in body.nodes if n.op.name == "attention"]
+    expanded = []   # expands of the mask, read through
     score_ops, mask, scale, swap_k, causal = [], None, None, False, False
     if sdpa:
         core = sdpa[0]
@@ -49,12 +50,22 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         q, k, v = core.inputs[:3]
         op_dt = {x.name: x.type.dtype for x in (q, k, v)}
         mask = core.inputs[3] if len(core.inputs) == 4 else None
+        while mask is not None and mask.name in producer and producer[mask.name].op.name == "expand":
+            # a mask broadcast to the scores: the scores read the unexpanded one, which broadcasts
+            expanded.append(producer[mask.name])
+            mask = expanded[-1].inputs[0]
         scale = core.attrs["scale"] if core.attrs["scale"] is not None else 1.0 / math.sqrt(q.type.shape[-1])
         gqa = core.attrs["gqa"]
         result = core.outputs[0]
-        core_nodes = {id(core)}
+        core_nodes = {id(core)} | {id(n) for n in expanded}
         dts = [x.type.dtype for x in (q, k, v)]
         q, k, v = (_uncast(x, producer, core_nodes) for x in (q, k, v))
+        # grouped-query heads written as Hugging Face's repeat_kv (expand, then a reshape merging
+        # the copies into the head axis): read the unrepeated k and v, a query head h using
+        # key head h // copies
+        kr, vr = (_repeat_kv(x, producer, core_nodes) for x in (k, v))
+        if kr is not None and vr is not None:
+            k, v, gqa = _uncast(kr, producer, core_nodes), _uncast(vr, producer, core_nodes), True
         op_dt = {x.name: d for x, d in zip((q, k, v), dts)}
     else:
         sm = next((n for n in body.nodes if n.op.name == "softmax"), None)
@@ -89,6 +100,15 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         core_nodes = {id(m1), id(sm), id(m2)} | {id(p) for p in path} | ({id(p_cast)} if p_cast else set())
         q_dt, k_dt, v_dt = q.type.dtype, k.type.dtype, v.type.dtype
         q, k, v = (_uncast(x, producer, core_nodes) for x in (q, k, v))
+        pk = producer.get(k.name)
+        r = k.type.rank
+        if pk is not None and pk.op.name == "permute" and \
+                tuple(pk.attrs["perm"]) == tuple(range(r - 2)) + (r - 1, r - 2):   # kᵀ as a transpose of k
+            core_nodes.add(id(pk))
+            k, swap_k = _uncast(pk.inputs[0], producer, core_nodes), False
+        kr, vr = (_repeat_kv(x, producer, core_nodes) for x in (k, v))
+        if kr is not None and vr is not None:   # grouped-query heads, as in the attention op
+            k, v, gqa = _uncast(kr, producer, core_nodes), _uncast(vr, producer, core_nodes), True
         op_dt = {q.name: q_dt, k.name: k_dt, v.name: v_dt}
         scale = None
     exports = [o for o in body.outputs if o.name != result.name]
@@ -100,7 +120,9 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     cache = len(k_parts) > 1 or len(v_parts) > 1 or bool(exports)   # keys and values in parts along T
     if cache and [(a, b) for a, b, _ in k_parts] != [(a, b) for a, b, _ in v_parts]:
         fail(producer.get(k.name), "keys and values concatenated at different points")
-    computed = {x.name for x in (q, k) if not _is_view(x, producer)} if sdpa else set()
+    computed = {x.name for x in (q, k) if not _is_view(x, producer)}
+    if swap_k and k.name in computed:
+        fail(producer.get(k.name), "keys computed in the region and read transposed")
     if cache:
         computed = {q.name, k.name}
     qm = ViewMap.of(q, producer, params_in, fail) if q.name not in computed else None
@@ -402,6 +424,31 @@ def _uncast(x, producer, core_nodes):
     return x
 
 
+def _repeat_kv(x, producer, core_nodes):
+    """The (..., Hkv, T, D) value that ``x`` = reshape(expand(reshape(it, (..., Hkv, 1, T, D)),
+    (..., Hkv, r, T, D)), (..., Hkv * r, T, D)) repeats, its three views joining the core; None
+    when ``x`` is not made so."""
+    chain, v = [], x
+    for op in ("reshape", "expand", "reshape"):
+        n = producer.get(v.name)
+        if n is None or n.op.name != op:
+            return None
+        chain.append(n)
+        v = n.inputs[0]
+    *lead, H, T, D = x.type.shape
+    src = tuple(v.type.shape)
+    if len(src) != len(lead) + 3 or src[:len(lead)] != tuple(lead) or src[-2:] != (T, D):
+        return None
+    hkv = src[-3]
+    if not isinstance(hkv, int) or not isinstance(H, int) or hkv == 0 or H % hkv:
+        return None
+    if tuple(chain[2].outputs[0].type.shape) != (*lead, hkv, 1, T, D) or \
+            tuple(chain[1].outputs[0].type.shape) != (*lead, hkv, H // hkv, T, D):
+        return None
+    core_nodes.update(id(n) for n in chain)
+    return v
+
+
 def _cast_line(w, names, tile, src, dst) -> str:
     if src == dst:
         return tile
@@ -419,21 +466,29 @@ def _is_view(v, producer) -> bool:
 
 
 def _concat_cuts(values, producer, D) -> set:
-    """Where the graphs of `values` concatenate D-wide values along the last axis."""
-    cuts, stack, seen = set(), list(values), set()
+    """Where the graphs of `values` concatenate along the last axis, in D's coordinates: a slice of
+    D shifts them (partial rotary embedding concatenates halves of a slice of D), elementwise ops
+    keep them."""
+    cuts, stack, seen = set(), [(v, 0) for v in values], set()
     while stack:
-        v = stack.pop()
-        if v.name in seen or v.name not in producer:
+        v, off = stack.pop()
+        if (v.name, off) in seen or v.name not in producer or v.type.rank == 0:
             continue
-        seen.add(v.name)
+        seen.add((v.name, off))
         n = producer[v.name]
-        if n.op.name == "concat" and n.attrs["axis"] % v.type.rank == v.type.rank - 1 and v.type.shape[-1] == D:
-            off = 0
+        last = v.type.rank - 1
+        if n.op.name == "concat" and n.attrs["axis"] % v.type.rank == last:
+            at = off
             for x in n.inputs:
-                off += x.type.shape[-1]
-                cuts.add(off)
-        stack.extend(n.inputs)
-    return cuts
+                stack.append((x, at))
+                at += x.type.shape[-1]
+                cuts.add(at)
+        elif n.op.name == "slice" and n.attrs["axis"] % v.type.rank == last and n.attrs["step"] == 1:
+            cuts |= {off, off + v.type.shape[-1]}
+            stack.append((n.inputs[0], off - n.attrs["start"]))
+        else:
+            stack.extend((x, off) for x in n.inputs if x.type.rank and x.type.shape[-1] == v.type.shape[-1])
+    return {c for c in cuts if 0 < c < D}
 
 
 class _Pieces:

@@ -37,7 +37,7 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         raise UnsupportedRegionError(body.nodes[0].op.name, label, "no contraction")
 
     def fail(n, why):
-        raise UnsupportedRegionError(n.op.name, label, why, loc=n.loc)
+        raise UnsupportedRegionError(n.op.name, label, why, loc=n.loc, node=n)
 
     first = cons[0]
     upstream = {}

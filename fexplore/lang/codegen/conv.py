@@ -50,7 +50,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     body_inputs = {v.name for v in body.inputs}
 
     def fail(n, why):
-        raise UnsupportedRegionError(n.op.name, label, why, loc=n.loc)
+        raise UnsupportedRegionError(n.op.name, label, why, loc=n.loc, node=n)
 
     def source(v, n):
         while v.name in producer and producer[v.name].op.name in ("relayout", "cast"):

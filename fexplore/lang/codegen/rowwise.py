@@ -30,7 +30,7 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
     for n in body.nodes:
         if not vector.supported(n):
             raise UnsupportedRegionError(n.op.name, label, "not a vector-unit op (elementwise, norm, softmax "
-                                                           "or last-axis reduction)", loc=n.loc)
+                                                           "or last-axis reduction)", loc=n.loc, node=n)
     inputs = Inputs.of(node, body)
     shapes, dropped = _aligned_shapes(body, inputs, label)
     domain = tuple(np.broadcast_shapes(*shapes.values()))

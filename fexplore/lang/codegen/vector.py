@@ -64,7 +64,7 @@ class VectorEmitter:
         self.axis = axis
 
     def unsupported(self, node: Node, why: str):
-        raise UnsupportedRegionError(node.op.name, self.region, why, loc=node.loc)
+        raise UnsupportedRegionError(node.op.name, self.region, why, loc=node.loc, node=node)
 
     # -- one node --------------------------------------------------------------------------------
     def node(self, node: Node, args: list[str], last_axis: int) -> str:

@@ -402,14 +402,35 @@ def _region_outputs(graph: Graph, f: _Fuser, g: _Group) -> list[Value]:
 
 def _region_node(graph: Graph, f: _Fuser, g: _Group) -> Node:
     members = [graph.nodes[m] for m in sorted(g.members)]
+    anchor = graph.nodes[g.anchor]
+    return region_node(members, _region_outputs(graph, f, g), g.kind,
+                       f"{g.kind}_{anchor.name}".replace(".", "_"), anchor.loc)
+
+
+def region_kind(members: list[Node]) -> str:
+    """The kind fusion would give a region of ``members``, by the strongest op it holds."""
+    ops = {n.op.name for n in members}
+    if "attention" in ops or ("softmax" in ops and "matmul" in ops):
+        return "attention"
+    if ops & _CONTRACTIONS:
+        return "contraction"
+    if ops & {"softmax", "log_softmax"}:
+        return "softmax"
+    if ops & (_NORMS | _REDUCTIONS):
+        return "norm"
+    return "elementwise"
+
+
+def region_node(members: list[Node], outputs: list[Value], kind: str, name: str, loc) -> Node:
+    """A ``region`` node of ``kind`` owning ``members`` (in program order) as its body: its inputs
+    are the values the members read and do not make, in order of first use; ``outputs`` are the
+    values it gives back. Fusion builds its regions with it, and the lower stage the pieces of a
+    region it splits."""
     inside = {v.name for n in members for v in n.outputs}
     inputs: dict[str, Value] = {}
     for n in members:
         for v in n.inputs:
             if v.name not in inside:
                 inputs.setdefault(v.name, v)
-    outs = _region_outputs(graph, f, g)
-    anchor = graph.nodes[g.anchor]
-    body = Graph(f"{g.kind}_{anchor.name}".replace(".", "_"), list(inputs.values()), [],
-                 members, outs, {})
-    return Node("region", list(inputs.values()), {"kind": g.kind}, outs, anchor.loc, [body])
+    body = Graph(name, list(inputs.values()), [], list(members), list(outputs), {})
+    return Node("region", list(inputs.values()), {"kind": kind}, list(outputs), loc, [body])

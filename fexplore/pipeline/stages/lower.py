@@ -5,7 +5,12 @@
   ``fexplore.register_kernel(match, kernel)`` for its region kind, op name or a predicate;
 - a ``reshape`` of a row-major tensor moves no data -> a free view (no kernel, no cost);
 - anything codegen has no part for yet (gathers, relayouts, pooling, sort, ...) -> an explicit
-  host op, with the reason codegen gave; counted and listed in the stats and the summary.
+  host op, with the reason codegen gave; counted and listed in the stats and the summary;
+- a region no generator takes whole -> split: its body is partitioned into the largest pieces
+  codegen generates (``_Splitter``): the op codegen names is peeled off, the rest tried again as
+  sub-regions built as fusion builds regions (``fusion.region_node``); each piece is a kernel, a
+  free view or (a single op with no part) a host op. The values passed between pieces go
+  through DRAM: that fusion is lost, and the record says so with codegen's reason.
 
 Design. The graph is not rewritten: every node keeps its body, which stays its meaning, so the IR
 interpreter, printer, parser, diff and graph views work on the lowered program unchanged, and the
@@ -16,11 +21,13 @@ The CompiledModel exposes the kernels as ``cm.kernels``. Kernel names are unique
 two regions of one module get ``_2``, ``_3`` suffixes, in the source too.
 
 Verification (``check_lowering``, called by the driver's hook besides the graph-vs-eager check):
-the program is run the chip way on the example inputs: each node computed by its kernel in the
-kernel-language interpreter, host ops and free views by the IR interpreter, and each kernel's
+the program is run the chip way on each of the oracle's input sets (the example inputs and the
+random ones): each node computed by its kernel in the kernel-language interpreter, a split region
+piece by piece, host ops and free views by the IR interpreter, and each kernel's
 outputs compared with its node run by the IR interpreter on the same inputs (the dtype's
-tolerance, ``codegen.check_kernel``); the first kernel that leaves it is named. To stay cheap on
-big graphs, each distinct kernel (same source up to its name, same input shapes) is run once; its
+tolerance, ``codegen.check_kernel``); the first kernel (or piece) that leaves it is named. To stay
+cheap on big graphs, each distinct kernel (same source up to its name, same input shapes) is run
+once per input set; its
 repeats (the layers of a transformer) are computed by the IR interpreter. The chip-way outputs are
 then compared with eager.
 """
@@ -103,13 +110,20 @@ class UserKernel:
 
 @dataclass
 class LoweredNode:
-    """What one top-level node became. ``how``: "generated", "user", "free view" or "host"."""
+    """What one node became. ``how``: "generated", "user", "free view", "host", or "split": a
+    region no generator takes whole, lowered as ``pieces`` (each a LoweredNode of a sub-region or
+    of one body op, in program order); the values in ``scratch`` pass between pieces through DRAM,
+    where the region would have kept them on chip."""
 
     node: Node
     how: str
     kernel: Any = None            # GeneratedKernel or UserKernel; None for views and host ops
-    reason: str = ""              # why a host op (codegen's words)
+    reason: str = ""              # why a host op, or why split (codegen's words)
     traced: Any = None            # the generated source executed: its fexplore.lang.Kernel
+    pieces: list = field(default_factory=list)   # how == "split": the pieces
+    scratch: tuple = ()           # how == "split": values the pieces pass through DRAM
+    of: str = ""                  # a piece: the label of the region it was split from
+    members: tuple = ()           # a piece: the body nodes of that region it computes
 
     @property
     def name(self) -> str:
@@ -153,33 +167,50 @@ class LoweredNode:
 
     def __repr__(self) -> str:
         what = f"{self.kind} kernel" if self.kernel is not None else self.how
+        if self.how == "split":
+            what = f"split into {len(self.pieces)} pieces"
         extra = f": {self.reason}" if self.reason else ""
         return f"<{self.name}: {what} for {self.label}{extra}>"
+
+    def leaves(self) -> list["LoweredNode"]:
+        """Itself, or its pieces when split."""
+        return list(self.pieces) if self.how == "split" else [self]
 
 
 @dataclass
 class Lowering:
+    """One LoweredNode per top-level node (``nodes``); the kernels, host ops and free views count
+    the pieces of split regions, which is what runs."""
+
     target: str
     nodes: list[LoweredNode] = field(default_factory=list)
 
     @property
+    def leaves(self) -> list[LoweredNode]:
+        return [y for x in self.nodes for y in x.leaves()]
+
+    @property
     def kernels(self) -> list[LoweredNode]:
-        return [x for x in self.nodes if x.kernel is not None]
+        return [x for x in self.leaves if x.kernel is not None]
 
     @property
     def host_ops(self) -> list[LoweredNode]:
-        return [x for x in self.nodes if x.how == "host"]
+        return [x for x in self.leaves if x.how == "host"]
 
     @property
     def free_views(self) -> list[LoweredNode]:
-        return [x for x in self.nodes if x.how == "free view"]
+        return [x for x in self.leaves if x.how == "free view"]
 
     @property
     def replaced(self) -> list[LoweredNode]:
-        return [x for x in self.nodes if x.how == "user"]
+        return [x for x in self.leaves if x.how == "user"]
+
+    @property
+    def splits(self) -> list[LoweredNode]:
+        return [x for x in self.nodes if x.how == "split"]
 
     def __getitem__(self, name: str) -> LoweredNode:
-        for x in self.nodes:
+        for x in self.nodes + self.leaves:
             if x.name == name or x.node.name == name:
                 return x
         raise KeyError(name)
@@ -194,46 +225,209 @@ def _free_view(node: Node) -> bool:
 
 
 def lower(graph: Graph, options) -> StageResult:
-    from fexplore.lang import codegen  # lazy: the pipeline imports the kernel language only here
-
     target = options.target
     low = Lowering(target if isinstance(target, str) else getattr(target, "name", str(target)))
-    taken: dict[str, int] = {}
+    lowerer = _Lowerer(target)
     for node in graph.nodes:
-        if _free_view(node):
-            low.nodes.append(LoweredNode(node, "free view"))
-            continue
-        user = _user_kernel_for(node)
-        if user is not None:
-            name = _unique(getattr(user, "name", None) or "user_kernel", taken)
-            shapes = tuple(tuple(v.type.shape) for v in node.outputs)
-            from fexplore.npu import get_target
-
-            low.nodes.append(LoweredNode(node, "user", UserKernel(name, user, get_target(target), shapes)))
-            continue
-        try:
-            gk = codegen.generate(node, target)
-        except codegen.UnsupportedRegionError as e:
-            low.nodes.append(LoweredNode(node, "host", reason=_reason(e)))
-            continue
-        except Exception as e:  # a generator that fails is a host op too, saying so
-            low.nodes.append(LoweredNode(node, "host", reason=f"codegen failed: {type(e).__name__}: "
-                                                               f"{str(e).splitlines()[0][:160] if str(e) else ''}"))
-            continue
-        gk = _renamed(gk, _unique(gk.name, taken))
-        traced, why = _traces(gk, node)
-        if why:  # a generator that writes a kernel the kernel language rejects: said, not hidden
-            low.nodes.append(LoweredNode(node, "host", reason=f"generated kernel {gk.name} does not "
-                                                               f"trace (a codegen bug): {why}"))
-            continue
-        low.nodes.append(LoweredNode(node, "generated", gk, traced=traced))
+        low.nodes.append(lowerer.node(node))
     stats = lowering_stats(low)
     host = ", host ops: " + ", ".join(f"{k}×{v}" for k, v in stats["host_ops_by_op"].items()) \
         if low.host_ops else ""
     user = f", {len(low.replaced)} user kernel(s)" if low.replaced else ""
+    split = (f"; {stats['split_regions']} region(s) split into {stats['split_pieces']} pieces"
+             if low.splits else "")
     summary = (f"{stats['kernels']} kernels ({stats['generated']} generated{user}), "
-               f"{stats['free_views']} free views, {stats['host_ops']} host ops{host}")
+               f"{stats['free_views']} free views, {stats['host_ops']} host ops{host}{split}")
     return StageResult(graph, stats, [], summary, lowering=low)
+
+
+class _Lowerer:
+    """Lowers one node at a time; a region no generator takes whole is split into pieces."""
+
+    def __init__(self, target):
+        from fexplore.lang import codegen  # lazy: the pipeline imports the kernel language only here
+
+        self.codegen, self.target = codegen, target
+        self.taken: dict[str, int] = {}
+
+    def node(self, node: Node, of: str = "") -> LoweredNode:
+        if _free_view(node):
+            return LoweredNode(node, "free view", of=of)
+        user = _user_kernel_for(node)
+        if user is not None:
+            name = _unique(getattr(user, "name", None) or "user_kernel", self.taken)
+            shapes = tuple(tuple(v.type.shape) for v in node.outputs)
+            from fexplore.npu import get_target
+
+            return LoweredNode(node, "user", UserKernel(name, user, get_target(self.target), shapes), of=of)
+        x, err = self.generated(node, of)
+        if x is not None:
+            return x
+        if node.op.name == "region" and len(node.regions[0].nodes) > 1:
+            return self.split(node, err)
+        return LoweredNode(node, "host", reason=_reason(err), of=of)
+
+    def generated(self, node: Node, of: str = ""):
+        """(the LoweredNode of the generated kernel, None), or (None, the error saying why not)."""
+        codegen = self.codegen
+        try:
+            gk = codegen.generate(node, self.target)
+        except codegen.UnsupportedRegionError as e:
+            return None, e
+        except Exception as e:  # a generator that fails is said to, not hidden
+            return None, _Failed(f"codegen failed: {type(e).__name__}: {_first_line(e)}")
+        traced, why = _traces(gk, node)
+        if why:  # a generator that writes a kernel the kernel language rejects: a codegen bug
+            return None, _Failed(f"generated kernel {gk.name} does not trace (a codegen bug): {why}")
+        gk = _renamed(gk, _unique(gk.name, self.taken))
+        return LoweredNode(node, "generated", gk, traced=traced, of=of), None
+
+    def split(self, node: Node, err) -> LoweredNode:
+        return _Splitter(self, node).lowered(err)
+
+
+class _Splitter:
+    """The region as the largest pieces codegen generates. The body is cut around the op codegen
+    names (``_cut``), each part tried whole and cut again if refused; with no op named, the body
+    is halved in program order. Every part is convex (an ancestor-closed set, its complement, a
+    single op, or a contiguous run of a topological order), so the pieces run in order. A single
+    op no generator takes is a host op."""
+
+    def __init__(self, lowerer: _Lowerer, node: Node):
+        self.lowerer, self.node = lowerer, node
+        self.body = node.regions[0]
+        self.label = f"region {self.body.name}"
+        self.users: dict[str, set[int]] = {}
+        for n in self.body.nodes:
+            for v in n.inputs:
+                self.users.setdefault(v.name, set()).add(id(n))
+        self.parts = 0
+        # a piece reads the region's operands and makes its results under their outer names (a
+        # body may name them otherwise, as after the precision stage), so the pieces run in the
+        # outer program; only the values between pieces keep their body names
+        self.outer = {bv.name: nv for bv, nv in zip(self.body.inputs, node.inputs)}
+        self.outer.update({bv.name: nv for bv, nv in zip(self.body.outputs, node.outputs)})
+
+    def lowered(self, err) -> LoweredNode:
+        pieces = self.partition(list(self.body.nodes), err)
+        made = {v.name: i for i, p in enumerate(pieces) for v in p.node.outputs}
+        outs = {v.name for v in self.node.outputs}
+        scratch = tuple(dict.fromkeys(v.name for i, p in enumerate(pieces) for v in p.node.inputs
+                                      if made.get(v.name, i) != i and v.name not in outs))
+        reason = (f"{_reason(err)}; split into {len(pieces)} pieces"
+                  + (f", {len(scratch)} value(s) between them through DRAM (the fusion there is lost)"
+                     if scratch else ""))
+        return LoweredNode(self.node, "split", reason=reason, pieces=pieces, scratch=scratch)
+
+    def partition(self, members: list[Node], err) -> list[LoweredNode]:
+        low = self.lowerer
+        if len(members) == 1:
+            return [self.held(low.node(self.single(members[0]), of=self.label), members)]
+        out = []
+        for part in _cut(members, _culprit(members, err)):
+            if len(part) == 1:
+                out.append(self.held(low.node(self.single(part[0]), of=self.label), part))
+                continue
+            sub = self.piece(part)
+            if _user_kernel_for(sub) is not None:
+                out.append(self.held(low.node(sub, of=self.label), part))
+                continue
+            x, e = low.generated(sub, of=self.label)
+            out += [self.held(x, part)] if x is not None else self.partition(part, e)
+        return out
+
+    @staticmethod
+    def held(x: LoweredNode, part: list[Node]) -> LoweredNode:
+        x.members = tuple(part)
+        return x
+
+    def piece(self, part: list[Node]) -> Node:
+        """A region node of ``part``, built as fusion builds regions; it gives back what other
+        nodes of the body, or the body's outputs, read."""
+        from .fusion import region_kind, region_node
+
+        inside = {id(n) for n in part}
+        body_outs = {v.name for v in self.body.outputs}
+        outs = [v for n in part for v in n.outputs
+                if v.name in body_outs or self.users.get(v.name, set()) - inside]
+        anchor = next((n for n in part if n.op.name in _ANCHORS), part[-1])
+        self.parts += 1
+        r = region_node(part, outs, region_kind(part), f"{self.body.name}_part{self.parts}", anchor.loc)
+        return Node("region", self.renamed(r.inputs), r.attrs, self.renamed(r.outputs), r.loc, r.regions)
+
+    def single(self, n: Node) -> Node:
+        """A body op as a piece of its own, over the region's operands and results."""
+        ins, outs = self.renamed(n.inputs), self.renamed(n.outputs)
+        if all(a is b for a, b in zip(ins + outs, list(n.inputs) + list(n.outputs))):
+            return n
+        return Node(n.op, ins, n.attrs, outs, n.loc, n.regions)
+
+    def renamed(self, values) -> list:
+        return [self.outer.get(v.name, v) for v in values]
+
+
+class _Failed(Exception):
+    """Why a generated kernel is not usable, when codegen itself raised no UnsupportedRegionError."""
+
+
+def _culprit(members: list[Node], err):
+    """The body op codegen's error names: the node it gives, else one of that op at its source
+    location, else the first of that op."""
+    node = getattr(err, "node", None)
+    if node is not None and any(n is node for n in members):
+        return node
+    op = getattr(err, "op", None)
+    named = [n for n in members if n.op.name == op]
+    at = [n for n in named if getattr(err, "loc", None) is not None and n.loc == err.loc]
+    return (at or named or [None])[0]
+
+
+_ANCHORS = {"attention", "linear", "matmul", "conv2d"}
+
+
+def _cut(members: list[Node], culprit) -> list[list[Node]]:
+    """Members in two or three convex parts, in an order they can run in, around the op codegen
+    refused: for a contraction or attention, what feeds it (the op keeps its epilogue); for any
+    other op, the op with what feeds it (the rest keeps its anchor); the op alone when that is
+    all there is. With no op named, the two halves of program order."""
+    if culprit is None:
+        mid = len(members) // 2
+        return [members[:mid], members[mid:]]
+    before = _ancestors(culprit, members)
+    if culprit.op.name in _ANCHORS and before:
+        return [[n for n in members if id(n) in before], [n for n in members if id(n) not in before]]
+    if len(before) + 1 < len(members) and culprit.op.name not in _ANCHORS:
+        return [[n for n in members if id(n) in before or n is culprit],
+                [n for n in members if id(n) not in before and n is not culprit]]
+    after = _descendants(culprit, members)
+    return [p for p in ([n for n in members if n is not culprit and id(n) not in after], [culprit],
+                        [n for n in members if id(n) in after]) if p]
+
+
+def _ancestors(node: Node, members: list[Node]) -> set[int]:
+    """ids of the members whose results ``node`` reads, directly or not."""
+    made_by = {v.name: n for n in members for v in n.outputs}
+    out, stack = set(), list(node.inputs)
+    while stack:
+        n = made_by.get(stack.pop().name)
+        if n is not None and id(n) not in out:
+            out.add(id(n))
+            stack.extend(n.inputs)
+    return out
+
+
+def _descendants(node: Node, members: list[Node]) -> set[int]:
+    """ids of the members that read, directly or not, what ``node`` makes."""
+    made, out = {v.name for v in node.outputs}, set()
+    for n in members:  # program order: producers come first
+        if n is not node and any(v.name in made for v in n.inputs):
+            out.add(id(n))
+            made |= {v.name for v in n.outputs}
+    return out
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0][:160] if str(e) else ""
 
 
 def _traces(gk, node: Node):
@@ -244,17 +438,21 @@ def _traces(gk, node: Node):
         k.trace(*gk.arguments(zeros), target=gk.target)
         return k, None
     except Exception as e:
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        return None, f"{type(e).__name__}: {_first_line(e)}"
 
 
 def lowering_stats(low: Lowering) -> dict:
+    """Counts over what runs: the pieces of split regions are counted, the regions too."""
     by_kind: dict[str, int] = {}
     for x in low.kernels:
         by_kind[x.kind] = by_kind.get(x.kind, 0) + 1
     host: dict[str, int] = {}
     for x in low.host_ops:
         host[x.op] = host.get(x.op, 0) + 1
-    return {"kernels": len(low.kernels), "generated": sum(x.how == "generated" for x in low.nodes),
+    return {"kernels": len(low.kernels), "generated": sum(x.how == "generated" for x in low.leaves),
+            "split_regions": len(low.splits), "split_pieces": sum(len(x.pieces) for x in low.splits),
+            "split": [{"region": x.label, "pieces": [y.label for y in x.pieces], "scratch": list(x.scratch),
+                       "reason": x.reason} for x in low.splits],
             "user_kernels": len(low.replaced), "replaced": [x.label for x in low.replaced],
             "free_views": len(low.free_views), "host_ops": len(low.host_ops),
             "host_ops_by_op": host, "kernels_by_kind": by_kind}
@@ -289,17 +487,18 @@ def _renamed(gk, name: str):
 @dataclass
 class LoweringCheck:
     ok: bool
-    kernels_run: int              # distinct kernels run in the kernel-language interpreter
+    kernels_run: int              # distinct kernels run in the kernel-language interpreter, per input set
     kernels_total: int
-    max_abs: float                # chip-way outputs vs eager
+    max_abs: float                # chip-way outputs vs eager, worst over the input sets
     first_divergent: str | None = None   # "kernel <name> (region ...)"
     detail: str | None = None
     elapsed_s: float = 0.0
+    input_sets: int = 1
 
     def summary(self) -> str:
         mark = "✓" if self.ok else "✗"
         return (f"{mark} kernels: {self.kernels_run} distinct of {self.kernels_total} run in the "
-                f"kernel interpreter; chip-way max abs err {self.max_abs:.2e}")
+                f"kernel interpreter on {self.input_sets} input set(s); chip-way max abs err {self.max_abs:.2e}")
 
 
 class _RunOnce:
@@ -318,56 +517,86 @@ def _distinct_key(x: LoweredNode, arrays) -> tuple:
     return (x.kind, src, tuple(a.shape for a in arrays), tuple(str(a.dtype) for a in arrays))
 
 
-def check_lowering(graph: Graph, low: Lowering, oracle) -> LoweringCheck:
-    """Run ``graph`` the chip way on the oracle's example inputs, against eager; see the module
-    docstring."""
-    from fexplore.ir import bind_symbols
-    from fexplore.lang.codegen import check_kernel
+class _ChipWay:
+    """Runs nodes the chip way: each distinct kernel in the kernel-language interpreter, checked
+    against its node in the IR interpreter; repeats, views and host ops by the IR interpreter; a
+    split region piece by piece, its intermediates passed between pieces as DRAM would."""
 
-    from ..numeric import TOLERANCES, accept_tie_order, compare, compute_dtype
+    def __init__(self, bindings):
+        self.bindings, self.seen = bindings, set()
+        self.run = 0
+        self.first = self.detail = None
 
-    inputs, want, noise = oracle.input_sets[0], oracle.expected[0], oracle.noise[0]
-    t0 = time.perf_counter()
-    arrays = [np.asarray(x) for x in inputs]
-    bindings = bind_symbols(graph, arrays)
-    env = {v.name: a for v, a in zip(graph.inputs, arrays)}
-    env.update({c.name: c.payload for c in graph.constants})
-    by_node = {id(x.node): x for x in low.nodes}
-    seen: set = set()
-    run = 0
-    first, detail = None, None
-    for node in graph.nodes:
-        ins = [env[v.name] for v in node.inputs]
-        x = by_node.get(id(node))
-        outs = None
-        if x is not None and x.kernel is not None and first is None:
+    def node(self, x: LoweredNode | None, node: Node, ins: list) -> list:
+        if x is not None and x.how == "split":
+            body = node.regions[0]
+            env = {v.name: a for v, a in zip(node.inputs, ins)}   # pieces read the outer names
+            env.update({c.name: c.payload for c in body.constants})
+            for i, p in enumerate(x.pieces):
+                outs = self.leaf(p, p.node, [env[v.name] for v in p.node.inputs], (i, x))
+                for v, a in zip(p.node.outputs, outs):
+                    env[v.name] = np.asarray(a).astype(v.type.dtype.numpy, copy=False)
+            return [env[v.name] for v in node.outputs]
+        return self.leaf(x, node, ins)
+
+    def leaf(self, x, node, ins, piece=None) -> list:
+        if x is not None and x.kernel is not None and self.first is None:
             key = _distinct_key(x, ins)
-            if key not in seen:
-                seen.add(key)
-                run += 1
+            if key not in self.seen:
+                self.seen.add(key)
+                self.run += 1
+                what = (f"kernel {x.name} ({x.how}, piece {piece[0] + 1} of {len(piece[1].pieces)} of split "
+                        f"{piece[1].label}: {x.label})" if piece else f"kernel {x.name} ({x.how}, for {x.label})")
                 try:
+                    from fexplore.lang.codegen import check_kernel
+
                     once = _RunOnce(x)
                     with np.errstate(all="ignore"):
                         res = check_kernel(node, once, ins)
                     if res.ok:
-                        outs = once.out
-                    else:
-                        first = f"kernel {x.name} ({x.how}, for {x.label})"
-                        detail = (f"{first}: max abs error {res.max_abs_error:.3g} vs the IR "
-                                  f"interpreter ({res.limit_exceeded_by:.3g}x the tolerance)")
+                        return once.out
+                    self.first = what
+                    self.detail = (f"{what}: max abs error {res.max_abs_error:.3g} vs the IR "
+                                   f"interpreter ({res.limit_exceeded_by:.3g}x the tolerance)")
                 except Exception as e:
-                    first = f"kernel {x.name} ({x.how}, for {x.label})"
-                    detail = f"{first} raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        if outs is None:
-            outs = evaluate_node(node, ins, bindings)
-        for v, a in zip(node.outputs, outs):
-            env[v.name] = np.asarray(a).astype(v.type.dtype.numpy, copy=False)
-    # sort/topk indices of tied values in another order count as equal, as in check_graph
-    got = accept_tie_order(graph, inputs, [env[v.name] for v in graph.outputs], want)
-    max_abs, _, ok, d = compare(got, want, TOLERANCES[compute_dtype(graph)], noise)
-    if first is not None:
-        ok = False
-    elif not ok:
-        detail = f"chip-way outputs vs eager: {d}"
-    return LoweringCheck(ok, run, len(low.kernels), float(max_abs), first, detail,
-                         time.perf_counter() - t0)
+                    self.first = what
+                    self.detail = f"{what} raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        return evaluate_node(node, ins, self.bindings)
+
+
+def check_lowering(graph: Graph, low: Lowering, oracle) -> LoweringCheck:
+    """Run ``graph`` the chip way on each of the oracle's input sets (the example inputs and the
+    random ones), against eager; see the module docstring. Each distinct kernel runs once per
+    input set; the first divergent kernel (or piece of a split region) is named."""
+    from fexplore.ir import bind_symbols
+
+    from ..numeric import TOLERANCES, accept_tie_order, compare, compute_dtype
+
+    t0 = time.perf_counter()
+    by_node = {id(x.node): x for x in low.nodes}
+    worst, ok_all, run = 0.0, True, 0
+    first = detail = None
+    sets = list(zip(oracle.input_sets, oracle.expected, oracle.noise))
+    for k, (inputs, want, noise) in enumerate(sets):
+        arrays = [np.asarray(x) for x in inputs]
+        chip = _ChipWay(bind_symbols(graph, arrays))
+        env = {v.name: a for v, a in zip(graph.inputs, arrays)}
+        env.update({c.name: c.payload for c in graph.constants})
+        for node in graph.nodes:
+            outs = chip.node(by_node.get(id(node)), node, [env[v.name] for v in node.inputs])
+            for v, a in zip(node.outputs, outs):
+                env[v.name] = np.asarray(a).astype(v.type.dtype.numpy, copy=False)
+        run = max(run, chip.run)
+        # sort/topk indices of tied values in another order count as equal, as in check_graph
+        got = accept_tie_order(graph, inputs, [env[v.name] for v in graph.outputs], want)
+        max_abs, _, ok, d = compare(got, want, TOLERANCES[compute_dtype(graph)], noise)
+        worst = max(worst, float(max_abs))
+        where = "" if k == 0 else f" (random input set {k})"
+        if chip.first is not None:
+            first, detail, ok_all = chip.first + where, chip.detail + where, False
+            break
+        if not ok:
+            ok_all, detail = False, f"chip-way outputs vs eager{where}: {d}"
+            break
+    return LoweringCheck(ok_all, run, len(low.kernels), worst, first, detail,
+                         time.perf_counter() - t0, len(sets))

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from fexplore.ir import Graph, evaluate_node
+from fexplore.ir import Graph, Node, evaluate_node
 
 from ..stage import StageResult
 
@@ -206,10 +206,9 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     for c in graph.constants:
         t = declare(c, "input")
         weights[t.name] = np.asarray(c.payload)
-    by_node = {id(x.node): x for x in lowering.nodes}
+    units = _units(graph, lowering)
     # free views first: a view's tensor must exist before any command touches its storage
-    for node in graph.nodes:
-        x = by_node.get(id(node))
+    for x, node in units:
         for o in node.outputs:
             if o.name in tensor_of:
                 continue
@@ -219,8 +218,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
             else:
                 declare(o, "output" if o.name in outputs else "scratch")
     parts, kernels = [], []
-    for node in graph.nodes:
-        x = by_node.get(id(node))
+    for x, node in units:
         mod = node.loc.module if node.loc is not None and node.loc.module else ""
         if x is None or x.how == "free view":
             kernels.append(ScheduledKernel(node.name, "free view", "free view", mod, node.loc, node=node))
@@ -259,6 +257,21 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
                                 f"producer and consumers ({sched.residency['bytes'] / 1e6:.2f} MB not "
                                 "written to DRAM and read back)"))
     return sched
+
+
+def _units(graph: Graph, lowering) -> list[tuple[Any, Node]]:
+    """(lowered node or None, node) in program order; a split region's pieces stand in its place
+    (they read and make the region's operands and results under their outer names, and pass the
+    values between them through DRAM scratch tensors)."""
+    by_node = {id(x.node): x for x in lowering.nodes}
+    out = []
+    for node in graph.nodes:
+        x = by_node.get(id(node))
+        if x is not None and x.how == "split":
+            out += [(p, p.node) for p in x.pieces]
+        else:
+            out.append((x, node))
+    return out
 
 
 # The shares of a PE's SRAM intermediates may take, tried in order; the rest is left to the
