@@ -53,7 +53,15 @@ def lower(trace: ir.KernelTrace):
     b = ProgramBuilder(trace.target, name=trace.name, capture_locs=False)
     make = {"input": b.input, "output": b.output, "scratch": b.scratch}
     dram = {t.name: make[t.kind](t.name, t.shape, t.dtype.name) for t in trace.tensors}
-    return emit(b, [KernelPart(trace, dram)])
+    try:
+        return emit(b, [KernelPart(trace, dram)])
+    except SRAMOverflowError:
+        # the list scheduler's order kept more tiles alive than the plan allowed: trace order,
+        # which the SRAM plan was checked in, fits
+        b = ProgramBuilder(trace.target, name=trace.name, capture_locs=False)
+        make = {"input": b.input, "output": b.output, "scratch": b.scratch}
+        dram = {t.name: make[t.kind](t.name, t.shape, t.dtype.name) for t in trace.tensors}
+        return emit(b, [KernelPart(trace, dram)], interleave="trace")
 
 
 @dataclass
@@ -78,14 +86,16 @@ class HostPart:
     loc: Any = None
 
 
-def emit(b: ProgramBuilder, parts: list, *, interleave: bool = True, owner: list | None = None):
+def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner: list | None = None):
     """Emit `parts` (KernelPart / HostPart, in program order) into `b` and build the program.
 
     Dependencies are the npu's hazard rules over every part's buffers and DRAM boxes, so a part
     waits for the parts whose outputs it reads and nothing else. With `interleave`, one list
     scheduler orders the ops of all parts together: the next kernel's weight loads are issued
     while this one computes, and independent kernels overlap. Without it, each part's ops are
-    scheduled on their own and the parts follow each other (a serial schedule). `owner`, if given,
+    scheduled on their own and the parts follow each other (a serial schedule); ``"trace"`` keeps
+    every op in trace order, parts in sequence (the order each kernel's SRAM plan was checked in,
+    the last resort when a scheduled order overflows). `owner`, if given,
     is filled with each command's part index (-1 for a barrier between parts)."""
     cfg = b.target
     ops: list = []        # (part index, op) in program order
@@ -151,7 +161,9 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool = True, owner: list
         deps.append(sorted(d))
         refs.append(box)
 
-    if interleave:
+    if interleave == "trace":   # program order as traced: what each kernel's SRAM plan was checked in
+        order = list(range(len(ops)))
+    elif interleave:
         order = list_schedule(pe_of, engine_of, duration, deps, cfg.num_pes)
     else:  # each part scheduled on its own; a barrier between parts (below)
         order, lo = [], 0
@@ -169,7 +181,7 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool = True, owner: list
     previous = None
     for k in order:
         pi, op = ops[k]
-        if not interleave and previous is not None and pi != previous:
+        if interleave is not True and previous is not None and pi != previous:
             b.barrier()
         previous = pi
         if owner is not None:

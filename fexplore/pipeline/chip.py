@@ -193,23 +193,14 @@ def graph_cost(graph, options) -> Cost:
     only. Before fusion every op is its own kernel, so the difference between stages is what
     each stage bought on the chip. Cached per graph and target."""
     from .stages.lower import lower
-    from .stages.schedule import build_schedule
-
     key = (id(graph), repr(options.target))
     hit = _COSTS.get(key)
     if hit is not None and hit[0] is graph:
         return hit[1]
     low = lower(graph, options).lowering
-    from .stages.schedule import RESIDENT_SHARES
+    from .stages.schedule import schedule_with_fallbacks
 
-    sched = None
-    for interleave, share in [(True, x) for x in RESIDENT_SHARES] + [(True, 0.0), (False, 0.0)]:
-        try:
-            sched = build_schedule(graph, low, options.target, interleave=interleave, resident=share)
-            break
-        except Exception as e:  # noqa: BLE001 - an SRAM overflow: retry as the stage does
-            if not (interleave or share) or "SRAM" not in type(e).__name__ + str(e):
-                raise
+    sched, _ = schedule_with_fallbacks(graph, low, options.target)
     res = sched.simulate()
     cost = Cost(res.cycles, res.latency_s * 1e6, res.dram_bytes,
                 sum(k.how in ("generated", "user") for k in sched.kernels),

@@ -117,20 +117,7 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
         return _no_schedule(graph, lowering, "a tensor with no elements: nothing for the chip to "
                                              "move or compute; the interpreter runs the model")
     t0 = time.perf_counter()
-    sched, spills = None, []
-    # residency in half a PE's SRAM, then less, then none; then kernels in sequence
-    attempts = [(True, share) for share in RESIDENT_SHARES] + [(True, 0.0), (False, 0.0)]
-    for interleave, share in attempts:
-        try:
-            sched = build_schedule(graph, lowering, options.target, interleave=interleave, resident=share)
-            break
-        except Exception as e:  # noqa: BLE001 - only an SRAM overflow falls through
-            if not (interleave or share) or "SRAM" not in type(e).__name__ + str(e):
-                raise
-            what = (f"keeping intermediates in {share:.0%} of a PE's SRAM" if share
-                    else "interleaving the kernels")
-            spills.append(("spill" if share else "serial",
-                           f"{what} overflows SRAM ({str(e).splitlines()[0][:100]})"))
+    sched, spills = schedule_with_fallbacks(graph, lowering, options.target)
     sched.decisions[:0] = spills
     prog = sched.program
     timing = sched.simulate()
@@ -160,6 +147,26 @@ def _vs_bound(res) -> float:
 
 def _no_schedule(graph, lowering, why):
     return StageResult(graph, {"scheduled": False, "why": why}, [], why, lowering=lowering, schedule=None)
+
+
+def schedule_with_fallbacks(graph: Graph, lowering, target):
+    """(Schedule, spills): interleaved with residency in half a PE's SRAM, then less, then none;
+    then kernels in sequence; then every op in trace order. Each step back is recorded (what,
+    why); only an SRAM overflow makes the stage step back."""
+    spills = []
+    attempts = [(True, share) for share in RESIDENT_SHARES] + [(True, 0.0), (False, 0.0), ("trace", 0.0)]
+    for interleave, share in attempts:
+        try:
+            return build_schedule(graph, lowering, target, interleave=interleave, resident=share), spills
+        except Exception as e:  # noqa: BLE001 - only an SRAM overflow falls through
+            if interleave == "trace" or "SRAM" not in type(e).__name__ + str(e):
+                raise
+            what = (f"keeping intermediates in {share:.0%} of a PE's SRAM" if share
+                    else "interleaving the kernels" if interleave is True
+                    else "scheduling each kernel's ops")
+            spills.append(("spill" if share else "serial" if interleave is True else "trace order",
+                           f"{what} overflows SRAM ({str(e).splitlines()[0][:100]})"))
+    raise AssertionError("unreachable")
 
 
 def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
