@@ -167,8 +167,11 @@ def _like(x, rng: np.random.Generator):
     elif x.dtype.is_floating_point and x.numel() == 1:
         a = x.double().numpy() * rng.uniform(0.5, 1.5)
     elif x.dtype.is_floating_point:
-        std = float(x.float().std()) if x.numel() > 1 else 1.0
-        mean = float(x.float().mean()) if x.numel() else 0.0
+        # the spread of the finite values: an example with -inf (a mask) would otherwise give
+        # a spread of nan and a random input of nothing but NaN
+        finite = x.float()[torch.isfinite(x.float())]
+        std = float(finite.std()) if finite.numel() > 1 else 1.0
+        mean = float(finite.mean()) if finite.numel() else 0.0
         a = rng.standard_normal(shape) * (std or 1.0) + mean
     else:
         lo, hi = (int(x.min()), int(x.max())) if x.numel() else (0, 1)
