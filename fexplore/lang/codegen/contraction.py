@@ -73,23 +73,36 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     permuted = PermutedAccess.of(x_in, chain, fail) if any(n.op.name == "permute" for n in chain) else None
     access = permuted or RowAccess.of(x_in, chain, a_val, fail)
     # -- the weights: region inputs, through identity views ---------------------------------------
-    weights = []
+    # (a cast, or a transpose of the last two axes: a weight tied to an embedding, k^T, x^T x, is
+    # read through a box in its own layout, the contraction told that it holds n before k)
+    weights, w_views = [], set()
     for c in cons:
-        wv = c.inputs[1]
-        while wv.name in producer and producer[wv.name].op.name == "relayout":
-            wv = producer[wv.name].inputs[0]
+        wv, transposed, casts = c.inputs[1], False, 0
+        while wv.name in producer and producer[wv.name].op.name in ("relayout", "cast", "permute"):
+            p = producer[wv.name]
+            if p.op.name == "permute":
+                perm, r = list(p.attrs["perm"]), p.inputs[0].type.rank
+                if r < 2 or perm != list(range(r - 2)) + [r - 1, r - 2]:
+                    fail(p, "a permute of the weights other than a transpose of the last two axes")
+                transposed = not transposed
+            casts += p.op.name == "cast"
+            if casts > 1:
+                fail(p, "two casts of the weights")
+            w_views.add(id(p))
+            wv = p.inputs[0]
         if wv.name not in body_inputs or wv.name in inputs.literals:
-            fail(c, "weights computed inside the region (a transposed or sliced weight)")
+            fail(c, "weights computed inside the region (other than a cast or a transpose of a region input)")
         bias = c.inputs[2] if len(c.inputs) == 3 else None
         if bias is not None and bias.name not in body_inputs:
             fail(c, "a bias computed inside the region")
-        weights.append((wv, bias))
-    prologue = {id(n) for n in chain} | ({id(producer[first.inputs[0].name])} if a_val is not first.inputs[0] else set())
+        weights.append((wv, bias, transposed))
+    prologue = {id(n) for n in chain} | w_views | \
+        ({id(producer[first.inputs[0].name])} if a_val is not first.inputs[0] else set())
     epilogue = [n for n in body.nodes if id(n) not in prologue and n.op.name not in CONTRACTIONS]
     for n in epilogue:
         if n.op.name not in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
             fail(n, "in a contraction's epilogue (elementwise ops are handled)")
-    in_prologue = {v.name for n in chain for v in n.outputs} | {first.inputs[0].name}
+    in_prologue = {v.name for n in body.nodes if id(n) in prologue for v in n.outputs} | {first.inputs[0].name}
     for o in body.outputs:
         if o.name in in_prologue:
             fail(producer[o.name], "a prologue value leaves the region")
@@ -201,21 +214,25 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             norm_params.append(add_param(g, (K,), ['"K"']))
     # weights and biases
     w_boxes, b_names = [], []
-    for (wv, bias), c in zip(weights, cons):
+    for (wv, bias, transposed), c in zip(weights, cons):
         a_letters = permuted.letters if permuted is not None else "mk"
         w_k = permuted.weight_index() if permuted is not None else k_idx
-        if is_linear:
-            wn = add_param(wv, (N, K), ['"N"', '"K"'])
-            w_boxes.append((f"{wn}[ns, {w_k}]", f"{a_letters},nk->mn"))
-        elif not batched_b:
-            wn = add_param(wv, (K, N), ['"K"', '"N"'])
-            w_boxes.append((f"{wn}[{w_k}, ns]", f"{a_letters},kn->mn"))
+        nk = is_linear != transposed    # the weights' own layout holds n before k
+        tail, tail_spec, tail_idx = ((N, K), ['"N"', '"K"'], ["ns", w_k]) if nk else \
+            ((K, N), ['"K"', '"N"'], [w_k, "ns"])
+        letters = "nk" if nk else "kn"
+        if not batched_b:
+            wn = add_param(wv, tail, tail_spec)
+            box = f"{wn}[{', '.join(tail_idx)}]"
         else:
             view = groups.view(b_pat)[:-1] + (1,)
             sp, k0 = group_spec(view[:-1])
             idx = group_index(view[:-1], k0)
-            wn = add_param(wv, trimmed(view[:-1], (K, N), sizes[:-1]), sp + ['"K"', '"N"'])
-            w_boxes.append((f"{wn}[{', '.join(idx + [k_idx, 'ns'])}]", "mk,kn->mn"))
+            wn = add_param(wv, trimmed(view[:-1], tail, sizes[:-1]), sp + tail_spec)
+            box = f"{wn}[{', '.join(idx + tail_idx)}]"
+            a_letters = "mk"
+        w_boxes.append((cast_to(f"fl.load({box})", wv.type.dtype, c.inputs[1].type.dtype),
+                        f"{a_letters},{letters}->mn"))
         b_names.append(add_param(bias, (N,), ['"N"']) if bias is not None else None)
     # epilogue operands
     epi_boxes = {}
@@ -268,10 +285,13 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                     w(f"{a_tile_c} = {cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)}")
                     a_tile = a_tile_c
                 for acc, (wb, spec) in zip(accs, w_boxes):
-                    w(f'{acc} = fl.contract("{spec}", {a_tile}, fl.load({wb}))')
+                    w(f'{acc} = fl.contract("{spec}", {a_tile}, {wb})')
             else:
                 w(f"{' = '.join(accs)} = None")
-                if permuted is not None:
+                if permuted is not None and len(permuted.k_names) == 1:
+                    w(f"# the activations are a permute of %{x_in.name}: K tiles read straight from its layout")
+                    w(f"for ds in fl.range({permuted.k_iter()}, stages=stages):")
+                elif permuted is not None:
                     w(f"# K = {' x '.join(permuted.k_names)}: one slab per {', '.join(permuted.k_names[:-1])} "
                       f"and tile of {permuted.k_names[-1]}, read straight from %{x_in.name}'s layout")
                     w(f"for {permuted.k_loop_vars()} in fl.range({permuted.k_iter()}, stages=stages):")
@@ -281,12 +301,12 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                     if len(cons) == 1:
                         wb, spec = w_boxes[0]
                         a = cast_to(f"fl.load({x_box})", x_in.type.dtype, op_dt)
-                        w(f'{accs[0]} = fl.contract("{spec}", {a}, fl.load({wb}), acc={accs[0]})')
+                        w(f'{accs[0]} = fl.contract("{spec}", {a}, {wb}, acc={accs[0]})')
                     else:
                         xt = names.new(x_in.name + "_t")
                         w(f"{xt} = {cast_to(f'fl.load({x_box})', x_in.type.dtype, op_dt)}")
                         for acc, (wb, spec) in zip(accs, w_boxes):
-                            w(f'{acc} = fl.contract("{spec}", {xt}, fl.load({wb}), acc={acc})')
+                            w(f'{acc} = fl.contract("{spec}", {xt}, {wb}, acc={acc})')
             # the contractions' values (+ bias), then the epilogue
             emit.axis = '"N"'
             for c, acc, bn in zip(cons, accs, b_names):
