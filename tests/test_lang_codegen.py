@@ -540,8 +540,8 @@ def test_tiles_fit_the_targets_sram(target, M, K, N, norm):
     k = gk.kernel()
     trace = k.trace(*[lang.spec(p.shape, "f32") for p in gk.params])
     assert 0 < max(trace.plan.peak) <= trace.target.sram_bytes_per_pe
-    if norm:
-        assert k.__wrapped__.__kwdefaults__["tk"] == K      # the norm needs whole rows
+    if norm:   # the norm needs whole rows: one K slab, or normalized once into a DRAM scratch first
+        assert k.__wrapped__.__kwdefaults__["tk"] == K or "fl.scratch(" in gk.source
 
 
 def test_rows_too_long_for_sram_are_refused_not_overflowed():

@@ -108,6 +108,7 @@ class PermutedAccess:
         outer = ["H"] if len(k_axes) == 2 else [f"H{i}" for i in range(len(k_axes) - 1)]
         self.k_names = outer + ["D"]
         self.letters = "mk"
+        self.whole_heads = False      # K = (H, D) read as slabs of whole heads (set by the tiling)
 
     @classmethod
     def of(cls, x, chain, fail):
@@ -198,6 +199,10 @@ class PermutedAccess:
             idx[a] = name.lower() if name != "D" else "ds"
         m_in = lead_axes[m_axis]
         self.letters = "mk" if m_in < self.k_axes[-1] else "km"
+        if self.whole_heads:
+            h_axis, d_axis = self.k_axes
+            spec[h_axis], idx[h_axis], idx[d_axis] = str(self.shape[h_axis]), "hs", ":"
+            self.letters = "".join(c for _, c in sorted([(m_in, "m"), (h_axis, "h"), (d_axis, "k")]))
         return spec, idx
 
 

@@ -150,10 +150,13 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     norm = next((n for n in chain if n.op.name in ("layer_norm", "rms_norm")), None)
     tm, tn, tk = matmul_tiles(M, N, K, max(dt.itemsize, 1), cfg, dt.name, STAGES)
     budget = cfg.sram_bytes_per_pe // 2
+    tk0 = tk
     if norm is not None:
         tk = K
     if permuted is not None:
-        tk = min(tk, permuted.inner)
+        # heads merged into K: a slab of whole heads (several per load when D is small) when the
+        # tile allows, else tiles of D within one head
+        tk = max(tk, permuted.inner) if len(permuted.k_names) == 2 else min(tk, permuted.inner)
     nb = len(cons)
 
     def footprint(tm, tn, tk):
@@ -174,9 +177,17 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         fail(norm, "a norm over permuted activations")
     if footprint(tm, tn, tk) > budget:
         fail(norm or first, f"rows of {K} activations do not fit one PE's SRAM on {cfg.name}")
+    # a norm prologue with several N tiles: normalized once per row tile into a DRAM scratch (bf16
+    # when the operands are), then a plain K loop over it, instead of once per (row, N) tile
+    staged = norm is not None and -(-N // tn) > 2
+    if staged:
+        tk = min(tk0, K)
+    if permuted is not None:
+        permuted.whole_heads = len(permuted.k_names) == 2 and tk >= permuted.inner
+        tk = tk // permuted.inner * permuted.inner if permuted.whole_heads else min(tk, permuted.inner)
 
     # -- parameters ------------------------------------------------------------------------------------
-    names = Names({"tm", "tn", "tk", "stages", "ms", "ns", "ks", "ds", "h", "itertools", "b",
+    names = Names({"tm", "tn", "tk", "stages", "rows", "ms", "ns", "ks", "ds", "h", "hs", "itertools", "b",
                    *(f"b{i}" for i in range(8)), *(f"h{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
@@ -216,11 +227,17 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     w_boxes, b_names = [], []
     for (wv, bias, transposed), c in zip(weights, cons):
         a_letters = permuted.letters if permuted is not None else "mk"
-        w_k = permuted.weight_index() if permuted is not None else k_idx
+        w_k = permuted.weight_index() if permuted is not None else ("ks" if staged else k_idx)
         nk = is_linear != transposed    # the weights' own layout holds n before k
         tail, tail_spec, tail_idx = ((N, K), ['"N"', '"K"'], ["ns", w_k]) if nk else \
             ((K, N), ['"K"', '"N"'], [w_k, "ns"])
         letters = "nk" if nk else "kn"
+        if permuted is not None and permuted.whole_heads:   # K viewed as (heads, D): a slab of heads
+            hd = (permuted.shape[permuted.k_axes[0]], permuted.inner)
+            hd_spec, hd_idx = [str(hd[0]), str(hd[1])], ["hs", ":"]
+            tail, tail_spec, tail_idx = ((N, *hd), ['"N"', *hd_spec], ["ns", *hd_idx]) if nk else \
+                ((*hd, N), [*hd_spec, '"N"'], [*hd_idx, "ns"])
+            letters = "nhk" if nk else "hkn"
         if not batched_b:
             wn = add_param(wv, tail, tail_spec)
             box = f"{wn}[{', '.join(tail_idx)}]"
@@ -264,14 +281,37 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             results.append(Result(i, tuple(node.outputs[i].type.shape)))
             w(f'{oname} = fl.output(({", ".join(axis_names)}, N), {fl_dtype(o.type.dtype)}, '
               f'axes="{" ".join(axis_names)} N")')
-        grid = ", ".join([f"range({a})" for a in outer_names[:len(sizes) - 1]] +
-                         ["fl.tiles(M, tm)", "fl.tiles(N, tn)"])
+        outer_grid = [f"range({a})" for a in outer_names[:len(sizes) - 1]]
+        if staged:
+            xn = names.new(x_in.name + "_normed").upper()
+            w(f"# the {norm.op.name} once per row tile, into DRAM: each of the N tiles reads it back")
+            w(f'{xn} = fl.scratch(({", ".join(axis_names)}, K), {fl_dtype(op_dt)}, axes="{" ".join(axis_names)} K")')
+            w("rows = min(tm, -(-M // fl.num_pes()))   # a row tile per PE: the norm is vector work")
+            w(f"for {', '.join(loop_vars)} in fl.parallel({', '.join(outer_grid + ['fl.tiles(M, rows)'])}, "
+              f"stages=stages):")
+            with w.indent():
+                emit = vector.VectorEmitter(w, names, label, axis='"K"')
+                xt = names.new(x_in.name + "_t")
+                w(f"{xt} = fl.load({x_box})")
+                ptiles = []
+                for pn in norm_params:
+                    t = names.new(pn + "_t")
+                    w(f"{t} = fl.load({pn}[:])")
+                    ptiles.append(t)
+                a_tile = emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1)
+                w(f"fl.store({xn}[{', '.join(loop_vars)}, :], "
+                  f"{cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)})")
+            x_box = f"{xn}[{', '.join(loop_vars)}, ks]"
+            x_dt = op_dt
+        else:
+            x_dt = x_in.type.dtype
+        grid = ", ".join(outer_grid + ["fl.tiles(M, tm)", "fl.tiles(N, tn)"])
         w(f"for {', '.join(loop_vars + ['ns'])} in fl.parallel({grid}, stages=stages):")
         with w.indent():
             tiles: dict[str, str] = dict(inputs.literals)
             accs = [names.new("acc") for _ in cons]
             emit = vector.VectorEmitter(w, names, label, axis='"K"')
-            if norm is not None:
+            if norm is not None and not staged:
                 xt = names.new(x_in.name + "_t")
                 w(f"{xt} = fl.load({x_box})   # whole rows: the {norm.op.name} needs them")
                 ptiles = []
@@ -288,7 +328,11 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                     w(f'{acc} = fl.contract("{spec}", {a_tile}, {wb})')
             else:
                 w(f"{' = '.join(accs)} = None")
-                if permuted is not None and len(permuted.k_names) == 1:
+                if permuted is not None and permuted.whole_heads:
+                    w(f"# K = H x D: slabs of whole heads, read straight from %{x_in.name}'s layout")
+                    w(f"for hs in fl.range(fl.tiles({permuted.shape[permuted.k_axes[0]]}, "
+                      f"max(1, tk // {permuted.inner})), stages=stages):")
+                elif permuted is not None and len(permuted.k_names) == 1:
                     w(f"# the activations are a permute of %{x_in.name}: K tiles read straight from its layout")
                     w(f"for ds in fl.range({permuted.k_iter()}, stages=stages):")
                 elif permuted is not None:
@@ -300,11 +344,11 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                 with w.indent():
                     if len(cons) == 1:
                         wb, spec = w_boxes[0]
-                        a = cast_to(f"fl.load({x_box})", x_in.type.dtype, op_dt)
+                        a = cast_to(f"fl.load({x_box})", x_dt, op_dt)
                         w(f'{accs[0]} = fl.contract("{spec}", {a}, {wb}, acc={accs[0]})')
                     else:
                         xt = names.new(x_in.name + "_t")
-                        w(f"{xt} = {cast_to(f'fl.load({x_box})', x_in.type.dtype, op_dt)}")
+                        w(f"{xt} = {cast_to(f'fl.load({x_box})', x_dt, op_dt)}")
                         for acc, (wb, spec) in zip(accs, w_boxes):
                             w(f'{acc} = fl.contract("{spec}", {xt}, {wb}, acc={acc})')
             # the contractions' values (+ bias), then the epilogue
