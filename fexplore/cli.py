@@ -102,11 +102,28 @@ def compile_and_report(model, inputs, args):
         cm = CompiledModel(ex.records, ex._ingested, ex.options)  # for the report only
         status = 1
     print(cm.summary())
+    if status == 0 and getattr(args, "simulate", True) and cm.schedule is not None:
+        print_simulation(cm)
     if args.out:
         folder = cm.save(args.out)
-        print(f"\nwrote {folder}/: the IR of {len(cm.stages)} stages, verification.csv and "
-              f"report.html (open {os.path.join(folder, 'report.html')} in a browser)")
+        trace = ", trace.json (open in ui.perfetto.dev)" if cm.schedule is not None else ""
+        print(f"\nwrote {folder}/: the IR of {len(cm.stages)} stages, verification.csv, report.csv"
+              f"{trace} and report.html (open {os.path.join(folder, 'report.html')} in a browser)")
     return status, cm
+
+
+def print_simulation(cm, top: int = 5) -> None:
+    """The simulated latency on the target and the kernels where the time goes."""
+    res = cm.simulate()
+    rl = res.roofline
+    print(f"\nsimulated on {cm.schedule.target.name}: {res.latency_s * 1e6:,.1f} us "
+          f"({res.cycles:,} cycles), {res.cycles / rl.bound_cycles:.1f}x the roofline bound "
+          f"({rl.limiter}); DRAM {res.dram_bytes / 1e6:.2f} MB")
+    df = cm.report().sort_values("cycles", ascending=False).head(top)
+    print(f"{'kernel':<40}{'kind':<13}{'us':>9}{'share':>8}  bound")
+    for r in df.itertuples():
+        print(f"{r.kernel[:39]:<40}{r.kind:<13}{r.cycles / cm.schedule.target.clock_hz * 1e6:>9.1f}"
+              f"{r.share:>8.0%}  {r.bound}")
 
 
 def cmd_demo(args) -> int:
@@ -214,6 +231,8 @@ def parser() -> argparse.ArgumentParser:
                                    "a bare name (gpt, llama, cnn, mlp, vit, vla) picks a model "
                                    "of the bundled zoo.")
     c.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. fexplore.models:gpt, or gpt")
+    c.add_argument("--simulate", action="store_true",
+                   help="print the simulated latency on the target and the top kernels")
     _common(c, f"report folder (default {DEFAULT_OUT})")
     c.set_defaults(func=cmd_compile)
     k = sub.add_parser("kernel", help="check, run and simulate a kernel-language kernel from a "

@@ -28,7 +28,7 @@ def test_every_zoo_model_lowers_and_verifies(name, target, precision):
     cm = fexplore.compile(model, inputs, target=target, precision=precision)
     rec = cm["lower"]
     low = cm.lowering
-    assert [r.name for r in cm.stages][-2:] == ["precision", "lower"]
+    assert [r.name for r in cm.stages][-3:] == ["precision", "lower", "schedule"]
     assert rec.verification.ok and rec.verification.kernels.ok, rec.verification.kernels
     # every top-level node is accounted for, exactly once
     assert len(low.nodes) == len(cm.graph.nodes)

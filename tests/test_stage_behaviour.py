@@ -43,14 +43,14 @@ def test_regions_too_big_for_the_tiny_target_are_split():
     assert fusion.stats["split_for_sram"], "tiny's SRAM should force splits"
     for split in fusion.stats["split_for_sram"]:
         assert split["working_set_bytes"] > sram or split["given_back"]
-    # every region that remains fits
-    from fexplore.pipeline.stages.traffic import type_bytes
+    # every region that remains fits: one tile step of it (a block of rows of every value)
+    from fexplore.pipeline.stages.fusion import _tile_bytes
 
     for n in fusion.after.nodes:
         if n.op.name == "region":
             touched = {v.name: v for m in n.regions[0].nodes
                        for v in list(m.inputs) + list(m.outputs)}
-            assert sum(type_bytes(v.type, {}) for v in touched.values()) <= sram
+            assert sum(_tile_bytes(v, {}) for v in touched.values()) <= sram
     rng = fexplore.compile(model, inputs)  # the default target fuses more
     rng_fusion = next(r for r in rng.stages if r.name == "fusion")
     assert rng_fusion.stats["nodes_fused"] > fusion.stats["nodes_fused"]
@@ -80,7 +80,7 @@ def test_specialize_binds_symbolic_dims_to_static_buckets():
         specialize(g, seq=10_000)
 
 
-@pytest.mark.parametrize("sram_kib", [16, 24, 96])
+@pytest.mark.parametrize("sram_kib", [8, 16, 24])
 @pytest.mark.parametrize("name", ["llama", "gpt", "llama_decode"])
 def test_fusion_stays_acyclic_and_correct_whatever_the_sram(name, sram_kib):
     """Small SRAM forces splits; regions that are each convex could still feed each other in a

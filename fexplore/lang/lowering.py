@@ -8,17 +8,21 @@
      buffers and the DRAM boxes, plus waits. The list scheduler (`schedule.py`) picks the issue
      order from the npu's cost model; the builder re-derives the same hazards from that order.
   4. Every command carries the kernel line it came from, so the timeline attributes cycles to lines.
+
+`emit` does the same for many kernels (and host ops) into one program: the schedule stage's
+whole-model program is the kernels of the lower stage emitted together.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
 
 from fexplore.lang import ir
 from fexplore.lang.errors import SRAMOverflowError
 from fexplore.lang.schedule import list_schedule
-from fexplore.npu import ProgramBuilder, cost
+from fexplore.npu import ProgramBuilder, cost, dtypes
 from fexplore.npu.commands import DMA, TENSOR, VECTOR
 from fexplore.npu.errors import SRAMOverflowError as NPUSRAMOverflowError
 from fexplore.npu.hazards import HazardTracker
@@ -36,79 +40,164 @@ class _VectorShape(NamedTuple):     # what npu.cost needs of a vector command
 
 
 def lower(trace: ir.KernelTrace):
-    cfg = trace.target
-    plan = trace.plan
-    b = ProgramBuilder(cfg, name=trace.name, capture_locs=False)
+    """The kernel's NPU program: its DRAM tensors as the program's inputs, outputs and scratch."""
+    b = ProgramBuilder(trace.target, name=trace.name, capture_locs=False)
     make = {"input": b.input, "output": b.output, "scratch": b.scratch}
     dram = {t.name: make[t.kind](t.name, t.shape, t.dtype.name) for t in trace.tensors}
-    bufs = [b.alloc(pb.name, pb.shape, pb.dtype.name, pe=pb.pe, loc=pb.loc) for pb in plan.buffers]
+    return emit(b, [KernelPart(trace, dram)])
 
-    def buf(t):
+
+@dataclass
+class KernelPart:
+    """One kernel of a program: its trace, and the program's DRAM tensor for each of the kernel's
+    (by the kernel's own tensor names). Buffers are named ``prefix`` + the plan's names."""
+
+    trace: ir.KernelTrace
+    dram: dict
+    prefix: str = ""
+
+
+@dataclass
+class HostPart:
+    """An op the chip does not run (see `npu.commands.Host`): DRAM boxes in, DRAM boxes out."""
+
+    op: str
+    fn: Callable
+    src: tuple
+    dst: tuple
+    flops: int = 0
+    loc: Any = None
+
+
+def emit(b: ProgramBuilder, parts: list, *, interleave: bool = True, owner: list | None = None):
+    """Emit `parts` (KernelPart / HostPart, in program order) into `b` and build the program.
+
+    Dependencies are the npu's hazard rules over every part's buffers and DRAM boxes, so a part
+    waits for the parts whose outputs it reads and nothing else. With `interleave`, one list
+    scheduler orders the ops of all parts together: the next kernel's weight loads are issued
+    while this one computes, and independent kernels overlap. Without it, each part's ops are
+    scheduled on their own and the parts follow each other (a serial schedule). `owner`, if given,
+    is filled with each command's part index (-1 for a barrier between parts)."""
+    cfg = b.target
+    ops: list = []        # (part index, op) in program order
+    meta: list = []       # per part: buf(), overwrite set, slot map base
+    for pi, part in enumerate(parts):
+        if isinstance(part, HostPart):
+            ops.append((pi, part))
+            meta.append(None)
+            continue
+        plan = part.trace.plan
+        bufs = [b.alloc(part.prefix + pb.name, pb.shape, pb.dtype.name, pe=pb.pe, loc=pb.loc)
+                for pb in plan.buffers]
+        dropped, overwrite = _fresh_accumulators(part.trace.ops)
+        keep = [op for op in part.trace.ops if op.index not in dropped]
+        meta.append((plan, bufs, overwrite, len({op.pe for op in keep}) or 1))
+        ops.extend((pi, op) for op in keep)
+    slot = {(pi, op.index): k for k, (pi, op) in enumerate(ops) if not isinstance(op, HostPart)}
+
+    def buf(pi, t):
+        plan, bufs = meta[pi][0], meta[pi][1]
         return bufs[plan.buffer_of[t.id].id]
 
-    def ref(box):
-        return dram[box.tensor.name][box.slices]
+    def ref(pi, box):
+        return parts[pi].dram[box.tensor.name][box.slices]
 
-    ops = trace.ops
-    dropped, overwrite = _fresh_accumulators(ops)
-    keep = [op for op in ops if op.index not in dropped]
-    slot = {op.index: k for k, op in enumerate(keep)}
-
-    # ---- dependencies and costs, in trace order ------------------------------------------------
+    # ---- dependencies and costs, in program order ----------------------------------------------
     hz = HazardTracker()
-    active = max(1, len({op.pe for op in keep}))
-    dma_rate = cost.dma_rate(cfg, active)
     pe_of, engine_of, duration, deps, refs = [], [], [], [], []
-    fence: dict[int, int] = {}   # pe -> the latest wait on it
-    for k, op in enumerate(keep):
-        reads = tuple(buf(t) for t in op.reads() if not (op.index in overwrite and t is op.out))
-        writes = tuple(buf(t) for t in op.writes())
+    fence: dict[tuple[int, int], int] = {}   # (part, pe) -> the latest wait on it
+    for k, (pi, op) in enumerate(ops):
+        if isinstance(op, HostPart):
+            d: set = set()
+            for r in op.src:
+                d |= hz.dram_deps(k, r, False)
+            for r in op.dst:
+                d |= hz.dram_deps(k, r, True)
+            host_bytes = sum(r.size * dtypes.itemsize(r.tensor.dtype) for r in op.src + op.dst)
+            pe_of.append(0)
+            engine_of.append(DMA)
+            duration.append(cfg.dma_startup_cycles + host_bytes / cfg.host_bytes_per_cycle
+                            + op.flops / cfg.host_flops_per_cycle)
+            deps.append(sorted(d))
+            refs.append(None)
+            continue
+        overwrite = meta[pi][2]
+        reads = tuple(buf(pi, t) for t in op.reads() if not (op.index in overwrite and t is op.out))
+        writes = tuple(buf(pi, t) for t in op.writes())
         d = hz.buffer_deps(k, reads, writes)
         box = None
         if isinstance(op, (ir.Load, ir.Store)):
-            box = ref(op.src if isinstance(op, ir.Load) else op.dst)
+            box = ref(pi, op.src if isinstance(op, ir.Load) else op.dst)
             d |= hz.dram_deps(k, box, isinstance(op, ir.Store))
         if isinstance(op, ir.Wait):
-            d.add(slot[op.target.index])
-        elif op.pe in fence:
-            d.add(fence[op.pe])
+            d.add(slot[(pi, op.target.index)])
+        elif (pi, op.pe) in fence:
+            d.add(fence[(pi, op.pe)])
         if isinstance(op, ir.Wait):
-            fence[op.pe] = k
+            fence[(pi, op.pe)] = k
         pe_of.append(op.pe)
         engine_of.append(_engine(op))
-        duration.append(_estimate(op, cfg, box, dma_rate))
+        duration.append(_estimate(op, cfg, box, cost.dma_rate(cfg, meta[pi][3])))
         deps.append(sorted(d))
         refs.append(box)
 
-    order = list_schedule(pe_of, engine_of, duration, deps, cfg.num_pes)
+    if interleave:
+        order = list_schedule(pe_of, engine_of, duration, deps, cfg.num_pes)
+    else:  # each part scheduled on its own; a barrier between parts (below)
+        order, lo = [], 0
+        while lo < len(ops):
+            hi = lo
+            while hi < len(ops) and ops[hi][0] == ops[lo][0]:
+                hi += 1
+            local = list_schedule(pe_of[lo:hi], engine_of[lo:hi], duration[lo:hi],
+                                  [[x - lo for x in ds if x >= lo] for ds in deps[lo:hi]], cfg.num_pes)
+            order += [lo + i for i in local]
+            lo = hi
 
     # ---- emission ----------------------------------------------------------------------------
-    cmds: list = [None] * len(keep)
+    cmds: list = [None] * len(ops)
+    previous = None
     for k in order:
-        op = keep[k]
+        pi, op = ops[k]
+        if not interleave and previous is not None and pi != previous:
+            b.barrier()
+        previous = pi
+        if owner is not None:
+            owner.extend([-1] * (len(b) - len(owner)))
+            mark = len(b)
+        if isinstance(op, HostPart):
+            cmds[k] = b.host(op.op, op.fn, op.src, op.dst, flops=op.flops, loc=op.loc)
+            if owner is not None:
+                owner.append(pi)
+            continue
         loc = op.loc
-        explicit = [cmds[d] for d in deps[k] if isinstance(keep[d], ir.Wait)]
+        explicit = [cmds[d] for d in deps[k] if not isinstance(ops[d][1], HostPart)
+                    and isinstance(ops[d][1], ir.Wait)]
+        overwrite = meta[pi][2]
         if isinstance(op, ir.Load):
-            cmd = b.load(buf(op.dst), refs[k], deps=explicit, loc=loc)
+            cmd = b.load(buf(pi, op.dst), refs[k], deps=explicit, loc=loc)
         elif isinstance(op, ir.Store):
-            cmd = b.store(refs[k], buf(op.src), deps=explicit, loc=loc)
+            cmd = b.store(refs[k], buf(pi, op.src), deps=explicit, loc=loc)
         elif isinstance(op, ir.Contract):
             acc = op.accumulate and op.index not in overwrite
-            cmd = b.contract(buf(op.out), op.spec, buf(op.a), buf(op.b), accumulate=acc, deps=explicit, loc=loc)
+            cmd = b.contract(buf(pi, op.out), op.spec, buf(pi, op.a), buf(pi, op.b), accumulate=acc,
+                             deps=explicit, loc=loc)
         elif isinstance(op, ir.Vector):
-            args = [buf(x) if isinstance(x, ir.Tile) else x for x in op.operands]
-            cmd = b.vector(buf(op.out), op.op, *args, axis=op.axis if op.axis is not None else -1,
+            args = [buf(pi, x) if isinstance(x, ir.Tile) else x for x in op.operands]
+            cmd = b.vector(buf(pi, op.out), op.op, *args, axis=op.axis if op.axis is not None else -1,
                            keepdims=op.keepdims, deps=explicit, loc=loc)
         elif isinstance(op, ir.Fill):
-            cmd = b.vector(buf(op.out), "fill", op.value, deps=explicit, loc=loc)
+            cmd = b.vector(buf(pi, op.out), "fill", op.value, deps=explicit, loc=loc)
         elif isinstance(op, ir.Broadcast):
             # the vector unit has no broadcast; 0 + x broadcasts x exactly into the larger shape
-            out = buf(op.out)
+            out = buf(pi, op.out)
             b.vector(out, "fill", 0.0, deps=explicit, loc=loc)
-            cmd = b.vector(out, "add", out, buf(op.src), deps=explicit, loc=loc)
+            cmd = b.vector(out, "add", out, buf(pi, op.src), deps=explicit, loc=loc)
         else:  # Wait
-            cmd = b.sync(cmds[slot[op.target.index]], *explicit, pe=op.pe, loc=loc)
+            cmd = b.sync(cmds[slot[(pi, op.target.index)]], *explicit, pe=op.pe, loc=loc)
         cmds[k] = cmd
+        if owner is not None:
+            owner.extend([pi] * (len(b) - mark))
     try:
         return b.build()
     except NPUSRAMOverflowError as e:
@@ -142,6 +231,8 @@ def _engine(op: ir.Op) -> int:
 
 def _estimate(op: ir.Op, cfg, box, dma_rate: float) -> float:
     """The op's cycles in the npu's cost model (DMA at a fair share of DRAM for the PEs in use)."""
+    if box is not None and box.tensor.resident:
+        return cost.onchip_copy_cycles(box, cfg)
     if box is not None:
         return cfg.dma_startup_cycles + cost.dma_moved_bytes(box, cfg) / dma_rate
     if isinstance(op, ir.Contract):

@@ -17,6 +17,7 @@ the PE of its buffers. A command records the caller's file:line unless `loc=` is
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from numbers import Number
@@ -24,7 +25,7 @@ from numbers import Number
 from fexplore.errors import ConfigError, SourceLoc
 from fexplore.npu import dtypes
 from fexplore.npu.commands import (ENGINES, NO_ENGINE, Buffer, Command, Contract, DramRef, DramTensor,
-                                   Load, Store, Sync, Vector, _squeeze)
+                                   Host, Load, Store, Sync, Vector, _squeeze)
 from fexplore.npu.config import NPUConfig, get_target
 from fexplore.npu.errors import ProgramError, SRAMOverflowError
 from fexplore.npu.hazards import HazardTracker
@@ -63,6 +64,41 @@ class ProgramBuilder:
     def scratch(self, name: str, shape, dtype="f32") -> DramTensor:
         """A DRAM tensor for intermediates (spills, results between kernels)."""
         return self._dram(name, shape, dtype, "scratch")
+
+    def view(self, name: str, base: DramTensor, shape) -> DramTensor:
+        """`base`'s bytes seen with another row-major `shape` (a reshape that moves no data).
+        Declare views before the commands that use `base`: from then on, hazards on the storage
+        compare element ranges, whichever view a command goes through."""
+        self._check_open()
+        loc = self._loc(None)
+        shape = _shape(shape, name, loc)
+        if not isinstance(base, DramTensor) or self._tensors.get(base.name) is not base:
+            raise ProgramError(f"view {name!r}: {base!r} is not a DRAM tensor of this program", loc=loc)
+        if math.prod(shape) != math.prod(base.shape):
+            raise ProgramError(f"view {name!r}: shape {shape} has {math.prod(shape)} elements, "
+                               f"{base.name} has {math.prod(base.shape)}", loc=loc)
+        if any(c.kind in ("load", "store", "host") and _touches(c, base.storage) for c in self._commands):
+            raise ProgramError(f"view {name!r} of {base.name} declared after commands that use it", loc=loc,
+                               hint="declare every view before the first command")
+        t = self._dram(name, shape, base.dtype, "view")
+        t.storage = base.storage
+        t.backing = base.backing
+        t.aliased = True
+        self._tensors[base.storage].aliased = True
+        base.aliased = True
+        return t
+
+    def resident(self, name: str, shape, dtype="f32", *, pe: int = 0) -> DramTensor:
+        """A scratch tensor kept in `pe`'s SRAM: addressed by boxes like a DRAM tensor, it occupies
+        SRAM from the first command that touches it to the last; loads and stores of it are
+        on-chip copies (no DRAM traffic; `onchip_copy_startup_cycles` + bytes at the DMA rate)."""
+        t = self._dram(name, shape, dtype, "scratch")
+        t.backing = self.alloc(f"resident {name}", t.shape, t.dtype, pe=pe)
+        return t
+
+    def tensor(self, name: str) -> DramTensor:
+        """The DRAM tensor declared as `name`."""
+        return self._tensors[name]
 
     def alloc(self, name: str, shape, dtype="f32", *, pe: int = 0, loc: SourceLoc | None = None) -> Buffer:
         """An SRAM buffer on `pe`. It takes space only from its first use to its last."""
@@ -159,6 +195,21 @@ class ProgramBuilder:
                                hint=f"allocate the output with shape {shape}")
         return self._add(Vector(opdef, operands, out, axis, keepdims, loc), deps)
 
+    def host(self, op: str, fn, src, dst, *, flops: int = 0, deps=(), loc=None) -> Host:
+        """An op the chip does not run: `fn(*src arrays) -> dst arrays` on the host, with its
+        operands (DRAM boxes `src`) and results (`dst`) crossing the host link."""
+        loc = self._loc(loc)
+        src = tuple(self._ref(x, loc) for x in src)
+        dst = tuple(self._ref(x, loc) for x in dst)
+        cmd = Host(op, fn, src, dst, flops, loc)
+        cid = len(self._commands)
+        extra = set()
+        for r in src:
+            extra |= self._hazards.dram_deps(cid, r, False)
+        for r in dst:
+            extra |= self._hazards.dram_deps(cid, r, True)
+        return self._add(cmd, list(deps) + sorted(extra))
+
     def sync(self, *deps: Command, pe: int = 0, loc=None) -> Sync:
         """A join point, done when all `deps` are; depend on it to wait for all of them at once."""
         loc = self._loc(loc)
@@ -251,6 +302,11 @@ class ProgramBuilder:
                                     "other dtype")
         if buf.shape != ref.shape and _squeeze(buf.shape) != _squeeze(ref.shape):
             raise ProgramError(f"DMA between {ref} (box {ref.shape}) and {buf!r}: shapes differ", loc=loc)
+
+
+def _touches(c: Command, storage: str) -> bool:
+    refs = (c.src + c.dst) if isinstance(c, Host) else (c.ref,)
+    return any(r.tensor.storage == storage for r in refs)
 
 
 def _shape(shape, name, loc) -> tuple[int, ...]:

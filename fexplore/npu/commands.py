@@ -8,7 +8,18 @@ Commands, one engine each (per PE: DMA, tensor, vector):
   Store     DMA     SRAM buffer -> DRAM box
   Contract  tensor  einsum of two SRAM buffers, f32 accumulation, into (or accumulating onto) a buffer
   Vector    vector  an op from `vector_ops.VECTOR_OPS` over buffers and scalars
+  Host      DMA     an op the chip cannot run: its operands go to the host over the host link, the
+                    host computes it, the result comes back (a whole program's explicit host ops)
   Sync      none    a join point: done when its dependencies are; costs nothing
+
+A *resident* tensor (``ProgramBuilder.resident``) is addressed like a DRAM tensor but lives in one
+PE's SRAM (its `backing` buffer): DMAs to and from it are on-chip copies, with no DRAM traffic.
+This is how a whole-model program keeps an intermediate on chip between its producer and
+consumer kernels, whatever tiles each of them uses.
+
+A DRAM tensor may be a *view* of another (`storage` names the tensor that owns the bytes): the
+same row-major bytes seen with another shape, as a reshape that moves no data. Hazards and the
+functional mode follow the storage, so a store through one view orders a load through another.
 
 Every command names the SRAM buffers it reads and writes, the commands it depends on (ids), and
 the source location (model op or kernel line) it came from. A command is also the handle the
@@ -32,14 +43,21 @@ NO_ENGINE = -1  # Sync
 class DramTensor:
     """A named row-major tensor in DRAM. Index it with slices to get a box for a DMA."""
 
-    __slots__ = ("name", "shape", "dtype", "kind", "nbytes")
+    __slots__ = ("name", "shape", "dtype", "kind", "nbytes", "storage", "aliased", "backing")
 
-    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, kind: str):
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, kind: str, storage: str | None = None):
         self.name = name
         self.shape = shape
         self.dtype = dtype
-        self.kind = kind  # "input" | "output" | "scratch"
+        self.kind = kind  # "input" | "output" | "scratch" | "view"
         self.nbytes = math.prod(shape) * dtypes.itemsize(dtype)
+        self.storage = storage or name   # the tensor owning the bytes (itself unless a view)
+        self.aliased = False             # seen through a view: hazards then track whole byte ranges
+        self.backing = None              # a resident tensor's SRAM buffer (it never reaches DRAM)
+
+    @property
+    def resident(self) -> bool:
+        return self.backing is not None
 
     def __getitem__(self, index) -> "DramRef":
         return DramRef.from_index(self, index)
@@ -111,6 +129,13 @@ class DramRef:
             if box != full:
                 break
         return run
+
+    def flat_range(self) -> tuple[int, int]:
+        """The element range [first, last + 1) of the box in its tensor's row-major order."""
+        first = last = 0
+        for o, n, d in zip(self.offsets, self.shape, self.tensor.shape):
+            first, last = first * d + o, last * d + o + n - 1
+        return first, last + 1
 
     def overlaps(self, other: "DramRef") -> bool:
         for o1, n1, o2, n2 in zip(self.offsets, self.shape, other.offsets, other.shape):
@@ -301,6 +326,27 @@ class Vector(Command):
 
     def _text(self) -> str:
         return self._args()
+
+
+class Host(Command):
+    """An op run on the host: reads DRAM boxes, writes DRAM boxes, computes with `fn` (numpy
+    arrays in, arrays out) in functional mode. Timed on PE 0's DMA engine: the operands and results
+    cross the host link (`host_bytes_per_cycle`) and the host computes at `host_flops_per_cycle`."""
+
+    __slots__ = ("op", "fn", "src", "dst", "nbytes", "flops")
+    kind = "host"
+
+    def __init__(self, op: str, fn, src: tuple, dst: tuple, flops: int = 0, loc=None):
+        self._init(0, DMA, (), (), loc)
+        self.op, self.fn, self.src, self.dst, self.flops = op, fn, tuple(src), tuple(dst), int(flops)
+        self.nbytes = sum(r.size * dtypes.itemsize(r.tensor.dtype) for r in self.src + self.dst)
+
+    @property
+    def name(self) -> str:
+        return f"host {self.op}"
+
+    def _args(self) -> str:
+        return f"{', '.join(map(str, self.dst))} = {self.op}({', '.join(map(str, self.src))})"
 
 
 class Sync(Command):

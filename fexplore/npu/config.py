@@ -64,6 +64,10 @@ class NPUConfig:
     dma_bytes_per_cycle: float = 256.0
     dma_startup_cycles: int = 500
     host_bytes_per_cycle: float = 30.0
+    # An SRAM-to-SRAM DMA (a tensor kept on chip between kernels) skips DRAM: a shorter start-up.
+    onchip_copy_startup_cycles: int = 64
+    # A host op (one the chip cannot run) also costs the host's compute: f32 flops per chip cycle.
+    host_flops_per_cycle: float = 100.0
 
     def __post_init__(self):
         rates = self.tensor_dtype_rates
@@ -90,11 +94,13 @@ class NPUConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"config {self.name!r}: {name} must be a positive integer, got {v!r}",
                                   hint="see get_target('rngd').describe() for sensible values")
-        for name in ("tensor_latency_cycles", "vector_latency_cycles", "dma_startup_cycles"):
+        for name in ("tensor_latency_cycles", "vector_latency_cycles", "dma_startup_cycles",
+                     "onchip_copy_startup_cycles"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"config {self.name!r}: {name} must be an integer >= 0, got {v!r}")
-        for name in ("clock_hz", "dram_bytes_per_cycle", "dma_bytes_per_cycle", "host_bytes_per_cycle"):
+        for name in ("clock_hz", "dram_bytes_per_cycle", "dma_bytes_per_cycle", "host_bytes_per_cycle",
+                     "host_flops_per_cycle"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ConfigError(f"config {self.name!r}: {name} must be a positive number, got {v!r}")
@@ -185,6 +191,8 @@ SOURCES = {
     "dma_bytes_per_cycle": "[ASSUMPTION] one DMA engine per PE at 256 B/cycle (DESIGN.md)",
     "dma_startup_cycles": "[ASSUMPTION] ~500 cycles start-up per DMA command (DESIGN.md)",
     "host_bytes_per_cycle": "[derived] PCIe Gen5 x16 [RNGD-docs], ~30 GB/s modeled / 1 GHz",
+    "onchip_copy_startup_cycles": "[ASSUMPTION] SRAM-to-SRAM DMA start-up, no DRAM round trip",
+    "host_flops_per_cycle": "[ASSUMPTION] a host CPU core's ~100 GFLOPS f32 / 1 GHz chip clock, for host ops",
 }
 
 RNGD = NPUConfig(

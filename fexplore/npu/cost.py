@@ -8,6 +8,7 @@
             padded to the unit's native tile (tm, tn, tk) for its dtype (tile quantization), so
             a 100x100x100 matmul costs what a 128x112x112 one does on rngd.
   vector    ceil(elements x passes / lanes) + latency, elements being the largest operand.
+  host      start-up + (operand + result bytes) / host link + flops / host rate (`host_cycles`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ def dma_moved_bytes(ref: DramRef, cfg: NPUConfig) -> int:
     run_bytes = run_elems * dtypes.itemsize(ref.tensor.dtype)
     line = cfg.dram_min_transfer_bytes
     return (ref.size // run_elems) * (-(-run_bytes // line)) * line
+
+
+def host_cycles(cmd, cfg: NPUConfig) -> float:
+    """A host op: one DMA start-up, its operands and results over the host link, and the host's
+    compute at `host_flops_per_cycle` (an [ASSUMPTION] of the config)."""
+    return cfg.dma_startup_cycles + cmd.nbytes / cfg.host_bytes_per_cycle + cmd.flops / cfg.host_flops_per_cycle
+
+
+def onchip_copy_cycles(ref: DramRef, cfg: NPUConfig) -> float:
+    """A DMA to or from a resident (SRAM) tensor: a short start-up and the bytes at the DMA
+    engine's rate; DRAM bandwidth is not involved."""
+    return cfg.onchip_copy_startup_cycles + ref.size * dtypes.itemsize(ref.tensor.dtype) / cfg.dma_bytes_per_cycle
 
 
 def dma_rate(cfg: NPUConfig, concurrent: int = 1) -> float:

@@ -12,17 +12,22 @@ import numpy as np
 from fexplore.npu.errors import ProgramError
 
 NUMPY = {
+    "f64": np.dtype(np.float64),
     "f32": np.dtype(np.float32),
     "f16": np.dtype(np.float16),
     "bf16": np.dtype(ml_dtypes.bfloat16),
     "fp8": np.dtype(ml_dtypes.float8_e4m3fn),
     "i64": np.dtype(np.int64),
     "i32": np.dtype(np.int32),
+    "i16": np.dtype(np.int16),
     "i8": np.dtype(np.int8),
+    "u8": np.dtype(np.uint8),
     "bool": np.dtype(np.bool_),
 }
 _BY_NUMPY = {v: k for k, v in NUMPY.items()}
-_BY_NUMPY[np.dtype(np.float64)] = "f32"  # numpy's default float; the NPU has no f64
+# numpy's default float: the kernel language takes f64 arrays as f32 (the chip computes in f32);
+# a DRAM tensor the whole-model program declares "f64" by name keeps the model's f64 values.
+_BY_NUMPY[np.dtype(np.float64)] = "f32"
 
 
 def dtype_name(dt) -> str:
@@ -48,4 +53,4 @@ def itemsize(name: str) -> int:
 
 
 def is_float(name: str) -> bool:
-    return name in ("f32", "f16", "bf16", "fp8")
+    return name in ("f64", "f32", "f16", "bf16", "fp8")

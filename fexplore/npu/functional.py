@@ -1,7 +1,7 @@
 """Functional mode: run the commands with numpy so the simulated chip computes real numbers.
 
 DRAM is a dict of named numpy arrays: inputs copied in (never the caller's arrays), outputs and
-scratch filled with NaN. Each SRAM buffer is a fresh array filled with NaN at its first use, so a
+scratch filled with NaN; a view shares its storage's array. Each SRAM buffer is a fresh array filled with NaN at its first use, so a
 read of memory nothing wrote shows up as NaN in the result rather than as plausible garbage.
 Contractions widen to f32 (i32 for integer modes) and accumulate there, as the tensor unit does;
 vector ops compute in f32 (see `vector_ops`); every write casts to the destination's dtype.
@@ -13,7 +13,7 @@ import numpy as np
 
 from fexplore.errors import InputError
 from fexplore.npu import dtypes
-from fexplore.npu.commands import Buffer, Contract, Load, Store, Vector
+from fexplore.npu.commands import Buffer, Contract, Host, Load, Store, Vector
 from fexplore.npu.program import Program
 from fexplore.npu.vector_ops import apply
 
@@ -39,6 +39,8 @@ def prepare_dram(program: Program, inputs: dict) -> dict[str, np.ndarray]:
                          hint=f"inputs are {sorted(expected)}")
     dram = {}
     for name, t in program.tensors.items():
+        if t.kind == "view":
+            continue
         if name in inputs:
             arr = np.asarray(inputs[name])
             if tuple(arr.shape) != t.shape:
@@ -46,6 +48,9 @@ def prepare_dram(program: Program, inputs: dict) -> dict[str, np.ndarray]:
             dram[name] = arr.astype(dtypes.numpy_dtype(t.dtype), copy=True)
         else:
             dram[name] = _fresh(t.shape, t.dtype)
+    for name, t in program.tensors.items():  # a view shares its storage's array
+        if t.kind == "view":
+            dram[name] = dram[t.storage].reshape(t.shape)
     return dram
 
 
@@ -79,4 +84,8 @@ def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
             res = apply(c.op, args, c.axis, c.keepdims)
             out = buf(c.out)
             out[...] = res if out.dtype != np.bool_ else (res != 0)
+        elif isinstance(c, Host):
+            got = c.fn(*[dram[r.tensor.name][r.slices].reshape(r.shape) for r in c.src])
+            for r, y in zip(c.dst, got):
+                dram[r.tensor.name][r.slices] = np.asarray(y).reshape(r.shape)
     return dram

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import bisect
 
-from fexplore.npu.commands import Buffer, DramRef
+from fexplore.npu import dtypes
+from fexplore.npu.commands import Buffer, DramRef, DramTensor
 
 
 class _Access:
@@ -100,9 +101,11 @@ class HazardTracker:
 
     # ---- DRAM --------------------------------------------------------------------------------
     def dram_deps(self, cid: int, ref: DramRef, write: bool) -> set[int]:
-        index = self._dram.get(ref.tensor.name)
+        if ref.tensor.aliased:  # seen through views of other shapes: compare element ranges
+            ref = _flat(ref)
+        index = self._dram.get(ref.tensor.storage)
         if index is None:
-            index = self._dram[ref.tensor.name] = _TensorIndex()
+            index = self._dram[ref.tensor.storage] = _TensorIndex()
         deps: set[int] = set()
         if write:
             for acc in index.overlapping(ref):
@@ -117,6 +120,15 @@ class HazardTracker:
                         deps.add(acc.writer)
             index.entry(ref).readers.append(cid)
         return deps
+
+
+def _flat(ref: DramRef) -> DramRef:
+    """The box as the element range it spans of its storage, seen as one flat axis: conservative
+    (a 2-d box spans the rows between its first and last element), never missing a conflict."""
+    lo, hi = ref.flat_range()
+    t = ref.tensor
+    base = DramTensor(t.storage, (t.nbytes // max(1, dtypes.itemsize(t.dtype)),), t.dtype, "view")
+    return DramRef(base, (lo,), (hi - lo,))
 
 
 def _dim0(ref: DramRef) -> tuple[int, int]:

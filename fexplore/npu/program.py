@@ -14,7 +14,7 @@ from collections import Counter
 
 from fexplore.npu import cost
 from fexplore.npu.commands import (DMA, ENGINES, NO_ENGINE, Buffer, Command, Contract, DramTensor,
-                                   Load, Store, Vector)
+                                   Host, Load, Store, Vector)
 from fexplore.npu.config import NPUConfig
 from fexplore.npu.sram import Allocation
 
@@ -55,7 +55,11 @@ class Program:
             self.queue_of[i] = q
             self.position[i] = len(self.queues[q])
             self.queues[q].append(i)
-            if c.engine == DMA:
+            if isinstance(c, Host):  # the host link and the host, not DRAM bandwidth
+                self.duration[i] = cost.host_cycles(c, cfg)
+            elif c.engine == DMA and c.ref.tensor.resident:   # on-chip copy: no DRAM traffic
+                self.duration[i] = cost.onchip_copy_cycles(c.ref, cfg)
+            elif c.engine == DMA:
                 self.duration[i] = cfg.dma_startup_cycles
                 self.moved_bytes[i] = cost.dma_moved_bytes(c.ref, cfg)
             elif isinstance(c, Contract):
@@ -90,8 +94,9 @@ class Program:
 
     def compulsory_bytes(self) -> int:
         """Each DRAM tensor the program reads, read once; each it writes, written once."""
-        read = {c.src.tensor.name for c in self.commands if isinstance(c, Load)}
-        written = {c.dst.tensor.name for c in self.commands if isinstance(c, Store)}
+        read = {c.src.tensor.storage for c in self.commands if isinstance(c, Load) and not c.src.tensor.resident}
+        written = {c.dst.tensor.storage for c in self.commands
+                   if isinstance(c, Store) and not c.dst.tensor.resident}
         return sum(self.tensors[n].nbytes for n in read) + sum(self.tensors[n].nbytes for n in written)
 
     def stats(self) -> dict:

@@ -106,7 +106,7 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
     alloc = Allocation(len(buffers), cfg.num_pes)
     align = cfg.sram_alignment_bytes
     for c in commands:
-        for buf in c.reads + c.writes:
+        for buf in c.reads + c.writes + _resident_backing(c):
             if alloc.first[buf.id] < 0:
                 alloc.first[buf.id] = c.id
             alloc.last[buf.id] = c.id
@@ -140,9 +140,22 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
             space.release(off, size)
             del space.live[buf.id]
             space.live_bytes -= size
-            accessors = tuple(final_accessors(buf))
+            # a resident tensor's buffer is freed by the last DMA that touched it
+            accessors = tuple(final_accessors(buf)) or (alloc.last[buf.id],)
             space.vacated.append((off, off + size, accessors, max(accessors, default=-1)))
     return alloc
+
+
+def _resident_backing(c: Command) -> tuple:
+    """The SRAM buffers of resident tensors a DMA addresses (they live while it runs)."""
+    refs = getattr(c, "src", None), getattr(c, "dst", None)
+    out = []
+    for r in refs:
+        for x in (r if isinstance(r, tuple) else (r,)):
+            backing = getattr(getattr(x, "tensor", None), "backing", None)
+            if backing is not None:
+                out.append(backing)
+    return tuple(out)
 
 
 def _overflow(buf: Buffer, size: int, space: _PESpace, cmd: Command, cfg: NPUConfig) -> SRAMOverflowError:

@@ -57,11 +57,90 @@ class CompiledModel:
         return self._ingested.exported
 
     def __call__(self, *args, **kwargs):
-        """Run on new inputs (same structure as the model's); returns torch tensors in the
-        model's output structure."""
+        """Run on new inputs (same structure as the model's) on the simulated NPU (functional
+        mode of the whole-model program); returns torch tensors in the model's output structure.
+        A compile that stopped before the schedule stage runs the final graph's interpreter."""
         arrays = self._flatten_inputs(args, kwargs)
-        outs = run(self.graph, arrays)
+        if self.schedules is None:
+            outs = run(self.graph, arrays)
+        else:
+            made = self.schedules.for_inputs(arrays)
+            outs = made.schedule.outputs_of(made.schedule.simulate(arrays))
         return pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
+
+    # -- on the chip -----------------------------------------------------------------------
+
+    @property
+    def schedule(self):
+        """The schedule stage's whole-model program (`stages.schedule.Schedule`), or None (a
+        model with symbolic dims is scheduled per size: see `schedules`)."""
+        rec = next((r for r in self.stages if r.schedule is not None), None)
+        return rec.schedule if rec is not None else None
+
+    @property
+    def schedules(self):
+        """The schedules made for this model, one per static size (`chip.Schedules`); None if
+        the compile has no schedule stage."""
+        if not any(r.name == "schedule" for r in self.stages):
+            return None
+        if getattr(self, "_schedules", None) is None:
+            from .chip import Schedules
+
+            self._schedules = Schedules(self.graph, self.options, self.schedule)
+        return self._schedules
+
+    def simulate(self, *args, **kwargs):
+        """Run on the simulated NPU. With inputs: functional mode, the SimResult's ``outputs``
+        are the model's outputs (torch, in its structure) and ``.npu_outputs`` the raw DRAM
+        tensors. Without inputs: timing only (for a model with symbolic dims, the first schedule
+        made, else pass inputs)."""
+        scheds = self._need_schedules()
+        if not args and not kwargs:
+            made = next(iter(scheds._by_size.values()), None)
+            if made is None:
+                raise InputError("this model has symbolic dims: pass inputs to pick the size to simulate")
+            return made.schedule.simulate()
+        arrays = self._flatten_inputs(args, kwargs)
+        made = scheds.for_inputs(arrays)
+        res = made.schedule.simulate(arrays)
+        outs = made.schedule.outputs_of(res)
+        res.model_outputs = pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
+        return res
+
+    @property
+    def timeline(self):
+        """The timeline of the whole-model program (timing only; cached)."""
+        if getattr(self, "_timing", None) is None:
+            self._timing = self.simulate()
+        return self._timing.timeline
+
+    def report(self, *inputs):
+        """One row per kernel (and host op): kind, module, source line, cycles, share of the
+        total, flops, DRAM bytes, what bounds it and how far it is from its roofline."""
+        from .chip import kernel_report
+
+        scheds = self._need_schedules()
+        if inputs:
+            made = scheds.for_inputs(self._flatten_inputs(inputs, {}))
+            res = made.schedule.simulate()
+        else:
+            res = self.simulate() if getattr(self, "_timing", None) is None else self._timing
+            self._timing = res
+            made = next(iter(scheds._by_size.values()))
+        return kernel_report(made.schedule, res)
+
+    def costs(self):
+        """Simulated latency and DRAM traffic after every stage (each stage's output lowered and
+        scheduled on the target), with the change each stage made: a table, and with
+        ``fexplore.viz.timeline.cost_waterfall(cm.costs())`` a waterfall chart."""
+        from .chip import stage_costs
+
+        return stage_costs(self.stages, self.options)
+
+    def _need_schedules(self):
+        if self.schedules is None:
+            raise InputError("this compile has no schedule stage", hint="compile with every stage")
+        return self.schedules
 
     def _flatten_inputs(self, args, kwargs):
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -131,14 +210,18 @@ class CompiledModel:
         return "\n".join(lines)
 
     def save(self, folder: str | os.PathLike, *, report: bool = True) -> str:
-        """Write the IR text of every stage, the verification table and each kernel's source
-        (``kernels/<name>.py``) into ``folder``, and
+        """Write the IR text of every stage, the verification table, each kernel's source
+        (``kernels/<name>.py``), the per-kernel report (``report.csv``) and the simulated
+        timeline (``trace.json``, Perfetto) into ``folder``, and
         (``report=True``) ``report.html``: every view on one self-contained page."""
         os.makedirs(folder, exist_ok=True)
         for i, r in enumerate(self.stages):
             with open(os.path.join(folder, f"{i:02d}_{r.name}.fx.txt"), "w") as f:
                 f.write(str(r.after))
         self.verification.to_csv(os.path.join(folder, "verification.csv"), index=False)
+        if self.schedule is not None:
+            self.report().to_csv(os.path.join(folder, "report.csv"), index=False)
+            self.timeline.to_perfetto(os.path.join(folder, "trace.json"))
         if self.kernels:
             os.makedirs(os.path.join(folder, "kernels"), exist_ok=True)
             for k in self.kernels:

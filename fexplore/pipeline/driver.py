@@ -24,6 +24,7 @@ from .stage import Stage, StageRecord, Verification, graph_stats
 
 from .stages import GRAPH_STAGE_LIST
 from .stages.lower import check_lowering
+from .stages.schedule import check_schedule
 
 # The graph stages after ingestion, in DESIGN.md's order.
 GRAPH_STAGES: list[Stage] = list(GRAPH_STAGE_LIST)
@@ -48,6 +49,10 @@ class Exploration:
         self._oracle: Oracle | None = None
         self._result: CompiledModel | None = None
         self._pm = PassManager(self.graph_stages, hooks=[self._verify_hook])
+        # A model on the meta device (or meta inputs) has shapes and no values: it compiles with
+        # structural verification only and simulates timing-only.
+        leaves = [x for x in torch.utils._pytree.tree_leaves(self.example_inputs) if isinstance(x, torch.Tensor)]
+        self.meta = any(t.is_meta for t in list(model.parameters()) + list(model.buffers()) + leaves)
 
     # -- stepping --------------------------------------------------------------------------
 
@@ -67,7 +72,7 @@ class Exploration:
             rec = self._ingest()
         else:
             stage = self.graph_stages[len(self.records) - 1]
-            rec = self._pm.run_stage(stage, self.records[-1].after, self.options)
+            rec = self._pm.run_stage(stage, self.records[-1].after, self.options, self.records[-1].lowering)
         self.records.append(rec)
         return rec
 
@@ -115,12 +120,20 @@ class Exploration:
 
     # -- views (rendering lives in fexplore.viz, imported only when asked for) -------------
 
-    def overview(self):
+    def overview(self, *, costs: bool = False):
         """A pandas DataFrame: one row per stage (done, next or pending), what it changed, key
-        statistics, verification and time."""
+        statistics, verification and time; ``costs=True`` adds each stage's simulated latency
+        and DRAM traffic on the target (its output lowered and scheduled: a few seconds)."""
         from fexplore.viz.exploration_view import overview_frame
 
-        return overview_frame(self)
+        return overview_frame(self, costs=costs)
+
+    def costs(self):
+        """Simulated latency and DRAM traffic of every stage's output program run so far (each
+        lowered and scheduled on the target): what each stage bought on the chip."""
+        from .chip import stage_costs
+
+        return stage_costs(self.records, self.options)
 
     def widget(self, view: str = "graph"):
         """An ipywidgets stepper: pick a stage, step back and forth, switch views ("diff",
@@ -149,7 +162,8 @@ class Exploration:
         stats = {**graph_stats(g), "export_s": t_export, "convert_s": elapsed - t_export}
         rec = StageRecord("ingest", None, g, stats, [], None, elapsed,
                           f"{stats['nodes']} nodes, {stats['constants']} constants "
-                          f"({stats['constant_bytes'] / 1e6:.2f} MB, shared with the model)")
+                          f"({stats['constant_bytes'] / 1e6:.2f} MB, shared with the model)",
+                          options=self.options)
         self._verify_hook(rec)
         return rec
 
@@ -162,6 +176,9 @@ class Exploration:
         except VerificationError as e:
             structural = (False, str(e))
         numeric = None
+        if structural[0] and self.meta:
+            rec.verification = Verification(True, None, None, None)
+            return
         if structural[0]:
             if self._oracle is None:
                 with _model_untouched(self.model):
@@ -170,7 +187,9 @@ class Exploration:
                                           seed=self.options.seed)
             numeric = check_graph(rec.after, self._oracle, before=rec.before)
         kernels = None
-        if structural[0] and rec.lowering is not None:
+        if structural[0] and rec.schedule is not None:
+            kernels = check_schedule(rec.after, rec.schedule, self._oracle)
+        elif structural[0] and rec.lowering is not None:
             kernels = check_lowering(rec.after, rec.lowering, self._oracle)
         rec.verification = Verification(structural[0], structural[1], numeric, kernels)
 

@@ -97,6 +97,13 @@ class GraphBuilder:
         return c
 
     def param(self, name: str, tensor: torch.Tensor, source: str | None) -> Constant:
+        if tensor.is_meta:   # a model built on the meta device: shapes and dtypes, no values
+            shape = tuple(tensor.shape) + ((2,) if tensor.is_complex() else ())
+            t = TensorType(shape, ir_dtype(tensor.dtype))
+            c = Constant(self._unique(name), t, None, source=source,
+                         digest=f"meta-{'x'.join(map(str, shape)) or 'scalar'}")
+            self.constants.append(c)
+            return c
         payload = tensor_payload(tensor)
         t = TensorType(tuple(payload.shape), _dtype_of(payload))
         c = Constant(self._unique(name), t, payload, source=source)

@@ -21,13 +21,14 @@ class PassManager:
         self.stages = list(stages)
         self.hooks = list(hooks)
 
-    def run_stage(self, stage: Stage, graph: Graph, options) -> StageRecord:
+    def run_stage(self, stage: Stage, graph: Graph, options, lowering=None) -> StageRecord:
         t0 = time.perf_counter()
-        result = stage.run(graph, options)
+        result = stage.run(graph, options, lowering=lowering) if stage.uses_lowering \
+            else stage.run(graph, options)
         elapsed = time.perf_counter() - t0
         stats = {"nodes_before": len(graph.nodes), **graph_stats(result.graph), **result.stats}
         record = StageRecord(stage.name, graph, result.graph, stats, result.rewrites, None, elapsed,
-                             result.summary, result.lowering)
+                             result.summary, result.lowering, result.schedule, options)
         self.notify(record)
         return record
 
@@ -38,7 +39,7 @@ class PassManager:
     def run(self, graph: Graph, options) -> list[StageRecord]:
         records = []
         for stage in self.stages:
-            rec = self.run_stage(stage, graph, options)
+            rec = self.run_stage(stage, graph, options, records[-1].lowering if records else None)
             records.append(rec)
             graph = rec.after
         return records

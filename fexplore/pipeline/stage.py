@@ -30,6 +30,7 @@ class StageResult:
     rewrites: list[Rewrite] = field(default_factory=list)
     summary: str = ""  # one line on what the stage did, in its own words
     lowering: Any = None  # the lower stage's kernels (stages/lower.py: Lowering)
+    schedule: Any = None  # the schedule stage's whole-model program (stages/schedule.py: Schedule)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Stage:
     name: str
     run: Callable[[Graph, Any], StageResult]
     doc: str = ""
+    uses_lowering: bool = False  # run(graph, options, lowering=<the previous stage's Lowering>)
 
 
 @dataclass
@@ -90,6 +92,18 @@ class StageRecord:
     elapsed_s: float
     summary: str = ""
     lowering: Any = None  # the lower stage's Lowering: its kernels, free views and host ops
+    schedule: Any = None  # the schedule stage's Schedule: the whole-model NPU program
+    options: Any = None   # the compile's options (what cost() lowers and schedules with)
+
+    def cost(self):
+        """This stage's input and output programs lowered, scheduled and simulated on the
+        target (timing only): ``StageCost(before, after)``, e.g. what fusion bought."""
+        from .chip import StageCost, graph_cost
+
+        if self.options is None:
+            raise ValueError("this record was not made by a compile: it has no target to cost on")
+        before = graph_cost(self.before, self.options) if self.before is not None else None
+        return StageCost(self.name, before, graph_cost(self.after, self.options))
 
     @property
     def changed(self) -> bool:

@@ -40,13 +40,18 @@ def overview_rows(ex) -> list[dict]:
     return rows
 
 
-def overview_frame(ex):
-    """The overview as a pandas DataFrame (``Exploration.overview()``)."""
+def overview_frame(ex, *, costs: bool = False):
+    """The overview as a pandas DataFrame (``Exploration.overview()``); with ``costs`` also each
+    stage's output program's simulated latency and DRAM traffic on the target."""
     import pandas as pd
 
     cols = ["stage", "status", "changed", "nodes_before", "nodes_after", "rewrites", "ok",
             "max_abs_err", "elapsed_s", "key_stats"]
-    return pd.DataFrame(overview_rows(ex), columns=cols)
+    df = pd.DataFrame(overview_rows(ex), columns=cols)
+    if costs:
+        c = ex.costs()[["stage", "latency_us", "dram_mb", "latency_change_us"]]
+        df = df.merge(c, on="stage", how="left")
+    return df
 
 
 def overview_table(ex, *, current: str | None = None) -> str:

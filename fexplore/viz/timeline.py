@@ -87,3 +87,31 @@ def sim_result_html(result) -> str:
     head = html.escape(f"{result.program.name} on {result.target.name}"
                        + (" (functional)" if result.functional else ""))
     return f"<div><b>{head}</b><table>{table}</table>{timeline_html(result.timeline)}</div>"
+
+
+def cost_waterfall(costs, *, figsize: tuple[float, float] = (9, 3.2)):
+    """A waterfall of simulated latency over the stages (``cm.costs()`` / ``ex.costs()``): the
+    first bar is the ingested program's latency, each next bar what that stage added (red) or
+    saved (green), with DRAM traffic as a line on the second axis. Returns the Figure."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    ax = fig.add_subplot()
+    names = list(costs["stage"])
+    lat = list(costs["latency_us"])
+    prev = 0.0
+    for i, (name, value) in enumerate(zip(names, lat)):
+        delta = value - prev
+        color = "#4C78A8" if i == 0 else ("#54A24B" if delta <= 0 else "#E45756")
+        ax.bar(i, delta if i else value, bottom=prev if i else 0.0, color=color, width=0.6)
+        if i:
+            ax.text(i, max(prev, value), f"{delta:+.1f}", ha="center", va="bottom", fontsize=7)
+        prev = value
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("simulated latency (us)")
+    ax2 = ax.twinx()
+    ax2.plot(range(len(names)), list(costs["dram_mb"]), color="#333", marker="o", lw=1)
+    ax2.set_ylabel("DRAM traffic (MB)")
+    ax.set_title("what each stage bought on the chip", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -7,6 +7,7 @@ from .fusion import fusion
 from .layout import layout
 from .lower import lower, register_kernel, unregister_kernels
 from .precision import precision
+from .schedule import schedule
 from .shapes import shapes, specialize, specialize_buckets
 from .simplify import simplify
 
@@ -21,6 +22,9 @@ GRAPH_STAGE_LIST = [
     Stage("precision", precision, "the cast policy (fp32, bf16, fp8 with f32 accumulation)"),
     Stage("lower", lower, "every region and op a kernel-language kernel (generated or the "
                           "user's), a free view or an explicit host op"),
+    Stage("schedule", schedule, "one NPU program: kernels interleaved by one list scheduler "
+                                "(weights prefetched, independent kernels overlapped)",
+          uses_lowering=True),
 ]
 
 __all__ = ["GRAPH_STAGE_LIST", "register_kernel", "unregister_kernels", "specialize", "specialize_buckets"]

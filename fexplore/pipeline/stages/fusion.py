@@ -11,9 +11,9 @@ Patterns, claimed in this order (a node joins at most one region):
    rsqrt -> mul), batch norm, softmax, with the residual add before a norm when no epilogue took it;
 4. elementwise chains: what is left, grouped vertically and with siblings.
 
-Every region must be convex (no path leaves it and comes back) and its working set (every value
-it touches) must fit one PE's SRAM on the target; a region that does not fit is split by giving
-its last nodes back, and the split is reported. Regions stay interpretable: the interpreter runs
+Every region must be convex (no path leaves it and comes back) and the working set of one tile
+step (a block of rows of every value it touches) must fit one PE's SRAM on the target; a region
+that does not fit is split by giving its last nodes back, and the split is reported. Regions stay interpretable: the interpreter runs
 their bodies.
 """
 
@@ -31,6 +31,20 @@ _NORMS = {"layer_norm", "rms_norm", "batch_norm", "softmax", "log_softmax"}
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "var"}
 _CONTRACTIONS = {"linear", "matmul", "conv2d"}
 _NOT_ABSORBED = {"embedding", "gather", "index"}  # gathers are kernels of their own
+
+
+TILE_ROWS, TILE_COLS = 128, 8192
+
+
+def _tile_bytes(v: Value, symbols) -> int:
+    shape = v.type.shape
+    if not shape or not all(isinstance(d, int) for d in shape):
+        return type_bytes(v.type, symbols)
+    last = shape[-1]
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return min(rows, TILE_ROWS) * min(last, TILE_COLS) * v.type.dtype.numpy.itemsize
 
 
 @dataclass
@@ -171,11 +185,15 @@ class _Fuser:
         return True
 
     def working_set(self, members: set[int]) -> int:
+        """The SRAM one tile step of the region needs: a block of `TILE_ROWS` rows of every value
+        it touches (the last dim up to `TILE_COLS` wide). The lowered kernels tile rows and
+        stream weights, so the region's whole values need not fit, only a tile of each; a
+        region whose tile step does not fit SRAM cannot be lowered as one kernel."""
         values: dict[str, Value] = {}
         for m in members:
             for v in list(self.nodes[m].inputs) + list(self.nodes[m].outputs):
                 values[v.name] = v
-        return sum(type_bytes(v.type, self.g.symbols) for v in values.values())
+        return sum(_tile_bytes(v, self.g.symbols) for v in values.values())
 
     def claim(self, kind: str, anchor: int, members: set[int]) -> None:
         members = set(members)

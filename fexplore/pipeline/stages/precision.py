@@ -51,7 +51,13 @@ class _Policy:
         self.rewrites = []
 
     def narrow_constant(self, rw: Rewriter, c: Constant) -> Constant:
-        if c.name not in self.converted:
+        if c.name not in self.converted and c.payload is None:   # a meta-device weight: the type only
+            new = rw.constant(f"{c.name}.{self.dtype.value}", None, source=c.source,
+                              type=c.type.with_dtype(self.dtype), digest=f"{c.digest}.{self.dtype.value}")
+            itemsize = c.type.dtype.numpy.itemsize - self.dtype.numpy.itemsize
+            self.bytes_saved += int(np.prod(c.type.shape)) * itemsize
+            self.converted[c.name] = new
+        elif c.name not in self.converted:
             payload = c.payload.astype(np.float32)
             if self.dtype == DType.fp8:  # saturate as the hardware does, instead of NaN
                 payload = np.clip(payload, -448.0, 448.0)
@@ -77,7 +83,7 @@ class _Policy:
             v = rw.lookup(v)
             if not self.wants(v):
                 return v
-            if top and isinstance(v, Constant) and v.payload is not None:
+            if top and isinstance(v, Constant) and (v.payload is not None or v.digest.startswith("meta-")):
                 return self.narrow_constant(rw, v)
             if v.name not in cast_of:
                 cast_of[v.name] = rw.emit("cast", [v], {"dtype": self.dtype},

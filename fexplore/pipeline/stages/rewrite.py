@@ -47,11 +47,12 @@ class Rewriter:
     def fresh_name(self, base: str) -> str:
         return unique_name(base, self._names)
 
-    def constant(self, name: str, payload: np.ndarray, *, source: str | None = None,
-                 type: TensorType | None = None) -> Constant:
+    def constant(self, name: str, payload: np.ndarray | None, *, source: str | None = None,
+                 type: TensorType | None = None, digest: str | None = None) -> Constant:
+        """A new constant; ``payload=None`` (a meta-device weight) needs its ``type`` and a digest."""
         t = type or TensorType(payload.shape, DType.from_numpy(payload.dtype))
         c = Constant(name if name not in {x.name for x in self.constants} else
-                     self.fresh_name(name), t, payload, source=source)
+                     self.fresh_name(name), t, payload, source=source, digest=digest)
         self._names.add(c.name)
         self.constants.append(c)
         return c

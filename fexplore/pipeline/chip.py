@@ -1,0 +1,235 @@
+"""A compiled model on the simulated chip: its schedules (one per static size), runs, and the
+per-kernel report.
+
+A model compiled with static shapes has one schedule, made by the schedule stage. A model with
+symbolic dims is scheduled per static size, as NPU serving stacks compile prefill and decode
+buckets: the first call with a new size specializes the final graph to it, lowers and schedules
+it, and caches the schedule (``Schedules.made`` lists them, with their simulated latency).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from fexplore.errors import InputError
+
+
+@dataclass
+class MadeSchedule:
+    sizes: tuple          # ((symbol, value), ...); () for a static model
+    schedule: object      # stages.schedule.Schedule
+    cycles: int
+    latency_us: float
+    build_s: float
+
+
+class Schedules:
+    """The schedules of one CompiledModel, by static size."""
+
+    def __init__(self, graph, options, static_schedule=None):
+        self.graph = graph
+        self.options = options
+        self._by_size: dict[tuple, MadeSchedule] = {}
+        if static_schedule is not None:
+            self._remember((), static_schedule, 0.0)
+
+    def _remember(self, key, sched, build_s) -> MadeSchedule:
+        res = sched.simulate()
+        made = MadeSchedule(key, sched, res.cycles, res.latency_s * 1e6, build_s)
+        self._by_size[key] = made
+        return made
+
+    def for_inputs(self, arrays) -> MadeSchedule:
+        """The schedule for these inputs' sizes (made and cached on first use)."""
+        key = self._sizes(arrays)
+        made = self._by_size.get(key)
+        if made is None:
+            made = self._make(key)
+        return made
+
+    def _sizes(self, arrays) -> tuple:
+        """The symbols' values for these inputs; raises InputError on a wrong count, rank, dtype
+        or shape, as the interpreter does."""
+        from fexplore.ir import bind_symbols
+
+        bound = bind_symbols(self.graph, [np.asarray(a) for a in arrays])
+        if not self.graph.symbols:
+            return ()
+        return tuple(sorted((str(k), int(v)) for k, v in bound.items() if str(k) in self.graph.symbols))
+
+    def _make(self, key) -> MadeSchedule:
+        from .stages.lower import lower
+        from .stages.schedule import schedule
+        from .stages.shapes import specialize
+
+        t0 = time.perf_counter()
+        g = specialize(self.graph, **dict(key)) if key else self.graph
+        low = lower(g, self.options).lowering
+        sched = schedule(g, self.options, lowering=low).schedule
+        if sched is None:
+            raise InputError(f"could not schedule @{self.graph.name} for sizes {dict(key)}")
+        return self._remember(key, sched, time.perf_counter() - t0)
+
+    @property
+    def made(self):
+        """One row per schedule made: sizes, simulated cycles and latency, build time."""
+        import pandas as pd
+
+        return pd.DataFrame([{"sizes": dict(m.sizes) or "static", "cycles": m.cycles,
+                              "latency_us": m.latency_us, "build_s": m.build_s,
+                              "commands": len(m.schedule.program.commands)}
+                             for m in self._by_size.values()])
+
+
+def kernel_report(sched, res):
+    """One row per lowered node that runs (kernels and host ops), in program order.
+
+    Kernels overlap in a schedule, so a kernel's ``cycles`` is its span (its first command start to
+    its last command end, not counting weight loads prefetched earlier) and ``share`` is that span
+    over the program's; ``busy_*`` are the cycles
+    its commands keep each engine busy. ``roofline_cycles`` is the kernel's own bound (its flops
+    at the chip's peak, its DRAM bytes at full bandwidth, its vector work on every lane) and
+    ``vs_roofline`` the span over it; ``bound`` names the resource that sets it."""
+    import pandas as pd
+
+    from fexplore.npu.commands import Contract, Host, Load, Vector
+
+    prog, cfg = sched.program, sched.program.target
+    start, end = res.trace.start, res.trace.end
+    total = max(res.cycles, 1)
+    rows = []
+    for k in sched.kernels:
+        if not k.commands:
+            continue
+        cmds = [prog.commands[c] for c in k.commands]
+        busy = {"dma": 0.0, "tensor": 0.0, "vector": 0.0}
+        flops = dram = vec = 0
+        tensor_bound = 0.0
+        for c in cmds:
+            if c.engine >= 0:
+                busy[("dma", "tensor", "vector")[c.engine]] += end[c.id] - start[c.id]
+            if isinstance(c, Contract):
+                flops += 2 * c.macs
+                tensor_bound += c.macs / (cfg.macs_per_cycle(c.dtype) * cfg.num_pes)
+            elif isinstance(c, Vector):
+                vec += c.elements * c.op.passes
+            elif isinstance(c, Host):
+                dram += c.nbytes
+            elif c.engine == 0:
+                dram += prog.moved_bytes[c.id]
+        # the span starts at its first command that is not a prefetch (a weight or model-input
+        # load, or a fill, which the schedule may issue long before the kernel runs)
+        own = [c for c in cmds if not (isinstance(c, Load) and c.src.tensor.kind == "input")
+               and not (isinstance(c, Vector) and c.op.name == "fill")] or cmds
+        t0 = min(start[c.id] for c in own)
+        t1 = max(end[c.id] for c in cmds)
+        bounds = {"compute": tensor_bound, "DRAM": dram / cfg.dram_bytes_per_cycle,
+                  "vector": vec / (cfg.vector_lanes * cfg.num_pes)}
+        if k.how == "host":
+            bounds = {"host": t1 - t0}
+        bound = max(bounds, key=bounds.get)
+        line = k.loc.line if k.loc is not None and getattr(k.loc, "line", None) else None
+        rows.append({"kernel": k.name, "kind": k.kind, "how": k.how, "module": k.module,
+                     "source": f"{k.loc.file}:{line}" if line else "",
+                     "start": t0, "cycles": t1 - t0, "share": (t1 - t0) / total,
+                     "busy_tensor": busy["tensor"], "busy_vector": busy["vector"], "busy_dma": busy["dma"],
+                     "flops": flops, "dram_bytes": dram, "bound": bound,
+                     "roofline_cycles": bounds[bound],
+                     "vs_roofline": (t1 - t0) / bounds[bound] if bounds[bound] else float("inf")})
+    return pd.DataFrame(rows)
+
+
+# -- what each stage bought, in simulated time ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Cost:
+    """One graph lowered and scheduled on the target, timing only."""
+
+    cycles: int
+    latency_us: float
+    dram_bytes: int
+    kernels: int
+    host_ops: int
+
+    def __str__(self) -> str:
+        host = f", {self.host_ops} host ops" if self.host_ops else ""
+        return (f"{_fmt_time(self.latency_us)}, DRAM {self.dram_bytes / 1e6:.2f} MB "
+                f"({self.kernels} kernels{host})")
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """A stage's input and output programs on the chip (``ex["fusion"].cost()``)."""
+
+    stage: str
+    before: Cost | None
+    after: Cost
+
+    def __str__(self) -> str:
+        if self.before is None:
+            return f"{self.stage}: {self.after}"
+        b, a = self.before, self.after
+        return (f"{self.stage}: {_fmt_time(b.latency_us)} → {_fmt_time(a.latency_us)}, "
+                f"DRAM {b.dram_bytes / 1e6:.2f} MB → {a.dram_bytes / 1e6:.2f} MB")
+
+    __repr__ = __str__
+
+
+def _fmt_time(us: float) -> str:
+    return f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.1f} us"
+
+
+_COSTS: dict = {}   # (id(graph), target) -> (graph, Cost); the graph kept so the id stays its own
+
+
+def graph_cost(graph, options) -> Cost:
+    """`graph` (any stage's output) lowered and scheduled like the final one, simulated timing
+    only. Before fusion every op is its own kernel, so the difference between stages is what
+    each stage bought on the chip. Cached per graph and target."""
+    from .stages.lower import lower
+    from .stages.schedule import build_schedule
+
+    key = (id(graph), repr(options.target))
+    hit = _COSTS.get(key)
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    low = lower(graph, options).lowering
+    sched = None
+    for interleave, resident in ((True, True), (True, False), (False, False)):
+        try:
+            sched = build_schedule(graph, low, options.target, interleave=interleave, resident=resident)
+            break
+        except Exception as e:  # noqa: BLE001 - an SRAM overflow: retry as the stage does
+            if not (interleave or resident) or "SRAM" not in type(e).__name__ + str(e):
+                raise
+    res = sched.simulate()
+    cost = Cost(res.cycles, res.latency_s * 1e6, res.dram_bytes,
+                sum(k.how in ("generated", "user") for k in sched.kernels),
+                sum(k.how == "host" for k in sched.kernels))
+    if len(_COSTS) > 256:
+        _COSTS.clear()
+    _COSTS[key] = (graph, cost)
+    return cost
+
+
+def stage_costs(records, options):
+    """One row per graph stage: the simulated latency and DRAM traffic of its output program,
+    and the change from the stage before (the waterfall of what each stage bought)."""
+    import pandas as pd
+
+    rows, prev = [], None
+    for r in records:
+        if r.name == "schedule":   # its program is the lower stage's graph's: no new row
+            continue
+        if any(not isinstance(d, int) for v in r.after.inputs for d in v.type.shape):
+            continue               # symbolic sizes: scheduled per size, not here
+        c = graph_cost(r.after, options)
+        rows.append({"stage": r.name, "latency_us": c.latency_us, "dram_mb": c.dram_bytes / 1e6,
+                     "kernels": c.kernels, "host_ops": c.host_ops, "cycles": c.cycles,
+                     "latency_change_us": None if prev is None else c.latency_us - prev.latency_us,
+                     "dram_change_mb": None if prev is None else (c.dram_bytes - prev.dram_bytes) / 1e6})
+        prev = c
+    return pd.DataFrame(rows)

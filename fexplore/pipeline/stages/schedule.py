@@ -1,0 +1,382 @@
+"""schedule: the lowered kernels of the whole model become one NPU program on the target.
+
+Every graph value lives in DRAM under its own name: the model's inputs and weights are the
+program's inputs, its outputs the program's outputs, everything else scratch. A kernel's
+parameters are those tensors seen through free views (a kernel may merge leading axes); a free
+view of the lower stage is a DRAM view, no command at all; a host op is an explicit `host`
+command whose operands and results cross the host link.
+
+The kernels are then emitted into one program (`fexplore.lang.lowering.emit`): dependencies are the
+hazards on SRAM buffers and DRAM boxes, so a kernel waits only for the kernels whose outputs it
+reads, and one list scheduler orders the ops of all kernels together. That is what makes a whole
+program faster than its kernels one after another: the next kernel's weights stream in while
+this one computes (prefetch), and independent kernels overlap. Within a kernel, its own tiling,
+its split across PEs (``fl.parallel``) and its double buffering (``stages=2``) are the generator's
+choices. If the interleaved program does not fit SRAM, the stage falls back to kernels in
+sequence (each kernel's own plan fits) and records that decision with its reason.
+
+Residency: an intermediate that fits in SRAM next to the others live at the same time stays on
+chip between its producer and its consumers (`_pick_resident`; a resident tensor of the npu:
+the kernels' DMAs to it are on-chip copies, whatever tiles each kernel uses, and no DRAM traffic).
+When the kernels' own tiles then do not fit, the stage spills (schedules with every intermediate
+in DRAM) and records that decision with its reason.
+
+Not done yet (in the stats as ``not_modelled``): searching tile sizes per kernel with the cost
+model (the generator's sizes are used).
+
+The stage's result is a `Schedule`: the program, the map from graph values to DRAM tensors, and
+the span of commands of each kernel, so a timeline event names its kernel, module and source
+line. ``Schedule.run(inputs)`` runs the program on the simulator (functional mode) and returns the
+graph's outputs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fexplore.ir import Graph, evaluate_node
+
+from ..stage import StageResult
+
+
+@dataclass
+class ScheduledKernel:
+    """One lowered node in the program; `commands` are the ids of its commands."""
+
+    name: str
+    kind: str           # the kernel's kind, "host" or "free view"
+    how: str            # "generated", "user", "host", "free view"
+    module: str
+    loc: Any
+    node: Any = None
+    commands: list = field(default_factory=list)
+
+
+@dataclass
+class Schedule:
+    target: Any
+    program: Any
+    tensor_of: dict          # graph value name -> DRAM tensor name
+    inputs: list             # graph input value names, in order
+    weights: dict            # DRAM tensor name -> numpy payload (the graph's constants)
+    outputs: list            # graph output value names
+    kernels: list = field(default_factory=list)   # ScheduledKernel, program order
+    decisions: list = field(default_factory=list)  # (what, why): spills, serial fallback, residency
+    residency: dict = field(default_factory=dict)  # what `lang.lowering.emit` kept in SRAM
+
+    def dram_inputs(self, arrays) -> dict:
+        feed = {self.tensor_of[n]: np.asarray(a) for n, a in zip(self.inputs, arrays)}
+        feed.update(self.weights)
+        return feed
+
+    def simulate(self, arrays=None):
+        """Run on the simulated chip: functional (with `arrays`, the graph inputs in order) or
+        timing only (None). Returns the npu SimResult."""
+        from fexplore.npu import simulate
+
+        if arrays is None:
+            return simulate(self.program, None, functional=False)
+        return simulate(self.program, self.dram_inputs(arrays), functional=True)
+
+    def outputs_of(self, res) -> list[np.ndarray]:
+        return [np.array(res.dram[self.tensor_of[n]]) for n in self.outputs]
+
+    def kernel_of_command(self) -> list[int]:
+        """For each command id, the index of its kernel in `kernels` (-1: a barrier)."""
+        owner = [-1] * len(self.program.commands)
+        for i, k in enumerate(self.kernels):
+            for c in k.commands:
+                owner[c] = i
+        return owner
+
+
+def _dtype(v) -> str:
+    return v.type.dtype.value
+
+
+def _shape(v) -> tuple[int, ...]:
+    return tuple(int(d) for d in v.type.shape)
+
+
+def schedule(graph: Graph, options, lowering=None) -> StageResult:
+    """Build the whole-model program from the lower stage's `lowering`."""
+    if lowering is None:
+        from .lower import lower
+
+        lowering = lower(graph, options).lowering
+    if any(not isinstance(d, int) for v in graph.inputs for d in v.type.shape):
+        return _no_schedule(graph, lowering, "symbolic shapes: scheduled per size on first call")
+    t0 = time.perf_counter()
+    sched, spills = None, []
+    # residency first; without it if the longer-lived buffers overflow SRAM; then kernels in sequence
+    for interleave, resident in ((True, True), (True, False), (False, False)):
+        try:
+            sched = build_schedule(graph, lowering, options.target, interleave=interleave, resident=resident)
+            break
+        except Exception as e:  # noqa: BLE001 - only an SRAM overflow falls through
+            if not (interleave or resident) or "SRAM" not in type(e).__name__ + str(e):
+                raise
+            spills.append(("spill" if resident else "serial",
+                           ("keeping intermediates in SRAM" if resident else "interleaving the kernels")
+                           + f" overflows SRAM ({str(e).splitlines()[0][:120]})"))
+    sched.decisions[:0] = spills
+    prog = sched.program
+    timing = sched.simulate()
+    stats = {"commands": len(prog.commands), "kernels": sum(k.how in ("generated", "user") for k in sched.kernels),
+             "host_ops": sum(k.how == "host" for k in sched.kernels),
+             "cycles": timing.cycles, "latency_us": timing.latency_s * 1e6,
+             "flops": prog.flops, "dram_bytes": timing.dram_bytes, "compulsory_bytes": prog.compulsory_bytes(),
+             "vs_bound": _vs_bound(timing), "limiter": timing.roofline.limiter,
+             "interleaved": not any(w == "serial" for w, _ in sched.decisions),
+             "resident_tensors": len(sched.residency.get("kept", [])),
+             "resident_bytes": sched.residency.get("bytes", 0),
+             "decisions": [f"{w}: {why}" for w, why in sched.decisions],
+             "not_modelled": ["tile-size search"],
+             "build_s": time.perf_counter() - t0}
+    summary = (f"{stats['kernels']} kernels, {stats['host_ops']} host ops -> {stats['commands']} commands; "
+               f"simulated {stats['latency_us']:.1f} us on {sched.target.name}, "
+               f"{stats['vs_bound']:.2f}x its roofline bound ({stats['limiter']}), "
+               f"DRAM {stats['dram_bytes'] / 1e6:.2f} MB")
+    return StageResult(graph, stats, [], summary, lowering=lowering, schedule=sched)
+
+
+def _vs_bound(res) -> float:
+    """Simulated latency over the roofline bound (>= 1; 1 is the best the program could do)."""
+    bound = res.roofline.bound_cycles
+    return res.cycles / bound if bound else float("inf")
+
+
+def _no_schedule(graph, lowering, why):
+    return StageResult(graph, {"scheduled": False, "why": why}, [], why, lowering=lowering, schedule=None)
+
+
+def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
+                   resident: bool = True) -> Schedule:
+    from fexplore.lang.lowering import HostPart, KernelPart, emit
+    from fexplore.npu import ProgramBuilder, get_target
+
+    cfg = get_target(target)
+    b = ProgramBuilder(cfg, name="model", capture_locs=False)
+    tensors: dict[str, Any] = {}   # DRAM tensor name -> DramTensor
+    tensor_of: dict[str, str] = {}
+    outputs = {v.name for v in graph.outputs}
+
+    on_chip = _pick_resident(graph, lowering, cfg) if resident else {}
+    kept: list[str] = []
+
+    def declare(v, kind):
+        if kind == "scratch" and v.name in on_chip:
+            t = b.resident(v.name, _shape(v), _dtype(v), pe=on_chip[v.name])
+            kept.append(v.name)
+        else:
+            t = {"input": b.input, "output": b.output, "scratch": b.scratch}[kind](v.name, _shape(v), _dtype(v))
+        tensors[t.name] = t
+        tensor_of[v.name] = t.name
+        return t
+
+    def view(base_value, shape, name):
+        base = tensors[tensor_of[base_value.name]]
+        if tuple(shape) == base.shape:
+            return base
+        if name not in tensors:
+            tensors[name] = b.view(name, base, shape)
+        return tensors[name]
+
+    for v in graph.inputs:
+        declare(v, "input")
+    weights = {}
+    for c in graph.constants:
+        t = declare(c, "input")
+        weights[t.name] = np.asarray(c.payload)
+    by_node = {id(x.node): x for x in lowering.nodes}
+    # free views first: a view's tensor must exist before any command touches its storage
+    for node in graph.nodes:
+        x = by_node.get(id(node))
+        for o in node.outputs:
+            if o.name in tensor_of:
+                continue
+            if x is not None and x.how == "free view":
+                tensors[o.name] = b.view(o.name, tensors[tensor_of[node.inputs[0].name]], _shape(o))
+                tensor_of[o.name] = o.name
+            else:
+                declare(o, "output" if o.name in outputs else "scratch")
+    parts, kernels = [], []
+    for node in graph.nodes:
+        x = by_node.get(id(node))
+        mod = node.loc.module if node.loc is not None and node.loc.module else ""
+        if x is None or x.how == "free view":
+            kernels.append(ScheduledKernel(node.name, "free view", "free view", mod, node.loc, node=node))
+            parts.append(None)
+            continue
+        if x.how in ("generated", "user") and x.kernel is not None:
+            part = _kernel_part(x, node, view, b, cfg)
+            if part is not None:
+                parts.append(part)
+                kernels.append(ScheduledKernel(x.name, x.kind, x.how, mod, node.loc, node=node))
+                continue
+        src = tuple(tensors[tensor_of[v.name]].full() for v in node.inputs)
+        dst = tuple(tensors[tensor_of[v.name]].full() for v in node.outputs)
+        parts.append(HostPart(node.op.name, _host_fn(node), src, dst, _flops(node), node.loc))
+        kernels.append(ScheduledKernel(getattr(x, "name", node.name), "host", "host", mod, node.loc, node=node))
+
+    real = [p for p in parts if p is not None]
+    owner: list[int] = []
+    prog = emit(b, real, interleave=interleave, owner=owner)
+    emitted = [k for k, p in zip(kernels, parts) if p is not None]
+    for cid, pi in enumerate(owner):
+        if pi >= 0:
+            emitted[pi].commands.append(cid)
+    sched = Schedule(cfg, prog, tensor_of, [v.name for v in graph.inputs], weights,
+                     [v.name for v in graph.outputs], kernels)
+    sched.residency = {"kept": sorted(kept), "bytes": sum(tensors[n].nbytes for n in kept)}
+    if kept:
+        sched.decisions.append(("resident", f"{len(kept)} intermediates stay in SRAM between their "
+                                f"producer and consumers ({sched.residency['bytes'] / 1e6:.2f} MB not "
+                                "written to DRAM and read back)"))
+    return sched
+
+
+# The share of a PE's SRAM intermediates may take; the rest is left to the kernels' own tiles.
+RESIDENT_SHARE = 0.5
+
+
+def _pick_resident(graph: Graph, lowering, cfg) -> dict[str, int]:
+    """Intermediates to keep in SRAM, with their PE: walking the program in order, an
+    intermediate stays on chip from its producer to its last consumer if it fits in the resident
+    share of the least-loaded PE's SRAM, next to the others live at that point. Free views extend
+    the life of the tensor they view."""
+    views = {x.node.outputs[0].name: x.node.inputs[0].name for x in lowering.nodes if x.how == "free view"}
+
+    def storage(name):
+        while name in views:
+            name = views[name]
+        return name
+
+    outputs = {storage(v.name) for v in graph.outputs}
+    last: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[storage(v.name)] = i
+    budget = int(cfg.sram_bytes_per_pe * RESIDENT_SHARE)
+    live: list[tuple[int, str, int, int]] = []   # (last use, name, pe, bytes)
+    used = [0] * cfg.num_pes
+    chosen: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for entry in [e for e in live if e[0] < i]:
+            live.remove(entry)
+            used[entry[2]] -= entry[3]
+        if node.outputs and node.outputs[0].name in views:
+            continue
+        for v in node.outputs:
+            if v.name in outputs or v.name not in last:
+                continue
+            nbytes = v.type.dtype.numpy.itemsize * int(np.prod(_shape(v)))
+            pe = min(range(cfg.num_pes), key=lambda p: used[p])
+            if used[pe] + nbytes <= budget:
+                chosen[v.name] = pe
+                used[pe] += nbytes
+                live.append((last[v.name], v.name, pe, nbytes))
+    return chosen
+
+
+def _kernel_part(x, node, view, b, cfg):
+    """The KernelPart of a generated or user kernel, or None if it cannot be traced here."""
+    from fexplore.lang.lowering import KernelPart
+
+    zeros = [np.zeros(_shape(v), v.type.dtype.numpy) for v in node.inputs]
+    gk = x.kernel
+    if x.how == "generated":
+        args = gk.arguments(zeros)
+        kernel = x.traced or gk.kernel()
+        params = [node.inputs[p.index] for p in gk.params]
+        results = [node.outputs[r.index] for r in gk.results]
+    else:
+        kernel = gk.kernel
+        if not hasattr(kernel, "trace"):
+            return None   # a plain callable: it runs on the host
+        args = zeros
+        params, results = list(node.inputs), list(node.outputs)
+    trace = kernel.trace(*args, target=cfg)
+    dram = {}
+    for t, v in list(zip(trace.params, params)) + list(zip(trace.outputs, results)):
+        dram[t.name] = view(v, t.shape, f"{v.name}@{x.name}.{t.name}")
+    for t in trace.tensors:
+        if t.name not in dram:   # the kernel's own scratch tensors
+            dram[t.name] = b.scratch(f"{x.name}.{t.name}", t.shape, t.dtype.name)
+    return KernelPart(trace, dram, prefix=f"{x.name}.")
+
+
+def _host_fn(node):
+    def run(*arrays):
+        return evaluate_node(node, list(arrays), {})
+    return run
+
+
+def _flops(node) -> int:
+    try:
+        return int(node.op.cost(node).flops) if hasattr(node.op, "cost") else 0
+    except Exception:  # noqa: BLE001 - a cost rule is an estimate; a host op without one costs its transfers
+        return 0
+
+
+# -- verification ------------------------------------------------------------------------------
+
+@dataclass
+class ScheduleCheck:
+    """The whole program run on the simulator (functional mode) on the example inputs."""
+
+    ok: bool
+    kernels_run: int
+    kernels_total: int
+    max_abs: float                # simulated outputs vs eager
+    first_divergent: str | None = None
+    detail: str | None = None
+    elapsed_s: float = 0.0
+    cycles: int = 0
+
+    def summary(self) -> str:
+        mark = "✓" if self.ok else "✗"
+        return (f"{mark} simulated program ({self.kernels_run} kernels, {self.cycles:,} cycles); "
+                f"outputs vs eager max abs err {self.max_abs:.2e}")
+
+
+def check_schedule(graph: Graph, sched: Schedule | None, oracle) -> ScheduleCheck | None:
+    """Run the program on the simulator on the oracle's example inputs and compare its outputs
+    with eager. If they differ, compare every kernel's outputs in the simulated DRAM with the IR
+    interpreter's values of the same graph, and name the first kernel that leaves them."""
+    if sched is None:
+        return None
+    from fexplore.ir import bind_symbols
+
+    from ..numeric import TOLERANCES, accept_tie_order, compare, compute_dtype
+
+    t0 = time.perf_counter()
+    inputs, want, noise = oracle.input_sets[0], oracle.expected[0], oracle.noise[0]
+    arrays = [np.asarray(x) for x in inputs]
+    res = sched.simulate(arrays)
+    got = accept_tie_order(graph, inputs, sched.outputs_of(res), want)
+    tol = TOLERANCES[compute_dtype(graph)]
+    max_abs, _, ok, d = compare(got, want, tol, noise)
+    first = detail = None
+    if not ok:
+        detail = f"simulated outputs vs eager: {d}"
+        bindings = bind_symbols(graph, arrays)
+        env = {v.name: a for v, a in zip(graph.inputs, arrays)}
+        env.update({c.name: c.payload for c in graph.constants})
+        for k in sched.kernels:
+            node = k.node
+            outs = evaluate_node(node, [env[v.name] for v in node.inputs], bindings)
+            for v, a in zip(node.outputs, outs):
+                env[v.name] = np.asarray(a).astype(v.type.dtype.numpy, copy=False)
+            sim = [np.asarray(res.dram[sched.tensor_of[v.name]]) for v in node.outputs]
+            _, _, same, why = compare(sim, [env[v.name] for v in node.outputs], tol, 0.0)
+            if not same:
+                first = f"{k.how} {k.name} ({k.kind}, for {node.op.name} %{node.name})"
+                detail = f"{first}: {why}"
+                break
+    n = sum(k.how in ("generated", "user") for k in sched.kernels)
+    return ScheduleCheck(bool(ok), n, n, float(max_abs), first, detail, time.perf_counter() - t0, res.cycles)
