@@ -2,8 +2,9 @@
 
 `RowAccess`: free views (the input viewed as rows x K), or a select / slice of rows, and at most
 one norm over K (applied after the load). `PermutedAccess`: a permute and a reshape merging the
-last axes into K (attention heads merged before the output projection), contracted as one K slab
-per head and tile of D, read straight from the input's own layout.
+last axes into K (attention heads merged before the output projection; size-1 axes may come and
+go, and a reshape may come before the permute), or a permute alone; contracted as slabs of whole
+heads (or tiles of D), read straight from the input's own layout.
 """
 
 from __future__ import annotations

@@ -3,8 +3,15 @@ prologue on its activations (free views, a slice or select of rows, a layer or R
 epilogue chain on its result (bias, any elementwise op, residual adds, scaling, casts; a sibling
 contraction over the same activations, as in SwiGLU, shares the loop and gets its own accumulator).
 
+The right operand is a region input read through free views: a cast (applied after the load) or a
+transpose of its last two axes (a tied lm_head, k^T: the same box, the contraction told n comes
+before k).
+
 Output tiles (tm x tn) go round-robin to the PEs; the K loop is double buffered. A norm prologue
-needs whole rows of the activations, so then a K slab is the whole of K. The epilogue runs on the
+needs whole rows of the activations: with one or two N tiles a K slab is the whole of K and the
+norm runs per tile; with more, the rows are normalized once (a row tile per PE) into a DRAM
+scratch that a plain K loop then reads, rather than once per N tile. Heads merged into K
+(PermutedAccess) are read as slabs of whole heads, a two-axis contraction 'hmk,nhk->mn'. The epilogue runs on the
 vector unit straight off the accumulators, one line per IR node (`vector.VectorEmitter`).
 """
 
