@@ -181,3 +181,37 @@ def test_every_stage_has_a_simulated_cost_and_fusion_buys_time():
 
     fig = cost_waterfall(costs)
     assert len(fig.axes[0].patches) == len(costs)
+
+
+def test_the_schedule_stage_view_shows_the_timeline_with_kernels_and_the_report():
+    torch.manual_seed(0)
+    model, inputs = ZOO["gpt"]()
+    cm = fexplore.compile(model, inputs, verify=False)
+    page = cm["schedule"]._repr_html_()
+    assert "on the chip" in page and "<svg" in page
+    k = next(k for k in cm.schedule.kernels if k.how == "generated" and k.module)
+    assert f"{k.name} ({k.kind}, generated)" in page and k.module in page   # the hover text
+    assert "slowest first" in page
+    from fexplore.viz.schedule_view import kernel_spans
+
+    res = cm.simulate()
+    whole = kernel_spans(cm.schedule, res)
+    half = kernel_spans(cm.schedule, res, window=(0, res.cycles / 2))
+    assert 0 < len(half) <= len(whole)
+
+
+def test_the_lowered_graph_view_marks_kernels_and_host_ops():
+    torch.manual_seed(0)
+    model, inputs = ZOO["vit"]()
+    cm = fexplore.compile(model, inputs, target="tiny", verify=False)
+    from fexplore.viz.graph_view import GraphView, lowering_marks
+
+    low = cm.lowering
+    view = GraphView(cm["lower"].after, marks=lowering_marks(low))
+    text = view.text()
+    for k in low.kernels:
+        assert f"kernel {k.name}" in text
+    for h in low.host_ops:
+        assert "HOST op" in text and h.node.name in text
+    if low.host_ops and not h.node.regions:
+        assert 'color="#d62728"' in view.source   # drawn so nobody misses it

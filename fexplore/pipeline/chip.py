@@ -24,6 +24,7 @@ class MadeSchedule:
     cycles: int
     latency_us: float
     build_s: float
+    why: str = ""         # why there is no schedule (schedule None)
 
 
 class Schedules:
@@ -68,10 +69,12 @@ class Schedules:
         t0 = time.perf_counter()
         g = specialize(self.graph, **dict(key)) if key else self.graph
         low = lower(g, self.options).lowering
-        sched = schedule(g, self.options, lowering=low).schedule
-        if sched is None:
-            raise InputError(f"could not schedule @{self.graph.name} for sizes {dict(key)}")
-        return self._remember(key, sched, time.perf_counter() - t0)
+        result = schedule(g, self.options, lowering=low)
+        if result.schedule is None:   # e.g. empty tensors: the caller runs the interpreter
+            made = MadeSchedule(key, None, 0, 0.0, time.perf_counter() - t0, result.stats.get("why", ""))
+            self._by_size[key] = made
+            return made
+        return self._remember(key, result.schedule, time.perf_counter() - t0)
 
     @property
     def made(self):
@@ -80,7 +83,7 @@ class Schedules:
 
         return pd.DataFrame([{"sizes": dict(m.sizes) or "static", "cycles": m.cycles,
                               "latency_us": m.latency_us, "build_s": m.build_s,
-                              "commands": len(m.schedule.program.commands)}
+                              "commands": len(m.schedule.program.commands) if m.schedule else 0}
                              for m in self._by_size.values()])
 
 
@@ -197,13 +200,15 @@ def graph_cost(graph, options) -> Cost:
     if hit is not None and hit[0] is graph:
         return hit[1]
     low = lower(graph, options).lowering
+    from .stages.schedule import RESIDENT_SHARES
+
     sched = None
-    for interleave, resident in ((True, True), (True, False), (False, False)):
+    for interleave, share in [(True, x) for x in RESIDENT_SHARES] + [(True, 0.0), (False, 0.0)]:
         try:
-            sched = build_schedule(graph, low, options.target, interleave=interleave, resident=resident)
+            sched = build_schedule(graph, low, options.target, interleave=interleave, resident=share)
             break
         except Exception as e:  # noqa: BLE001 - an SRAM overflow: retry as the stage does
-            if not (interleave or resident) or "SRAM" not in type(e).__name__ + str(e):
+            if not (interleave or share) or "SRAM" not in type(e).__name__ + str(e):
                 raise
     res = sched.simulate()
     cost = Cost(res.cycles, res.latency_s * 1e6, res.dram_bytes,

@@ -61,10 +61,10 @@ class CompiledModel:
         mode of the whole-model program); returns torch tensors in the model's output structure.
         A compile that stopped before the schedule stage runs the final graph's interpreter."""
         arrays = self._flatten_inputs(args, kwargs)
-        if self.schedules is None:
+        made = self.schedules.for_inputs(arrays) if self.schedules is not None else None
+        if made is None or made.schedule is None:   # no schedule (e.g. empty tensors): interpreter
             outs = run(self.graph, arrays)
         else:
-            made = self.schedules.for_inputs(arrays)
             outs = made.schedule.outputs_of(made.schedule.simulate(arrays))
         return pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
 
@@ -102,6 +102,8 @@ class CompiledModel:
             return made.schedule.simulate()
         arrays = self._flatten_inputs(args, kwargs)
         made = scheds.for_inputs(arrays)
+        if made.schedule is None:
+            raise InputError(f"nothing to simulate for these inputs: {made.why}")
         res = made.schedule.simulate(arrays)
         outs = made.schedule.outputs_of(res)
         res.model_outputs = pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)

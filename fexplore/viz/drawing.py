@@ -35,6 +35,7 @@ class Box:
     category: Category | None = None
     node: Node | None = None
     ops: Counter = field(default_factory=Counter)  # a group's ops by name
+    mark: str = ""  # what lowering made of the op: "kernel", "host" or "free view"
 
 
 @dataclass
@@ -128,7 +129,7 @@ def choose_depth(nodes: list[Node], target: int = OVERVIEW_BOXES) -> int:
 
 def draw(g: Graph, *, expand: str | list[str] | tuple[str, ...] | None = None,
          max_nodes: int = MAX_NODES, collapse: bool | None = None,
-         depth: int | None = None) -> Drawing:
+         depth: int | None = None, marks: dict | None = None) -> Drawing:
     """The drawing of ``g``. Collapses by module path when ``g`` has more than ``max_nodes`` ops or
     when ``expand`` names parts to open (the rest then collapses); ``collapse`` forces either way;
     ``depth`` sets how deep the collapsed modules are cut (default: a readable overview)."""
@@ -137,6 +138,7 @@ def draw(g: Graph, *, expand: str | list[str] | tuple[str, ...] | None = None,
     if collapse is None:
         collapse = total > max_nodes or bool(expanded)
     b = _Builder()
+    b.marks = marks or {}
     if collapse and depth is None:
         # Opening a part asks to focus on it: the rest folds to the top modules. Otherwise aim
         # for an overview a person can read.
@@ -238,6 +240,11 @@ class _Builder:
             self._draw_region(n, into, scope, consts)
             return
         box = self.add_box(op_box(self.new_id("n"), n, consts), into)
+        mark = getattr(self, "marks", {}).get(id(n))
+        if mark:
+            box.mark, text = mark
+            box.lines.append(text)
+            box.tooltip += "\n" + text
         for v in n.inputs:
             self.connect(scope.get(v.name), box.id, v)
         for i, r in enumerate(n.regions):
@@ -255,10 +262,13 @@ class _Builder:
         body = n.regions[0]
         kind = n.attrs.get("kind", "fused")
         ops = sum(1 for _ in body.walk())
+        mark = getattr(self, "marks", {}).get(id(n))
         cluster = Cluster(self.new_id("reg"), "region",
-                          f"region {kind} @{body.name} ({ops} ops)",
+                          f"region {kind} @{body.name} ({ops} ops)" + (f" → {mark[1]}" if mark else ""),
                           tooltip="\n".join(filter(None, [f"%{n.name} = region {kind}",
-                                                          loc_text(n.loc)])))
+                                                          loc_text(n.loc), mark[1] if mark else ""])))
+        if mark and mark[0] == "host":
+            cluster.kind = "host region"
         into.items.append(cluster)
         inner = self.draw_graph(body, cluster, _bind(body, n, scope), top=False,
                                 consts=_bind_consts(body, n, consts))

@@ -23,6 +23,7 @@ NO_DOT = ("graphviz's <code>dot</code> program was not found, so this graph is s
 
 _CLUSTER_STYLE = {
     "region": dict(style="rounded,filled", fillcolor="#fff6cc", color="#c9a227", penwidth="1.5"),
+    "host region": dict(style="rounded,filled,dashed", fillcolor="#fde0dd", color="#d62728", penwidth="2.5"),
     "module": dict(style="dashed,rounded", color="#888888"),
     "branch": dict(style="dotted,rounded", color="#888888"),
 }
@@ -80,6 +81,20 @@ class GraphView:
         return f"<GraphView @{d.name}: {d.total_ops} ops, {len(d.boxes)} boxes{how}>"
 
 
+def lowering_marks(low) -> dict:
+    """What the lower stage made of each top-level node (keyed by the node object: a region and
+    the op inside it may share a name), for ``GraphView(g, marks=...)``."""
+    out = {}
+    for x in low.nodes:
+        if x.how == "host":
+            out[id(x.node)] = ("host", f"HOST op: {x.reason[:80]}")
+        elif x.how == "free view":
+            out[id(x.node)] = ("free view", "free view")
+        else:
+            out[id(x.node)] = ("kernel", f"kernel {x.name}")
+    return out
+
+
 def graph_html(g: Graph, *, css: bool = True, **options) -> str:
     """What ``Graph._repr_html_`` shows."""
     return GraphView(g, **options).html(css=css)
@@ -130,9 +145,12 @@ def _emit_box(dot, b: Box) -> None:
     lines = "".join(f'<br/><font point-size="8">{esc(x)}</font>' for x in b.lines)
     if b.kind == "op":
         fill = CATEGORY_COLORS.get(b.category, "#ffffff")
-        dot.node(b.id, f"<<b>{esc(b.title)}</b>{lines}>", shape="box", style="rounded,filled",
-                 fillcolor=fill, color="#777777", tooltip=_literal(b.tooltip),
-                 **{"class": f"fx-op cat-{b.category.name}"})
+        host = b.mark == "host"   # an op the chip does not run: drawn so nobody misses it
+        dot.node(b.id, f"<<b>{esc(b.title)}</b>{lines}>", shape="box",
+                 style="rounded,filled,dashed" if host else "rounded,filled",
+                 fillcolor=fill, color="#d62728" if host else "#777777", penwidth="2.5" if host else "1",
+                 tooltip=_literal(b.tooltip), **{"class": f"fx-op cat-{b.category.name}"
+                                                 + (" fx-host" if host else "")})
     elif b.kind == "group":
         top = ", ".join(f"{op}×{k}" for op, k in b.ops.most_common(3))
         more = " …" if len(b.ops) > 3 else ""
@@ -180,4 +198,5 @@ def _box_line(b: Box) -> str:
     outs = ", ".join(f"%{v.name}" for v in n.outputs)
     args = ", ".join(f"%{v.name}" for v in n.inputs)
     where = loc_text(n.loc)
-    return f"{outs} = {n.op.name}({args}) : {b.lines[0]}" + (f"  # {where}" if where else "")
+    mark = f"  → {b.lines[-1]}" if b.mark else ""
+    return f"{outs} = {n.op.name}({args}) : {b.lines[0]}" + (f"  # {where}" if where else "") + mark

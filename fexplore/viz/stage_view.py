@@ -27,8 +27,16 @@ def stage_html(rec, *, css: bool = True, views=VIEWS) -> str:
     parts.append(verification_html(rec))
     for view in views:
         parts.append(section(SECTION_TITLES[view], view_html(rec, view), open=_opens(rec, view)))
+    sched = getattr(rec, "schedule", None)  # the schedule stage: where the time goes
     low = getattr(rec, "lowering", None)  # the lower stage carries its kernels
-    if low is not None:
+    if sched is not None:
+        from fexplore.pipeline.chip import kernel_report
+
+        from .schedule_view import schedule_html
+
+        res = sched.simulate()
+        parts.append(section("on the chip", schedule_html(sched, kernel_report(sched, res), res), open=True))
+    elif low is not None:
         from .lower_view import lowering_html
 
         parts.append(section("kernels", lowering_html(low), open=True))
@@ -55,6 +63,11 @@ def view_html(rec, view: str) -> str:
     if view == "diff":
         return diff_html(rec.before, rec.after, rewrites=rec.rewrites, css=False)
     if view == "graph":
+        low = getattr(rec, "lowering", None)
+        if low is not None:   # the lowered program: each node says what it became, host ops stand out
+            from .graph_view import lowering_marks
+
+            return GraphView(rec.after, marks=lowering_marks(low)).html(css=False)
         return GraphView(rec.after).html(css=False)
     if view == "ir":
         return ir_html(str(rec.after))

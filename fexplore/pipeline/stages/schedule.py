@@ -110,19 +110,25 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
         lowering = lower(graph, options).lowering
     if any(not isinstance(d, int) for v in graph.inputs for d in v.type.shape):
         return _no_schedule(graph, lowering, "symbolic shapes: scheduled per size on first call")
+    values = list(graph.inputs) + list(graph.constants) + [o for n in graph.nodes for o in n.outputs]
+    if any(0 in tuple(v.type.shape) for v in values):
+        return _no_schedule(graph, lowering, "a tensor with no elements: nothing for the chip to "
+                                             "move or compute; the interpreter runs the model")
     t0 = time.perf_counter()
     sched, spills = None, []
-    # residency first; without it if the longer-lived buffers overflow SRAM; then kernels in sequence
-    for interleave, resident in ((True, True), (True, False), (False, False)):
+    # residency in half a PE's SRAM, then less, then none; then kernels in sequence
+    attempts = [(True, share) for share in RESIDENT_SHARES] + [(True, 0.0), (False, 0.0)]
+    for interleave, share in attempts:
         try:
-            sched = build_schedule(graph, lowering, options.target, interleave=interleave, resident=resident)
+            sched = build_schedule(graph, lowering, options.target, interleave=interleave, resident=share)
             break
         except Exception as e:  # noqa: BLE001 - only an SRAM overflow falls through
-            if not (interleave or resident) or "SRAM" not in type(e).__name__ + str(e):
+            if not (interleave or share) or "SRAM" not in type(e).__name__ + str(e):
                 raise
-            spills.append(("spill" if resident else "serial",
-                           ("keeping intermediates in SRAM" if resident else "interleaving the kernels")
-                           + f" overflows SRAM ({str(e).splitlines()[0][:120]})"))
+            what = (f"keeping intermediates in {share:.0%} of a PE's SRAM" if share
+                    else "interleaving the kernels")
+            spills.append(("spill" if share else "serial",
+                           f"{what} overflows SRAM ({str(e).splitlines()[0][:100]})"))
     sched.decisions[:0] = spills
     prog = sched.program
     timing = sched.simulate()
@@ -155,7 +161,9 @@ def _no_schedule(graph, lowering, why):
 
 
 def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
-                   resident: bool = True) -> Schedule:
+                   resident: float | bool = True) -> Schedule:
+    """The whole-model program. `resident`: the share of a PE's SRAM intermediates may stay in
+    (True: the first of RESIDENT_SHARES; False or 0: every intermediate in DRAM)."""
     from fexplore.lang.lowering import HostPart, KernelPart, emit
     from fexplore.npu import ProgramBuilder, get_target
 
@@ -165,7 +173,8 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     tensor_of: dict[str, str] = {}
     outputs = {v.name for v in graph.outputs}
 
-    on_chip = _pick_resident(graph, lowering, cfg) if resident else {}
+    share = RESIDENT_SHARES[0] if resident is True else float(resident or 0.0)
+    on_chip = _pick_resident(graph, lowering, cfg, share) if share else {}
     kept: list[str] = []
 
     def declare(v, kind):
@@ -240,11 +249,12 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     return sched
 
 
-# The share of a PE's SRAM intermediates may take; the rest is left to the kernels' own tiles.
-RESIDENT_SHARE = 0.5
+# The shares of a PE's SRAM intermediates may take, tried in order; the rest is left to the
+# kernels' own tiles.
+RESIDENT_SHARES = (0.5, 0.25, 0.125)
 
 
-def _pick_resident(graph: Graph, lowering, cfg) -> dict[str, int]:
+def _pick_resident(graph: Graph, lowering, cfg, share: float) -> dict[str, int]:
     """Intermediates to keep in SRAM, with their PE: walking the program in order, an
     intermediate stays on chip from its producer to its last consumer if it fits in the resident
     share of the least-loaded PE's SRAM, next to the others live at that point. Free views extend
@@ -261,7 +271,7 @@ def _pick_resident(graph: Graph, lowering, cfg) -> dict[str, int]:
     for i, node in enumerate(graph.nodes):
         for v in node.inputs:
             last[storage(v.name)] = i
-    budget = int(cfg.sram_bytes_per_pe * RESIDENT_SHARE)
+    budget = int(cfg.sram_bytes_per_pe * share)
     live: list[tuple[int, str, int, int]] = []   # (last use, name, pe, bytes)
     used = [0] * cfg.num_pes
     chosen: dict[str, int] = {}

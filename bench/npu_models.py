@@ -1,0 +1,129 @@
+"""Whole models on the simulated NPU: simulated latency against the roofline bound, DRAM traffic
+against compulsory, and what compile + schedule + simulate cost in wall time.
+
+Real sizes are built on the meta device (shapes, no weights): compiled with structural
+verification and simulated timing-only, as a person would look at them in a notebook.
+
+    .venv/bin/python bench/npu_models.py [--quick]
+
+Goals (issue: whole models on the simulated NPU), all on rngd in bf16:
+  - GPT-2-small shape (12 layers, width 768, 12 heads, seq 512): latency / roofline bound <= 1.3
+  - Llama-3.1-8B shape, one decode step at context 2048: latency / (weight + KV bytes / DRAM
+    bandwidth) <= 1.15
+  - DRAM traffic / compulsory <= 1.1 for every zoo model
+  - wall time of compile + schedule + simulate: GPT-2-small <= 30 s, the 8B decode step <= 120 s
+Prints a table and writes bench/results/npu_models.md. A benchmark reports; it never fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import fexplore  # noqa: E402
+from fexplore.models import ZOO  # noqa: E402
+from fexplore.models.gpt import gpt  # noqa: E402
+from fexplore.models.llama import LlamaDecodeStep, _build  # noqa: E402
+
+
+def _measure(name, model, inputs, *, precision="bf16", bound="roofline", goal=None):
+    t0 = time.perf_counter()
+    ex = fexplore.explore(model, inputs, target="rngd", precision=precision)
+    ex.run_all(progress=False)
+    cm = ex.result
+    t1 = time.perf_counter()
+    res = cm.simulate()
+    t2 = time.perf_counter()
+    cfg = cm.schedule.target
+    rl = res.roofline
+    if bound == "roofline":
+        b = max(rl.tensor_cycles, rl.memory_cycles)
+    else:   # decode: every weight and the KV cache read once from DRAM
+        weights = sum(int(np.prod(c.type.shape)) * c.type.dtype.numpy.itemsize for c in cm.graph.constants)
+        kv = sum(int(np.prod(v.type.shape)) * v.type.dtype.numpy.itemsize for v in cm.graph.inputs[2:])
+        b = (weights + kv) / cfg.dram_bytes_per_cycle
+    compulsory = _compulsory(cm, inputs)
+    low = cm.lowering
+    util = res.utilization
+    return {"model": name, "latency_us": res.latency_s * 1e6, "bound_us": b / cfg.clock_hz * 1e6,
+            "latency/bound": res.cycles / b if b else float("nan"), "goal": goal or "",
+            "dram_MB": res.dram_bytes / 1e6, "compulsory_MB": compulsory / 1e6,
+            "dram/compulsory": res.dram_bytes / compulsory if compulsory else float("nan"),
+            "kernels": len(low.kernels), "host_ops": len(low.host_ops),
+            "util tensor": util.get("tensor", 0), "util dma": util.get("dma", 0),
+            "util vector": util.get("vector", 0), "commands": len(cm.schedule.program.commands),
+            "compile_s": t1 - t0, "simulate_s": t2 - t1,
+            "sim cmds/s": len(cm.schedule.program.commands) / max(t2 - t1, 1e-9)}
+
+
+def _compulsory(cm, inputs) -> int:
+    """Model inputs, weights and outputs, each moved once."""
+    g = cm.graph
+    n = sum(int(np.prod(c.type.shape)) * c.type.dtype.numpy.itemsize for c in g.constants)
+    n += sum(int(np.prod(v.type.shape)) * v.type.dtype.numpy.itemsize for v in g.inputs)
+    n += sum(int(np.prod(v.type.shape)) * v.type.dtype.numpy.itemsize for v in g.outputs)
+    return n
+
+
+def gpt2_small_meta(seq=512):
+    model, (ids,) = gpt(vocab=50257, layers=12, width=768, heads=12, seq_len=seq, max_seq=1024)
+    return model.to("meta"), (ids.to("meta"),)
+
+
+def llama8b_decode_meta(context=2048, layers=32):
+    with torch.device("meta"):
+        llama = _build(128256, layers, 4096, 32, 8, context + 64, 0)
+        step = LlamaDecodeStep(llama).eval()
+        hd = 4096 // 32
+        ids = torch.zeros(1, 1, dtype=torch.long)
+        pos = torch.full((1,), context, dtype=torch.long)
+        k = torch.zeros(layers, 1, 8, context, hd)
+        v = torch.zeros(layers, 1, 8, context, hd)
+    return step, (ids, pos, k, v)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller real-size models (2 layers each)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "npu_models.md"))
+    args = ap.parse_args(argv)
+    rows = []
+    for name in sorted(ZOO):
+        torch.manual_seed(0)
+        model, inputs = ZOO[name]()
+        rows.append(_measure(f"zoo {name}", model, inputs, goal="dram/compulsory <= 1.1"))
+        print(rows[-1]["model"], f"{rows[-1]['dram/compulsory']:.2f}", flush=True)
+    model, inputs = gpt2_small_meta()
+    if args.quick:
+        model, inputs = gpt(vocab=50257, layers=2, width=768, heads=12, seq_len=512, max_seq=1024)
+        model, inputs = model.to("meta"), (inputs[0].to("meta"),)
+    rows.append(_measure("GPT-2-small shape, seq 512" + (" (2 layers)" if args.quick else ""), model, inputs,
+                         goal="latency/bound <= 1.3, <= 30 s"))
+    print(rows[-1], flush=True)
+    model, inputs = llama8b_decode_meta(layers=2 if args.quick else 32)
+    rows.append(_measure("Llama-3.1-8B shape, decode @2048" + (" (2 layers)" if args.quick else ""), model, inputs,
+                         bound="weights+kv", goal="latency/bound <= 1.15, <= 120 s"))
+    print(rows[-1], flush=True)
+
+    cols = list(rows[0])
+    lines = ["# Whole models on the simulated NPU (rngd, bf16)", "",
+             f"Machine: {platform.machine()}, {platform.python_version()}; `bench/npu_models.py"
+             f"{' --quick' if args.quick else ''}`. Real sizes on the meta device (timing only).", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
