@@ -506,8 +506,8 @@ def test_what_has_no_part_is_refused_with_the_op_named():
     b = Body()
     x = b.input("x", (1, 4, 8, 8))
     w = b.input("w", (4, 2, 3, 3))
-    node = b.region(b("relu", b("conv2d", x, w, groups=2)), kind="contraction")
-    with pytest.raises(UnsupportedRegionError, match="conv2d .*grouped"):
+    node = b.region(b("relu", b("conv2d", x, b("neg", w), groups=2)), kind="contraction")
+    with pytest.raises(UnsupportedRegionError, match="conv2d .*operand computed inside the region"):
         codegen.generate(node, "tiny")
     b = Body()
     q = b.input("q", (1, 2, 8, 4))
@@ -540,8 +540,8 @@ def test_tiles_fit_the_targets_sram(target, M, K, N, norm):
     k = gk.kernel()
     trace = k.trace(*[lang.spec(p.shape, "f32") for p in gk.params])
     assert 0 < max(trace.plan.peak) <= trace.target.sram_bytes_per_pe
-    if norm:
-        assert k.__wrapped__.__kwdefaults__["tk"] == K      # the norm needs whole rows
+    if norm:   # the norm needs whole rows: one K slab, or normalized once into a DRAM scratch first
+        assert k.__wrapped__.__kwdefaults__["tk"] == K or "fl.scratch(" in gk.source
 
 
 def test_rows_too_long_for_sram_are_refused_not_overflowed():

@@ -12,7 +12,8 @@ A kernel is composed from parts, chosen by what the region holds, never by a who
                     last-axis reductions
     contraction.py  linear / matmul / batched matmul with a prologue (activations.py: free views, a
                     slice of rows, a norm, heads merged by a permute) and an epilogue chain
-    conv.py         conv2d, any stride / padding / dilation, several per region, with an epilogue
+    conv.py         conv2d (and conv1d), any stride / padding / dilation / groups (depthwise on the
+                    vector unit), a zero pad folded in, several per region, with an epilogue
     attention.py    streaming (flash) attention: the attention op or written out, masks, causal,
                     grouped-query heads, q and k computed in the region (rotary), a KV cache
     gather.py       embedding, index, gather, index_put, scatter: DMA gathers and scatters

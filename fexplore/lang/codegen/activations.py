@@ -2,8 +2,9 @@
 
 `RowAccess`: free views (the input viewed as rows x K), or a select / slice of rows, and at most
 one norm over K (applied after the load). `PermutedAccess`: a permute and a reshape merging the
-last axes into K (attention heads merged before the output projection), contracted as one K slab
-per head and tile of D, read straight from the input's own layout.
+last axes into K (attention heads merged before the output projection; size-1 axes may come and
+go, and a reshape may come before the permute), or a permute alone; contracted as slabs of whole
+heads (or tiles of D), read straight from the input's own layout.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class RowAccess:
         g_of = {g[0]: j for j, g in enumerate(groups.groups)}
         shift = len(lead) - len(base_lead)
         spec, idx = [], []
+        last = len(groups.groups) - 1
+        # a domain of one row (every leading axis size 1): the box keeps its last axis as M's unit axis
+        m_unit = base_lead[-1] if base_lead and last not in (g_of.get(i + shift) for i in range(len(base_lead))) \
+            else None
         for a in range(len(self.base_shape) - 1):
             size = self.base_shape[a]
             if a in selected:
@@ -73,9 +78,9 @@ class RowAccess:
             i = base_lead.index(a) + shift
             s = offset.get(a, 0)
             j = g_of.get(i)
-            if j is None:    # a size-1 axis of the domain; M (the last) stays an axis of the tile
+            if j is None:    # a size-1 axis of the domain
                 spec.append(str(size))
-                idx.append(f"{s}:{s + 1}" if i == len(lead) - 1 else str(s))
+                idx.append(f"{s}:{s + 1}" if a == m_unit else str(s))
             elif j == len(groups.groups) - 1:
                 spec.append(f'"{axis_names[j]}"' if a not in offset else str(size))
                 idx.append(loop_vars[j] if not s else f"{loop_vars[j]}.start + {s}:{loop_vars[j]}.stop + {s}")
@@ -104,35 +109,43 @@ class PermutedAccess:
         outer = ["H"] if len(k_axes) == 2 else [f"H{i}" for i in range(len(k_axes) - 1)]
         self.k_names = outer + ["D"]
         self.letters = "mk"
+        self.whole_heads = False      # K = (H, D) read as slabs of whole heads (set by the tiling)
 
     @classmethod
     def of(cls, x, chain, fail):
         shape = tuple(x.type.shape)
         cur = list(range(len(shape)))   # input axis of each current axis
-        merged = None
+        merged, permuted = None, False
         for n in chain:
             op = n.op.name
             if op == "relayout":
                 continue
+            if op == "reshape" and not permuted:   # before any permute: a free view of the input
+                shape = tuple(n.outputs[0].type.shape)
+                cur = list(range(len(shape)))
+                continue
             if op == "permute" and merged is None:
+                permuted = True
                 cur = [cur[p] for p in n.attrs["perm"]]
                 continue
             if op == "reshape" and merged is None:
                 src, new = tuple(n.inputs[0].type.shape), tuple(n.outputs[0].type.shape)
-                # the last m axes merge into K; size-1 leading axes may be dropped ((1, T, H, D) -> (T, H*D))
-                m = next((m for m in range(2, len(src) + 1) if _prod(src[len(src) - m:]) == new[-1]), None)
-                keep = [i for i in range(len(src) - m) if src[i] != 1 or len(src) - m == len(new) - 1] \
-                    if m is not None else []
-                if m is None or tuple(src[i] for i in keep) != new[:-1]:
+                r = len(new) - 1
+                # the last axes merge into K; the leading ones stay, but for axes of size 1
+                # (dropped or added: a batch of one, (1, T, H, D) -> (T, H*D))
+                j = next((j for j in range(len(src) - 2, -1, -1) if _prod(src[j:]) == new[-1]), None)
+                big = [d for d in new[:r] if d != 1]
+                if j is None or [d for d in src[:j] if d != 1] != big:
                     fail(n, "a reshape of permuted activations other than merging the last axes into K")
-                merged = ([cur[i] for i in keep], cur[len(src) - m:])
+                src_big = iter(a for a, d in zip(cur[:j], src[:j]) if d != 1)
+                merged = ([next(src_big) if d != 1 else None for d in new[:r]], cur[j:])
                 continue
             fail(n, "a view of permuted activations other than a reshape merging the last axes")
-        if merged is None:
-            fail(chain[-1], "a permute of the activations without a reshape merging the last axes")
+        if merged is None:   # a permute alone: K is the axis that ends last, read in the input's layout
+            merged = (cur[:-1], cur[-1:])
         lead, k_axes = merged
-        dropped = [a for a in range(len(shape)) if a not in lead + k_axes]
-        if sorted(lead + k_axes + dropped) != list(range(len(shape))) or any(shape[a] != 1 for a in dropped):
+        used = [a for a in lead if a is not None] + k_axes
+        if len(set(used)) != len(used) or any(shape[a] != 1 for a in range(len(shape)) if a not in used):
             fail(chain[-1], "an unexpected permutation")
         return cls(shape, lead, k_axes)
 
@@ -141,12 +154,16 @@ class PermutedAccess:
 
     def k_iter(self) -> str:
         outer = [f"range({self.shape[a]})" for a in self.k_axes[:-1]]
+        if not outer:
+            return f"fl.tiles({self.inner}, tk)"
         if len(outer) == 1:
             return f"[({self.k_names[0].lower()}, ds) for {self.k_names[0].lower()} in {outer[0]} " \
                    f"for ds in fl.tiles({self.inner}, tk)]"
         return f"itertools.product({', '.join(outer)}, fl.tiles({self.inner}, tk))"
 
     def weight_index(self) -> str:
+        if len(self.k_names) == 1:
+            return "ds"
         flat = self.k_names[0].lower()
         for a, name in zip(self.k_axes[1:-1], self.k_names[1:-1]):
             flat = f"({flat} * {self.shape[a]} + {name.lower()})"
@@ -159,8 +176,16 @@ class PermutedAccess:
         big = [i for i, d in enumerate(lead) if d != 1]
         m_axis = big[-1] if big else len(lead) - 1
         group_of = {i: j for j, i in enumerate(big)} if big else {}
-        spec, idx = [None] * len(self.shape), [None] * len(self.shape)
-        for i, a in enumerate(self.lead_axes):
+        spec, idx = ["1"] * len(self.shape), ["0"] * len(self.shape)   # axes of size 1 the views drop
+        lead_axes = list(self.lead_axes)
+        if lead_axes[m_axis] is None:   # M has size 1 and no axis of its own: the box keeps a unit axis for it
+            spare = [a for a in range(len(self.shape)) if a not in lead_axes and a not in self.k_axes]
+            if not spare:
+                raise NotImplementedError("a row of activations with no axis to read it along")
+            lead_axes[m_axis] = spare[0]
+        for i, a in enumerate(lead_axes):
+            if a is None:
+                continue
             if i == m_axis:
                 j = len(axis_names) - 1
                 spec[a], idx[a] = f'"{axis_names[j]}"' if lead[i] != 1 else "1", loop_vars[j]
@@ -173,11 +198,12 @@ class PermutedAccess:
             # the contracted axis binds the weights' K in the tile, so it carries no name of its own
             spec[a] = f'"{name}"' if name != "D" else str(self.inner)
             idx[a] = name.lower() if name != "D" else "ds"
-        for a in range(len(self.shape)):   # size-1 axes the view dropped
-            if spec[a] is None:
-                spec[a], idx[a] = "1", "0"
-        m_in = self.lead_axes[m_axis]
+        m_in = lead_axes[m_axis]
         self.letters = "mk" if m_in < self.k_axes[-1] else "km"
+        if self.whole_heads:
+            h_axis, d_axis = self.k_axes
+            spec[h_axis], idx[h_axis], idx[d_axis] = str(self.shape[h_axis]), "hs", ":"
+            self.letters = "".join(c for _, c in sorted([(m_in, "m"), (h_axis, "h"), (d_axis, "k")]))
         return spec, idx
 
 

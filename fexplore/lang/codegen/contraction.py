@@ -3,8 +3,15 @@ prologue on its activations (free views, a slice or select of rows, a layer or R
 epilogue chain on its result (bias, any elementwise op, residual adds, scaling, casts; a sibling
 contraction over the same activations, as in SwiGLU, shares the loop and gets its own accumulator).
 
+The right operand is a region input read through free views: a cast (applied after the load) or a
+transpose of its last two axes (a tied lm_head, k^T: the same box, the contraction told n comes
+before k).
+
 Output tiles (tm x tn) go round-robin to the PEs; the K loop is double buffered. A norm prologue
-needs whole rows of the activations, so then a K slab is the whole of K. The epilogue runs on the
+needs whole rows of the activations: with one or two N tiles a K slab is the whole of K and the
+norm runs per tile; with more, the rows are normalized once (a row tile per PE) into a DRAM
+scratch that a plain K loop then reads, rather than once per N tile. Heads merged into K
+(PermutedAccess) are read as slabs of whole heads, a two-axis contraction 'hmk,nhk->mn'. The epilogue runs on the
 vector unit straight off the accumulators, one line per IR node (`vector.VectorEmitter`).
 """
 
@@ -73,23 +80,36 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     permuted = PermutedAccess.of(x_in, chain, fail) if any(n.op.name == "permute" for n in chain) else None
     access = permuted or RowAccess.of(x_in, chain, a_val, fail)
     # -- the weights: region inputs, through identity views ---------------------------------------
-    weights = []
+    # (a cast, or a transpose of the last two axes: a weight tied to an embedding, k^T, x^T x, is
+    # read through a box in its own layout, the contraction told that it holds n before k)
+    weights, w_views = [], set()
     for c in cons:
-        wv = c.inputs[1]
-        while wv.name in producer and producer[wv.name].op.name == "relayout":
-            wv = producer[wv.name].inputs[0]
+        wv, transposed, casts = c.inputs[1], False, 0
+        while wv.name in producer and producer[wv.name].op.name in ("relayout", "cast", "permute"):
+            p = producer[wv.name]
+            if p.op.name == "permute":
+                perm, r = list(p.attrs["perm"]), p.inputs[0].type.rank
+                if r < 2 or perm != list(range(r - 2)) + [r - 1, r - 2]:
+                    fail(p, "a permute of the weights other than a transpose of the last two axes")
+                transposed = not transposed
+            casts += p.op.name == "cast"
+            if casts > 1:
+                fail(p, "two casts of the weights")
+            w_views.add(id(p))
+            wv = p.inputs[0]
         if wv.name not in body_inputs or wv.name in inputs.literals:
-            fail(c, "weights computed inside the region (a transposed or sliced weight)")
+            fail(c, "weights computed inside the region (other than a cast or a transpose of a region input)")
         bias = c.inputs[2] if len(c.inputs) == 3 else None
         if bias is not None and bias.name not in body_inputs:
             fail(c, "a bias computed inside the region")
-        weights.append((wv, bias))
-    prologue = {id(n) for n in chain} | ({id(producer[first.inputs[0].name])} if a_val is not first.inputs[0] else set())
+        weights.append((wv, bias, transposed))
+    prologue = {id(n) for n in chain} | w_views | \
+        ({id(producer[first.inputs[0].name])} if a_val is not first.inputs[0] else set())
     epilogue = [n for n in body.nodes if id(n) not in prologue and n.op.name not in CONTRACTIONS]
     for n in epilogue:
         if n.op.name not in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
             fail(n, "in a contraction's epilogue (elementwise ops are handled)")
-    in_prologue = {v.name for n in chain for v in n.outputs} | {first.inputs[0].name}
+    in_prologue = {v.name for n in body.nodes if id(n) in prologue for v in n.outputs} | {first.inputs[0].name}
     for o in body.outputs:
         if o.name in in_prologue:
             fail(producer[o.name], "a prologue value leaves the region")
@@ -137,10 +157,13 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     norm = next((n for n in chain if n.op.name in ("layer_norm", "rms_norm")), None)
     tm, tn, tk = matmul_tiles(M, N, K, max(dt.itemsize, 1), cfg, dt.name, STAGES)
     budget = cfg.sram_bytes_per_pe // 2
+    tk0 = tk
     if norm is not None:
         tk = K
     if permuted is not None:
-        tk = min(tk, permuted.inner)
+        # heads merged into K: a slab of whole heads (several per load when D is small) when the
+        # tile allows, else tiles of D within one head
+        tk = max(tk, permuted.inner) if len(permuted.k_names) == 2 else min(tk, permuted.inner)
     nb = len(cons)
 
     def footprint(tm, tn, tk):
@@ -161,9 +184,17 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         fail(norm, "a norm over permuted activations")
     if footprint(tm, tn, tk) > budget:
         fail(norm or first, f"rows of {K} activations do not fit one PE's SRAM on {cfg.name}")
+    # a norm prologue with several N tiles: normalized once per row tile into a DRAM scratch (bf16
+    # when the operands are), then a plain K loop over it, instead of once per (row, N) tile
+    staged = norm is not None and -(-N // tn) > 2
+    if staged:
+        tk = min(tk0, K)
+    if permuted is not None:
+        permuted.whole_heads = len(permuted.k_names) == 2 and tk >= permuted.inner
+        tk = tk // permuted.inner * permuted.inner if permuted.whole_heads else min(tk, permuted.inner)
 
     # -- parameters ------------------------------------------------------------------------------------
-    names = Names({"tm", "tn", "tk", "stages", "ms", "ns", "ks", "ds", "h", "itertools", "b",
+    names = Names({"tm", "tn", "tk", "stages", "rows", "ms", "ns", "ks", "ds", "h", "hs", "itertools", "b",
                    *(f"b{i}" for i in range(8)), *(f"h{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
@@ -201,21 +232,31 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             norm_params.append(add_param(g, (K,), ['"K"']))
     # weights and biases
     w_boxes, b_names = [], []
-    for (wv, bias), c in zip(weights, cons):
+    for (wv, bias, transposed), c in zip(weights, cons):
         a_letters = permuted.letters if permuted is not None else "mk"
-        w_k = permuted.weight_index() if permuted is not None else k_idx
-        if is_linear:
-            wn = add_param(wv, (N, K), ['"N"', '"K"'])
-            w_boxes.append((f"{wn}[ns, {w_k}]", f"{a_letters},nk->mn"))
-        elif not batched_b:
-            wn = add_param(wv, (K, N), ['"K"', '"N"'])
-            w_boxes.append((f"{wn}[{w_k}, ns]", f"{a_letters},kn->mn"))
+        w_k = permuted.weight_index() if permuted is not None else ("ks" if staged else k_idx)
+        nk = is_linear != transposed    # the weights' own layout holds n before k
+        tail, tail_spec, tail_idx = ((N, K), ['"N"', '"K"'], ["ns", w_k]) if nk else \
+            ((K, N), ['"K"', '"N"'], [w_k, "ns"])
+        letters = "nk" if nk else "kn"
+        if permuted is not None and permuted.whole_heads:   # K viewed as (heads, D): a slab of heads
+            hd = (permuted.shape[permuted.k_axes[0]], permuted.inner)
+            hd_spec, hd_idx = [str(hd[0]), str(hd[1])], ["hs", ":"]
+            tail, tail_spec, tail_idx = ((N, *hd), ['"N"', *hd_spec], ["ns", *hd_idx]) if nk else \
+                ((*hd, N), [*hd_spec, '"N"'], [*hd_idx, "ns"])
+            letters = "nhk" if nk else "hkn"
+        if not batched_b:
+            wn = add_param(wv, tail, tail_spec)
+            box = f"{wn}[{', '.join(tail_idx)}]"
         else:
             view = groups.view(b_pat)[:-1] + (1,)
             sp, k0 = group_spec(view[:-1])
             idx = group_index(view[:-1], k0)
-            wn = add_param(wv, trimmed(view[:-1], (K, N), sizes[:-1]), sp + ['"K"', '"N"'])
-            w_boxes.append((f"{wn}[{', '.join(idx + [k_idx, 'ns'])}]", "mk,kn->mn"))
+            wn = add_param(wv, trimmed(view[:-1], tail, sizes[:-1]), sp + tail_spec)
+            box = f"{wn}[{', '.join(idx + tail_idx)}]"
+            a_letters = "mk"
+        w_boxes.append((cast_to(f"fl.load({box})", wv.type.dtype, c.inputs[1].type.dtype),
+                        f"{a_letters},{letters}->mn"))
         b_names.append(add_param(bias, (N,), ['"N"']) if bias is not None else None)
     # epilogue operands
     epi_boxes = {}
@@ -247,14 +288,37 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             results.append(Result(i, tuple(node.outputs[i].type.shape)))
             w(f'{oname} = fl.output(({", ".join(axis_names)}, N), {fl_dtype(o.type.dtype)}, '
               f'axes="{" ".join(axis_names)} N")')
-        grid = ", ".join([f"range({a})" for a in outer_names[:len(sizes) - 1]] +
-                         ["fl.tiles(M, tm)", "fl.tiles(N, tn)"])
+        outer_grid = [f"range({a})" for a in outer_names[:len(sizes) - 1]]
+        if staged:
+            xn = names.new(x_in.name + "_normed").upper()
+            w(f"# the {norm.op.name} once per row tile, into DRAM: each of the N tiles reads it back")
+            w(f'{xn} = fl.scratch(({", ".join(axis_names)}, K), {fl_dtype(op_dt)}, axes="{" ".join(axis_names)} K")')
+            w("rows = min(tm, -(-M // fl.num_pes()))   # a row tile per PE: the norm is vector work")
+            w(f"for {', '.join(loop_vars)} in fl.parallel({', '.join(outer_grid + ['fl.tiles(M, rows)'])}, "
+              f"stages=stages):")
+            with w.indent():
+                emit = vector.VectorEmitter(w, names, label, axis='"K"')
+                xt = names.new(x_in.name + "_t")
+                w(f"{xt} = fl.load({x_box})")
+                ptiles = []
+                for pn in norm_params:
+                    t = names.new(pn + "_t")
+                    w(f"{t} = fl.load({pn}[:])")
+                    ptiles.append(t)
+                a_tile = emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1)
+                w(f"fl.store({xn}[{', '.join(loop_vars)}, :], "
+                  f"{cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)})")
+            x_box = f"{xn}[{', '.join(loop_vars)}, ks]"
+            x_dt = op_dt
+        else:
+            x_dt = x_in.type.dtype
+        grid = ", ".join(outer_grid + ["fl.tiles(M, tm)", "fl.tiles(N, tn)"])
         w(f"for {', '.join(loop_vars + ['ns'])} in fl.parallel({grid}, stages=stages):")
         with w.indent():
             tiles: dict[str, str] = dict(inputs.literals)
             accs = [names.new("acc") for _ in cons]
             emit = vector.VectorEmitter(w, names, label, axis='"K"')
-            if norm is not None:
+            if norm is not None and not staged:
                 xt = names.new(x_in.name + "_t")
                 w(f"{xt} = fl.load({x_box})   # whole rows: the {norm.op.name} needs them")
                 ptiles = []
@@ -268,10 +332,17 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                     w(f"{a_tile_c} = {cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)}")
                     a_tile = a_tile_c
                 for acc, (wb, spec) in zip(accs, w_boxes):
-                    w(f'{acc} = fl.contract("{spec}", {a_tile}, fl.load({wb}))')
+                    w(f'{acc} = fl.contract("{spec}", {a_tile}, {wb})')
             else:
                 w(f"{' = '.join(accs)} = None")
-                if permuted is not None:
+                if permuted is not None and permuted.whole_heads:
+                    w(f"# K = H x D: slabs of whole heads, read straight from %{x_in.name}'s layout")
+                    w(f"for hs in fl.range(fl.tiles({permuted.shape[permuted.k_axes[0]]}, "
+                      f"max(1, tk // {permuted.inner})), stages=stages):")
+                elif permuted is not None and len(permuted.k_names) == 1:
+                    w(f"# the activations are a permute of %{x_in.name}: K tiles read straight from its layout")
+                    w(f"for ds in fl.range({permuted.k_iter()}, stages=stages):")
+                elif permuted is not None:
                     w(f"# K = {' x '.join(permuted.k_names)}: one slab per {', '.join(permuted.k_names[:-1])} "
                       f"and tile of {permuted.k_names[-1]}, read straight from %{x_in.name}'s layout")
                     w(f"for {permuted.k_loop_vars()} in fl.range({permuted.k_iter()}, stages=stages):")
@@ -280,13 +351,13 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                 with w.indent():
                     if len(cons) == 1:
                         wb, spec = w_boxes[0]
-                        a = cast_to(f"fl.load({x_box})", x_in.type.dtype, op_dt)
-                        w(f'{accs[0]} = fl.contract("{spec}", {a}, fl.load({wb}), acc={accs[0]})')
+                        a = cast_to(f"fl.load({x_box})", x_dt, op_dt)
+                        w(f'{accs[0]} = fl.contract("{spec}", {a}, {wb}, acc={accs[0]})')
                     else:
                         xt = names.new(x_in.name + "_t")
-                        w(f"{xt} = {cast_to(f'fl.load({x_box})', x_in.type.dtype, op_dt)}")
+                        w(f"{xt} = {cast_to(f'fl.load({x_box})', x_dt, op_dt)}")
                         for acc, (wb, spec) in zip(accs, w_boxes):
-                            w(f'{acc} = fl.contract("{spec}", {xt}, fl.load({wb}), acc={acc})')
+                            w(f'{acc} = fl.contract("{spec}", {xt}, {wb}, acc={acc})')
             # the contractions' values (+ bias), then the epilogue
             emit.axis = '"N"'
             for c, acc, bn in zip(cons, accs, b_names):

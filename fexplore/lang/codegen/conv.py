@@ -1,7 +1,9 @@
-"""The convolution kernel: conv2d (NCHW, OIHW; any stride, padding, dilation; groups 1) as a
-contraction over the channels per kernel offset, with an elementwise epilogue (bias, activation,
-residual add; several convolutions of one output shape, e.g. a residual block's shortcut, each
-with its own accumulator).
+"""The convolution kernel: conv2d (NCHW, OIHW; any stride, padding, dilation and groups; a conv1d
+arrives as a conv2d of height 1) as a contraction over the channels per kernel offset, with an
+elementwise epilogue (bias, activation, residual add; several convolutions of one output shape,
+e.g. a residual block's shortcut, each with its own accumulator). A zero `pad` of the input inside
+the region is folded into the convolution's own padding (top/left shift the offsets; bottom/right
+only make the output larger, which its shape already says).
 
 out[b, o, p, q] = sum over (kh, kw, c) of x[b, c, p*s + kh*d - pad, q*s + kw*d - pad] * w[o, c, kh, kw]
 
@@ -10,13 +12,24 @@ box of x: unit-stride after viewing x as (B, C, H/s, s, W/s, s) (a free reshape)
 p*s + r is (p + r // s, r % s). Padding needs no padded copy: output rows and columns are cut into
 bands at the points where an offset starts or stops reading inside the image, so within a band
 each offset reads wholly inside (it contributes) or wholly in the zero padding (it is skipped).
+
+A stride that does not divide the input (a 37-pixel image, stride 2: the last window is partial)
+has no such free view; along that axis the bands are one output row (or column) wide, so each
+offset reads a box of one row, x[..., p*s + r : p*s + r + 1, ...]: correct, and priced honestly
+(more, smaller DMA and tensor-unit commands).
+
+Groups: output channels are tiled inside a group, and the tile reads its group's input channels.
+A depthwise convolution (one input channel per group, one output per group) would give the tensor
+unit a contraction of length 1, so it runs on the vector unit instead, as a real compiler would:
+a multiply-accumulate of the window, `to` channels at a time.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from fexplore.ir import Node
+from fexplore.ir import DType, Node, Value
 from fexplore.lang.examples._tiling import big_tile
 
 from . import vector
@@ -39,7 +52,34 @@ def taps(band, n, k, stride, dilation, pad):
     """The kernel offsets that read inside the input (size n) for every output row of `band`."""
     return [t for t in range(k)
             if band.start * stride + t * dilation - pad >= 0 and (band.stop - 1) * stride + t * dilation - pad < n]
+
+
+def group_tiles(groups, per_group, size):
+    """Tiles of the output channels that stay inside one group (`per_group` channels each)."""
+    return [slice(g * per_group + i, g * per_group + min(i + size, per_group))
+            for g in range(groups) for i in range(0, per_group, size)]
 '''
+
+
+@dataclass
+class _Conv:
+    """One conv2d of the region, with the region inputs it reads and its geometry."""
+
+    node: Node
+    x: Value            # the region input read as the convolution's input (before a folded pad)
+    x_shape: tuple      # its (B, C, H, W): a reshape of it is a free view (a conv1d's added height)
+    w: Value
+    bias: Value | None
+    stride: tuple[int, int]
+    pad: tuple[int, int]        # top and left: the conv's own padding plus a folded pad's
+    dilation: tuple[int, int]
+    groups: int
+    split: tuple[bool, bool]    # the stride divides the input along this axis: read through a free view
+
+    @property
+    def depthwise(self) -> bool:
+        C, O = self.x_shape[1], self.w.type.shape[0]
+        return self.groups > 1 and self.groups == C == O
 
 
 def generate_conv(node: Node, cfg) -> GeneratedKernel:
@@ -52,62 +92,89 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     def fail(n, why):
         raise UnsupportedRegionError(n.op.name, label, why, loc=n.loc, node=n)
 
-    def source(v, n):
-        while v.name in producer and producer[v.name].op.name in ("relayout", "cast"):
-            if producer[v.name].op.name == "cast":
-                casts.add(id(producer[v.name]))
-            v = producer[v.name].inputs[0]
+    folded: set = set()   # operand casts (the precision stage's, applied after the load) and zero pads
+
+    def source(v, n, pads=None):
+        reshaped = False
+        while v.name in producer and producer[v.name].op.name in ("relayout", "cast", "pad", "reshape"):
+            p = producer[v.name]
+            if p.op.name == "reshape":
+                reshaped = True
+            elif p.op.name == "pad":
+                if reshaped:
+                    fail(p, "a pad before a reshape into a convolution's input")
+                if pads is None:
+                    fail(p, "a pad of a convolution's weights")
+                pp = list(p.attrs["pads"]) + [0] * (4 - len(p.attrs["pads"]))
+                if float(p.attrs["value"]) != 0.0 or any(pp[4:]) or p.inputs[0].type.rank != 4:
+                    fail(p, "a pad before a convolution other than zeros around the image")
+                pads[0] += pp[2]
+                pads[1] += pp[0]
+                pads_hw[0].append(pp[2] + pp[3])
+                pads_hw[1].append(pp[0] + pp[1])
+            folded.add(id(p))
+            v = p.inputs[0]
         if v.name not in body_inputs or v.name in inputs.literals:
-            fail(n, "a convolution operand computed inside the region")
+            fail(n, "a convolution operand computed inside the region (only casts, relayouts and zero "
+                    "pads are folded)")
         return v
 
-    casts: set = set()   # operand casts (the precision stage's): applied after the load
     convs = [n for n in body.nodes if n.op.name == "conv2d"]
     out_shape = tuple(convs[0].outputs[0].type.shape)
-    specs = []
+    specs: list[_Conv] = []
     for c in convs:
-        if c.attrs["groups"] != 1:
-            fail(c, f"a grouped convolution (groups={c.attrs['groups']})")
         if tuple(c.outputs[0].type.shape) != out_shape:
             fail(c, "convolutions of different output shapes in one region")
-        x, w = source(c.inputs[0], c), source(c.inputs[1], c)
+        pads, pads_hw = [0, 0], ([], [])
+        x, w = source(c.inputs[0], c, pads), source(c.inputs[1], c)
         bias = source(c.inputs[2], c) if len(c.inputs) == 3 else None
-        (sh, sw), (ph, pw), (dh, dw) = c.attrs["stride"], c.attrs["padding"], c.attrs["dilation"]
-        B, C, H, W = x.type.shape
-        if (sh > 1 and H % sh) or (sw > 1 and W % sw):
-            fail(c, f"a stride {sh}x{sw} that does not divide the input {H}x{W}")
+        if w.type.shape != c.inputs[1].type.shape:
+            fail(c, "reshaped convolution weights")
+        (sh, sw), (ph, pw) = c.attrs["stride"], c.attrs["padding"]
+        B, C, Hp, Wp = c.inputs[0].type.shape
+        H, W = Hp - sum(pads_hw[0]), Wp - sum(pads_hw[1])
         if c.inputs[0].type.dtype != c.inputs[1].type.dtype:
             fail(c, "input and weights of different dtypes")
-        specs.append((c, x, w, bias))
+        specs.append(_Conv(c, x, (B, C, H, W), w, bias, (sh, sw), (ph + pads[0], pw + pads[1]), tuple(c.attrs["dilation"]),
+                           c.attrs["groups"], (sh == 1 or H % sh == 0, sw == 1 or W % sw == 0)))
+    if len({(s.groups, s.depthwise) for s in specs}) > 1:
+        fail(convs[1], "convolutions of different groups in one region")
+    groups, depthwise = specs[0].groups, specs[0].depthwise
     used = {id(c) for c in convs}
     epilogue = []
     for n in body.nodes:
-        if id(n) in used or id(n) in casts or n.op.name == "relayout" and n.inputs[0].name in body_inputs:
+        if id(n) in used or id(n) in folded or n.op.name == "relayout" and n.inputs[0].name in body_inputs:
             continue
         if n.op.name not in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
             fail(n, "in a convolution's epilogue (elementwise ops are handled)")
         epilogue.append(n)
     Bo, O, P, Q = out_shape
+    Og = O // groups
 
     # bands of output rows and columns, cut where an offset starts or stops reading the image
     rcuts, ccuts = set(), set()
-    for c, x, w, _ in specs:
-        (sh, sw), (ph, pw), (dh, dw) = c.attrs["stride"], c.attrs["padding"], c.attrs["dilation"]
-        H, W = x.type.shape[2:]
-        for t in range(w.type.shape[2]):
+    for sp in specs:
+        (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
+        H, W = sp.x_shape[2:]
+        for t in range(sp.w.type.shape[2]):
             rcuts |= {math.ceil((ph - t * dh) / sh), math.ceil((H + ph - t * dh) / sh)}
-        for t in range(w.type.shape[3]):
+        for t in range(sp.w.type.shape[3]):
             ccuts |= {math.ceil((pw - t * dw) / sw), math.ceil((W + pw - t * dw) / sw)}
     rcuts = sorted(c for c in rcuts if 0 < c < P)
     ccuts = sorted(c for c in ccuts if 0 < c < Q)
-    Cmax = max(x.type.shape[1] for _, x, _, _ in specs)
-    rows, to = max(1, big_tile(cfg) // Q), min(O, big_tile(cfg))
-    rows = min(rows, P)
-    while Bo * math.ceil(P / rows) * math.ceil(O / to) < cfg.num_pes and rows > 1:
+    Cmax = max(sp.x_shape[1] // sp.groups for sp in specs)
+    one_row = not all(sp.split[0] for sp in specs)      # a stride that does not divide the height
+    one_col = not all(sp.split[1] for sp in specs)
+    cols = 1 if one_col else Q
+    rows, to = max(1, big_tile(cfg) // cols), min(Og, big_tile(cfg))
+    rows = 1 if one_row else min(rows, P)
+    while Bo * math.ceil(P / rows) * groups * math.ceil(Og / to) < cfg.num_pes and rows > 1:
         rows //= 2
 
     def footprint(r, t):
-        return (2 * STAGES * (Cmax * r * Q + t * Cmax) * len(specs) + 2 * t * r * Q * (len(specs) + 1 + len(epilogue))) * 4
+        channels = 1 if depthwise else Cmax
+        return (2 * STAGES * (channels * r * cols + t * channels) * len(specs) +
+                2 * t * r * cols * (len(specs) + 1 + len(epilogue))) * 4
 
     while footprint(rows, to) > cfg.sram_bytes_per_pe // 2 and (rows > 1 or to > 4):
         if rows > 1:
@@ -117,27 +184,30 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     if footprint(rows, to) > cfg.sram_bytes_per_pe // 2:
         fail(convs[0], f"one output row of {Q} columns does not fit one PE's SRAM on {cfg.name}")
 
-    names = Names({"bands", "taps", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh", "kw", "r", "rp", "c",
-                   "cp"})
+    names = Names({"bands", "taps", "group_tiles", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh", "kw", "r",
+                   "rp", "c", "cp", "c0", "xt", "wt"})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, inputs)
     add_param = sig.add
 
     conv_params = []
-    for i, (c, x, w, bias) in enumerate(specs):
+    for i, sp in enumerate(specs):
         cname = '"C"' if i == 0 else f'"C{i}"'   # each convolution contracts its own channels
-        B, C, H, W = x.type.shape
-        (sh, sw) = c.attrs["stride"]
-        if sh > 1 or sw > 1:
-            xshape = (B, C, H // sh, sh, W // sw, sw)
-            xspec = ['"B"', cname, str(H // sh), str(sh), str(W // sw), str(sw)]
+        B, C, H, W = sp.x_shape
+        xshape, xspec = [B, C], ['"B"', cname]
+        for n, s, split in ((H, sp.stride[0], sp.split[0]), (W, sp.stride[1], sp.split[1])):
+            dims = (n // s, s) if s > 1 and split else (n,)
+            xshape += dims
+            xspec += [str(d) for d in dims]
+        xn = add_param(sp.x, tuple(xshape), xspec)
+        O_, Cg, KH, KW = sp.w.type.shape
+        if depthwise:   # (O, 1, KH, KW) viewed as (O, KH, KW, 1, 1): a tap is a column of weights per channel
+            wn = add_param(sp.w, (O_, KH, KW, 1, 1), ['"O"', str(KH), str(KW), "1", "1"])
         else:
-            xshape, xspec = (B, C, H, W), ['"B"', cname, str(H), str(W)]
-        xn = add_param(x, xshape, xspec)
-        wn = add_param(w, w.type.shape, ['"O"', cname, str(w.type.shape[2]), str(w.type.shape[3])])
-        bn = add_param(bias, (O, 1, 1), ['"O"', "1", "1"]) if bias is not None else None
-        conv_params.append((c, x, w, xn, wn, bn))
+            wn = add_param(sp.w, sp.w.type.shape, ['"O"', cname if groups == 1 else str(Cg), str(KH), str(KW)])
+        bn = add_param(sp.bias, (O, 1, 1), ['"O"', "1", "1"]) if sp.bias is not None else None
+        conv_params.append((sp, xn, wn, bn))
     epi_boxes = {}
     for n in epilogue:
         for v in n.inputs:
@@ -170,33 +240,55 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             w_(f'{on} = fl.output((B, O, P, Q), {fl_dtype(o.type.dtype)}, axes="B O P Q")')
         w_(f"# output rows and columns in bands: in each, a kernel offset reads all inside the input or "
            f"all in the padding")
+        otiles = "fl.tiles(O, to)" if groups == 1 or depthwise else f"group_tiles({groups}, {Og}, to)"
         w_(f"for b, ps, qs, os_ in fl.parallel(range(B), bands(P, {tuple(rcuts)}, rows), "
-           f"bands(Q, {tuple(ccuts)}, Q), fl.tiles(O, to), stages=stages):")
+           f"bands(Q, {tuple(ccuts)}, {'1' if one_col else 'Q'}), {otiles}, stages=stages):")
         with w_.indent():
             tiles = dict(inputs.literals)
-            for c, x, w, xn, wn, bn in conv_params:
+            if groups > 1 and not depthwise:
+                Cg = specs[0].w.type.shape[1]
+                w_(f"c0 = os_.start // {Og} * {Cg}   # the group's first input channel")
+            for sp, xn, wn, bn in conv_params:
+                c = sp.node
                 acc = names.new("acc")
-                (sh, sw), (ph, pw), (dh, dw) = c.attrs["stride"], c.attrs["padding"], c.attrs["dilation"]
-                B, C, H, W = x.type.shape
-                KH, KW = w.type.shape[2:]
+                (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
+                B, C, H, W = sp.x_shape
+                KH, KW = sp.w.type.shape[2:]
                 w_(f"{acc} = None")
                 w_(f"for kh, kw in fl.range([(kh, kw) for kh in taps(ps, {H}, {KH}, {sh}, {dh}, {ph}) "
                    f"for kw in taps(qs, {W}, {KW}, {sw}, {dw}, {pw})], stages=stages):")
                 with w_.indent():
-                    if sh > 1 or sw > 1:
-                        w_(f"r, rp = divmod({_offset('kh', dh, ph)}, {sh})   # input row of output row p: "
-                           f"{sh} * (p + r) + rp")
-                        w_(f"c, cp = divmod({_offset('kw', dw, pw)}, {sw})")
-                        box = f"{xn}[b, :, ps.start + r:ps.stop + r, rp, qs.start + c:qs.stop + c, cp]"
+                    boxes = []
+                    for var, band, s, d, pad, split in (("r", "ps", sh, dh, ph, sp.split[0]),
+                                                        ("c", "qs", sw, dw, pw, sp.split[1])):
+                        off = _offset("kh" if var == "r" else "kw", d, pad)
+                        if s == 1:
+                            w_(f"{var} = {off}")
+                            boxes.append(f"{band}.start + {var}:{band}.stop + {var}")
+                        elif split:
+                            what = "row" if var == "r" else "column"
+                            w_(f"{var}, {var}p = divmod({off}, {s})   # input {what} of output {what} p: "
+                               f"{s} * (p + {var}) + {var}p")
+                            boxes.append(f"{band}.start + {var}:{band}.stop + {var}, {var}p")
+                        else:   # the stride does not divide the input: a band is one row (column) wide
+                            w_(f"{var} = {band}.start * {s} + {off}")
+                            boxes.append(f"{var}:{var} + 1")
+                    channels = "os_" if depthwise else (":" if groups == 1 else f"c0:c0 + {C // groups}")
+                    box = f"{xn}[b, {channels}, {', '.join(boxes)}]"
+                    if depthwise:   # the vector unit: f32 multiply-accumulate over the window
+                        # operands rounded to the convolution's operand dtype first, as the tensor unit would
+                        xdt, wdt = c.inputs[0].type.dtype, c.inputs[1].type.dtype
+                        patch = cast_to(cast_to(f"fl.load({box})", sp.x.type.dtype, xdt), xdt, DType.f32)
+                        wt = cast_to(cast_to(f"fl.load({wn}[os_, kh, kw])", sp.w.type.dtype, wdt), wdt, DType.f32)
+                        w_(f"xt, wt = {patch}, {wt}")
+                        w_(f"{acc} = xt * wt if {acc} is None else {acc} + xt * wt")
                     else:
-                        w_(f"r, c = {_offset('kh', dh, ph)}, {_offset('kw', dw, pw)}")
-                        box = f"{xn}[b, :, ps.start + r:ps.stop + r, qs.start + c:qs.stop + c]"
-                    patch = cast_to(f"fl.load({box})", x.type.dtype, c.inputs[0].type.dtype)
-                    wt = cast_to(f"fl.load({wn}[os_, :, kh, kw])", w.type.dtype, c.inputs[1].type.dtype)
-                    w_(f'{acc} = fl.contract("cpq,oc->opq", {patch}, {wt}, acc={acc})')
+                        patch = cast_to(f"fl.load({box})", sp.x.type.dtype, c.inputs[0].type.dtype)
+                        wt = cast_to(f"fl.load({wn}[os_, :, kh, kw])", sp.w.type.dtype, c.inputs[1].type.dtype)
+                        w_(f'{acc} = fl.contract("cpq,oc->opq", {patch}, {wt}, acc={acc})')
                 w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
                 with w_.indent():
-                    w_(f"{acc} = fl.zeros((os_, ps, qs), space=fl.ACC)")
+                    w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
                 val = acc
                 if bn is not None:
                     bt = names.new(bn + "_t")
@@ -221,7 +313,9 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             for o, on in zip(body.outputs, onames):
                 w_(f"fl.store({on}[b, os_, ps, qs], {tiles[o.name]})")
         w_(f"return {', '.join(onames)}")
-    parts = ("convolution", "epilogue") if epilogue or any(s[3] for s in specs) else ("convolution",)
+    parts = ("convolution", "epilogue") if epilogue or any(sp.bias for sp in specs) else ("convolution",)
+    if depthwise:
+        parts = ("depthwise",) + parts[1:]
     return GeneratedKernel(fname, "convolution", w_.text(), cfg, tuple(sig.params), tuple(results), parts)
 
 

@@ -1,0 +1,143 @@
+"""Contraction and convolution shapes that real models hold and that once went to the host:
+grouped and depthwise convolutions, strides that do not divide the image, a pad and a conv1d
+folded into the kernel, weights tied to an embedding or transposed in the region, two matmuls in
+a row, sizes that do not divide the tensor tile, a batch of one. Each compiles with every
+contraction or convolution as a generated kernel, and every stage verifies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fexplore
+
+GRID = [(t, p) for t in ("rngd", "tiny") for p in ("fp32", "bf16")]
+
+
+class Depthwise(nn.Module):        # ConvNeXt's 7x7 depthwise conv, then an activation
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(16, 16, 7, padding=3, groups=16)
+
+    def forward(self, x):
+        return F.gelu(self.c(x))
+
+
+class Grouped(nn.Module):          # groups=4 with a stride, 2 output channels per input channel
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(16, 32, 3, padding=1, groups=4, stride=2)
+
+    def forward(self, x):
+        return self.c(x)
+
+
+class OddStride(nn.Module):        # a 37x37 image, stride 2: the last window is partial
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3, stride=2)
+
+    def forward(self, x):
+        return self.c(x)
+
+
+class PadThenConv(nn.Module):      # "same" padding written as a pad before the conv
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(4, 8, 3, stride=2)
+
+    def forward(self, x):
+        return self.c(F.pad(x, (0, 1, 0, 1)))
+
+
+class PositionalConv1d(nn.Module):  # Wav2Vec2's positional conv: a grouped conv1d
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv1d(16, 16, 5, padding=2, groups=4)
+
+    def forward(self, x):
+        return F.gelu(self.c(x))
+
+
+class TiedHead(nn.Module):         # lm_head tied to the embedding table
+    def __init__(self):
+        super().__init__()
+        self.e = nn.Embedding(50, 24)
+        self.ln = nn.LayerNorm(24)
+
+    def forward(self, i):
+        return self.ln(self.e(i)) @ self.e.weight.t()
+
+
+class TransposedRight(nn.Module):  # x @ y^T with y an activation (attention-like, no softmax)
+    def forward(self, x, y):
+        return x @ y.transpose(-1, -2) * 0.5
+
+
+class TwoMatmuls(nn.Module):       # two matmuls in a row, odd sizes
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(20, 37)
+        self.b = nn.Linear(37, 13)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class HeadsMerged(nn.Module):      # GPT-2's output projection: (1, H, T, D) -> (T, H*D) @ W
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(24, 24) * 0.2)
+
+    def forward(self, a):
+        return a.permute(0, 2, 1, 3).reshape(a.shape[2], -1) @ self.w
+
+
+CASES = {
+    "depthwise": (Depthwise, lambda: (torch.randn(1, 16, 13, 13),)),
+    "groups4": (Grouped, lambda: (torch.randn(2, 16, 11, 11),)),
+    "odd_stride": (OddStride, lambda: (torch.randn(1, 3, 37, 37),)),
+    "pad_then_conv": (PadThenConv, lambda: (torch.randn(1, 4, 15, 15),)),
+    "conv1d_grouped": (PositionalConv1d, lambda: (torch.randn(1, 16, 33),)),
+    "tied_lm_head": (TiedHead, lambda: (torch.randint(0, 50, (1, 7)),)),
+    "transposed_right": (TransposedRight, lambda: (torch.randn(2, 9, 20), torch.randn(2, 11, 20))),
+    "two_matmuls": (TwoMatmuls, lambda: (torch.randn(1, 9, 20),)),
+    "heads_merged": (HeadsMerged, lambda: (torch.randn(1, 4, 5, 6),)),
+}
+
+
+@pytest.mark.parametrize("target,precision", GRID)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_contraction_and_convolution_gaps_are_generated_kernels(case, target, precision):
+    make, inputs = CASES[case]
+    torch.manual_seed(0)
+    model = make().eval()
+    cm = fexplore.compile(model, inputs(), target=target, precision=precision)
+    low = cm.stages[-1].lowering
+    host = [(x.op, x.reason) for x in low.host_ops if x.op != "embedding"]   # the gather is another part
+    assert not host, host
+    kinds = {k.kernel.kind for k in low.kernels}
+    assert kinds & {"contraction", "convolution"}, kinds
+    assert cm.verification["ok"].all(), cm.verification
+
+
+def test_a_depthwise_convolution_runs_on_the_vector_unit():
+    torch.manual_seed(0)
+    cm = fexplore.compile(Depthwise().eval(), (torch.randn(1, 16, 13, 13),), target="rngd", verify=False)
+    gk = next(k.kernel for k in cm.stages[-1].lowering.kernels if k.kernel.kind == "convolution")
+    assert gk.parts[0] == "depthwise" and "fl.contract" not in gk.source
+
+
+def test_a_weight_permute_other_than_a_transpose_is_refused_with_its_reason():
+    from test_lang_codegen import Body
+
+    from fexplore.lang import codegen
+
+    b = Body()
+    x = b.input("x", (2, 4, 6))
+    w = b.input("w", (6, 2, 5))
+    node = b.region(b("matmul", x, b("permute", w, perm=(1, 0, 2))), kind="contraction")
+    with pytest.raises(codegen.UnsupportedRegionError, match="permute .*transpose of the last two axes"):
+        codegen.generate(node, "tiny")
