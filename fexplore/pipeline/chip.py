@@ -90,19 +90,23 @@ class Schedules:
 def kernel_report(sched, res):
     """One row per lowered node that runs (kernels and host ops), in program order.
 
-    Kernels overlap in a schedule, so a kernel's ``cycles`` is its span (its first command start to
-    its last command end, not counting weight loads prefetched earlier) and ``share`` is that span
-    over the program's; ``busy_*`` are the cycles
+    Kernels overlap in a schedule, so a kernel's ``cycles`` is its span (from its first command that
+    waits on another kernel to its last command's end: weight loads and fills issued ahead do not
+    stretch it) and ``share`` is that span over the program's; ``busy_*`` are the cycles
     its commands keep each engine busy. ``roofline_cycles`` is the kernel's own bound (its flops
     at the chip's peak, its DRAM bytes at full bandwidth, its vector work on every lane) and
     ``vs_roofline`` the span over it; ``bound`` names the resource that sets it."""
     import pandas as pd
 
-    from fexplore.npu.commands import Contract, Host, Load, Vector
+    from fexplore.npu.commands import Contract, Host, Vector
 
     prog, cfg = sched.program, sched.program.target
     start, end = res.trace.start, res.trace.end
     total = max(res.cycles, 1)
+    owner = sched.kernel_of_command()
+    waits = [False] * len(prog.commands)   # depends, directly or not, on another kernel's command
+    for c in prog.commands:
+        waits[c.id] = any(owner[d] != owner[c.id] or waits[d] for d in c.deps)
     rows = []
     for k in sched.kernels:
         if not k.commands:
@@ -123,10 +127,9 @@ def kernel_report(sched, res):
                 dram += c.nbytes
             elif c.engine == 0:
                 dram += prog.moved_bytes[c.id]
-        # the span starts at its first command that is not a prefetch (a weight or model-input
-        # load, or a fill, which the schedule may issue long before the kernel runs)
-        own = [c for c in cmds if not (isinstance(c, Load) and c.src.tensor.kind == "input")
-               and not (isinstance(c, Vector) and c.op.name == "fill")] or cmds
+        # the span starts at its first command that waits (through its dependencies) on another
+        # kernel: what comes earlier (weight loads, fills, work on constants) was issued ahead
+        own = [c for c in cmds if waits[c.id]] or cmds
         t0 = min(start[c.id] for c in own)
         t1 = max(end[c.id] for c in cmds)
         bounds = {"compute": tensor_bound, "DRAM": dram / cfg.dram_bytes_per_cycle,
