@@ -29,7 +29,7 @@ from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
 from .source import Names, Writer, fl_dtype, literal
 
-MOVEMENT = {"slice", "select", "split", "concat", "pad", "expand", "tril", "triu"}
+MOVEMENT = {"slice", "select", "split", "concat", "pad", "expand", "tril", "triu", "slice_scatter"}
 
 
 @dataclass
@@ -132,6 +132,31 @@ def _concat_plan(n: Node):
     return params, [View(["R", "J", "C"], (O, T, I))], pieces
 
 
+def _slice_scatter_plan(n: Node):
+    """x with x[..., start:end] along the axis replaced by v: the parts of x before and after the
+    slice, and v between them, each copied once (no byte written twice)."""
+    x, v, y = n.inputs[0], n.inputs[1], n.outputs[0]
+    axis = n.attrs["axis"] % x.type.rank
+    O, A, I = around(x.type.shape, axis)
+    step, L = n.attrs["step"], v.type.shape[axis]
+    start = n.attrs["start"]
+    start = start + A if start < 0 else min(start, A)
+    if step != 1:
+        raise UnsupportedRegionError("slice_scatter", f"op %{n.name}", f"a slice_scatter with step {step}: the "
+                                     "copy has unit-stride boxes only", loc=n.loc)
+    labels = ["R", "J", "C"]
+    ident = [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
+    pieces = []
+    if start:
+        pieces.append(Piece(labels, (O, start, I), 0, (0, 0, 0), 0, ident))
+    if L:
+        pieces.append(Piece(labels, (O, L, I), 0, (0, start, 0), 1, ident))
+    if start + L < A:
+        pieces.append(Piece(labels, (O, A - start - L, I), 0, (0, start + L, 0), 0,
+                            [(0, 0, 1), (1, start + L, 1), (2, 0, 1)]))
+    return [View(labels, (O, A, I)), View(labels, (O, L, I))], [View(labels, (O, A, I))], pieces
+
+
 def _pad_plan(n: Node):
     x, y = n.inputs[0], n.outputs[0]
     pads = n.attrs["pads"]
@@ -182,7 +207,7 @@ def _group_labels(k: int) -> list[str]:
 
 
 _PLANS = {"slice": _slice_plan, "select": _select_plan, "split": _split_plan, "concat": _concat_plan,
-          "pad": _pad_plan, "expand": _expand_plan}
+          "pad": _pad_plan, "expand": _expand_plan, "slice_scatter": _slice_scatter_plan}
 
 
 # -- the kernel ---------------------------------------------------------------------------------
