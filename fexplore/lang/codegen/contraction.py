@@ -298,14 +298,7 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
               f"stages=stages):")
             with w.indent():
                 emit = vector.VectorEmitter(w, names, label, axis='"K"')
-                xt = names.new(x_in.name + "_t")
-                w(f"{xt} = fl.load({x_box})")
-                ptiles = []
-                for pn in norm_params:
-                    t = names.new(pn + "_t")
-                    w(f"{t} = fl.load({pn}[:])")
-                    ptiles.append(t)
-                a_tile = emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1)
+                a_tile = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box, "")
                 w(f"fl.store({xn}[{', '.join(loop_vars)}, :], "
                   f"{cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)})")
             x_box = f"{xn}[{', '.join(loop_vars)}, ks]"
@@ -319,14 +312,8 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             accs = [names.new("acc") for _ in cons]
             emit = vector.VectorEmitter(w, names, label, axis='"K"')
             if norm is not None and not staged:
-                xt = names.new(x_in.name + "_t")
-                w(f"{xt} = fl.load({x_box})   # whole rows: the {norm.op.name} needs them")
-                ptiles = []
-                for pn in norm_params:
-                    t = names.new(pn + "_t")
-                    w(f"{t} = fl.load({pn}[:])")
-                    ptiles.append(t)
-                a_tile = emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1)
+                a_tile = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box,
+                                      f"   # whole rows: the {norm.op.name} needs them")
                 if op_dt != norm.outputs[0].type.dtype:
                     a_tile_c = names.new(a_tile + "_op")
                     w(f"{a_tile_c} = {cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)}")
@@ -385,3 +372,16 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     parts = (["view"] if any(n.op.name in _VIEWS for n in chain) else []) + \
         (["norm"] if norm is not None else []) + ["contraction"] + (["epilogue"] if epilogue else [])
     return GeneratedKernel(fname, "contraction", w.text(), cfg, tuple(sig.params), tuple(results), tuple(parts))
+
+
+def _normed_rows(w, names, emit, norm, norm_params, x_in, x_box: str, note: str) -> str:
+    """Write the loads of whole activation rows and the norm's parameters, and the norm over
+    them; return the normed tile's name."""
+    xt = names.new(x_in.name + "_t")
+    w(f"{xt} = fl.load({x_box}){note}")
+    ptiles = []
+    for pn in norm_params:
+        t = names.new(pn + "_t")
+        w(f"{t} = fl.load({pn}[:])")
+        ptiles.append(t)
+    return emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1)

@@ -42,6 +42,7 @@ import numpy as np
 from fexplore.ir import Graph, Node, evaluate_node
 
 from ..stage import StageResult
+from .lower import LoweringCheck
 
 
 @dataclass
@@ -376,16 +377,10 @@ def _flops(node) -> int:
 # -- verification ------------------------------------------------------------------------------
 
 @dataclass
-class ScheduleCheck:
-    """The whole program run on the simulator (functional mode) on the example inputs."""
+class ScheduleCheck(LoweringCheck):
+    """The whole program run on the simulator (functional mode) on the example inputs; the
+    fields of the lower stage's check, ``max_abs`` being the simulated outputs against eager."""
 
-    ok: bool
-    kernels_run: int
-    kernels_total: int
-    max_abs: float                # simulated outputs vs eager
-    first_divergent: str | None = None
-    detail: str | None = None
-    elapsed_s: float = 0.0
     cycles: int = 0
 
     def summary(self) -> str:
@@ -429,4 +424,5 @@ def check_schedule(graph: Graph, sched: Schedule | None, oracle) -> ScheduleChec
                 detail = f"{first}: {why}"
                 break
     n = sum(k.how in ("generated", "user") for k in sched.kernels)
-    return ScheduleCheck(bool(ok), n, n, float(max_abs), first, detail, time.perf_counter() - t0, res.cycles)
+    return ScheduleCheck(bool(ok), n, n, float(max_abs), first, detail, time.perf_counter() - t0,
+                         cycles=res.cycles)
