@@ -166,14 +166,17 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     one_row = not all(sp.split[0] for sp in specs)      # a stride that does not divide the height
     one_col = not all(sp.split[1] for sp in specs)
     cols = 1 if one_col else Q
-    rows, to = max(1, big_tile(cfg) // cols), min(Og, big_tile(cfg))
+    # a depthwise convolution's groups are one channel each: its tiles span channels (every one of
+    # them its own group), not the channels of one group
+    rows, to = max(1, big_tile(cfg) // cols), min(O if depthwise else Og, big_tile(cfg))
     rows = 1 if one_row else min(rows, P)
     while Bo * math.ceil(P / rows) * groups * math.ceil(Og / to) < cfg.num_pes and rows > 1:
         rows //= 2
 
     def footprint(r, t):
-        channels = 1 if depthwise else Cmax
-        return (2 * STAGES * (channels * r * cols + t * channels) * len(specs) +
+        x_rows = t if depthwise else Cmax   # a depthwise tap reads the tile's own channels
+        w_cols = 1 if depthwise else Cmax
+        return (2 * STAGES * (x_rows * r * cols + t * w_cols) * len(specs) +
                 2 * t * r * cols * (len(specs) + 1 + len(epilogue))) * 4
 
     while footprint(rows, to) > cfg.sram_bytes_per_pe // 2 and (rows > 1 or to > 4):
@@ -194,6 +197,8 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     conv_params = []
     for i, sp in enumerate(specs):
         cname = '"C"' if i == 0 else f'"C{i}"'   # each convolution contracts its own channels
+        if sp.depthwise:   # channel c of x meets weight row c: one axis, so a tile of channels lines up
+            cname = '"O"'
         B, C, H, W = sp.x_shape
         xshape, xspec = [B, C], ['"B"', cname]
         for n, s, split in ((H, sp.stride[0], sp.split[0]), (W, sp.stride[1], sp.split[1])):
@@ -228,7 +233,10 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     w_()
     w_()
     w_(f'@fl.kernel(target="{cfg.name}")')
-    w_(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}, to: int = {to}, stages: int = {STAGES}):")
+    # a stride that does not divide the height reads one input row per band: `rows` is fixed at 1
+    # then, not a tiling parameter the schedule's search may change
+    row_param = "" if one_row else f"rows: int = {rows}, "
+    w_(f"def {fname}({', '.join(sig.annotations)}, *, {row_param}to: int = {to}, stages: int = {STAGES}):")
     with w_.indent():
         w_(f"B, O, P, Q = {Bo}, {O}, {P}, {Q}")
         onames = []
@@ -241,7 +249,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
         w_(f"# output rows and columns in bands: in each, a kernel offset reads all inside the input or "
            f"all in the padding")
         otiles = "fl.tiles(O, to)" if groups == 1 or depthwise else f"group_tiles({groups}, {Og}, to)"
-        w_(f"for b, ps, qs, os_ in fl.parallel(range(B), bands(P, {tuple(rcuts)}, rows), "
+        w_(f"for b, ps, qs, os_ in fl.parallel(range(B), bands(P, {tuple(rcuts)}, {'1' if one_row else 'rows'}), "
            f"bands(Q, {tuple(ccuts)}, {'1' if one_col else 'Q'}), {otiles}, stages=stages):")
         with w_.indent():
             tiles = dict(inputs.literals)

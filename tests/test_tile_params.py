@@ -1,0 +1,89 @@
+"""A generated kernel's tiling parameters (``rows``, ``to``, ``tm``, ``bq``, ...) change how the
+work is cut, never what is computed: the schedule stage's tile search picks them by simulated time
+alone, so a value that computed something else would reach the program unchecked until the
+schedule's own check. Here every tiling parameter of every generated kernel of a few models is
+tried at other values the search would try, each run in the kernel-language interpreter against
+the same kernel at its defaults.
+
+Found this way: a convolution whose stride does not divide the input (a 1x1, stride-2
+convolution of a 7x7 image, as in BiT's downsampling) read one input row per band whatever
+``rows`` said, so a search that widened the bands computed garbage.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fexplore
+from fexplore.ir.interpreter import evaluate_node
+from fexplore.models import ZOO
+from fexplore.pipeline.stages.tiles import FACTORS, tile_params
+
+
+class _Convs(torch.nn.Module):
+    """Strides that do and do not divide the input, padding, groups and a depthwise convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = torch.nn.Conv2d(8, 16, 1, stride=2, bias=False)              # 7x7 -> 4x4
+        self.conv = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)               # 7x7 -> 4x4
+        self.conv2 = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.grouped = torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2, groups=4)
+
+    def forward(self, x):
+        # BiT's downsampling: a residual branch's stride-1 convolution added to a 1x1 stride-2 one
+        y = self.conv2(torch.relu(self.conv(x))) + self.down(x)
+        return self.grouped(torch.nn.functional.gelu(self.dw(y)))
+
+
+def _convs():
+    return _Convs().eval(), (torch.randn(2, 8, 7, 7),)
+
+
+MODELS = {"convs": _convs, "gpt": ZOO["gpt"], "cnn": ZOO["cnn"]}
+
+
+def _node_inputs(graph, inputs):
+    env = {v.name: np.asarray(a) for v, a in zip(graph.inputs, inputs)}
+    env.update({c.name: c.payload for c in graph.constants})
+    for node in graph.nodes:
+        outs = evaluate_node(node, [env[v.name] for v in node.inputs])
+        env.update({v.name: np.asarray(a) for v, a in zip(node.outputs, outs)})
+        yield node, [env[v.name] for v in node.inputs]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tiling_parameters_never_change_what_a_kernel_computes(name):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    ex = fexplore.explore(model, inputs, target="tiny", verify=False)
+    while ex.step().name != "lower":
+        pass
+    low, graph = ex["lower"].lowering, ex["lower"].graph()
+    by_node = {id(x.node): x for x in low.nodes if x.how == "generated"}
+    arrays = [x.numpy() for x in inputs]
+    tried = 0
+    for node, ins in _node_inputs(graph, arrays):
+        x = by_node.get(id(node))
+        if x is None:
+            continue
+        default = tile_params(x.traced)
+        args = x.kernel.arguments(ins)
+        want = x.traced(*args, target=x.kernel.target)
+        want = want if isinstance(want, tuple) else (want,)
+        for p, v in default.items():
+            for value in sorted({max(1, int(v * f)) for f in FACTORS} | {1} - {v}):
+                try:
+                    got = x.traced(*args, target=x.kernel.target, **{p: value})
+                except fexplore.errors.FexploreError:
+                    continue   # does not fit or does not divide: not a candidate, and said so
+                got = got if isinstance(got, tuple) else (got,)
+                tried += 1
+                for g, w in zip(got, want):
+                    np.testing.assert_allclose(
+                        np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=1e-5, atol=1e-5,
+                        err_msg=f"{x.name}: {p}={value} (default {v}) computes something else")
+    assert tried > 0
