@@ -155,6 +155,71 @@ def test_dynamic_dims_get_one_schedule_per_size():
     assert made.latency_us.iloc[1] > made.latency_us.iloc[0]
 
 
+def test_a_size_between_buckets_runs_padded_on_the_next_bucket_up():
+    torch.manual_seed(0)
+    model, (ids,) = ZOO["llama"](layers=1)
+    # causal attention: the first s positions never see the padding after them
+    cm = fexplore.compile(model, (ids,), dynamic_shapes=DYNAMIC_SEQ["llama"](model),
+                          buckets={"seq": [8, 16]}, pad_safe=True)
+    for length in (5, 8, 11, 5):
+        x = torch.randint(0, 100, (1, length))
+        torch.testing.assert_close(cm(x), _eager(model, (x,)), rtol=1.3e-6, atol=2e-5)
+    made = cm.schedules.made
+    assert [s["seq"] for s in made.sizes] == [8, 16] and made.bucket.all()   # no schedule per size
+    padded = cm.schedules.padded
+    assert [(s["seq"], b["seq"], n) for s, b, n in zip(padded.sizes, padded.bucket, padded.calls)] == \
+        [(5, 8, 2), (11, 16, 1)]
+    assert padded.padding.tolist() == [3 / 8, 5 / 16]
+    cost = cm.schedules.padding_cost()   # exact-size schedules, made on request
+    assert (cost.overhead > 1).all() and (cost.latency_us > cost.exact_latency_us).all()
+    html = cm["schedule"]._repr_html_()
+    assert "schedules per size" in html and "calls run padded on a bucket" in html
+
+
+class _MaskedEncoder(torch.nn.Module):
+    """Attention over keys that a mask allows: padded keys with mask 0 change nothing."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.qkv = torch.nn.Linear(d, 3 * d)
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        allowed = mask[:, None, :].bool()
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
+def test_pad_values_per_input_keep_a_masked_encoder_exact():
+    torch.manual_seed(0)
+    model = _MaskedEncoder().eval()
+    seq = torch.export.Dim("seq", min=2, max=64)
+    x, mask = torch.randn(1, 8, 16), torch.ones(1, 8, dtype=torch.int64)
+    cm = fexplore.compile(model, (x, mask), dynamic_shapes=({1: seq}, {1: seq}),
+                          buckets={"seq": [16, 32]}, pad_safe=True, pad_value=(0.0, 0))
+    for length in (7, 20):
+        x, mask = torch.randn(1, length, 16), torch.ones(1, length, dtype=torch.int64)
+        mask[0, -2:] = 0
+        torch.testing.assert_close(cm(x, mask), _eager(model, (x, mask)), rtol=1e-5, atol=2e-5)
+    assert [s["seq"] for s in cm.schedules.made.sizes] == [16, 32]
+    # padding the mask with 1 lets the padded keys in: the caller's word was wrong, results differ
+    wrong = fexplore.compile(model, (x, mask), dynamic_shapes=({1: seq}, {1: seq}),
+                             buckets={"seq": [32]}, pad_safe=True, pad_value=(0.0, 1), verify=False)
+    assert not torch.allclose(wrong(x, mask), _eager(model, (x, mask)), atol=1e-3)
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(pad_safe=True), "without buckets"),
+    (dict(buckets={"length": [8]}, pad_safe=True), "does not have"),
+    (dict(buckets={"seq": [4096]}, pad_safe=True), "outside the dim's range"),
+    (dict(buckets={"seq": [8, 16]}, pad_safe=True, pad_value=(0, 0)), "2 values for a model with 1 inputs"),
+])
+def test_wrong_buckets_are_config_errors(options, words):
+    torch.manual_seed(0)
+    model, (ids,) = ZOO["llama"](layers=1)
+    with pytest.raises(fexplore.errors.ConfigError, match=words):   # at compile, not at a call
+        fexplore.compile(model, (ids,), dynamic_shapes=DYNAMIC_SEQ["llama"](model), verify=False, **options)
+
+
 def test_save_writes_the_trace_and_the_report(tmp_path):
     torch.manual_seed(0)
     model, inputs = ZOO["mlp"]()

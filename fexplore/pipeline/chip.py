@@ -4,7 +4,9 @@ per-kernel report.
 A model compiled with static shapes has one schedule, made by the schedule stage. A model with
 symbolic dims is scheduled per static size, as NPU serving stacks compile prefill and decode
 buckets: the first call with a new size specializes the final graph to it, lowers and schedules
-it, and caches the schedule (``Schedules.made`` lists them, with their simulated latency).
+it, and caches the schedule (``Schedules.made`` lists them, with their simulated latency). With
+declared buckets and ``pad_safe=True``, a size between buckets runs padded on the next bucket up
+(pipeline/buckets.py); ``Schedules.padded`` lists those calls with what the padding cost.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fexplore.errors import InputError
+
+from .buckets import PaddedCalls, check_buckets, next_bucket, pad_inputs, padding_share, real_shapes, unpad
 
 
 @dataclass
@@ -27,13 +31,29 @@ class MadeSchedule:
     why: str = ""         # why there is no schedule (schedule None)
 
 
+@dataclass
+class Call:
+    """How one call runs: on `made`, with `arrays` (padded to a bucket when `real_shapes` is set,
+    the outputs' shapes at the call's own size, which `outputs` slices back to)."""
+
+    made: MadeSchedule
+    arrays: list
+    real_shapes: list | None = None
+
+    def outputs(self, res) -> list[np.ndarray]:
+        outs = self.made.schedule.outputs_of(res)
+        return outs if self.real_shapes is None else unpad(outs, self.real_shapes)
+
+
 class Schedules:
     """The schedules of one CompiledModel, by static size."""
 
     def __init__(self, graph, options, static_schedule=None):
         self.graph = graph
         self.options = options
+        self.buckets = check_buckets(graph, options.buckets) if graph.symbols else {}
         self._by_size: dict[tuple, MadeSchedule] = {}
+        self._padded: dict[tuple, PaddedCalls] = {}
         if static_schedule is not None:
             self._remember((), static_schedule, 0.0)
 
@@ -44,12 +64,37 @@ class Schedules:
         return made
 
     def for_inputs(self, arrays) -> MadeSchedule:
-        """The schedule for these inputs' sizes (made and cached on first use)."""
+        """The schedule these inputs run on (made and cached on first use)."""
+        return self.prepare(arrays).made
+
+    def prepare(self, arrays) -> Call:
+        """How a call with these inputs runs: on the schedule of their own size, or, with buckets
+        and ``pad_safe``, padded on the next bucket up (see pipeline/buckets.py)."""
+        arrays = [np.asarray(a) for a in arrays]
         key = self._sizes(arrays)
+        bucket = next_bucket(key, self.buckets) if self.buckets and self.options.pad_safe else None
+        if bucket is None or bucket == key:
+            return Call(self._get(key), arrays)
+        made = self._get(bucket)
+        padded = pad_inputs(self.graph, arrays, bucket, self.options.pad_value)
+        seen = self._padded.setdefault(key, PaddedCalls(key, bucket, padding_share(key, bucket)))
+        seen.calls += 1
+        return Call(made, padded, real_shapes(self.graph, key))
+
+    def _get(self, key) -> MadeSchedule:
         made = self._by_size.get(key)
-        if made is None:
-            made = self._make(key)
-        return made
+        return made if made is not None else self._make(key)
+
+    def build_buckets(self) -> "Schedules":
+        """Make the schedule of every declared bucket now (as a serving stack compiles its
+        buckets ahead of the first request), not on first use."""
+        import itertools
+
+        names = sorted(self.buckets)
+        for combo in itertools.product(*(self.buckets[n] for n in names)):
+            if len(names) == len(self.graph.symbols):
+                self._get(tuple(zip(names, combo)))
+        return self
 
     def _sizes(self, arrays) -> tuple:
         """The symbols' values for these inputs; raises InputError on a wrong count, rank, dtype
@@ -78,13 +123,54 @@ class Schedules:
 
     @property
     def made(self):
-        """One row per schedule made: sizes, simulated cycles and latency, build time."""
+        """One row per schedule made: sizes, whether a declared bucket, simulated cycles and
+        latency, build time."""
         import pandas as pd
 
-        return pd.DataFrame([{"sizes": dict(m.sizes) or "static", "cycles": m.cycles,
-                              "latency_us": m.latency_us, "build_s": m.build_s,
+        return pd.DataFrame([{"sizes": dict(m.sizes) or "static", "bucket": self._is_bucket(m.sizes),
+                              "cycles": m.cycles, "latency_us": m.latency_us, "build_s": m.build_s,
                               "commands": len(m.schedule.program.commands) if m.schedule else 0}
-                             for m in self._by_size.values()])
+                             for m in self._by_size.values()],
+                            columns=["sizes", "bucket", "cycles", "latency_us", "build_s", "commands"])
+
+    @property
+    def padded(self):
+        """One row per call size that ran padded on a bucket: the bucket, the share of the
+        bucketed dims that was padding, the calls, and the bucket's latency (what each call paid)."""
+        import pandas as pd
+
+        return pd.DataFrame([{"sizes": dict(p.sizes), "bucket": dict(p.bucket), "padding": p.share,
+                              "calls": p.calls, "latency_us": self._by_size[p.bucket].latency_us}
+                             for p in self._padded.values()],
+                            columns=["sizes", "bucket", "padding", "calls", "latency_us"])
+
+    def padding_cost(self):
+        """`padded` with the latency of a schedule made for each exact size (made here, so
+        this costs a schedule per size) and the padding's overhead: bucket / exact latency."""
+        df = self.padded
+        exact = []
+        for p in self._padded.values():
+            m = self._by_size.get(p.sizes) or self._make(p.sizes)
+            exact.append(m.latency_us)
+        df["exact_latency_us"] = exact
+        df["overhead"] = df.latency_us / df.exact_latency_us
+        return df
+
+    def _is_bucket(self, sizes) -> bool:
+        return bool(self.buckets) and all(v in self.buckets.get(k, (v,)) for k, v in sizes) and any(
+            k in self.buckets for k, _ in sizes)
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def html(self, *, css: bool = True) -> str:
+        from fexplore.viz.page import wrap
+
+        parts = ["<h4>schedules made</h4>", self.made.to_html(classes="fx-table", border=0, index=False)]
+        if self._padded:
+            parts += ["<h4>calls run padded on a bucket</h4>",
+                      self.padded.to_html(classes="fx-table", border=0, index=False)]
+        return wrap("".join(parts), css=css)
 
 
 def kernel_report(sched, res):

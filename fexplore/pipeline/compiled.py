@@ -62,11 +62,11 @@ class CompiledModel:
         mode of the whole-model program); returns torch tensors in the model's output structure.
         A compile that stopped before the schedule stage runs the final graph's interpreter."""
         arrays = self._flatten_inputs(args, kwargs)
-        made = self.schedules.for_inputs(arrays) if self.schedules is not None else None
-        if made is None or made.schedule is None:   # no schedule (e.g. empty tensors): interpreter
+        call = self.schedules.prepare(arrays) if self.schedules is not None else None
+        if call is None or call.made.schedule is None:   # no schedule (e.g. empty tensors): interpreter
             outs = run(self.graph, arrays)
         else:
-            outs = made.schedule.outputs_of(made.schedule.simulate(arrays))
+            outs = call.outputs(call.made.schedule.simulate(call.arrays))
         return pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
 
     # -- on the chip -----------------------------------------------------------------------
@@ -88,6 +88,8 @@ class CompiledModel:
             from .chip import Schedules
 
             self._schedules = Schedules(self.graph, self.options, self.schedule)
+            # the schedule stage's view lists the schedules made (for symbolic dims, per size)
+            self["schedule"].schedules = self._schedules
         return self._schedules
 
     def simulate(self, *args, **kwargs):
@@ -102,11 +104,11 @@ class CompiledModel:
                 raise InputError("this model has symbolic dims: pass inputs to pick the size to simulate")
             return made.schedule.simulate()
         arrays = self._flatten_inputs(args, kwargs)
-        made = scheds.for_inputs(arrays)
-        if made.schedule is None:
-            raise InputError(f"nothing to simulate for these inputs: {made.why}")
-        res = made.schedule.simulate(arrays)
-        outs = made.schedule.outputs_of(res)
+        call = scheds.prepare(arrays)
+        if call.made.schedule is None:
+            raise InputError(f"nothing to simulate for these inputs: {call.made.why}")
+        res = call.made.schedule.simulate(call.arrays)
+        outs = call.outputs(res)
         res.model_outputs = pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
         return res
 

@@ -21,6 +21,12 @@ class CompileOptions:
     random_input_sets: int = 1  # fresh random input sets checked besides the example inputs
     fold_limit_bytes: int = 64 << 20  # constant folding never materializes more than this
     seed: int = 0
+    # dynamic dims on a static chip (see pipeline/buckets.py): with declared buckets
+    # ({dim name: sizes}) and the caller's word that padding at the end leaves the outputs' real
+    # part unchanged, a call of another size runs on the next bucket up
+    buckets: Any = None
+    pad_safe: bool = False
+    pad_value: Any = 0  # one number for every input, or one per input
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -32,6 +38,17 @@ class CompileOptions:
             raise ConfigError("verify must be True or False")
         if self.random_input_sets < 0:
             raise ConfigError("random_input_sets must be >= 0")
+        if self.buckets is not None:
+            if not isinstance(self.buckets, dict) or not all(
+                    isinstance(k, str) and len(v) and all(isinstance(s, int) and s > 0 for s in v)
+                    for k, v in self.buckets.items()):
+                raise ConfigError("buckets must map a dim name to positive sizes",
+                                  hint='e.g. buckets={"seq": [128, 256, 512]}')
+        if not isinstance(self.pad_safe, bool):
+            raise ConfigError("pad_safe must be True or False")
+        if self.pad_safe and not self.buckets:
+            raise ConfigError("pad_safe=True without buckets: there is nothing to pad to",
+                              hint='declare the sizes too, e.g. buckets={"seq": [128, 256, 512]}')
 
     @property
     def chip(self) -> NPUConfig:

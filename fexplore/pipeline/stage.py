@@ -94,6 +94,7 @@ class StageRecord:
     lowering: Any = None  # the lower stage's Lowering: its kernels, free views and host ops
     schedule: Any = None  # the schedule stage's Schedule: the whole-model NPU program
     options: Any = None   # the compile's options (what cost() lowers and schedules with)
+    schedules: Any = None  # the schedule stage: the CompiledModel's schedules per size (chip.Schedules)
 
     def cost(self):
         """This stage's input and output programs lowered, scheduled and simulated on the

@@ -36,7 +36,9 @@ def stage_html(rec, *, css: bool = True, views=VIEWS) -> str:
 
         res = sched.simulate()
         parts.append(section("on the chip", schedule_html(sched, kernel_report(sched, res), res), open=True))
-    elif low is not None:
+    elif getattr(rec, "schedules", None) is not None:   # symbolic dims: one schedule per size
+        parts.append(section("schedules per size", rec.schedules.html(css=False), open=True))
+    if low is not None and sched is None:
         from .lower_view import lowering_html
 
         parts.append(section("kernels", lowering_html(low), open=True))

@@ -112,6 +112,10 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
 
         lowering = lower(graph, options).lowering
     if any(not isinstance(d, int) for v in graph.inputs for d in v.type.shape):
+        from ..buckets import check_buckets, pad_values
+
+        check_buckets(graph, options.buckets)   # a wrong bucket is the compile's error, not a call's
+        pad_values(options.pad_value, len(graph.inputs))
         return _no_schedule(graph, lowering, "symbolic shapes: scheduled per size on first call")
     values = list(graph.inputs) + list(graph.constants) + [o for n in graph.nodes for o in n.outputs]
     if any(0 in tuple(v.type.shape) for v in values):
