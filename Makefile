@@ -18,9 +18,10 @@ NBVAL  := --nbval --nbval-current-env --nbval-cell-timeout=600 \
 demo: install
 	$(VENV)/bin/fexplore demo
 
-# One pytest run: the suite (the real-browser test included) and every notebook.
+# One pytest run: the suite (the real-browser test included) and every notebook, on every core
+# (--dist loadfile: a notebook's cells, which share one kernel, stay on one worker).
 test: install browser-deps
-	$(PY) -m pytest -q tests notebooks $(NBVAL)
+	$(PY) -m pytest -q -n auto --dist loadfile tests notebooks $(NBVAL)
 
 # Re-execute every tutorial in place, storing fresh outputs; run it after changing what a
 # tutorial shows (a stage, a view), then `make test` checks that they are stable.

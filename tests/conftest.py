@@ -21,3 +21,14 @@ def zoo_compiled():
         return cache[name]
 
     return get
+
+
+def pytest_configure(config):
+    # Under pytest-xdist each worker is a process of its own: one intra-op thread each, so the
+    # workers share the cores instead of oversubscribing them.
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
