@@ -1,5 +1,6 @@
 """The builder: inferred dependencies, explicit ones, barriers, and errors in the user's terms."""
 
+import numpy as np
 import pytest
 
 from fexplore.errors import SourceLoc
@@ -87,6 +88,8 @@ def test_commands_carry_source_locations():
     (lambda b: b.vector(_buf(b, "o", (8, 1)), "sum", _buf(b, "a"), axis=2), "out of range"),
     (lambda b: _buf(b, "x", pe=2), "PE 2 does not exist"),
     (lambda b: b.vector(_buf(b, "o"), "add", _buf(b, "a"), "x"), "neither"),
+    (lambda b: b.stage(b.scratch("S", (8, 8)), b.input("A", (8, 8))), "not a resident tensor"),
+    (lambda b: b.stage(b.resident("S", (8, 4)), b.input("A", (8, 8))), "must be a DRAM tensor of f32"),
 ])
 def test_malformed_commands_raise_program_error(make, match):
     b = ProgramBuilder("tiny")
@@ -124,3 +127,26 @@ def test_program_text_lists_memory_and_commands():
         "  %1 = pe0.vector x = exp(x)  after(%0)",
         "  %2 = pe0.dma store x -> C  after(%1)",
     ]
+
+
+def test_a_staged_tensor_is_read_from_dram_once_and_its_loads_wait_for_the_copy():
+    from fexplore.npu import Stage, simulate
+
+    b = ProgramBuilder("tiny")
+    W, X = b.input("W", (64, 64)), b.input("X", (4, 64, 64))
+    Y = b.output("Y", (4, 64, 64))
+    Ws = b.resident("W@sram", (64, 64), pe=1)
+    st = b.stage(Ws, W)
+    loads = []
+    for i in range(4):   # W is read four times: on-chip copies after the one DRAM read
+        w, x, y = (b.alloc(f"{n}{i}", (64, 64)) for n in "wxy")
+        loads.append(b.load(w, Ws))
+        b.load(x, X[i])
+        b.contract(y, "mk,kn->mn", x, w)
+        b.store(Y[i], y)
+    prog = b.build()
+    assert isinstance(st, Stage) and all(st.id in ld.deps for ld in loads)
+    w, x = np.random.rand(64, 64).astype(np.float32), np.random.rand(4, 64, 64).astype(np.float32)
+    res = simulate(prog, {"W": w, "X": x})
+    np.testing.assert_allclose(res.outputs["Y"], x @ w, rtol=1e-5)
+    assert res.dram_bytes == prog.compulsory_bytes() == (64 * 64 + 2 * 4 * 64 * 64) * 4

@@ -86,6 +86,15 @@ class HostPart:
     loc: Any = None
 
 
+@dataclass
+class StagePart:
+    """A DRAM tensor the kernels read many times, staged once into a resident tensor on chip
+    (`npu.commands.Stage`), issued while the kernel before its first reader runs."""
+
+    src: Any      # the DRAM tensor
+    dst: Any      # the resident tensor
+
+
 def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner: list | None = None):
     """Emit `parts` (KernelPart / HostPart, in program order) into `b` and build the program.
 
@@ -101,7 +110,7 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
     ops: list = []        # (part index, op) in program order
     meta: list = []       # per part: buf(), overwrite set, slot map base
     for pi, part in enumerate(parts):
-        if isinstance(part, HostPart):
+        if isinstance(part, (HostPart, StagePart)):
             ops.append((pi, part))
             meta.append(None)
             continue
@@ -112,7 +121,10 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
         keep = [op for op in part.trace.ops if op.index not in dropped]
         meta.append((plan, bufs, overwrite, len({op.pe for op in keep}) or 1))
         ops.extend((pi, op) for op in keep)
-    slot = {(pi, op.index): k for k, (pi, op) in enumerate(ops) if not isinstance(op, HostPart)}
+    slot = {(pi, op.index): k for k, (pi, op) in enumerate(ops) if not isinstance(op, (HostPart, StagePart))}
+    first_op: dict[int, int] = {}
+    for k, (pi, _) in enumerate(ops):
+        first_op.setdefault(pi, k)
 
     def buf(pi, t):
         plan, bufs = meta[pi][0], meta[pi][1]
@@ -126,6 +138,19 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
     pe_of, engine_of, duration, deps, refs = [], [], [], [], []
     fence: dict[tuple[int, int], int] = {}   # (part, pe) -> the latest wait on it
     for k, (pi, op) in enumerate(ops):
+        if isinstance(op, StagePart):
+            d = hz.dram_deps(k, op.src.full(), False) | hz.dram_deps(k, op.dst.full(), True)
+            # prefetched while the part before runs, not at the program's start: its SRAM is taken
+            # from then on, and the residency budget counted it from about there
+            before = [q for q in range(pi - 1, -1, -1) if not isinstance(parts[q], StagePart)]
+            if before and before[0] in first_op:
+                d.add(first_op[before[0]])
+            pe_of.append(op.dst.backing.pe)
+            engine_of.append(DMA)
+            duration.append(cfg.dma_startup_cycles + op.src.nbytes / cfg.dram_bytes_per_cycle)
+            deps.append(sorted(d))
+            refs.append(None)
+            continue
         if isinstance(op, HostPart):
             d: set = set()
             for r in op.src:
@@ -189,6 +214,12 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
             mark = len(b)
         if isinstance(op, HostPart):
             cmds[k] = b.host(op.op, op.fn, op.src, op.dst, flops=op.flops, loc=op.loc)
+            if owner is not None:
+                owner.append(pi)
+            continue
+        if isinstance(op, StagePart):
+            after = [cmds[d] for d in deps[k] if cmds[d] is not None]
+            cmds[k] = b.stage(op.dst, op.src, deps=after)
             if owner is not None:
                 owner.append(pi)
             continue

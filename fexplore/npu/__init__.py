@@ -11,7 +11,7 @@ Headless: nothing here imports matplotlib or pandas until a view or a table is a
 
 from fexplore.npu.builder import ProgramBuilder
 from fexplore.npu.commands import (ENGINES, Buffer, Command, Contract, DramRef, DramTensor, Gather, Load,
-                                   Scatter, Store, Sync, Transpose, Vector)
+                                   Scatter, Stage, Store, Sync, Transpose, Vector)
 from fexplore.npu.config import PRESETS, NPUConfig, get_target
 from fexplore.npu.errors import IndexOutOfRangeError, ProgramError, SRAMOverflowError
 from fexplore.npu.program import Program
@@ -23,7 +23,7 @@ from fexplore.npu.vector_ops import VECTOR_OPS
 __all__ = [
     "NPUConfig", "get_target", "PRESETS",
     "ProgramBuilder", "Program", "simulate", "SimResult", "Roofline", "Timeline", "TimelineEvent",
-    "Buffer", "DramTensor", "DramRef", "Command", "Load", "Store", "Contract", "Vector", "Sync",
+    "Buffer", "DramTensor", "DramRef", "Command", "Load", "Stage", "Store", "Contract", "Vector", "Sync",
     "Gather", "Scatter", "Transpose", "IndexOutOfRangeError",
     "ENGINES", "VECTOR_OPS", "ProgramError", "SRAMOverflowError",
 ]

@@ -25,7 +25,7 @@ from numbers import Number
 from fexplore.errors import ConfigError, SourceLoc
 from fexplore.npu import dtypes
 from fexplore.npu.commands import (ENGINES, NO_ENGINE, Buffer, Command, Contract, DramRef, DramTensor,
-                                   Gather, Host, Load, Scatter, Store, Sync, Transpose, Vector, _squeeze)
+                                   Gather, Host, Load, Stage, Scatter, Store, Sync, Transpose, Vector, _squeeze)
 from fexplore.npu.config import NPUConfig, get_target
 from fexplore.npu.errors import ProgramError, SRAMOverflowError
 from fexplore.npu.hazards import HazardTracker
@@ -126,6 +126,21 @@ class ProgramBuilder:
         self._check_buffer(dst, loc)
         self._check_transfer(dst, ref, loc)
         return self._add(Load(dst, ref, loc), deps, dram=(ref, False))
+
+    def stage(self, dst: DramTensor, src: DramTensor, *, deps=(), loc=None) -> Stage:
+        """DMA: all of DRAM tensor `src` into resident tensor `dst` (``resident``, same shape and
+        dtype): one DRAM read, after which loads of `dst` are on-chip copies (and wait for this)."""
+        loc = self._loc(loc)
+        if not isinstance(dst, DramTensor) or not dst.resident:
+            raise ProgramError(f"stage: {getattr(dst, 'name', dst)!r} is not a resident tensor", loc=loc,
+                               hint="declare the destination with ProgramBuilder.resident")
+        if not isinstance(src, DramTensor) or src.resident or src.shape != dst.shape or src.dtype != dst.dtype:
+            raise ProgramError(f"stage: {getattr(src, 'name', src)!r} must be a DRAM tensor of "
+                               f"{dst.dtype}{list(dst.shape)}, as {dst.name!r} is", loc=loc)
+        into, ref = self._ref(dst, loc), self._ref(src, loc)
+        cmd = self._add(Stage(into, ref, loc), deps, dram=(ref, False))
+        cmd.deps = tuple(sorted(set(cmd.deps) | self._hazards.dram_deps(cmd.id, into, True)))
+        return cmd
 
     def store(self, dst: DramRef | DramTensor, src: Buffer, *, deps=(), loc=None) -> Store:
         """DMA: SRAM buffer `src` into DRAM box `dst`."""

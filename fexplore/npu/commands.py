@@ -256,6 +256,27 @@ class Load(_DMA):
         return f"{self.src} -> {self.dst.name}"
 
 
+class Stage(Load):
+    """DMA: a whole DRAM tensor into a resident tensor (`into`, same shape and dtype), i.e. into
+    its SRAM buffer: the DRAM read happens once, and the loads of the resident tensor that follow
+    are on-chip copies. How a schedule keeps an input or a weight that its kernels read many
+    times on chip."""
+
+    __slots__ = ("into",)
+    kind = "stage"
+
+    def __init__(self, into: DramRef, src: DramRef, loc=None):
+        super().__init__(into.tensor.backing, src, loc)
+        self.into = into
+
+    @property
+    def name(self) -> str:
+        return f"stage {self.src.tensor.name}"
+
+    def _args(self) -> str:
+        return f"{self.src} -> {self.into}"
+
+
 class Store(_DMA):
     __slots__ = ("src", "dst")
     kind = "store"

@@ -13,7 +13,7 @@ import numpy as np
 
 from fexplore.errors import InputError
 from fexplore.npu import dtypes
-from fexplore.npu.commands import Buffer, Contract, Gather, Host, Load, Scatter, Store, Transpose, Vector
+from fexplore.npu.commands import Buffer, Contract, Gather, Host, Load, Scatter, Stage, Store, Transpose, Vector
 from fexplore.npu.errors import IndexOutOfRangeError
 from fexplore.npu.program import Program
 from fexplore.npu.vector_ops import apply
@@ -69,7 +69,9 @@ def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
     commands = program.commands
     for cid in order:
         c = commands[cid]
-        if isinstance(c, Load):
+        if isinstance(c, Stage):   # into the resident tensor (its SRAM, seen as its array here)
+            dram[c.into.tensor.name][c.into.slices] = dram[c.src.tensor.name][c.src.slices]
+        elif isinstance(c, Load):
             buf(c.dst)[...] = dram[c.src.tensor.name][c.src.slices].reshape(c.dst.shape)
         elif isinstance(c, Store):
             dram[c.dst.tensor.name][c.dst.slices] = buf(c.src).reshape(c.dst.shape)

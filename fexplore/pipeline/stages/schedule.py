@@ -70,6 +70,7 @@ class Schedule:
     decisions: list = field(default_factory=list)  # (what, why): spills, serial fallback, residency
     residency: dict = field(default_factory=dict)  # intermediates kept in SRAM, their bytes
     tiles: list = field(default_factory=list)      # tiles.TileChoice per generated kernel
+    weights_by_value: list = field(default_factory=list)  # the graph's constants (value names)
 
     def dram_inputs(self, arrays) -> dict:
         feed = {self.tensor_of[n]: np.asarray(a) for n, a in zip(self.inputs, arrays)}
@@ -162,7 +163,18 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
     attempts = [(True, share) for share in RESIDENT_SHARES] + [(True, 0.0), (False, 0.0), ("trace", 0.0)]
     for interleave, share in attempts:
         try:
-            return build_schedule(graph, lowering, target, interleave=interleave, resident=share), spills
+            sched = build_schedule(graph, lowering, target, interleave=interleave, resident=share)
+            reread = _reread(sched) if share else set()
+            if reread:   # inputs and weights the kernels read many times: staged on chip once
+                try:
+                    return build_schedule(graph, lowering, target, interleave=interleave, resident=share,
+                                          stage=reread), spills
+                except Exception as e:  # noqa: BLE001 - staging overflows: the schedule without it
+                    if "SRAM" not in type(e).__name__ + str(e):
+                        raise
+                    sched.decisions.append(("no staging", f"staging {len(reread)} re-read inputs and weights "
+                                            f"overflows SRAM ({str(e).splitlines()[0][:100]})"))
+            return sched, spills
         except Exception as e:  # noqa: BLE001 - only an SRAM overflow falls through
             if interleave == "trace" or "SRAM" not in type(e).__name__ + str(e):
                 raise
@@ -174,14 +186,42 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
     raise AssertionError("unreachable")
 
 
+# An input or weight whose loads move more than this many times its size is worth staging on chip
+REREAD_FACTOR = 1.5
+
+
+def _reread(sched: Schedule) -> set[str]:
+    """The graph inputs and constants (by value name) the program's loads move from DRAM more
+    than REREAD_FACTOR times over: a convolution's image once per output tile, a weight once per
+    band of rows, or an image read in boxes so small that the DMA's minimum transfer moves it
+    many times over (a patch embedding's strided taps)."""
+    from fexplore.npu.commands import Load, Stage
+    from fexplore.npu.cost import dma_command_bytes
+
+    prog = sched.program
+    moved: dict[str, int] = {}
+    for c in prog.commands:
+        if isinstance(c, Load) and not isinstance(c, Stage) and not c.src.tensor.resident:
+            moved[c.src.tensor.storage] = moved.get(c.src.tensor.storage, 0) + dma_command_bytes(c, prog.target)
+    out = set()
+    for name in list(sched.inputs) + list(sched.weights_by_value):
+        t = prog.tensors[sched.tensor_of[name]]
+        if moved.get(t.storage, 0) > REREAD_FACTOR * t.nbytes:
+            out.add(name)
+    return out
+
+
 def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
-                   resident: float | bool = True, search_tiles: bool = True) -> Schedule:
+                   resident: float | bool = True, search_tiles: bool = True,
+                   stage: set | frozenset = frozenset()) -> Schedule:
     """The whole-model program. `resident`: the share of a PE's SRAM intermediates may stay in
     (True: the first of RESIDENT_SHARES; False or 0: every intermediate in DRAM).
     `search_tiles`: each generated kernel's tile sizes searched with the cost model (`tiles.py`);
-    False keeps the generator's defaults."""
+    False keeps the generator's defaults. `stage`: graph inputs and constants (value names) to
+    copy on chip once before their first reader, where they fit the resident share next to the
+    intermediates (the kernels then read them by on-chip copies)."""
     tiles: list = []
-    from fexplore.lang.lowering import HostPart, KernelPart, emit
+    from fexplore.lang.lowering import HostPart, KernelPart, StagePart, emit
     from fexplore.npu import ProgramBuilder, get_target
 
     cfg = get_target(target)
@@ -191,8 +231,9 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     outputs = {v.name for v in graph.outputs}
 
     share = RESIDENT_SHARES[0] if resident is True else float(resident or 0.0)
-    on_chip = _pick_resident(graph, lowering, cfg, share) if share else {}
+    on_chip = _pick_resident(graph, lowering, cfg, share, stage) if share else {}
     kept: list[str] = []
+    staged: dict[str, Any] = {}    # graph value name -> its resident copy (or a view of one)
 
     def declare(v, kind):
         if kind == "scratch" and v.name in on_chip:
@@ -205,7 +246,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
         return t
 
     def view(base_value, shape, name):
-        base = tensors[tensor_of[base_value.name]]
+        base = staged.get(base_value.name) or tensors[tensor_of[base_value.name]]
         if tuple(shape) == base.shape:
             return base
         if name not in tensors:
@@ -218,6 +259,9 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     for c in graph.constants:
         t = declare(c, "input")
         weights[t.name] = np.asarray(c.payload)
+    for v in list(graph.inputs) + list(graph.constants):
+        if v.name in on_chip:
+            staged[v.name] = b.resident(f"{v.name}@sram", _shape(v), _dtype(v), pe=on_chip[v.name])
     units = _units(graph, lowering)
     # free views first: a view's tensor must exist before any command touches its storage
     for x, node in units:
@@ -227,17 +271,26 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
             if x is not None and x.how == "free view":
                 tensors[o.name] = b.view(o.name, tensors[tensor_of[node.inputs[0].name]], _shape(o))
                 tensor_of[o.name] = o.name
+                if node.inputs[0].name in staged:   # a view of a staged tensor reads the copy too
+                    staged[o.name] = b.view(f"{o.name}@sram", staged[node.inputs[0].name], _shape(o))
             else:
                 declare(o, "output" if o.name in outputs else "scratch")
     parts, kernels = [], []
+    to_stage = {n for n in staged if n in on_chip}   # the copies themselves (not views of them)
     for x, node in units:
         mod = node.loc.module if node.loc is not None and node.loc.module else ""
+        for name in [_storage_name(v.name, staged) for v in node.inputs]:
+            if name in to_stage and x is not None and x.how in ("generated", "user"):
+                to_stage.discard(name)
+                parts.append(StagePart(tensors[tensor_of[name]], staged[name]))
+                kernels.append(None)
         if x is None or x.how == "free view":
             kernels.append(ScheduledKernel(node.name, "free view", "free view", mod, node.loc, node=node))
             parts.append(None)
             continue
         if x.how in ("generated", "user") and x.kernel is not None:
-            part = _kernel_part(x, node, view, b, cfg, tiles if search_tiles else None)
+            part = _kernel_part(x, node, view, b, cfg, tiles if search_tiles else None,
+                                scratch_on_chip=int(cfg.sram_bytes_per_pe * share / 4))
             if part is not None:
                 parts.append(part)
                 kernels.append(ScheduledKernel(x.name, x.kind, x.how, mod, node.loc, node=node))
@@ -251,12 +304,19 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     owner: list[int] = []
     prog = emit(b, real, interleave=interleave, owner=owner)
     emitted = [k for k, p in zip(kernels, parts) if p is not None]
+    for i in range(len(emitted) - 2, -1, -1):   # a staging copy is its first reader's
+        if emitted[i] is None:
+            emitted[i] = emitted[i + 1]
+    kernels = [k for k in kernels if k is not None]
     for cid, pi in enumerate(owner):
         if pi >= 0:
             emitted[pi].commands.append(cid)
     sched = Schedule(cfg, prog, tensor_of, [v.name for v in graph.inputs], weights,
                      [v.name for v in graph.outputs], kernels)
-    sched.residency = {"kept": sorted(kept), "bytes": sum(tensors[n].nbytes for n in kept)}
+    sched.weights_by_value = [c.name for c in graph.constants]
+    copies = [n for n in staged if n in on_chip]
+    sched.residency = {"kept": sorted(kept), "bytes": sum(tensors[n].nbytes for n in kept),
+                       "staged": sorted(copies), "staged_bytes": sum(staged[n].nbytes for n in copies)}
     sched.tiles = tiles
     changed = [t for t in tiles if t.changed]
     if changed:
@@ -264,6 +324,10 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
         sched.decisions.append(("tiles", f"{len(changed)} of {len(tiles)} kernels retiled by the cost model "
                                 f"({saved:,} cycles saved, kernels timed alone): "
                                 + "; ".join(str(t) for t in changed[:4]) + (" ..." if len(changed) > 4 else "")))
+    if copies:
+        sched.decisions.append(("staged", f"{len(copies)} inputs and weights the kernels read many times are "
+                                f"copied on chip once ({sched.residency['staged_bytes'] / 1e6:.2f} MB), "
+                                "their re-reads are on-chip copies"))
     if kept:
         sched.decisions.append(("resident", f"{len(kept)} intermediates stay in SRAM between their "
                                 f"producer and consumers ({sched.residency['bytes'] / 1e6:.2f} MB not "
@@ -291,11 +355,22 @@ def _units(graph: Graph, lowering) -> list[tuple[Any, Node]]:
 RESIDENT_SHARES = (0.5, 0.25, 0.125)
 
 
-def _pick_resident(graph: Graph, lowering, cfg, share: float) -> dict[str, int]:
+def _storage_name(name: str, staged: dict) -> str:
+    """The staged value a value is (itself, or a free view of it): names in `staged` that are
+    views map to their base through the `@sram` view's base name."""
+    t = staged.get(name)
+    if t is None:
+        return name
+    base = t.storage
+    return base[:-len("@sram")] if base.endswith("@sram") else name
+
+
+def _pick_resident(graph: Graph, lowering, cfg, share: float, stage=frozenset()) -> dict[str, int]:
     """Intermediates to keep in SRAM, with their PE: walking the program in order, an
     intermediate stays on chip from its producer to its last consumer if it fits in the resident
     share of the least-loaded PE's SRAM, next to the others live at that point. Free views extend
-    the life of the tensor they view."""
+    the life of the tensor they view. Inputs and constants in `stage` are placed the same way,
+    from their first consumer (the copy is made while the kernel before it runs)."""
     views = {x.node.outputs[0].name: x.node.inputs[0].name for x in lowering.nodes if x.how == "free view"}
 
     def storage(name):
@@ -312,10 +387,19 @@ def _pick_resident(graph: Graph, lowering, cfg, share: float) -> dict[str, int]:
     live: list[tuple[int, str, int, int]] = []   # (last use, name, pe, bytes)
     used = [0] * cfg.num_pes
     chosen: dict[str, int] = {}
+    sources = {v.name: v for v in list(graph.inputs) + list(graph.constants)
+               if v.name in stage and v.name not in outputs}
     for i, node in enumerate(graph.nodes):
         for entry in [e for e in live if e[0] < i]:
             live.remove(entry)
             used[entry[2]] -= entry[3]
+        for v in [sources.pop(storage(u.name)) for u in node.inputs if storage(u.name) in sources]:
+            nbytes = v.type.dtype.numpy.itemsize * int(np.prod(_shape(v)))
+            pe = min(range(cfg.num_pes), key=lambda p: used[p])
+            if used[pe] + nbytes <= budget:
+                chosen[v.name] = pe
+                used[pe] += nbytes
+                live.append((last[v.name], v.name, pe, nbytes))
         if node.outputs and node.outputs[0].name in views:
             continue
         for v in node.outputs:
@@ -330,7 +414,7 @@ def _pick_resident(graph: Graph, lowering, cfg, share: float) -> dict[str, int]:
     return chosen
 
 
-def _kernel_part(x, node, view, b, cfg, tiles: list | None = None):
+def _kernel_part(x, node, view, b, cfg, tiles: list | None = None, scratch_on_chip: int = 0):
     """The KernelPart of a generated or user kernel, or None if it cannot be traced here. With
     `tiles` (a list, filled with TileChoice), a generated kernel's tile sizes are searched."""
     from fexplore.lang.lowering import KernelPart
@@ -359,9 +443,12 @@ def _kernel_part(x, node, view, b, cfg, tiles: list | None = None):
     dram = {}
     for t, v in list(zip(trace.params, params)) + list(zip(trace.outputs, results)):
         dram[t.name] = view(v, t.shape, f"{v.name}@{x.name}.{t.name}")
-    for t in trace.tensors:
-        if t.name not in dram:   # the kernel's own scratch tensors
-            dram[t.name] = b.scratch(f"{x.name}.{t.name}", t.shape, t.dtype.name)
+    for i, t in enumerate(trace.tensors):
+        if t.name not in dram:   # the kernel's own scratch tensors (a pool's padded copy): on chip
+            # when small, where its boxes (often a few bytes each) cost no DRAM transfer each
+            nbytes = int(np.prod(t.shape)) * t.dtype.itemsize
+            make = (lambda *a: b.resident(*a, pe=i % cfg.num_pes)) if nbytes <= scratch_on_chip else b.scratch
+            dram[t.name] = make(f"{x.name}.{t.name}", t.shape, t.dtype.name)
     return KernelPart(trace, dram, prefix=f"{x.name}.")
 
 
