@@ -42,6 +42,24 @@ def test_dram_dependencies_follow_boxes_across_pes():
     assert {s0.id, s1.id} <= set(ld.deps)
 
 
+def test_tiles_stored_through_a_view_stay_independent_and_conflicts_across_views_are_found():
+    b = ProgramBuilder("tiny")
+    Y = b.output("Y", (1, 16, 8))            # a model's output, written by a kernel as [16, 8]
+    Y2 = b.view("Y2", Y, (16, 8))
+    F = b.view("F", Y, (128,))               # and read back flat by another
+    p0, p1 = _buf(b, "p0", (16, 4), pe=0), _buf(b, "p1", (16, 4), pe=1)
+    b.vector(p0, "fill", 1.0)
+    b.vector(p1, "fill", 2.0)
+    s0 = b.store(Y2[:, 0:4], p0)
+    s1 = b.store(Y2[:, 4:8], p1)             # the other columns: independent of s0
+    ld = b.load(_buf(b, "q", (4,), pe=1), F[68:72])               # row 8, columns 4..7: s1's
+    ld_y = b.load(_buf(b, "r", (1, 8, 4), pe=0), Y[:, 0:8, 0:4])  # s0's
+    b.build()
+    assert s0.id not in s1.deps
+    assert s1.id in ld.deps and s0.id not in ld.deps
+    assert s0.id in ld_y.deps and s1.id not in ld_y.deps
+
+
 def test_explicit_deps_sync_and_barrier():
     b = ProgramBuilder("tiny")
     x0, x1 = _buf(b, "x0", pe=0), _buf(b, "x1", pe=1)

@@ -82,6 +82,7 @@ class ProgramBuilder:
                                hint="declare every view before the first command")
         t = self._dram(name, shape, base.dtype, "view")
         t.storage = base.storage
+        t.storage_shape = base.storage_shape
         t.backing = base.backing
         t.aliased = True
         self._tensors[base.storage].aliased = True

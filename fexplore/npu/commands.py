@@ -46,7 +46,7 @@ NO_ENGINE = -1  # Sync
 class DramTensor:
     """A named row-major tensor in DRAM. Index it with slices to get a box for a DMA."""
 
-    __slots__ = ("name", "shape", "dtype", "kind", "nbytes", "storage", "aliased", "backing")
+    __slots__ = ("name", "shape", "dtype", "kind", "nbytes", "storage", "storage_shape", "aliased", "backing")
 
     def __init__(self, name: str, shape: tuple[int, ...], dtype: str, kind: str, storage: str | None = None):
         self.name = name
@@ -55,6 +55,7 @@ class DramTensor:
         self.kind = kind  # "input" | "output" | "scratch" | "view"
         self.nbytes = math.prod(shape) * dtypes.itemsize(dtype)
         self.storage = storage or name   # the tensor owning the bytes (itself unless a view)
+        self.storage_shape = shape       # that tensor's shape (hazards compare boxes in it)
         self.aliased = False             # seen through a view: hazards then track whole byte ranges
         self.backing = None              # a resident tensor's SRAM buffer (it never reaches DRAM)
 

@@ -14,8 +14,8 @@ independent, while a load of data a store produced waits for that store, whateve
 from __future__ import annotations
 
 import bisect
+import math
 
-from fexplore.npu import dtypes
 from fexplore.npu.commands import Buffer, DramRef, DramTensor
 
 
@@ -101,8 +101,8 @@ class HazardTracker:
 
     # ---- DRAM --------------------------------------------------------------------------------
     def dram_deps(self, cid: int, ref: DramRef, write: bool) -> set[int]:
-        if ref.tensor.aliased:  # seen through views of other shapes: compare element ranges
-            ref = _flat(ref)
+        if ref.tensor.aliased:  # seen through views of other shapes: compare boxes of the storage
+            ref = _in_storage(ref)
         index = self._dram.get(ref.tensor.storage)
         if index is None:
             index = self._dram[ref.tensor.storage] = _TensorIndex()
@@ -122,13 +122,33 @@ class HazardTracker:
         return deps
 
 
-def _flat(ref: DramRef) -> DramRef:
-    """The box as the element range it spans of its storage, seen as one flat axis: conservative
-    (a 2-d box spans the rows between its first and last element), never missing a conflict."""
-    lo, hi = ref.flat_range()
+def _in_storage(ref: DramRef) -> DramRef:
+    """The box in its storage's coordinates, size-1 dims dropped, so that every view of one
+    storage is compared in the same terms. Exact when the view only adds or drops size-1 dims (a
+    model's [1, S, N] output written as [S, N] tiles: the tiles stay independent); otherwise the
+    box of storage elements spanning the element range the ref covers (conservative: a conflict
+    is never missed, and unrelated tiles of a reshaped view may wait on each other)."""
     t = ref.tensor
-    base = DramTensor(t.storage, (t.nbytes // max(1, dtypes.itemsize(t.dtype)),), t.dtype, "view")
-    return DramRef(base, (lo,), (hi - lo,))
+    canon = tuple(d for d in t.storage_shape if d != 1)
+    base = DramTensor(t.storage, canon, t.dtype, "view")
+    kept = [(o, n) for o, n, d in zip(ref.offsets, ref.shape, t.shape) if d != 1]
+    if tuple(d for d in t.shape if d != 1) == canon:
+        return DramRef(base, tuple(o for o, _ in kept), tuple(n for _, n in kept))
+    lo, hi = ref.flat_range()
+    offsets, shape = _range_box(lo, hi, canon)
+    return DramRef(base, offsets, shape)
+
+
+def _range_box(lo: int, hi: int, shape: tuple[int, ...]) -> tuple[tuple, tuple]:
+    """The smallest box of a row-major `shape` holding the elements [lo, hi)."""
+    if not shape:
+        return (), ()
+    inner = math.prod(shape[1:])
+    first, last = lo // inner, (hi - 1) // inner
+    if first == last:   # within one index of dim 0: narrow the inner dims too
+        offs, ext = _range_box(lo - first * inner, hi - first * inner, shape[1:])
+        return (first, *offs), (1, *ext)
+    return (first, *(0,) * (len(shape) - 1)), (last - first + 1, *shape[1:])
 
 
 def _dim0(ref: DramRef) -> tuple[int, int]:
