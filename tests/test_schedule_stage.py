@@ -9,6 +9,7 @@ host ops in the report, schedules per size for dynamic dims, and the saved artif
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -247,6 +248,28 @@ def test_wrong_buckets_are_config_errors(options, words):
     model, (ids,) = ZOO["llama"](layers=1)
     with pytest.raises(fexplore.errors.ConfigError, match=words):   # at compile, not at a call
         fexplore.compile(model, (ids,), dynamic_shapes=DYNAMIC_SEQ["llama"](model), verify=False, **options)
+
+
+def test_a_model_on_the_meta_device_compiles_to_the_same_kernels_as_with_weights():
+    """Real sizes without weights: structure only, timing-only simulation. Values computed from
+    constants alone fold on the meta device too (without content), so a causal mask sliced from
+    a buffer is an operand of one attention kernel, as it is with weights."""
+    from fexplore.models.gpt import gpt
+
+    torch.manual_seed(0)
+    real, (ids,) = gpt(vocab=256, layers=1, width=64, heads=4, seq_len=64, max_seq=128)
+    meta, meta_ids = copy.deepcopy(real).to("meta"), ids.to("meta")   # .to moves in place
+    cm_real = fexplore.compile(real, (ids,), precision="bf16", verify=False)
+    cm_meta = fexplore.compile(meta, (meta_ids,), precision="bf16")
+    kinds = [(k.name, k.kind) for k in cm_meta.kernels]
+    assert kinds == [(k.name, k.kind) for k in cm_real.kernels]
+    assert ("h_0_attn", "attention") in kinds
+    assert cm_meta["fold"].stats["constants_folded"] == cm_real["fold"].stats["constants_folded"] > 0
+    t_meta, t_real = cm_meta.simulate(), cm_real.simulate()
+    # with values the mask is known causal and whole key blocks are skipped; without, it is loaded
+    assert t_real.cycles <= t_meta.cycles <= 1.5 * t_real.cycles
+    with pytest.raises(fexplore.errors.InputError):   # no values: nothing to run functionally
+        cm_meta.simulate(meta_ids)
 
 
 def test_save_writes_the_trace_and_the_report(tmp_path):

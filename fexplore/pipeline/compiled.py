@@ -152,7 +152,11 @@ class CompiledModel:
         if spec != self._ingested.in_spec:
             raise InputError("inputs do not have the structure the model was compiled with",
                              detail=f"  expected {self._ingested.in_spec}\n  got      {spec}")
-        return [to_numpy(x) for x in leaves if isinstance(x, torch.Tensor)]
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        if any(x.is_meta for x in tensors):
+            raise InputError("meta tensors have shapes but no values: there is nothing to compute with",
+                             hint="cm.simulate() with no inputs runs timing only; give real tensors to run")
+        return [to_numpy(x) for x in tensors]
 
     # -- reports ---------------------------------------------------------------------------
 

@@ -44,9 +44,17 @@ def fold(graph: Graph, options) -> StageResult:
             skipped_for_size += 1
             rw.keep(node)
             continue
-        arrays = evaluate_node(node, [c.payload for c in ins])
-        for v, a in zip(node.outputs, arrays):
-            rw.replace(v, rw.constant(v.name, np.asarray(a, order="C"), type=v.type))
+        if any(c.payload is None for c in ins):
+            # a meta-device model: the value is as constant as with real weights but has no
+            # content; it folds all the same (structure only), so a real-size model on the meta
+            # device reaches the graph the same model with weights does (a causal mask sliced
+            # from a buffer becomes a constant operand of attention, not ops in its region)
+            for v in node.outputs:
+                rw.replace(v, rw.constant(v.name, None, type=v.type, digest=f"meta-folded-{v.name}"))
+        else:
+            arrays = evaluate_node(node, [c.payload for c in ins])
+            for v, a in zip(node.outputs, arrays):
+                rw.replace(v, rw.constant(v.name, np.asarray(a, order="C"), type=v.type))
         folded += 1
         folded_bytes += nbytes
         rw.record("fold-constant", [v.name for v in node.outputs])
@@ -61,7 +69,7 @@ def fold(graph: Graph, options) -> StageResult:
 def _foldable(node: Node, ins) -> bool:
     if node.regions or node.op.name in _NEVER_FOLD:
         return False
-    if not all(isinstance(v, Constant) and v.payload is not None for v in ins):
+    if not all(isinstance(v, Constant) for v in ins):
         return False
     if not all(v.type.is_static for v in node.outputs):
         return False
