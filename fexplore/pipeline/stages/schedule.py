@@ -234,6 +234,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     on_chip = _pick_resident(graph, lowering, cfg, share, stage) if share else {}
     kept: list[str] = []
     staged: dict[str, Any] = {}    # graph value name -> its resident copy (or a view of one)
+    staged_base: dict[str, str] = {}   # graph value name -> the staged input or constant it reads
 
     def declare(v, kind):
         if kind == "scratch" and v.name in on_chip:
@@ -262,6 +263,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     for v in list(graph.inputs) + list(graph.constants):
         if v.name in on_chip:
             staged[v.name] = b.resident(f"{v.name}@sram", _shape(v), _dtype(v), pe=on_chip[v.name])
+            staged_base[v.name] = v.name
     units = _units(graph, lowering)
     # free views first: a view's tensor must exist before any command touches its storage
     for x, node in units:
@@ -273,13 +275,14 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
                 tensor_of[o.name] = o.name
                 if node.inputs[0].name in staged:   # a view of a staged tensor reads the copy too
                     staged[o.name] = b.view(f"{o.name}@sram", staged[node.inputs[0].name], _shape(o))
+                    staged_base[o.name] = staged_base[node.inputs[0].name]
             else:
                 declare(o, "output" if o.name in outputs else "scratch")
     parts, kernels = [], []
-    to_stage = {n for n in staged if n in on_chip}   # the copies themselves (not views of them)
+    to_stage = set(on_chip) & set(staged)   # the copies themselves (not views of them)
     for x, node in units:
         mod = node.loc.module if node.loc is not None and node.loc.module else ""
-        for name in [_storage_name(v.name, staged) for v in node.inputs]:
+        for name in [staged_base.get(v.name, v.name) for v in node.inputs]:
             if name in to_stage and x is not None and x.how in ("generated", "user"):
                 to_stage.discard(name)
                 parts.append(StagePart(tensors[tensor_of[name]], staged[name]))
@@ -355,16 +358,6 @@ def _units(graph: Graph, lowering) -> list[tuple[Any, Node]]:
 RESIDENT_SHARES = (0.5, 0.25, 0.125)
 
 
-def _storage_name(name: str, staged: dict) -> str:
-    """The staged value a value is (itself, or a free view of it): names in `staged` that are
-    views map to their base through the `@sram` view's base name."""
-    t = staged.get(name)
-    if t is None:
-        return name
-    base = t.storage
-    return base[:-len("@sram")] if base.endswith("@sram") else name
-
-
 def _pick_resident(graph: Graph, lowering, cfg, share: float, stage=frozenset()) -> dict[str, int]:
     """Intermediates to keep in SRAM, with their PE: walking the program in order, an
     intermediate stays on chip from its producer to its last consumer if it fits in the resident
@@ -389,28 +382,27 @@ def _pick_resident(graph: Graph, lowering, cfg, share: float, stage=frozenset())
     chosen: dict[str, int] = {}
     sources = {v.name: v for v in list(graph.inputs) + list(graph.constants)
                if v.name in stage and v.name not in outputs}
+
+    def place(v):
+        """On the least-loaded PE, if it fits there next to what is live."""
+        nbytes = v.type.dtype.numpy.itemsize * int(np.prod(_shape(v)))
+        pe = min(range(cfg.num_pes), key=lambda p: used[p])
+        if used[pe] + nbytes <= budget:
+            chosen[v.name] = pe
+            used[pe] += nbytes
+            live.append((last[v.name], v.name, pe, nbytes))
+
     for i, node in enumerate(graph.nodes):
         for entry in [e for e in live if e[0] < i]:
             live.remove(entry)
             used[entry[2]] -= entry[3]
         for v in [sources.pop(storage(u.name)) for u in node.inputs if storage(u.name) in sources]:
-            nbytes = v.type.dtype.numpy.itemsize * int(np.prod(_shape(v)))
-            pe = min(range(cfg.num_pes), key=lambda p: used[p])
-            if used[pe] + nbytes <= budget:
-                chosen[v.name] = pe
-                used[pe] += nbytes
-                live.append((last[v.name], v.name, pe, nbytes))
+            place(v)
         if node.outputs and node.outputs[0].name in views:
             continue
         for v in node.outputs:
-            if v.name in outputs or v.name not in last:
-                continue
-            nbytes = v.type.dtype.numpy.itemsize * int(np.prod(_shape(v)))
-            pe = min(range(cfg.num_pes), key=lambda p: used[p])
-            if used[pe] + nbytes <= budget:
-                chosen[v.name] = pe
-                used[pe] += nbytes
-                live.append((last[v.name], v.name, pe, nbytes))
+            if v.name not in outputs and v.name in last:
+                place(v)
     return chosen
 
 
