@@ -236,14 +236,24 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     w = Writer()   # the body first: computed q and k add parameters as they are written
     w.depth = 1
     if causal:
-        w("# the mask of a block on the diagonal, key j <= query i, made once in DRAM")
-        w("tri = fl.scratch((bq, bq), fl.bool_)")
-        w("for r in range(bq):")
+        # from the positions of a block's queries and keys (a few doubling copies each), not row
+        # by row: a DMA store per row cost a start-up each, 2 x bq of them before any work
+        qpos, kpos, n, rs = (names.new(x) for x in ("QPOS", "KPOS", "n", "rs"))
+        w("# the mask of a block on the diagonal, key j <= query i, made once in DRAM from the")
+        w("# positions 0, 1, ..., bq - 1 of a block's queries and keys, by doubling: [n:2n] = [0:n] + n")
+        w(f"{qpos}, {kpos} = fl.scratch((bq, 1), fl.f32), fl.scratch((1, bq), fl.f32)")
+        w(f"fl.store({qpos}[0:1, :], fl.zeros((1, 1)))")
+        w(f"fl.store({kpos}[:, 0:1], fl.zeros((1, 1)))")
+        w(f"{n} = 1")
+        w(f"while {n} < bq:")
         with w.indent():
-            w("fl.store(tri[r:r + 1, 0:r + 1], fl.full((1, r + 1), 1.0, dtype=fl.bool_))")
-            w("if r + 1 < bq:")
-            with w.indent():
-                w("fl.store(tri[r:r + 1, r + 1:bq], fl.full((1, bq - r - 1), 0.0, dtype=fl.bool_))")
+            w(f"fl.store({qpos}[{n}:min(2 * {n}, bq), :], fl.load({qpos}[0:min({n}, bq - {n}), :]) + {n})")
+            w(f"fl.store({kpos}[:, {n}:min(2 * {n}, bq)], fl.load({kpos}[:, 0:min({n}, bq - {n})]) + {n})")
+            w(f"{n} *= 2")
+        w("tri = fl.scratch((bq, bq), fl.bool_)")
+        w(f"for {rs} in fl.range(fl.tiles(bq, max(1, {cfg.sram_bytes_per_pe // 64} // bq))):")
+        with w.indent():
+            w(f"fl.store(tri[{rs}, :], fl.load({kpos}[:, :]) <= fl.load({qpos}[{rs}, :]))")
     w(f"S, T = {S}, {T}")
     out = names.new(result.name + "_out").upper()
     axes = " ".join(["_"] * len(lead) + ["S", "_"])
