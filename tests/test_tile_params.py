@@ -87,3 +87,22 @@ def test_tiling_parameters_never_change_what_a_kernel_computes(name):
                         np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=1e-5, atol=1e-5,
                         err_msg=f"{x.name}: {p}={value} (default {v}) computes something else")
     assert tried > 0
+
+
+def test_kernels_of_identical_layers_share_one_tile_search():
+    """Layer 0's and layer 1's kernels differ only in names: one canonical source, one search
+    (a 12-layer model searched each layer's kernels anew, most of its compile time)."""
+    from fexplore.lang.codegen.source import canonical_source
+
+    torch.manual_seed(0)
+    model, inputs = ZOO["gpt"]()
+    cm = fexplore.compile(model, inputs, verify=False)
+    by_name = {k.name: k for k in cm.kernels}
+    for name in ("h_0_mlp_c_fc", "h_0_attn"):
+        a, b = by_name[name], by_name[name.replace("h_0", "h_1")]
+        assert a.source != b.source and canonical_source(a.source) == canonical_source(b.source)
+        assert canonical_source(a.source.replace("1e-05", "1e-06")) != canonical_source(a.source) or \
+            "1e-05" not in a.source
+    tiles = {t.kernel: t for t in cm.schedule.tiles}
+    assert tiles["h_1_mlp_c_fc"].chosen == tiles["h_0_mlp_c_fc"].chosen
+    assert tiles["h_1_mlp_c_fc"].same_as == "h_0_mlp_c_fc" and not tiles["h_0_mlp_c_fc"].same_as

@@ -40,6 +40,9 @@ class Allocation:
         self.reuse_deps: dict[int, list[int]] = {}
 
 
+OLDEST_STARTS = 16   # freed ranges whose starts are tried as a new buffer's place, oldest first
+
+
 class _PESpace:
     """Free segments of one PE's SRAM (sorted by offset), plus who last occupied each freed range."""
 
@@ -59,10 +62,14 @@ class _PESpace:
         for off0, n in self.free:
             if n < size:
                 continue
-            candidates = {off0, off0 + n - size}
-            candidates.update(s for s, _, _, _ in self.vacated if off0 <= s and s + size <= off0 + n)
+            # the freed ranges inside this free segment; candidates are the segment's ends and the
+            # starts of its OLDEST_STARTS longest-vacated ranges (all of them made the allocator
+            # quadratic in the ranges a long program frees, for a choice among near-equals)
+            inside = [r for r in self.vacated if r[0] < off0 + n and off0 < r[1]]
+            starts = sorted((a, s) for s, _, _, a in inside if off0 <= s and s + size <= off0 + n)
+            candidates = {off0, off0 + n - size} | {s for _, s in starts[:OLDEST_STARTS]}
             for off in candidates:
-                age = max((a for s, e, _, a in self.vacated if s < off + size and off < e), default=-1)
+                age = max((a for s, e, _, a in inside if s < off + size and off < e), default=-1)
                 if best is None or (age, off) < best:
                     best = (age, off)
         if best is None:

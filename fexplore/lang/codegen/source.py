@@ -111,3 +111,27 @@ def cast_to(expr: str, src: DType, dst: DType) -> str:
     if dst == DType.fp8 and src.is_float:
         return f"fl.cast(fl.minimum(fl.maximum({expr}, -448.0), 448.0), fl.fp8)"
     return f"{expr}.astype({fl_dtype(dst)})"
+
+
+def canonical_source(source: str) -> str:
+    """`source` without comments and with its names renamed in order of first appearance
+    (attribute names, keywords and builtins kept): two kernels that differ only in the names of
+    their values (layer 0's and layer 11's) have the same canonical source, so what is learned
+    about one (its best tiles, that it computes right on these shapes) holds for the other."""
+    import builtins
+    import io
+    import keyword
+    import tokenize
+
+    renamed: dict[str, str] = {}
+    out, after_dot = [], False
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in (tokenize.COMMENT, tokenize.NL):
+            continue
+        text = tok.string
+        if tok.type == tokenize.NAME and not after_dot and not keyword.iskeyword(text) \
+                and not hasattr(builtins, text) and text != "fl":
+            text = renamed.setdefault(text, f"v{len(renamed)}")
+        after_dot = tok.type == tokenize.OP and tok.string == "."
+        out.append(text)
+    return " ".join(out)

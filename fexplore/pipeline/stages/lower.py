@@ -513,7 +513,9 @@ class _RunOnce:
 
 
 def _distinct_key(x: LoweredNode, arrays) -> tuple:
-    src = x.kernel.source.replace(x.kernel.name, "<k>")
+    from fexplore.lang.codegen.source import canonical_source
+
+    src = canonical_source(x.kernel.source)
     return (x.kind, src, tuple(a.shape for a in arrays), tuple(str(a.dtype) for a in arrays))
 
 

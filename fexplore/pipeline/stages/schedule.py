@@ -425,9 +425,11 @@ def _kernel_part(x, node, view, b, cfg, tiles: list | None = None, scratch_on_ch
         args = zeros
         params, results = list(node.inputs), list(node.outputs)
     if x.how == "generated" and tiles is not None:
+        from fexplore.lang.codegen.source import canonical_source
+
         from .tiles import best_trace
 
-        key = (gk.source.replace(gk.name, "<k>"), tuple((a.shape, str(a.dtype)) for a in args))
+        key = (canonical_source(gk.source), tuple((a.shape, str(a.dtype)) for a in args))
         trace, choice = best_trace(x.name, kernel, args, cfg, key)
         tiles.append(choice)
     else:

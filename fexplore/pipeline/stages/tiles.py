@@ -18,7 +18,7 @@ argument shapes and target, so the repeated layers of a model are searched once.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 MAX_CANDIDATES = 10
 MIN_GAIN = 0.03   # a retiling must be 3% faster alone (or as fast with less DRAM traffic)
@@ -36,6 +36,7 @@ class TileChoice:
     tried: int
     skipped: str = ""          # why the search did not run
     candidates: list = field(default_factory=list)   # (params, cycles or None)
+    same_as: str = ""          # decided by the search of this identical kernel (names aside)
 
     @property
     def changed(self) -> bool:
@@ -45,8 +46,9 @@ class TileChoice:
         if self.skipped:
             return f"{self.kernel}: defaults kept ({self.skipped})"
         diff = ", ".join(f"{k} {self.default[k]}→{v}" for k, v in self.chosen.items() if self.default[k] != v)
+        how = f"as {self.same_as}" if self.same_as else f"{self.tried} candidates"
         return (f"{self.kernel}: {diff or 'defaults are best'} ({self.default_cycles:,} → {self.cycles:,} "
-                f"cycles alone, {self.tried} candidates)")
+                f"cycles alone, {how})")
 
 
 _CACHE: dict = {}
@@ -65,8 +67,10 @@ def tile_params(kernel) -> dict:
 def best_trace(name: str, kernel, args, cfg, key):
     """(trace, TileChoice): the fastest tiling of `kernel` on `cfg` for `args` (see the module)."""
     hit = _CACHE.get((key, cfg))
-    if hit is not None:
+    if hit is not None:   # an identical kernel (its canonical source) was searched already
         params, choice = hit
+        if choice.kernel != name:
+            choice = replace(choice, kernel=name, same_as=choice.same_as or choice.kernel)
         return kernel.trace(*args, target=cfg, **params), choice
     default = tile_params(kernel)
     base = kernel.trace(*args, target=cfg)
