@@ -125,13 +125,16 @@ def canonical_source(source: str) -> str:
 
     renamed: dict[str, str] = {}
     out, after_dot = [], False
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type in (tokenize.COMMENT, tokenize.NL):
-            continue
-        text = tok.string
-        if tok.type == tokenize.NAME and not after_dot and not keyword.iskeyword(text) \
-                and not hasattr(builtins, text) and text != "fl":
-            text = renamed.setdefault(text, f"v{len(renamed)}")
-        after_dot = tok.type == tokenize.OP and tok.string == "."
-        out.append(text)
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type in (tokenize.COMMENT, tokenize.NL):
+                continue
+            text = tok.string
+            if tok.type == tokenize.NAME and not after_dot and not keyword.iskeyword(text) \
+                    and not hasattr(builtins, text) and text != "fl":
+                text = renamed.setdefault(text, f"v{len(renamed)}")
+            after_dot = tok.type == tokenize.OP and tok.string == "."
+            out.append(text)
+    except (tokenize.TokenError, SyntaxError):   # not a whole program (a user's lambda, say): as is
+        return source
     return " ".join(out)
