@@ -113,7 +113,7 @@ def cast_to(expr: str, src: DType, dst: DType) -> str:
     return f"{expr}.astype({fl_dtype(dst)})"
 
 
-def canonical_source(source: str) -> str:
+def canonical_source(source: str, *, numbers: bool = True) -> str:
     """`source` without comments and with its names renamed in order of first appearance
     (attribute names, keywords and builtins kept): two kernels that differ only in the names of
     their values (layer 0's and layer 11's) have the same canonical source, so what is learned
@@ -125,6 +125,7 @@ def canonical_source(source: str) -> str:
 
     renamed: dict[str, str] = {}
     out, after_dot = [], False
+    # numbers=False: literals count as one (layer 3's cache update at row 3, layer 4's at row 4)
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type in (tokenize.COMMENT, tokenize.NL):
@@ -133,6 +134,8 @@ def canonical_source(source: str) -> str:
             if tok.type == tokenize.NAME and not after_dot and not keyword.iskeyword(text) \
                     and not hasattr(builtins, text) and text != "fl":
                 text = renamed.setdefault(text, f"v{len(renamed)}")
+            if tok.type == tokenize.NUMBER and not numbers:
+                text = "0"
             after_dot = tok.type == tokenize.OP and tok.string == "."
             out.append(text)
     except (tokenize.TokenError, SyntaxError):   # not a whole program (a user's lambda, say): as is

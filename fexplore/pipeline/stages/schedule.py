@@ -188,6 +188,8 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
 
 # An input or weight whose loads move more than this many times its size is worth staging on chip
 REREAD_FACTOR = 1.5
+# ... and staging is worth a second build when the re-reads are this share of what the loads move
+STAGE_MIN_SHARE = 0.01
 
 
 def _reread(sched: Schedule) -> set[str]:
@@ -203,12 +205,15 @@ def _reread(sched: Schedule) -> set[str]:
     for c in prog.commands:
         if isinstance(c, Load) and not isinstance(c, Stage) and not c.src.tensor.resident:
             moved[c.src.tensor.storage] = moved.get(c.src.tensor.storage, 0) + dma_command_bytes(c, prog.target)
-    out = set()
+    out, excess = set(), 0
+    room = prog.target.sram_bytes_per_pe * RESIDENT_SHARES[0]
     for name in list(sched.inputs) + list(sched.weights_by_value):
         t = prog.tensors[sched.tensor_of[name]]
-        if moved.get(t.storage, 0) > REREAD_FACTOR * t.nbytes:
+        if t.nbytes <= room and moved.get(t.storage, 0) > REREAD_FACTOR * t.nbytes:
             out.add(name)
-    return out
+            excess += moved[t.storage] - t.nbytes
+    # staging costs a second build of the whole program: only for a real share of its traffic
+    return out if excess >= STAGE_MIN_SHARE * sum(moved.values()) else set()
 
 
 def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
@@ -429,7 +434,9 @@ def _kernel_part(x, node, view, b, cfg, tiles: list | None = None, scratch_on_ch
 
         from .tiles import best_trace
 
-        key = (canonical_source(gk.source), tuple((a.shape, str(a.dtype)) for a in args))
+        # kernels alike but for names and literals (each layer's cache update at its own row)
+        # share a search: tiles change how work is cut, never what is computed (test_tile_params)
+        key = (canonical_source(gk.source, numbers=False), tuple((a.shape, str(a.dtype)) for a in args))
         trace, choice = best_trace(x.name, kernel, args, cfg, key)
         tiles.append(choice)
     else:

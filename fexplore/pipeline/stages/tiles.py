@@ -67,11 +67,16 @@ def tile_params(kernel) -> dict:
 def best_trace(name: str, kernel, args, cfg, key):
     """(trace, TileChoice): the fastest tiling of `kernel` on `cfg` for `args` (see the module)."""
     hit = _CACHE.get((key, cfg))
-    if hit is not None:   # an identical kernel (its canonical source) was searched already
+    if hit is not None:   # a kernel alike (its canonical source) was searched already
         params, choice = hit
         if choice.kernel != name:
             choice = replace(choice, kernel=name, same_as=choice.same_as or choice.kernel)
-        return kernel.trace(*args, target=cfg, **params), choice
+        try:
+            return kernel.trace(*args, target=cfg, **params), choice
+        except Exception:  # noqa: BLE001 - alike is not identical: its tiles do not fit this one
+            default = tile_params(kernel)
+            return kernel.trace(*args, target=cfg), replace(
+                choice, chosen=default, cycles=choice.default_cycles, skipped=f"{choice.same_as}'s tiles do not fit")
     default = tile_params(kernel)
     base = kernel.trace(*args, target=cfg)
     if not default:
