@@ -358,3 +358,34 @@ def test_tile_search_keeps_the_fastest_tiling_it_traced():
     k = next(x for x in cm.lowering.kernels if any(t.kernel == x.name and t.changed for t in tiles))
     assert tile_params(k.traced) != next(t.chosen for t in tiles if t.kernel == k.name)
     assert any(w == "tiles" for w, _ in cm.schedule.decisions)
+
+
+def test_the_issue_order_keeps_a_pes_buffers_within_its_sram():
+    """A movement kernel's loads have no inputs to wait for; hoisted ahead of the stores that
+    free their buffers, sixteen of them at once overflowed SRAM and sent a whole program to the
+    serial fallback. The memory-aware order opens a buffer only when it fits."""
+    from fexplore.lang.schedule import list_schedule
+
+    # on one PE: loads L0..L3 (buffer b_i each, 40 bytes) then stores S0..S3, each store after
+    # its load; a 100-byte limit lets only two buffers be live at once
+    pe_of, engine_of = [0] * 8, [0] * 8
+    duration = [10.0] * 8
+    deps = [[], [], [], [], [0], [1], [2], [3]]
+    touches = [(0,), (1,), (2,), (3,), (0,), (1,), (2,), (3,)]
+    sizes = {0: 40, 1: 40, 2: 40, 3: 40}
+    free_order = list_schedule(pe_of, engine_of, duration, deps, 1)
+    assert free_order[:4] == [0, 1, 2, 3]    # unaware: every load first, four buffers live
+    order = list_schedule(pe_of, engine_of, duration, deps, 1, touches=touches, buffer_bytes=sizes,
+                          sram_limit=100)
+    live = peak = 0
+    left = {b: 2 for b in sizes}
+    for i in order:
+        b = touches[i][0]
+        if left[b] == 2:
+            live += sizes[b]
+        left[b] -= 1
+        if left[b] == 0:
+            live -= sizes[b]
+        peak = max(peak, live)
+    assert peak <= 100 and sorted(order) == list(range(8))
+    assert all(order.index(d) < order.index(i) for i, ds in enumerate(deps) for d in ds)

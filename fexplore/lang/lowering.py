@@ -95,7 +95,8 @@ class StagePart:
     dst: Any      # the resident tensor
 
 
-def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner: list | None = None):
+def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner: list | None = None,
+         sram_limit: float | None = None):
     """Emit `parts` (KernelPart / HostPart, in program order) into `b` and build the program.
 
     Dependencies are the npu's hazard rules over every part's buffers and DRAM boxes, so a part
@@ -136,6 +137,7 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
     # ---- dependencies and costs, in program order ----------------------------------------------
     hz = HazardTracker()
     pe_of, engine_of, duration, deps, refs = [], [], [], [], []
+    touches: list[tuple[int, ...]] = []   # per op, the SRAM buffers it uses (memory-aware order)
     fence: dict[tuple[int, int], int] = {}   # (part, pe) -> the latest wait on it
     for k, (pi, op) in enumerate(ops):
         if isinstance(op, StagePart):
@@ -145,6 +147,7 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
             before = [q for q in range(pi - 1, -1, -1) if not isinstance(parts[q], StagePart)]
             if before and before[0] in first_op:
                 d.add(first_op[before[0]])
+            touches.append(())
             pe_of.append(op.dst.backing.pe)
             engine_of.append(DMA)
             duration.append(cfg.dma_startup_cycles + op.src.nbytes / cfg.dram_bytes_per_cycle)
@@ -158,6 +161,7 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
             for r in op.dst:
                 d |= hz.dram_deps(k, r, True)
             host_bytes = sum(r.size * dtypes.itemsize(r.tensor.dtype) for r in op.src + op.dst)
+            touches.append(())
             pe_of.append(0)
             engine_of.append(DMA)
             duration.append(cfg.dma_startup_cycles + host_bytes / cfg.host_bytes_per_cycle
@@ -169,6 +173,7 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
         reads = tuple(buf(pi, t) for t in op.reads() if not (op.index in overwrite and t is op.out))
         writes = tuple(buf(pi, t) for t in op.writes())
         d = hz.buffer_deps(k, reads, writes)
+        touches.append(tuple({x.id for x in reads + writes}))
         box = None
         if isinstance(op, (ir.Load, ir.Store, ir.Gather, ir.Scatter)):
             writes_dram = isinstance(op, (ir.Store, ir.Scatter))
@@ -189,7 +194,10 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
     if interleave == "trace":   # program order as traced: what each kernel's SRAM plan was checked in
         order = list(range(len(ops)))
     elif interleave:
-        order = list_schedule(pe_of, engine_of, duration, deps, cfg.num_pes)
+        sizes = {x.id: -(-x.nbytes // cfg.sram_alignment_bytes) * cfg.sram_alignment_bytes
+                 for m in meta if m is not None for x in m[1]}
+        order = list_schedule(pe_of, engine_of, duration, deps, cfg.num_pes, touches=touches,
+                              buffer_bytes=sizes, sram_limit=sram_limit)
     else:  # each part scheduled on its own; a barrier between parts (below)
         order, lo = [], 0
         while lo < len(ops):

@@ -23,10 +23,29 @@ MAX_PASSES = 2   # how often an op may be passed over for one on a longer path
 
 
 def list_schedule(pe_of: list[int], engine_of: list[int], duration: list[float], deps: list[list[int]],
-                  num_pes: int, *, window: int = 64) -> list[int]:
+                  num_pes: int, *, window: int = 64, touches=None, buffer_bytes=None,
+                  sram_limit: float | None = None) -> list[int]:
     """Issue order of ops 0..n-1. `engine_of[i]` is 0/1/2 (dma/tensor/vector) or -1 (no engine);
-    `deps[i]` lists earlier ops that must be issued (and, in the estimate, finished) before op i."""
+    `deps[i]` lists earlier ops that must be issued (and, in the estimate, finished) before op i.
+
+    With `touches` (per op, the ids of the SRAM buffers it uses, on its own PE), `buffer_bytes`
+    and `sram_limit`, the order is memory-aware: a buffer is live from the first op issued that
+    uses it to the last, and an op that would open buffers beyond `sram_limit` bytes live on its
+    PE waits while other ops can go (the SRAM allocator places buffers in this order; hoisting a
+    kernel's loads ahead of the stores that free its buffers overflowed it)."""
     n = len(pe_of)
+    aware = touches is not None and sram_limit is not None
+    live = [0.0] * num_pes
+    opened: set = set()
+    users_left: dict[int, int] = {}
+    if aware:
+        for ts in touches:
+            for b in ts:
+                users_left[b] = users_left.get(b, 0) + 1
+
+    def fits(i: int) -> bool:
+        need = sum(buffer_bytes[b] for b in touches[i] if b not in opened)
+        return need == 0 or live[pe_of[i]] + need <= sram_limit
     pending = [len(d) for d in deps]
     dependents: list[list[int]] = [[] for _ in range(n)]
     for i, ds in enumerate(deps):
@@ -58,11 +77,13 @@ def list_schedule(pe_of: list[int], engine_of: list[int], duration: list[float],
             if pending[i] == 0:
                 ready[p].append(i)
 
-    def pick(p: int):
+    def pick(p: int, force: bool = False):
         fp = free[p]
         starts = []
         first = None
         for i in ready[p]:
+            if aware and not force and not fits(i):
+                continue
             e = engine_of[i]
             t = inputs_at[i] if e < 0 or fp[e] < inputs_at[i] else fp[e]
             starts.append((t, i))
@@ -90,12 +111,25 @@ def list_schedule(pe_of: list[int], engine_of: list[int], duration: list[float],
             b = best[p]
             if b is not None and (choice is None or b < choice[0]):
                 choice = (b, p)
+        if choice is None:   # every ready op would overflow its PE: the earliest goes anyway
+            for p in range(num_pes):
+                b = pick(p, force=True)
+                if b is not None and (choice is None or b < choice[0]):
+                    choice = (b, p)
         (start, i, first), p = choice
         if first != i:
             passed[first] += 1
         order.append(i)
         issued[i] = True
         ready[p].remove(i)
+        if aware:
+            for b in touches[i]:
+                if b not in opened:
+                    opened.add(b)
+                    live[p] += buffer_bytes[b]
+                users_left[b] -= 1
+                if users_left[b] == 0:
+                    live[p] -= buffer_bytes[b]
         end = start + duration[i]
         if engine_of[i] >= 0:
             free[p][engine_of[i]] = end

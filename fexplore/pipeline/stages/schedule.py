@@ -310,7 +310,10 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
 
     real = [p for p in parts if p is not None]
     owner: list[int] = []
-    prog = emit(b, real, interleave=interleave, owner=owner)
+    # the kernels' own buffers in what residency leaves of a PE's SRAM, with headroom for
+    # fragmentation; the order keeps them there (an overflow is still caught, and falls back)
+    prog = emit(b, real, interleave=interleave, owner=owner,
+                sram_limit=cfg.sram_bytes_per_pe * (1 - share) * 0.85)
     emitted = [k for k, p in zip(kernels, parts) if p is not None]
     for i in range(len(emitted) - 2, -1, -1):   # a staging copy is its first reader's
         if emitted[i] is None:
