@@ -126,7 +126,7 @@ class ProgramBuilder:
         ref = self._ref(src, loc)
         self._check_buffer(dst, loc)
         self._check_transfer(dst, ref, loc)
-        return self._add(Load(dst, ref, loc), deps, dram=(ref, False))
+        return self._add(Load(dst, ref, loc), deps, dram=((ref, False),))
 
     def stage(self, dst: DramTensor, src: DramTensor, *, deps=(), loc=None) -> Stage:
         """DMA: all of DRAM tensor `src` into resident tensor `dst` (``resident``, same shape and
@@ -139,9 +139,7 @@ class ProgramBuilder:
             raise ProgramError(f"stage: {getattr(src, 'name', src)!r} must be a DRAM tensor of "
                                f"{dst.dtype}{list(dst.shape)}, as {dst.name!r} is", loc=loc)
         into, ref = self._ref(dst, loc), self._ref(src, loc)
-        cmd = self._add(Stage(into, ref, loc), deps, dram=(ref, False))
-        cmd.deps = tuple(sorted(set(cmd.deps) | self._hazards.dram_deps(cmd.id, into, True)))
-        return cmd
+        return self._add(Stage(into, ref, loc), deps, dram=((ref, False), (into, True)))
 
     def store(self, dst: DramRef | DramTensor, src: Buffer, *, deps=(), loc=None) -> Store:
         """DMA: SRAM buffer `src` into DRAM box `dst`."""
@@ -149,7 +147,7 @@ class ProgramBuilder:
         ref = self._ref(dst, loc)
         self._check_buffer(src, loc)
         self._check_transfer(src, ref, loc)
-        return self._add(Store(ref, src, loc), deps, dram=(ref, True))
+        return self._add(Store(ref, src, loc), deps, dram=((ref, True),))
 
     def gather(self, dst: Buffer, src: DramRef | DramTensor, index, *, axis: int = 0,
                mode: str = "rows", deps=(), loc=None) -> Gather:
@@ -163,7 +161,7 @@ class ProgramBuilder:
         for buf in (dst, *index):
             self._check_buffer(buf, loc)
         self._check_indexed(ref, index, dst, axis, mode, "gather", loc)
-        return self._add(Gather(dst, ref, index, axis, mode, loc), deps, dram=(ref, False))
+        return self._add(Gather(dst, ref, index, axis, mode, loc), deps, dram=((ref, False),))
 
     def scatter(self, dst: DramRef | DramTensor, index, src: Buffer, *, axis: int = 0,
                 mode: str = "rows", reduce: str | None = None, deps=(), loc=None) -> Scatter:
@@ -177,7 +175,7 @@ class ProgramBuilder:
         if reduce not in (None, "add"):
             raise ProgramError(f"scatter: reduce must be None or 'add', got {reduce!r}", loc=loc)
         self._check_indexed(ref, index, src, axis, mode, "scatter", loc)
-        return self._add(Scatter(ref, index, src, axis, mode, reduce, loc), deps, dram=(ref, True))
+        return self._add(Scatter(ref, index, src, axis, mode, reduce, loc), deps, dram=((ref, True),))
 
     def transpose(self, out: Buffer, src: Buffer, perm, *, deps=(), loc=None) -> Transpose:
         """Transpose engine: ``out = src.transpose(perm)``, both buffers on one PE."""
@@ -257,14 +255,8 @@ class ProgramBuilder:
         loc = self._loc(loc)
         src = tuple(self._ref(x, loc) for x in src)
         dst = tuple(self._ref(x, loc) for x in dst)
-        cmd = Host(op, fn, src, dst, flops, loc)
-        cid = len(self._commands)
-        extra = set()
-        for r in src:
-            extra |= self._hazards.dram_deps(cid, r, False)
-        for r in dst:
-            extra |= self._hazards.dram_deps(cid, r, True)
-        return self._add(cmd, list(deps) + sorted(extra))
+        return self._add(Host(op, fn, src, dst, flops, loc), deps,
+                         dram=tuple((r, False) for r in src) + tuple((r, True) for r in dst))
 
     def sync(self, *deps: Command, pe: int = 0, loc=None) -> Sync:
         """A join point, done when all `deps` are; depend on it to wait for all of them at once."""
@@ -293,12 +285,15 @@ class ProgramBuilder:
         return len(self._commands)
 
     # ---- internals ----------------------------------------------------------------------------
-    def _add(self, cmd: Command, explicit, dram: tuple[DramRef, bool] | None = None) -> Command:
+    def _add(self, cmd: Command, explicit, dram: tuple[tuple[DramRef, bool], ...] = ()) -> Command:
+        """Append `cmd`, depending on `explicit` and on the hazards of its buffers and of the
+        DRAM boxes in `dram` ((box, written) pairs)."""
         self._check_open()
         cid = cmd.id = len(self._commands)
         deps = self._hazards.buffer_deps(cid, cmd.reads, cmd.writes)
-        if dram is not None:
-            deps |= self._hazards.dram_deps(cid, *dram)
+        for ref, write in dram:
+            deps |= self._hazards.dram_deps(cid, ref, write)
+        deps.discard(cid)   # a command reading and writing one box (an in-place host op)
         for d in explicit:
             did = d.id if isinstance(d, Command) else d
             if not (isinstance(did, int) and 0 <= did < cid) or \

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
-import sympy
 
 from fexplore.errors import ConfigError, InputError
 from fexplore.ir import Graph
-from fexplore.ir.types import symbol
+from fexplore.ir.types import concrete_shape, symbol
 
 
 def check_buckets(graph: Graph, buckets: Mapping | None) -> dict[str, tuple[int, ...]]:
@@ -67,7 +66,7 @@ def pad_inputs(graph: Graph, arrays: Sequence[np.ndarray], bucket: tuple, pad_va
     at = {symbol(k): v for k, v in bucket}
     out = []
     for v, a, fill in zip(graph.inputs, arrays, values):
-        target = [_size(d, at) for d in v.type.shape]
+        target = concrete_shape(v.type.shape, at)
         widths = [(0, t - n) for t, n in zip(target, a.shape)]
         if any(w < 0 for _, w in widths):   # a dim that shrinks as the symbol grows: not paddable
             raise InputError(f"input %{v.name} ({v.type}) cannot be padded to {dict(bucket)}",
@@ -80,7 +79,7 @@ def pad_inputs(graph: Graph, arrays: Sequence[np.ndarray], bucket: tuple, pad_va
 def real_shapes(graph: Graph, sizes: tuple) -> list[tuple[int, ...]]:
     """The outputs' shapes at the call's own symbol values."""
     at = {symbol(k): v for k, v in sizes}
-    return [tuple(_size(d, at) for d in v.type.shape) for v in graph.outputs]
+    return [concrete_shape(v.type.shape, at) for v in graph.outputs]
 
 
 def unpad(outputs: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
@@ -103,10 +102,6 @@ class PaddedCalls:
     bucket: tuple
     share: float        # of the bucketed dims' elements, padding
     calls: int = 0
-
-
-def _size(d, at) -> int:
-    return int(d) if isinstance(d, int) else int(sympy.sympify(d).xreplace(at))
 
 
 def pad_values(pad_value, n: int) -> list:

@@ -70,7 +70,6 @@ class Schedule:
     decisions: list = field(default_factory=list)  # (what, why): spills, serial fallback, residency
     residency: dict = field(default_factory=dict)  # intermediates kept in SRAM, their bytes
     tiles: list = field(default_factory=list)      # tiles.TileChoice per generated kernel
-    weights_by_value: list = field(default_factory=list)  # the graph's constants (value names)
 
     def dram_inputs(self, arrays) -> dict:
         feed = {self.tensor_of[n]: np.asarray(a) for n, a in zip(self.inputs, arrays)}
@@ -207,7 +206,7 @@ def _reread(sched: Schedule) -> set[str]:
             moved[c.src.tensor.storage] = moved.get(c.src.tensor.storage, 0) + dma_command_bytes(c, prog.target)
     out, excess = set(), 0
     room = prog.target.sram_bytes_per_pe * RESIDENT_SHARES[0]
-    for name in list(sched.inputs) + list(sched.weights_by_value):
+    for name in list(sched.inputs) + list(sched.weights):   # weights: by the constants' names
         t = prog.tensors[sched.tensor_of[name]]
         if t.nbytes <= room and moved.get(t.storage, 0) > REREAD_FACTOR * t.nbytes:
             out.add(name)
@@ -284,7 +283,8 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
             else:
                 declare(o, "output" if o.name in outputs else "scratch")
     parts, kernels = [], []
-    to_stage = set(on_chip) & set(staged)   # the copies themselves (not views of them)
+    copies = [n for n in staged if n in on_chip]   # the copies themselves (not views of them)
+    to_stage = set(copies)
     for x, node in units:
         mod = node.loc.module if node.loc is not None and node.loc.module else ""
         for name in [staged_base.get(v.name, v.name) for v in node.inputs]:
@@ -324,8 +324,6 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
             emitted[pi].commands.append(cid)
     sched = Schedule(cfg, prog, tensor_of, [v.name for v in graph.inputs], weights,
                      [v.name for v in graph.outputs], kernels)
-    sched.weights_by_value = [c.name for c in graph.constants]
-    copies = [n for n in staged if n in on_chip]
     sched.residency = {"kept": sorted(kept), "bytes": sum(tensors[n].nbytes for n in kept),
                        "staged": sorted(copies), "staged_bytes": sum(staged[n].nbytes for n in copies)}
     sched.tiles = tiles
