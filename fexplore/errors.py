@@ -3,6 +3,9 @@
 Each carries a stable ``code`` (documented, greppable, never renumbered), a message in the user's
 terms, the user's source location where one exists, and a hint saying how to fix it. ``str(err)``
 is the whole story, so a notebook or a terminal shows it without a traceback into fexplore.
+
+Each error class also documents itself in its ``doc`` (an `ErrorDoc`: when it happens, an
+example, the fix); ``fexplore.error_catalog`` gathers those into ``docs/errors.md``.
 """
 
 from __future__ import annotations
@@ -36,10 +39,29 @@ class SourceLoc:
         return text.strip() or None
 
 
+@dataclass(frozen=True)
+class ErrorDoc:
+    """An error's catalog entry, kept on its class so the two cannot drift apart.
+
+    ``when``: what the user did that raises it; ``example``: a short snippet (Python or IR text)
+    that raises it; ``fix``: what to do instead."""
+
+    when: str
+    example: str
+    fix: str
+
+
 class FexploreError(Exception):
-    """Base of every user-facing error."""
+    """Base of every user-facing error. Used as such for misuse of the API itself."""
 
     code = "FX000"
+    doc = ErrorDoc(
+        when="The API is used the wrong way: something other than a torch.nn.Module is compiled, "
+             "an Exploration is stepped past its last stage, or the CLI is given a spec it "
+             "cannot resolve.",
+        example="fexplore.compile(lambda x: x * 2, (torch.randn(4),))",
+        fix="Pass the model object itself (an nn.Module); read the hint, which names the call "
+            "that was meant.")
 
     def __init__(self, message: str, *, loc: SourceLoc | None = None, hint: str | None = None,
                  detail: str | None = None):
@@ -82,12 +104,29 @@ class ConfigError(FexploreError):
     """A target/chip configuration or an option value is invalid."""
 
     code = "FX100"
+    doc = ErrorDoc(
+        when="A chip config field is out of range or unknown, a target name is unknown, or a "
+             "compile option (precision, verify, buckets, pad_safe, random_input_sets) has a bad "
+             "value. Raised before anything is compiled.",
+        example='fexplore.compile(model, inputs, precision="fp4")\n'
+                'get_target("rngd").replace(num_pes=0)',
+        fix="Use a value the hint lists: targets from fexplore.npu.get_target's presets, "
+            "precision one of fp32/bf16/fp8, positive sizes in configs and buckets.")
 
 
 class ParseError(FexploreError):
     """IR text could not be parsed; carries line and column."""
 
     code = "FX200"
+    doc = ErrorDoc(
+        when="fexplore.ir.parse was given text that is not IR as the printer writes it: a "
+             "syntax error, an unknown dtype or op, an undeclared symbol, a value used before "
+             "it is defined, or hostile input (too large, nested too deep, numbers or shapes "
+             "beyond any tensor, control characters). The message ends with the line and "
+             "column, and shows the line with a caret.",
+        example='fexplore.ir.parse("graph @f(%x: f33[2]) {\\n  return %x\\n}")',
+        fix="Parse text written by str(graph) or a saved *.fx.txt file; fix the text at the "
+            "line and column shown.")
 
     def __init__(self, message: str, *, line: int, column: int, text: str | None = None,
                  hint: str | None = None):
@@ -105,10 +144,33 @@ class VerificationError(FexploreError):
     """The IR broke an invariant (structural), or a stage changed the numbers (numeric)."""
 
     code = "FX300"
+    doc = ErrorDoc(
+        when="A graph breaks an invariant of the IR: a use before its definition, a stored type "
+             "the op's type rule does not give, a missing or unknown attribute, an undeclared "
+             "symbol. Raised by fexplore.ir.verify, and by a compile whose stage produced such "
+             "a graph.",
+        example='g = fexplore.ir.parse(text_where_a_permute_claims_the_wrong_shape)\n'
+                'fexplore.ir.verify(g)',
+        fix="The message shows a window of IR around the bad node and its source line; correct "
+            "that node (for a hand-built graph) or report the stage that produced it.")
 
 
 class NumericMismatchError(VerificationError):
+    """A stage's program computes different numbers from the model (or the lowered program
+    different numbers from the stage's IR)."""
+
     code = "FX301"
+    doc = ErrorDoc(
+        when="A stage's output program computes different numbers from PyTorch eager on the "
+             "example inputs (or fresh random ones), beyond the dtype's tolerance; or a lowered "
+             "program run the chip way differs. Most often a custom op registered with a wrong "
+             "numpy reference, or a user kernel that computes something else.",
+        example="fexplore.register_op(torch.ops.mylib.scaled_tanh,\n"
+                "                     reference=lambda x, s: np.tanh(x))   # forgets the scale\n"
+                "fexplore.compile(UsesScaledTanh(), (x,))",
+        fix="fexplore.explore(model, inputs) and look at the named stage's diff and first "
+            "divergent node; fix the reference or the kernel. compile(..., verify=False) skips "
+            "the check.")
 
 
 class UnsupportedOperatorError(FexploreError):
@@ -116,6 +178,16 @@ class UnsupportedOperatorError(FexploreError):
     (``reason`` says why: a result whose size depends on the data, a complex operand...)."""
 
     code = "FX400"
+    doc = ErrorDoc(
+        when="The model uses an op fexplore has no converter for (an FFT, a custom op not yet "
+             "registered), or one it cannot compile as used: a result whose size depends on the "
+             "data (nonzero, x[mask], unique), a complex operand. The error names the op, the "
+             "user's source line and module path.",
+        example="class M(torch.nn.Module):\n"
+                "    def forward(self, x):\n"
+                "        return torch.nonzero(x)",
+        fix="Write the computation densely (torch.where(mask, x, 0) instead of x[mask]); for "
+            "a custom op, fexplore.register_op(torch.ops.ns.op, reference=...).")
 
     def __init__(self, op: str, *, loc: SourceLoc | None = None, hint: str | None = None,
                  reason: str | None = None):
@@ -129,9 +201,45 @@ class ExportError(FexploreError):
     """torch.export could not capture the model."""
 
     code = "FX401"
+    doc = ErrorDoc(
+        when="torch.export cannot capture the model: the model raises on its example inputs, "
+             "mutates its own buffers in forward, takes or returns something other than tensors, "
+             "or a dynamic-shape range is one the model does not support.",
+        example="class M(torch.nn.Module):\n"
+                "    def forward(self, x):\n"
+                "        return x @ torch.ones(3, 3)   # x is (2, 4): the model itself fails",
+        fix="Make the model run on the example inputs in eager first; torch's own message (in "
+            "the error) names the failing guard or call.")
 
 
 class InputError(FexploreError):
     """Inputs given to a compiled model do not match what it was compiled for."""
 
     code = "FX402"
+    doc = ErrorDoc(
+        when="A CompiledModel (or the IR interpreter) is called with inputs that do not match "
+             "what it was compiled for: a different count or nesting structure, a different "
+             "shape, rank or dtype, a symbolic dim outside its range, or meta tensors.",
+        example="cm = fexplore.compile(model, (torch.randn(2, 8),))\n"
+                "cm(torch.randn(3, 8))",
+        fix="Call it with inputs like the example inputs; compile with dynamic_shapes= for sizes "
+            "that vary.")
+
+
+class ControlFlowError(ExportError):
+    """The model's Python control flow depends on a tensor's values, which a traced program
+    cannot hold (an ``if`` on a tensor, a loop count from ``.item()``)."""
+
+    code = "FX404"
+    doc = ErrorDoc(
+        when="forward makes a Python decision from a tensor's value: `if x.sum() > 0:`, "
+             "`range(int(x.max()))`, `x.item()` used as a size. torch.export traces one path "
+             "for every input, so it cannot decide such a branch. The error points at the line.",
+        example="class M(torch.nn.Module):\n"
+                "    def forward(self, x):\n"
+                "        if x.sum() > 0:\n"
+                "            return x * 2\n"
+                "        return x - 1",
+        fix="Compute both sides and choose elementwise with torch.where(cond, a, b), or use "
+            "torch.cond(pred, true_fn, false_fn, (x,)) for a real branch; loop counts must be "
+            "Python ints or shapes, not tensor values.")

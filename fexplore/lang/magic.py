@@ -35,7 +35,7 @@ import shlex
 import numpy as np
 
 from fexplore import lang
-from fexplore.errors import NumericMismatchError
+from fexplore.errors import ErrorDoc, NumericMismatchError
 from fexplore.lang.errors import CELL_PREFIX
 from fexplore.lang.kernel import Kernel
 from fexplore.npu import get_target
@@ -45,6 +45,19 @@ _CELLS = itertools.count(1)
 
 class ReferenceMismatchError(NumericMismatchError):
     """A kernel run by the magic disagrees with its reference (or the simulator with the interpreter)."""
+
+    code = "FX302"
+    doc = ErrorDoc(
+        when="A %%furiosa_kernel cell (or `fexplore kernel FILE.py`) ran the kernel and its output "
+             "differs from the reference given with --ref, or the simulator's outputs differ from "
+             "the interpreter's.",
+        example="%%furiosa_kernel --ref np.exp\n"
+                "@fl.kernel\n"
+                "def k(x: fl.f32['M', 'N']):   # computes exp(x) + 1\n"
+                "    ...",
+        fix="Compare the kernel's math with the reference (the message gives the largest "
+            "difference and where); a simulator/interpreter disagreement means a DMA or "
+            "pipelining hazard in the kernel.")
 
     def _render_traceback_(self) -> list[str]:
         first, *rest = str(self).splitlines()

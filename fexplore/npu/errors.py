@@ -8,22 +8,49 @@ Invalid chip configs raise the shared ``fexplore.errors.ConfigError`` (FX100).
 
 from __future__ import annotations
 
-from fexplore.errors import FexploreError
+from fexplore.errors import ErrorDoc, FexploreError
 
 
 class SRAMOverflowError(FexploreError):
     """The buffers live on one PE at some point of the program do not fit in its SRAM."""
 
     code = "FX500"
+    doc = ErrorDoc(
+        when="A command program built with fexplore.npu.ProgramBuilder keeps more buffers live on "
+             "one PE at some point than its SRAM holds (the message lists the live buffers, the "
+             "capacity and the line of the allocation).",
+        example='b = ProgramBuilder("tiny")            # 64 KiB per PE\n'
+                'bufs = [b.alloc(f"x{i}", (96, 64), "f32") for i in range(3)]   # 24 KiB each\n'
+                '...   # all three live at once\n'
+                'b.build()',
+        fix="Use smaller tiles, free (stop using) a buffer before allocating the next, spread "
+            "the work over more PEs, or target a chip with more SRAM.")
 
 
 class ProgramError(FexploreError):
     """A command program is malformed: wrong PE, shape or dtype mismatch, unknown op, bad einsum."""
 
     code = "FX501"
+    doc = ErrorDoc(
+        when="A command given to fexplore.npu.ProgramBuilder does not fit: DMA between boxes of "
+             "different shapes or dtypes, operands on different PEs, an einsum that does not "
+             "match its buffers, an unknown vector op, a PE the target does not have, a handle "
+             "from another program.",
+        example='b = ProgramBuilder("tiny")\n'
+                'b.vector(b.alloc("o", (8, 8), "f32"), "softplus", b.alloc("a", (8, 8), "f32"))',
+        fix="The message names the command and what did not fit; the hint lists what is "
+            "allowed (vector ops, PEs, dtypes).")
 
 
 class IndexOutOfRangeError(FexploreError):
     """A gather or scatter met an index value outside its DRAM box when it ran (functional mode)."""
 
     code = "FX502"
+    doc = ErrorDoc(
+        when="A gather or scatter met an index value outside its DRAM box while a program ran on "
+             "the simulator in functional mode (an embedding lookup with a token id past the "
+             "vocabulary, say).",
+        example="tr = embed.trace(table, np.array([1, 10]), target=\"tiny\")   # table has 10 rows\n"
+                "tr.simulate({\"table\": table, \"ids\": np.array([1, 10])})",
+        fix="Check the index data: every index must be in [-n, n) for a box of n rows (torch "
+            "raises on the same input).")

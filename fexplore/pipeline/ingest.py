@@ -19,7 +19,7 @@ import torch
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from fexplore.errors import ExportError, FexploreError, SourceLoc, UnsupportedOperatorError
+from fexplore.errors import ErrorDoc, ExportError, FexploreError, SourceLoc, UnsupportedOperatorError
 from fexplore.ir import Constant, Graph, TensorType, Value
 from fexplore.ir.graph import unique_name
 
@@ -31,6 +31,14 @@ class IngestionError(FexploreError):
     """A converter produced something other than what torch says the op computes."""
 
     code = "FX403"
+    doc = ErrorDoc(
+        when="A converter (fexplore's own, or one a user registered) produced a value of a "
+             "different shape or dtype from what torch says the op computes, or an op result "
+             "of a kind the IR cannot hold. A bug in that converter, caught at ingestion.",
+        example="fexplore.register_op(torch.ops.mylib.pair)   # returns (Tensor, int)\n"
+                "fexplore.compile(UsesPair(), (x,))",
+        fix="If the converter is your own (register_op / a CONVERTERS entry), make it return "
+            "the type torch reports; otherwise report it with the op named in the message.")
 
 
 @dataclass
