@@ -2,6 +2,12 @@
 
 A small hand-written recursive-descent reader over a character cursor, so every error carries the
 line and column where reading stopped (``fexplore.errors.ParseError``).
+
+IR text may come from anywhere (a saved folder, a bug report), so reading it is safe by
+construction: nothing is evaluated (symbolic dims go through ``dim_expr``'s closed grammar, not
+sympy's ``eval``), and every size is bounded: the text, the nesting of regions and lists, integers,
+ranks and element counts. Hostile input gets a ParseError with a line and column, never a hang, a
+RecursionError or an exception from deep inside.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import sympy
 
 from fexplore.errors import ParseError, SourceLoc
 
+from .dim_expr import DimSyntaxError, parse_dim_expr
 from .graph import Attrs, Constant, Graph, Node, Value
 from .opset import get_op
 from .types import DType, Layout, TensorType, canon_dim, symbol
@@ -22,13 +29,48 @@ from .types import DType, Layout, TensorType, canon_dim, symbol
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _NUMBER = re.compile(r"-?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan)")
 _INT = re.compile(r"-?\d+$")
+_INT_AHEAD = re.compile(r"-?\d+")
+_VALUE_NAME = re.compile(r"[A-Za-z0-9_.]+")
+_LAYOUT_AHEAD = re.compile(r"\{\d")
+_REGION_BRACE = re.compile(r" \{[ \t\r]*\n")
+_FILE_KEY_AHEAD = re.compile(r"f\d+:")
+_WORD_END = re.compile(r"(?:true|false|none)\b")
+_FLOAT_ATTR = re.compile(r"-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|inf|nan)(?=[,\]}\s])")
+# A digest: 16 hex digits for real payloads; a meta-device weight's (no payload) is made of its
+# shape or name (``meta-768x768``, ``meta-folded-h.0.w``, ``...bf16``); anything else is quoted.
+_DIGEST = re.compile(r"#([A-Za-z0-9_.+-]+)")
+# Control characters other than tab, newline and carriage return never appear in printed IR
+# (strings are JSON, which escapes them).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _DTYPES = {d.value: d for d in DType}
 
+MAX_CHARS = 64 * 2 ** 20   # 64 MiB: an 8B-parameter model's IR is a few MB (weights by digest)
+MAX_DEPTH = 64             # regions inside regions, lists inside lists
+MAX_RANK = 32
+MAX_DIM = 2 ** 48          # beyond any memory
+MAX_ELEMENTS = 2 ** 48
+MAX_INT_DIGITS = 20        # i64 and u64 need at most 20
 
-def parse(text: str, payloads: Mapping[str, np.ndarray] | None = None) -> Graph:
+
+def parse(text: str, payloads: Mapping[str, np.ndarray] | None = None, *,
+          max_chars: int = MAX_CHARS) -> Graph:
     """Parse IR text. ``payloads`` (name -> array) binds big constants, which the text holds only
-    by digest; without it they stay unbound (printable and comparable, not runnable)."""
-    g = _Parser(text).parse_top()
+    by digest; without it they stay unbound (printable and comparable, not runnable). Text longer
+    than ``max_chars`` is refused before reading (a ParseError), as is anything malformed."""
+    if not isinstance(text, str):
+        raise ParseError(f"IR text must be a str, got {type(text).__name__}", line=1, column=1,
+                         hint="decode bytes first: parse(data.decode('utf-8'))")
+    if len(text) > max_chars:
+        raise ParseError(f"the text is {len(text):,} characters, more than the limit of "
+                         f"{max_chars:,}", line=1, column=1,
+                         hint="pass a larger max_chars= if this really is one graph's IR")
+    p = _Parser(text)
+    bad = _CONTROL.search(text)
+    if bad:
+        p.pos = bad.start()
+        p.error(f"control character {bad.group()!r} in IR text",
+                hint="IR text holds printable characters; strings escape the others (JSON)")
+    g = p.parse_top()
     return g.bind(payloads) if payloads else g
 
 
@@ -38,6 +80,7 @@ class _Parser:
         self.pos = 0
         self.files: dict[str, str] = {}
         self.symbols: dict[str, sympy.Symbol] = {}
+        self.depth = 0   # regions and attribute lists being read, for MAX_DEPTH
 
     # -- cursor ----------------------------------------------------------------------------
 
@@ -50,20 +93,16 @@ class _Parser:
         while self.pos < len(self.text):
             c = self.text[self.pos]
             if c == "#" and self.text[self.pos - 1:self.pos] in (" ", "\n", ""):
-                # a comment runs to the end of the line (digests start with '#' but follow '= ')
-                if not self._digest_ahead():
-                    self.pos = self.text.find("\n", self.pos)
-                    if self.pos < 0:
-                        self.pos = len(self.text)
-                    continue
-                return
+                # a comment runs to the end of the line (a digest is read by digest(), which
+                # does not skip comments)
+                self.pos = self.text.find("\n", self.pos)
+                if self.pos < 0:
+                    self.pos = len(self.text)
+                continue
             if c in " \t\r" or (newlines and c == "\n"):
                 self.pos += 1
             else:
                 return
-
-    def _digest_ahead(self) -> bool:
-        return re.match(r"#[0-9a-f]{16}\b", self.text[self.pos:self.pos + 18]) is not None
 
     def peek(self, s: str) -> bool:
         self.skip_ws()
@@ -95,7 +134,7 @@ class _Parser:
             if not name:
                 self.error("a value name is empty")
             return name
-        m = re.compile(r"[A-Za-z0-9_.]+").match(self.text, self.pos)
+        m = _VALUE_NAME.match(self.text, self.pos)
         if not m:
             self.error("expected a value name after '%'")
         self.pos = m.end()
@@ -113,13 +152,22 @@ class _Parser:
         self.pos = end
         return s
 
-    def integer(self) -> int:
+    def integer(self, lo: int = -2 ** 63, hi: int = 2 ** 64 - 1) -> int:
         self.skip_ws()
-        m = re.compile(r"-?\d+").match(self.text, self.pos)
+        m = _INT_AHEAD.match(self.text, self.pos)
         if not m:
             self.error("expected an integer")
+        if len(m.group().lstrip("-")) > MAX_INT_DIGITS or not lo <= int(m.group()) <= hi:
+            self.error(f"integer {_clip(m.group())} is outside [{lo}, {hi}]")
         self.pos = m.end()
         return int(m.group())
+
+    def enter(self, what: str):
+        """Count one more level of nesting; past MAX_DEPTH the text is refused (not a
+        RecursionError)."""
+        if self.depth >= MAX_DEPTH:
+            self.error(f"{what} nested more than {MAX_DEPTH} deep")
+        self.depth += 1
 
     # -- grammar ---------------------------------------------------------------------------
 
@@ -147,9 +195,9 @@ class _Parser:
             sname = self.ident()
             self.expect("in")
             self.expect("[")
-            lo = self.integer()
+            lo = self.integer(0, MAX_DIM)
             self.expect(",")
-            hi = None if self.accept("inf") else self.integer()
+            hi = None if self.accept("inf") else self.integer(0, MAX_DIM)
             self.expect("]")
             symbols[sname] = (lo, hi)
             self.symbols[sname] = symbol(sname)
@@ -219,6 +267,8 @@ class _Parser:
         return env[name]
 
     def tensor_type(self) -> TensorType:
+        self.skip_ws()
+        start = self.pos
         name = self.ident()
         if name not in _DTYPES:
             self.error(f"unknown dtype {name!r}", hint=f"one of {', '.join(_DTYPES)}")
@@ -227,18 +277,26 @@ class _Parser:
         while not self.accept("]"):
             if dims:
                 self.expect(",")
+            if len(dims) == MAX_RANK:
+                self.error(f"a tensor of more than {MAX_RANK} dims")
             dims.append(self.dim())
         layout = None
-        if self.text.startswith("{", self.pos) and re.match(r"\{\d", self.text[self.pos:]):
+        if _LAYOUT_AHEAD.match(self.text, self.pos):
             self.pos += 1
-            order = [self.integer()]
+            order = [self.integer(0, MAX_RANK)]
             while self.accept(","):
-                order.append(self.integer())
+                order.append(self.integer(0, MAX_RANK))
             tile: list[int] = []
             if self.accept("tile"):
-                tile = [int(x) for x in self.ident_like(r"\d+(x\d+)*").split("x")]
+                tile = [int(x) for x in self.ident_like(r"\d{1,9}(x\d{1,9}){0,%d}" % MAX_RANK).split("x")]
             self.expect("}")
             layout = Layout(tuple(order), tuple(tile))
+            if sorted(order) != list(range(len(dims))):
+                self.error(f"layout {layout} is not an order of the {len(dims)} dims")
+        static = [d for d in dims if isinstance(d, int)]
+        if int(np.prod([float(d) for d in static])) > MAX_ELEMENTS if static else False:
+            self.pos = start
+            self.error(f"a tensor of {' x '.join(map(str, dims))} elements is beyond any memory")
         return TensorType(tuple(dims), _DTYPES[name], layout)
 
     def ident_like(self, pattern: str) -> str:
@@ -249,8 +307,9 @@ class _Parser:
         self.pos = m.end()
         return m.group()
 
-    def dim(self):
-        """An int or a symbolic expression, up to the next ',' or closing bracket at depth 0."""
+    def dim(self, signed: bool = False):
+        """An int or a symbolic expression, up to the next ',' or closing bracket at depth 0.
+        A tensor's dim is a size (>= 0); an attribute (``signed``) may be negative."""
         self.skip_ws()
         start, depth = self.pos, 0
         while self.pos < len(self.text):
@@ -268,17 +327,22 @@ class _Parser:
             self.pos += 1
         src = self.text[start:self.pos].strip()
         if _INT.match(src):
+            if (src.startswith("-") and not signed) or len(src.lstrip("-")) > MAX_INT_DIGITS \
+                    or abs(int(src)) > MAX_DIM:
+                self.pos = start
+                self.error(f"dim {_clip(src)} is not a size (0 to {MAX_DIM})")
             return int(src)
+        if not src:
+            self.pos = start
+            self.error("expected a dim")
         try:
-            expr = sympy.sympify(src, locals=dict(self.symbols))
-        except (sympy.SympifyError, SyntaxError, TypeError):
-            self.pos = start
-            self.error(f"cannot read dim {src!r}")
-        unknown = {s.name for s in expr.free_symbols} - set(self.symbols)
-        if unknown:
-            self.pos = start
-            self.error(f"undeclared symbol(s) {sorted(unknown)}",
-                       hint="declare them with 'symbol NAME in [LO, HI]'")
+            expr = parse_dim_expr(src, self.symbols)
+        except DimSyntaxError as e:
+            self.pos = start + (len(self.text[start:self.pos]) - len(self.text[start:self.pos].lstrip())) \
+                + e.offset
+            self.error(f"cannot read dim {_clip(src)}: {e}",
+                       hint="declare symbols with 'symbol NAME in [LO, HI]'"
+                       if "undeclared" in str(e) else None)
         return canon_dim(expr)
 
     def constant(self) -> Constant:
@@ -294,24 +358,58 @@ class _Parser:
             source = self.string()
         else:
             self.expect("data")
-        self.skip_ws()
-        digest = self.ident_like(r"#[0-9a-f]{16}")[1:]
-        return Constant(name, t, None, source=source, digest=digest)
+        return Constant(name, t, None, source=source, digest=self.digest())
+
+    def digest(self) -> str:
+        """``#`` then the digest: bare when made of letters, digits and ``_.+-`` (every digest
+        fexplore makes), else a JSON string (see printer.digest_str)."""
+        while self.text.startswith((" ", "\t"), self.pos):   # no skip_ws: '#' is not a comment here
+            self.pos += 1
+        if self.text.startswith('#"', self.pos):
+            self.pos += 1
+            d = self.string()
+        else:
+            m = _DIGEST.match(self.text, self.pos)
+            if not m:
+                self.error("expected a digest ('#' and the payload's hash)")
+            self.pos = m.end()
+            d = m.group(1)
+        if not d:
+            self.error("a digest is empty")
+        return d
 
     def dense(self, t: TensorType) -> np.ndarray:
+        self.skip_ws()
+        start = self.pos
+        if not t.is_static:
+            self.error(f"a dense constant needs a static shape, not {t}")
         vals = []
         if self.accept("["):
             while not self.accept("]"):
                 if vals:
                     self.expect(",")
+                if len(vals) == t.numel:
+                    self.error(f"more than the {t.numel} value(s) of {t}")
                 vals.append(self.scalar(t.dtype))
-            arr = np.array(vals, dtype=np.float64 if t.dtype.is_float else None)
-            return arr.astype(t.dtype.numpy).reshape(t.shape)
+            if len(vals) != t.numel:
+                self.pos = start
+                self.error(f"{len(vals)} value(s) for {t}, which holds {t.numel}")
+            arr = np.array(vals, dtype=np.float64 if t.dtype.is_float else object)
+            return self._cast(arr, t).reshape(t.shape)
+        if t.numel != 1:
+            self.error(f"one value for {t}, which holds {t.numel}: write them as [a, b, ...]")
         v = self.scalar(t.dtype)
-        return np.asarray(v, dtype=np.float64 if t.dtype.is_float else None).astype(t.dtype.numpy)
+        arr = np.asarray(v, dtype=np.float64 if t.dtype.is_float else object)
+        return self._cast(arr, t).reshape(t.shape)
+
+    @staticmethod
+    def _cast(arr: np.ndarray, t: TensorType) -> np.ndarray:
+        with np.errstate(over="ignore"):   # 1e6 as f16 is inf, as the printer would write it
+            return arr.astype(t.dtype.numpy)
 
     def scalar(self, dtype: DType):
         self.skip_ws()
+        start = self.pos
         if self.accept("true"):
             return True
         if self.accept("false"):
@@ -319,8 +417,21 @@ class _Parser:
         m = _NUMBER.match(self.text, self.pos)
         if not m:
             self.error("expected a number")
+        text = m.group()
+        if dtype.is_float:
+            if len(text) > 64:
+                self.error(f"number {_clip(text)} has more digits than any float holds")
+            self.pos = m.end()
+            return float(text)
+        if not _INT.match(text) or len(text.lstrip("-")) > MAX_INT_DIGITS:
+            self.error(f"{_clip(text)} is not a {dtype} value")
+        info = np.iinfo(dtype.numpy) if dtype.is_int else None
+        v = int(text)
+        if dtype == DType.bool and v not in (0, 1) or info and not info.min <= v <= info.max:
+            self.pos = start
+            self.error(f"{_clip(text)} is outside the range of {dtype}")
         self.pos = m.end()
-        return float(m.group()) if dtype.is_float else int(m.group())
+        return v
 
     def node(self, env) -> Node:
         outputs = []
@@ -346,7 +457,7 @@ class _Parser:
                 self.expect(",")
             inputs.append(self._use(env))
         attrs = {}
-        if self.text.startswith(" {", self.pos) and not self._region_brace_ahead():
+        if self.text.startswith(" {", self.pos) and not _REGION_BRACE.match(self.text, self.pos):
             self.expect("{")
             while not self.accept("}"):
                 if attrs:
@@ -366,18 +477,17 @@ class _Parser:
         self.skip_ws(newlines=False)
         if self.text.startswith("{", self.pos):
             self.pos += 1
+            self.enter("regions")
             while not self.peek("}"):
                 regions.append(self.graph(top=False))
             self.expect("}")
+            self.depth -= 1
         return Node(op, inputs, Attrs(attrs), outputs, loc, regions)
-
-    def _region_brace_ahead(self) -> bool:
-        return re.match(r" \{\s*\n", self.text[self.pos:self.pos + 64]) is not None
 
     def loc(self) -> SourceLoc:
         file = line = module = None
         self.skip_ws()
-        if self.text.startswith('"', self.pos) or re.match(r"f\d+:", self.text[self.pos:]):
+        if self.text.startswith('"', self.pos) or _FILE_KEY_AHEAD.match(self.text, self.pos):
             if self.text.startswith('"', self.pos) and not self._string_then_colon():
                 module = self.string()
             else:
@@ -389,7 +499,7 @@ class _Parser:
                         self.error(f"unknown source {key}")
                     file = self.files[key]
                 self.expect(":")
-                line = self.integer() or None
+                line = self.integer(0, 2 ** 31) or None
                 if self.peek('"'):
                     module = self.string()
         self.expect(")")
@@ -406,25 +516,31 @@ class _Parser:
     def attr_value(self):
         self.skip_ws()
         if self.accept("["):
+            self.enter("attribute lists")
             items = []
             while not self.accept("]"):
                 if items:
                     self.expect(",")
                 items.append(self.attr_value())
+            self.depth -= 1
             return tuple(items)
         if self.peek('"'):
             return self.string()
-        for word, val in (("true", True), ("false", False), ("none", None)):
-            if re.match(word + r"\b", self.text[self.pos:]):
-                self.pos += len(word)
-                return val
+        m = _WORD_END.match(self.text, self.pos)
+        if m:
+            self.pos = m.end()
+            return {"true": True, "false": False, "none": None}[m.group()]
         m = _IDENT.match(self.text, self.pos)
         if m and m.group() in _DTYPES and not re.match(r"[\w(*+/-]", self.text[m.end():m.end() + 1]):
             self.pos = m.end()
             return _DTYPES[m.group()]
-        m = re.compile(r"-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|inf|nan)(?=[,\]}\s])")\
-            .match(self.text, self.pos)
+        m = _FLOAT_ATTR.match(self.text, self.pos)
         if m:
             self.pos = m.end()
             return float(m.group())
-        return self.dim()
+        return self.dim(signed=True)
+
+
+def _clip(text: str, n: int = 24) -> str:
+    """A token for a message, shortened: hostile input may hold a million digits."""
+    return text if len(text) <= n else text[:n] + "..."

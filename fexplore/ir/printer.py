@@ -85,8 +85,18 @@ def constant_str(c: Constant) -> str:
     if c.is_inline and c.payload is not None:
         return head + "dense " + dense_str(c.payload, c.type.dtype)
     if c.source is not None:
-        return head + f"param {json.dumps(c.source)} #{c.digest}"
-    return head + f"data #{c.digest}"
+        return head + f"param {json.dumps(c.source)} {digest_str(c.digest)}"
+    return head + f"data {digest_str(c.digest)}"
+
+
+_PLAIN_DIGEST = re.compile(r"[A-Za-z0-9_.+-]+")
+
+
+def digest_str(digest: str) -> str:
+    """``#`` and the digest: 16 hex digits for a payload's hash, or what a meta-device weight is
+    known by (``meta-768x768``, ``meta-folded-NAME``); one of other characters (a folded
+    constant named ``"block-1"`` with a quote, say) is written as a JSON string, ``#"..."``."""
+    return f"#{digest}" if _PLAIN_DIGEST.fullmatch(digest) else "#" + json.dumps(digest)
 
 
 def dense_str(a: np.ndarray, dtype: DType) -> str:

@@ -3,11 +3,13 @@ matters to an NPU (a matmul should arrive as a matmul, not be re-recognized from
 
 from __future__ import annotations
 
+import os
+import traceback
 import warnings
 
 import torch
 
-from fexplore.errors import ExportError
+from fexplore.errors import ControlFlowError, ExportError, SourceLoc
 
 # Ops kept whole through run_decompositions. Each is something the later stages map directly onto
 # the chip (contractions, normalizations, attention, activations with a native vector form).
@@ -60,6 +62,15 @@ def _export(model, args, dynamic_shapes):
     try:
         ep = torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch raises many kinds; the user needs the message, not our stack
+        if _data_dependent(e):
+            raise ControlFlowError(
+                "the model's Python control flow depends on a tensor's values (an `if` on a "
+                "tensor, `int(x)` or `.item()` used as a count or size): a compiled program "
+                "takes the same path for every input",
+                loc=_user_frame(e.__traceback__),
+                hint="choose elementwise with torch.where(cond, a, b), or branch with "
+                     "torch.cond(pred, true_fn, false_fn, (x,)); loop counts and sizes must be "
+                     "Python ints or tensor shapes") from None
         raise ExportError(
             f"torch.export could not capture the model: {type(e).__name__}: "
             f"{_first_lines(str(e))}",
@@ -71,6 +82,34 @@ def _export(model, args, dynamic_shapes):
     except Exception as e:
         raise ExportError(f"decomposing the exported program failed: {type(e).__name__}: "
                           f"{_first_lines(str(e))}") from None
+
+
+def _data_dependent(e: BaseException) -> bool:
+    """torch.export met a Python decision on a traced tensor's value (a guard on an unbacked
+    symbol: what `if x.sum() > 0` or `int(x.max())` becomes while tracing)."""
+    names = {type(e).__name__ for e in _chain(e)}
+    return bool(names & {"GuardOnDataDependentSymNode", "DataDependentOutputException"})
+
+
+def _chain(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_FEXPLORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _user_frame(tb) -> SourceLoc | None:
+    """The innermost frame of the traceback in the user's code (not torch's, not ours)."""
+    frames = [f for f in traceback.extract_tb(tb)
+              if not f.filename.startswith((_TORCH_DIR, _FEXPLORE_DIR, "<"))]
+    if not frames:
+        return None
+    return SourceLoc(frames[-1].filename, frames[-1].lineno, None)
 
 
 def _first_lines(s: str, n: int = 6) -> str:
