@@ -20,31 +20,46 @@ from .types import DType, TensorType, concrete_shape, symbol
 NodeHook = Callable[[Node, Sequence[np.ndarray]], None]
 
 
+# torch's names for the IR's dtypes, for a hint a user can paste
+_TORCH_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
+                "fp8": "float8_e4m3fn", "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8",
+                "u8": "uint8", "bool": "bool"}
+_SIZES_HINT = ("pass inputs of the shapes it was compiled with; for sizes that vary, compile with "
+               "dynamic_shapes= (torch.export.Dim)")
+
+
 def bind_symbols(g: Graph, arrays: Sequence[np.ndarray]) -> dict:
     """Unify the graph's input types with concrete arrays: ``{Symbol: int}``. Raises InputError on
     a count, rank, dtype, static-dim or symbol-range mismatch."""
     if len(arrays) != len(g.inputs):
-        raise InputError(f"{g.name} takes {len(g.inputs)} inputs, got {len(arrays)}")
+        raise InputError(f"{g.name} takes {len(g.inputs)} inputs, got {len(arrays)}",
+                         hint="pass one array per graph input, in the order of its signature")
     bindings: dict = {}
     deferred = []
     for v, a in zip(g.inputs, arrays):
         t = v.type
         if a.ndim != t.rank:
-            raise InputError(f"input %{v.name} expects rank {t.rank} ({t}), got shape {a.shape}")
+            raise InputError(f"input %{v.name} expects rank {t.rank} ({t}), got shape {a.shape}",
+                             hint=_SIZES_HINT)
         if a.dtype != t.dtype.numpy:
-            raise InputError(f"input %{v.name} expects {t.dtype}, got {a.dtype}")
+            raise InputError(f"input %{v.name} expects {t.dtype}, got {a.dtype}",
+                             hint=f"convert it first (x.to(torch.{_TORCH_NAMES.get(t.dtype.value, t.dtype.value)}) "
+                                  f"for a tensor, a.astype(...) for an array)")
         for d, n in zip(t.shape, a.shape):
             if isinstance(d, int):
                 if d != n:
-                    raise InputError(f"input %{v.name} expects shape {t}, got {a.shape}")
+                    raise InputError(f"input %{v.name} expects shape {t}, got {a.shape}",
+                                     hint=_SIZES_HINT)
             elif isinstance(d, sympy.Symbol):
                 if bindings.setdefault(d, n) != n:
-                    raise InputError(f"dim {d} is {bindings[d]} elsewhere but {n} in %{v.name}")
+                    raise InputError(f"dim {d} is {bindings[d]} elsewhere but {n} in %{v.name}",
+                                     hint="inputs that share a symbolic dim must agree on its size")
             else:
                 deferred.append((v, d, n))
     for v, d, n in deferred:
         if int(d.xreplace(bindings)) != n:
-            raise InputError(f"input %{v.name}: dim {d} should be {d.xreplace(bindings)}, got {n}")
+            raise InputError(f"input %{v.name}: dim {d} should be {d.xreplace(bindings)}, got {n}",
+                             hint="this dim follows from the others' sizes (the model's export says how)")
     for name, (lo, hi) in g.symbols.items():
         val = bindings.get(symbol(name))
         if val is not None and (val < lo or (hi is not None and val > hi)):

@@ -200,7 +200,10 @@ def _check(k: Kernel, inputs: list, static: dict, opts, ns) -> None:
                   f"({'ok' if ok else 'MISMATCH'}, rtol {rtol:g})")
             if not ok:
                 raise ReferenceMismatchError(f"{k.name}: the interpreter's output differs from {opts.ref} "
-                                             f"(max abs error {err:.3g}, shapes {y64.shape} vs {r64.shape})")
+                                             f"(max abs error {err:.3g}, shapes {y64.shape} vs {r64.shape})",
+                                             hint="compare the kernel's math with the reference's on "
+                                                  "these inputs: call the kernel and the reference and "
+                                                  "look where they differ")
     if not opts.sim:
         return
     res = k.simulate(*inputs, target=target, **static)
@@ -209,7 +212,9 @@ def _check(k: Kernel, inputs: list, static: dict, opts, ns) -> None:
     same = all(np.array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64), equal_nan=True)
                for a, b in zip(sim_t, got_t))
     if not same:
-        raise ReferenceMismatchError(f"{k.name}: the simulator's outputs differ from the interpreter's")
+        raise ReferenceMismatchError(f"{k.name}: the simulator's outputs differ from the interpreter's",
+                                     hint="a DMA or pipelining hazard: a tile read before its load is "
+                                          "waited on, or overwritten while still in use; try stages=1")
     util = ", ".join(f"{e} {u:.0%}" for e, u in res.utilization.items())
     peak = max(k.last_trace.plan.peak, default=0)
     print(f"  simulator: same outputs as the interpreter; {res.cycles:,} cycles "

@@ -103,12 +103,14 @@ class NPUConfig:
                      "onchip_copy_startup_cycles"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ConfigError(f"config {self.name!r}: {name} must be an integer >= 0, got {v!r}")
+                raise ConfigError(f"config {self.name!r}: {name} must be an integer >= 0, got {v!r}",
+                                  hint="see get_target('rngd').describe() for sensible values")
         for name in ("clock_hz", "dram_bytes_per_cycle", "dma_bytes_per_cycle", "host_bytes_per_cycle",
                      "host_flops_per_cycle"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ConfigError(f"config {self.name!r}: {name} must be a positive number, got {v!r}")
+                raise ConfigError(f"config {self.name!r}: {name} must be a positive number, got {v!r}",
+                                  hint="see get_target('rngd').describe() for sensible values")
         if self.sram_bytes_per_pe < self.dram_min_transfer_bytes:
             raise ConfigError(
                 f"config {self.name!r}: sram_bytes_per_pe={self.sram_bytes_per_pe} is smaller than one "
@@ -116,7 +118,7 @@ class NPUConfig:
                 hint="SRAM must hold at least one DMA line (dram_min_transfer_bytes)")
         if len(self.tensor_tile) != 3 or min(self.tensor_tile) <= 0:
             raise ConfigError(f"config {self.name!r}: tensor_tile must be three positive ints (m, n, k), "
-                              f"got {self.tensor_tile!r}")
+                              f"got {self.tensor_tile!r}", hint="e.g. tensor_tile=(64, 16, 16)")
         k = self.tensor_tile[2]
         for dt, rate in self.tensor_dtype_rates:
             depth = k * rate

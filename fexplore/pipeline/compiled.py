@@ -21,6 +21,18 @@ def lowering_kinds(low) -> dict:
     return out
 
 
+def _structure_mismatch(want, got) -> str:
+    """What differs between two (args, kwargs) pytree specs, in the user's terms."""
+    (want_args, want_kw), (got_args, got_kw) = want.children(), got.children()
+    if want_args.num_children != got_args.num_children:
+        return (f"the model takes {want_args.num_children} positional input(s), "
+                f"got {got_args.num_children}")
+    if list(want_kw.context or []) != list(got_kw.context or []):
+        return (f"the model was compiled with keyword inputs {list(want_kw.context or [])}, "
+                f"got {list(got_kw.context or [])}")
+    return "inputs do not have the structure (nesting of tuples, lists, dicts) the model was compiled with"
+
+
 class CompiledModel:
     def __init__(self, records, ingested, options):
         self.stages = list(records)
@@ -150,8 +162,10 @@ class CompiledModel:
     def _flatten_inputs(self, args, kwargs):
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if spec != self._ingested.in_spec:
-            raise InputError("inputs do not have the structure the model was compiled with",
-                             detail=f"  expected {self._ingested.in_spec}\n  got      {spec}")
+            raise InputError(_structure_mismatch(self._ingested.in_spec, spec),
+                             detail=f"  expected {self._ingested.in_spec}\n  got      {spec}",
+                             hint="call it as you called the model for the compile: the same "
+                                  "number of arguments, the same nesting, the same keywords")
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         if any(x.is_meta for x in tensors):
             raise InputError("meta tensors have shapes but no values: there is nothing to compute with",

@@ -35,9 +35,12 @@ class CompileOptions:
                               hint=f"one of {', '.join(PRECISIONS)}")
         get_target(self.target)  # raises ConfigError for an unknown preset
         if not isinstance(self.verify, bool):
-            raise ConfigError("verify must be True or False")
+            raise ConfigError("verify must be True or False",
+                              hint="verify=True checks every stage, verify=False skips the checks")
         if self.random_input_sets < 0:
-            raise ConfigError("random_input_sets must be >= 0")
+            raise ConfigError("random_input_sets must be >= 0",
+                              hint="how many fresh random input sets each stage is checked on "
+                                   "besides the example inputs; 0 checks the example inputs only")
         if self.buckets is not None:
             if not isinstance(self.buckets, dict) or not all(
                     isinstance(k, str) and len(v) and all(isinstance(s, int) and s > 0 for s in v)

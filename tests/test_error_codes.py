@@ -1,0 +1,373 @@
+"""Every FX error code (and FK190), provoked through the public API: each test is named
+``test_<CODE>_...`` (tests/test_error_catalog.py checks that every catalogued code has one) and
+checks the code, the message, the hint and, where the error has one, the user's source line (the
+line marked ``# <- CODE here``). The kernel language's FK1xx codes have theirs in
+tests/test_lang_errors.py."""
+
+import numpy as np
+import pytest
+import torch
+
+import fexplore
+from fexplore import ir
+from fexplore import lang as fl
+from fexplore.errors import (ConfigError, ControlFlowError, ExportError, FexploreError, InputError,
+                             NumericMismatchError, ParseError, UnsupportedOperatorError,
+                             VerificationError)
+from fexplore.lang.codegen import UnsupportedRegionError
+from fexplore.npu import ProgramBuilder, get_target
+from fexplore.npu.errors import IndexOutOfRangeError, ProgramError, SRAMOverflowError
+from fexplore.pipeline.ingest import IngestionError
+
+
+def check(err: FexploreError, cls, *, message: str, hint: str, marker: str | None = None):
+    """The error is exactly ``cls``, its text starts with the code, the message and the hint say
+    what they should, and (``marker``) it points at the line of this file carrying the marker."""
+    assert type(err) is cls, type(err)
+    assert err.code == cls.code and str(err).startswith(f"[{cls.code}] "), str(err)
+    assert message in err.message, err.message
+    assert err.hint and hint in err.hint, err.hint
+    assert f"hint: {err.hint}" in str(err)
+    if marker is not None:
+        assert err.loc is not None and err.loc.file == __file__, err.loc
+        assert f"# <- {marker} here" in open(__file__).read().splitlines()[err.loc.line - 1]
+        assert f"{__file__}:{err.loc.line}" in str(err)   # the message shows where, too
+
+
+def small_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval(), (torch.randn(2, 8),)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    model, inputs = small_model()
+    return fexplore.compile(model, inputs)
+
+
+# ---- FX000: the API used the wrong way ---------------------------------------------------------
+
+def test_FX000_compiling_something_that_is_not_a_module():
+    with pytest.raises(FexploreError) as e:
+        fexplore.compile(lambda x: x * 2, (torch.randn(4),))
+    check(e.value, FexploreError, message="expected a torch.nn.Module, got function",
+          hint="pass the model object itself")
+
+
+def test_FX000_stepping_past_the_last_stage():
+    ex = fexplore.explore(*small_model())
+    ex.run_all(progress=False)
+    with pytest.raises(FexploreError) as e:
+        ex.step()
+    check(e.value, FexploreError, message="every stage has run", hint="ex.result")
+
+
+# ---- FX100: configurations and options ------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message, hint", [
+    ({"precision": "fp4"}, "unknown precision 'fp4'", "fp32"),
+    ({"target": "gpu"}, "unknown target 'gpu'", "rngd"),
+    ({"verify": "yes"}, "verify must be True or False", "verify=True"),
+    ({"random_input_sets": -1}, "random_input_sets must be >= 0", "0 checks"),
+    ({"buckets": {"seq": [0]}}, "buckets must map a dim name to positive sizes", "buckets="),
+    ({"pad_safe": True}, "pad_safe=True without buckets", "buckets="),
+])
+def test_FX100_bad_compile_options(kwargs, message, hint):
+    with pytest.raises(ConfigError) as e:
+        fexplore.compile(*small_model(), **kwargs)
+    check(e.value, ConfigError, message=message, hint=hint)
+
+
+@pytest.mark.parametrize("change, message, hint", [
+    ({"num_pes": 0}, "num_pes must be a positive integer", "describe()"),
+    ({"dma_startup_cycles": -1}, "dma_startup_cycles must be an integer >= 0", "describe()"),
+    ({"clock_hz": 0.0}, "clock_hz must be a positive number", "describe()"),
+    ({"tensor_tile": (64, 0, 16)}, "tensor_tile must be three positive ints", "tensor_tile="),
+    ({"pes": 4}, "unknown config field(s) pes", "num_pes"),
+])
+def test_FX100_bad_chip_configs(change, message, hint):
+    with pytest.raises(ConfigError) as e:
+        get_target("rngd").replace(**change)
+    check(e.value, ConfigError, message=message, hint=hint)
+
+
+# ---- FX200: malformed IR text (line and column) ---------------------------------------------------
+
+GOOD = "graph @f(%x: f32[2, 3]) {\n  %y: f32[2, 3] = relu(%x)\n  return %y\n}\n"
+
+
+@pytest.mark.parametrize("text, line, column, message", [
+    (GOOD.replace("relu", "frobnicate"), 2, 19, "unknown op 'frobnicate'"),
+    (GOOD.replace("relu(%x)", "relu(%z)"), 2, 24, "%z is used but not defined"),
+    (GOOD.replace("f32[2, 3])", "f33[2, 3])"), 1, 17, "unknown dtype 'f33'"),
+    (GOOD.replace("return %y", "return %y)"), 3, 12, "expected '}'"),
+    (GOOD.replace("f32[2, 3] =", "f32[2, n] ="), 2, 14, "undeclared symbol 'n'"),
+    (GOOD.replace("f32[2, 3])", "f32[2, __import__('os').getcwd()])"), 1, 21,
+     "unknown function '__import__'"),
+    (GOOD.replace("f32[2, 3])", "f32[2, 99999999999999999999999])"), 1, 21, "is not a size"),
+    (GOOD.replace("relu(%x)", "relu(%x)\x07"), 2, 27, "control character"),
+])
+def test_FX200_malformed_ir_text_names_line_and_column(text, line, column, message):
+    with pytest.raises(ParseError) as e:
+        ir.parse(text)
+    err = e.value
+    assert type(err) is ParseError and str(err).startswith("[FX200] ")
+    assert (err.line, err.column) == (line, column), str(err)
+    assert message in err.message and f"(line {line}, column {column})" in err.message
+    # the line itself, with a caret under the column
+    shown = text.splitlines()[line - 1]
+    assert f"{line:4d} | {shown}" in str(err) and "\n       | " + " " * (column - 1) + "^" in str(err)
+
+
+def test_FX200_hints_say_what_was_expected():
+    with pytest.raises(ParseError) as e:
+        ir.parse(GOOD.replace("f32[2, 3])", "f33[2, 3])"))
+    check(e.value, ParseError, message="unknown dtype", hint="one of f64, f32")
+    with pytest.raises(ParseError) as e:
+        ir.parse(GOOD, max_chars=10)
+    check(e.value, ParseError, message="more than the limit of 10", hint="max_chars=")
+    with pytest.raises(ParseError) as e:
+        ir.parse(GOOD.encode())
+    check(e.value, ParseError, message="must be a str, got bytes", hint="decode")
+
+
+# ---- FX300 / FX301 / FX302: verification ------------------------------------------------------------
+
+def test_FX300_a_stored_type_the_op_does_not_give():
+    g = ir.parse("graph @f(%x: f32[2, 3]) {\n  %y: f32[2, 3] = permute(%x) {perm=[1, 0]}\n"
+                 "  return %y\n}\n")
+    with pytest.raises(VerificationError) as e:
+        ir.verify(g)
+    check(e.value, VerificationError, message="typed f32[2, 3] but permute gives f32[3, 2]",
+          hint="")
+
+
+@torch.library.custom_op("fexplore_catalog::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class UsesTwice(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.fexplore_catalog.twice(x) + 1
+
+
+def test_FX301_a_custom_op_registered_with_a_wrong_reference():
+    fexplore.register_op(torch.ops.fexplore_catalog.twice, reference=lambda x: x * 3)
+    try:
+        with pytest.raises(NumericMismatchError) as e:
+            fexplore.compile(UsesTwice(), (torch.randn(4, 5),))
+    finally:
+        fexplore.register_op(torch.ops.fexplore_catalog.twice)   # eager kernel as the reference
+    check(e.value, NumericMismatchError, message="stage 'ingest' changed the model's numbers",
+          hint="fexplore.explore")
+    # with the right reference the same model compiles
+    fexplore.compile(UsesTwice(), (torch.randn(4, 5),))
+
+
+PLUS_ONE = '''\
+def plus_one(x: fl.f32["M", "N"]):
+    Y = fl.output(fl.f32["M", "N"])
+    fl.store(Y, fl.load(x) + 1.0)
+    return Y
+'''
+
+
+def test_FX302_a_kernel_cell_that_differs_from_its_reference():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from fexplore.lang.magic import ReferenceMismatchError
+
+    shell = InteractiveShell.instance()
+    fexplore.load_ipython_extension(shell)
+    shell.run_cell("import numpy as np")
+    res = shell.run_cell(f"%%furiosa_kernel --shapes M=8,N=8 --ref np.exp\n{PLUS_ONE}")
+    check(res.error_in_exec, ReferenceMismatchError,
+          message="plus_one: the interpreter's output differs from np.exp", hint="reference")
+    ok = shell.run_cell(f"%%furiosa_kernel --shapes M=8,N=8 --ref 'lambda x: x + 1'\n{PLUS_ONE}")
+    assert ok.success
+
+
+# ---- FX4xx: capturing a model ---------------------------------------------------------------------
+
+class NonZero(torch.nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x)  # <- FX400 here
+
+
+def test_FX400_an_op_whose_result_size_depends_on_the_data():
+    with pytest.raises(UnsupportedOperatorError) as e:
+        fexplore.compile(NonZero(), (torch.randn(4),))
+    check(e.value, UnsupportedOperatorError, message="unsupported operator aten.nonzero.default",
+          hint="torch.where(mask, x, 0)", marker="FX400")
+
+
+class Fourier(torch.nn.Module):
+    def forward(self, x):
+        return torch.fft.rfft(x).abs()  # <- FX400 here
+
+
+def test_FX400_an_op_without_a_converter():
+    with pytest.raises(UnsupportedOperatorError) as e:
+        fexplore.compile(Fourier(), (torch.randn(8),))
+    check(e.value, UnsupportedOperatorError, message="fft", hint="converter", marker="FX400")
+
+
+class Broken(torch.nn.Module):
+    def forward(self, x):
+        return x @ torch.ones(3, 3)
+
+
+def test_FX401_a_model_that_fails_on_its_own_example_inputs():
+    with pytest.raises(ExportError) as e:
+        fexplore.compile(Broken(), (torch.randn(2, 4),))
+    check(e.value, ExportError, message="torch.export could not capture the model",
+          hint="check that the model runs on the example inputs")
+
+
+@pytest.mark.parametrize("bad_call, message, hint", [
+    (lambda cm: cm(torch.randn(3, 8)), "expects shape f32[2, 8], got (3, 8)", "dynamic_shapes="),
+    (lambda cm: cm(torch.randn(2, 8, 1)), "expects rank 2", "dynamic_shapes="),
+    (lambda cm: cm(torch.randn(2, 8).double()), "expects f32, got float64", ".to(torch.float32)"),
+    (lambda cm: cm(torch.randn(2, 8), torch.randn(2, 8)), "takes 1 positional input(s), got 2",
+     "the same number of arguments"),
+    (lambda cm: cm(), "takes 1 positional input(s), got 0", "the same number of arguments"),
+    (lambda cm: cm(torch.randn(2, 8), x=torch.randn(2, 8)), "compiled with keyword inputs [], got ['x']",
+     "the same keywords"),
+    (lambda cm: cm((torch.randn(2, 8),)), "structure (nesting", "the same nesting"),
+    (lambda cm: cm(torch.randn(2, 8, device="meta")), "meta tensors", "timing only"),
+])
+def test_FX402_wrong_inputs_to_a_compiled_model(compiled, bad_call, message, hint):
+    with pytest.raises(InputError) as e:
+        bad_call(compiled)
+    check(e.value, InputError, message=message, hint=hint)
+    x = torch.randn(2, 8)   # the compiled model is as good as before
+    torch.testing.assert_close(compiled(x), small_model()[0](x))
+
+
+@torch.library.custom_op("fexplore_catalog::halve", mutates_args=())
+def halve(x: torch.Tensor) -> torch.Tensor:
+    return x / 2
+
+
+@halve.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class UsesHalve(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.fexplore_catalog.halve(x)  # <- FX403 here
+
+
+def test_FX403_a_converter_that_builds_the_wrong_type():
+    from fexplore.ir import DType
+    from fexplore.pipeline.convert import CONVERTERS, converter
+
+    @converter("fexplore_catalog.halve.default")
+    def wrong(ctx):   # casts to i32: torch says halve gives f32
+        return ctx.emit("cast", [ctx.arg(0)], {"dtype": DType.i32})
+
+    try:
+        with pytest.raises(IngestionError) as e:
+            fexplore.compile(UsesHalve(), (torch.randn(3),))
+    finally:
+        CONVERTERS.pop("fexplore_catalog.halve.default")
+    check(e.value, IngestionError, message="converter for fexplore_catalog.halve.default produced",
+          hint="converter", marker="FX403")
+
+
+class BranchesOnData(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # <- FX404 here
+            return x * 2
+        return x - 1
+
+
+class LoopsOnData(torch.nn.Module):
+    def forward(self, x):
+        for _ in range(int(x.max())):  # <- FX404 here
+            x = x + 1
+        return x
+
+
+@pytest.mark.parametrize("model", [BranchesOnData(), LoopsOnData()])
+def test_FX404_data_dependent_control_flow(model):
+    with pytest.raises(ControlFlowError) as e:
+        fexplore.compile(model, (torch.randn(4),))
+    check(e.value, ControlFlowError, message="control flow depends on a tensor's values",
+          hint="torch.where(cond, a, b)", marker="FX404")
+    assert isinstance(e.value, ExportError)   # still caught by an `except ExportError`
+
+
+# ---- FX5xx: the NPU ---------------------------------------------------------------------------------
+
+def test_FX500_buffers_beyond_a_pes_sram():
+    b = ProgramBuilder("tiny")   # 64 KiB per PE
+    X = b.input("X", (3, 96, 64), "f32")
+    Y = b.output("Y", (96, 64), "f32")
+    bufs = [b.alloc(f"x{i}", (96, 64), "f32") for i in range(3)]   # 24 KiB each
+    for i, buf in enumerate(bufs):
+        b.load(buf, X[i])
+    b.vector(bufs[0], "add", bufs[0], bufs[1])
+    b.vector(bufs[0], "add", bufs[0], bufs[2])  # <- FX500 here
+    b.store(Y, bufs[0])
+    with pytest.raises(SRAMOverflowError) as e:
+        b.build()
+    check(e.value, SRAMOverflowError, message="'x2'", hint="")
+    assert e.value.loc is not None and e.value.loc.file == __file__
+
+
+def test_FX501_a_malformed_command():
+    b = ProgramBuilder("tiny")
+    with pytest.raises(ProgramError) as e:
+        b.vector(b.alloc("o", (8, 8), "f32"), "softplus", b.alloc("a", (8, 8), "f32"))  # <- FX501 here
+    check(e.value, ProgramError, message="unknown vector op 'softplus'", hint="",
+          marker="FX501")
+
+
+@fl.kernel
+def embed(table: fl.f32["V", "D"], ids: fl.i64["N"]):
+    O = fl.output(fl.f32["N", "D"])
+    fl.store(O, fl.gather(table, fl.load(ids)))
+    return O
+
+
+def test_FX502_an_index_outside_its_box_when_the_program_runs():
+    table, ids = np.zeros((10, 4), np.float32), np.array([1, 10])
+    tr = embed.trace(table, ids, target="tiny")
+    with pytest.raises(IndexOutOfRangeError) as e:
+        tr.simulate({"table": table, "ids": ids})
+    check(e.value, IndexOutOfRangeError, message="index value 10 at position [1] is outside [-10, 10)",
+          hint="check the index data")
+
+
+# ---- FK190: the kernel generator ---------------------------------------------------------------------
+
+REGION = '''\
+graph @g(%x: f32[4, 6]) {
+  %s: f32[6] = region(%x) {
+    graph @fused(%x: f32[4, 6]) {
+      %s: f32[6] = sum(%x) {axes=[0]} loc("model.py":7 "blk.fc")
+      return %s
+    }
+  }
+  return %s
+}
+'''
+
+
+def test_FK190_a_region_no_generator_part_handles():
+    from fexplore.lang import codegen
+
+    node = ir.parse(REGION).nodes[0]
+    with pytest.raises(UnsupportedRegionError) as e:
+        codegen.generate(node, "rngd")
+    check(e.value, UnsupportedRegionError, message="no kernel generator for sum",
+          hint="register a kernel")
+    assert e.value.loc is not None and e.value.loc.module == "blk.fc"
