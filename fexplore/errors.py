@@ -136,8 +136,19 @@ class ParseError(FexploreError):
         if text is not None:
             lines = text.splitlines()
             if 1 <= line <= len(lines):
-                detail = f"  {line:4d} | {lines[line - 1]}\n       | {' ' * (column - 1)}^"
+                shown, at = _window(lines[line - 1], column - 1)
+                detail = f"  {line:4d} | {shown}\n       | {' ' * at}^"
         super().__init__(f"{message} (line {line}, column {column})", hint=hint, detail=detail)
+
+
+def _window(text: str, at: int, width: int = 60) -> tuple[str, int]:
+    """A long line cut to ``width`` characters either side of ``at`` (IR text can hold a line of
+    any length); returns the shown text and where ``at`` falls in it."""
+    if len(text) <= 2 * width + 20:
+        return text, at
+    start = max(0, at - width)
+    shown = ("..." if start else "") + text[start:at + width] + ("..." if at + width < len(text) else "")
+    return shown, at - start + (3 if start else 0)
 
 
 class VerificationError(FexploreError):
