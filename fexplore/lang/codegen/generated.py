@@ -10,7 +10,7 @@ node's own inputs and gives the node's own outputs.
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import linecache
 from dataclasses import dataclass
 
@@ -18,7 +18,6 @@ import numpy as np
 
 from fexplore.npu import NPUConfig
 
-_SOURCES = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,10 @@ class GeneratedKernel:
         magic would (the source is registered with linecache, so errors show its lines)."""
         from fexplore import lang
 
-        filename = f"<generated kernel {self.name} {next(_SOURCES)}>"
+        # named by content, so compiling the same model again reuses the entry: a counter here
+        # grew linecache by every kernel of every compile, for the life of the process
+        digest = hashlib.blake2b(self.source.encode(), digest_size=6).hexdigest()
+        filename = f"<generated kernel {self.name} {digest}>"
         linecache.cache[filename] = (len(self.source), None, self.source.splitlines(True), filename)
         ns: dict = {"fl": lang, "__name__": f"fexplore_generated_{self.name}"}
         exec(compile(self.source, filename, "exec", dont_inherit=True), ns)  # noqa: S102 - our own source
