@@ -100,6 +100,22 @@ class FexploreError(Exception):
         return []
 
 
+class RegistrationError(FexploreError, TypeError):
+    """``fexplore.register_op`` or ``fexplore.register_kernel`` was given something it cannot
+    register. Also a TypeError, as a wrong argument type is."""
+
+    code = "FX001"
+    doc = ErrorDoc(
+        when="fexplore.register_op is given something other than a torch.library custom op, or "
+             "an op with an argument kind the IR cannot hold as an attribute; "
+             "fexplore.register_kernel is given a match that is neither a region kind, an op "
+             "name nor a predicate, or a kernel that is not callable.",
+        example="fexplore.register_op(torch.sin)        # a function, not a torch.ops custom op\n"
+                "fexplore.register_kernel(3, my_kernel)  # 3 names no region or op",
+        fix="register_op(torch.ops.mylib.myop) after defining it with torch.library.custom_op; "
+            "register_kernel(\"attention\" | \"gelu\" | lambda node: ..., an fl.kernel).")
+
+
 class ConfigError(FexploreError):
     """A target/chip configuration or an option value is invalid."""
 

@@ -371,3 +371,24 @@ def test_FK190_a_region_no_generator_part_handles():
     check(e.value, UnsupportedRegionError, message="no kernel generator for sum",
           hint="register a kernel")
     assert e.value.loc is not None and e.value.loc.module == "blk.fc"
+
+
+# ---- FX001: registering something that cannot be registered ----------------------------------------
+
+@pytest.mark.parametrize("register, message, hint", [
+    (lambda: fexplore.register_op(torch.sin), "register_op takes a torch.ops custom op",
+     "torch.library.custom_op"),
+    (lambda: fexplore.register_kernel(3, embed), "cannot match nodes by 3", "op name"),
+    (lambda: fexplore.register_kernel("gelu", "not a kernel"), "needs a kernel, got str",
+     "@fl.kernel"),
+])
+def test_FX001_registering_what_cannot_be_registered(register, message, hint):
+    from fexplore.errors import RegistrationError
+
+    try:
+        with pytest.raises(RegistrationError) as e:
+            register()
+    finally:
+        fexplore.unregister_kernels()
+    check(e.value, RegistrationError, message=message, hint=hint)
+    assert isinstance(e.value, TypeError)   # what a wrong argument type has always raised

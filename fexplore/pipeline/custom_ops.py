@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fexplore.errors import RegistrationError
 from fexplore.ir import AttrSpec, Category, Cost, DType, OpDef, TensorType, register
 from fexplore.ir.opdef import REQUIRED, io_bytes
 
@@ -32,7 +33,9 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
     -> Cost``. Registering again replaces the earlier definition (re-running a notebook cell)."""
     overload = op.default if isinstance(op, torch._ops.OpOverloadPacket) else op
     if not isinstance(overload, torch._ops.OpOverload):
-        raise TypeError(f"register_op takes a torch.ops custom op, got {op!r}")
+        raise RegistrationError(f"register_op takes a torch.ops custom op, got {op!r}",
+                                hint="define it with @torch.library.custom_op('mylib::myop', "
+                                     "mutates_args=()) and pass torch.ops.mylib.myop")
     schema = overload._schema
     key = str(overload)  # "mylib.foo.default", the key ingestion looks up
     name = key.rsplit(".", 1)[0] if key.endswith(".default") else key
@@ -46,7 +49,9 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
                                       a.default_value if a.has_default_value() else REQUIRED,
                                       optional=t.endswith("?")))
         else:
-            raise TypeError(f"{key}: argument {a.name} of type {t} is not supported")
+            raise RegistrationError(f"{key}: argument {a.name} of type {t} is not supported",
+                                    hint="a custom op's arguments are tensors or attributes of kinds "
+                                         f"{', '.join(sorted(_ATTR_KINDS))}")
 
     def call_torch(arrays, attrs):
         kwargs = dict(attrs)

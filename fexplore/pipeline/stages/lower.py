@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from fexplore.errors import RegistrationError
 from fexplore.ir import Graph, Node, evaluate_node
 
 from ..stage import StageResult
@@ -57,9 +58,13 @@ def register_kernel(match, kernel) -> None:
     or a predicate ``match(node) -> bool``. The kernel takes the node's inputs (numpy arrays, in
     order) and returns its outputs. Later registrations win; ``unregister_kernels()`` clears."""
     if not (isinstance(match, str) or callable(match)):
-        raise TypeError("match is a region kind, an op name or a predicate over nodes")
+        raise RegistrationError(f"register_kernel cannot match nodes by {match!r}",
+                                hint='match is a region kind ("attention"), an op name ("gelu") '
+                                     "or a predicate over nodes (lambda node: ...)")
     if not callable(kernel):
-        raise TypeError("kernel must be an fl.kernel (or a callable taking the node's inputs)")
+        raise RegistrationError(f"register_kernel needs a kernel, got {type(kernel).__name__}",
+                                hint="an @fl.kernel (or a callable taking the node's inputs as "
+                                     "numpy arrays)")
     _REGISTRY.insert(0, (match, kernel))
 
 
