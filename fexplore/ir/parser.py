@@ -13,6 +13,7 @@ RecursionError or an exception from deep inside.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Mapping
 
@@ -294,7 +295,7 @@ class _Parser:
             if sorted(order) != list(range(len(dims))):
                 self.error(f"layout {layout} is not an order of the {len(dims)} dims")
         static = [d for d in dims if isinstance(d, int)]
-        if int(np.prod([float(d) for d in static])) > MAX_ELEMENTS if static else False:
+        if math.prod(static) > MAX_ELEMENTS:   # exact: at most MAX_RANK ints of 2**48
             self.pos = start
             self.error(f"a tensor of {' x '.join(map(str, dims))} elements is beyond any memory")
         return TensorType(tuple(dims), _DTYPES[name], layout)

@@ -35,8 +35,9 @@ class IngestionError(FexploreError):
         when="A converter (fexplore's own, or one a user registered) produced a value of a "
              "different shape or dtype from what torch says the op computes, or an op result "
              "of a kind the IR cannot hold. A bug in that converter, caught at ingestion.",
-        example="fexplore.register_op(torch.ops.mylib.pair)   # returns (Tensor, int)\n"
-                "fexplore.compile(UsesPair(), (x,))",
+        example='@fexplore.pipeline.convert.converter("mylib.halve.default")\n'
+                "def halve(ctx):   # torch says halve gives f32; this builds i32\n"
+                '    return ctx.emit("cast", [ctx.arg(0)], {"dtype": DType.i32})',
         fix="If the converter is your own (register_op / a CONVERTERS entry), make it return "
             "the type torch reports; otherwise report it with the op named in the message.")
 
