@@ -153,8 +153,13 @@ class ParseError(FexploreError):
             lines = text.splitlines()
             if 1 <= line <= len(lines):
                 shown, at = _window(lines[line - 1], column - 1)
+                shown = shown.translate(_UNPRINTABLE)   # never echo a terminal escape back
                 detail = f"  {line:4d} | {shown}\n       | {' ' * at}^"
         super().__init__(f"{message} (line {line}, column {column})", hint=hint, detail=detail)
+
+
+# control characters shown as one replacement character each, so the caret stays aligned
+_UNPRINTABLE = {c: "\ufffd" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f]}
 
 
 def _window(text: str, at: int, width: int = 60) -> tuple[str, int]:

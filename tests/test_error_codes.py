@@ -115,7 +115,7 @@ def test_FX200_malformed_ir_text_names_line_and_column(text, line, column, messa
     assert (err.line, err.column) == (line, column), str(err)
     assert message in err.message and f"(line {line}, column {column})" in err.message
     # the line itself, with a caret under the column
-    shown = text.splitlines()[line - 1]
+    shown = text.splitlines()[line - 1].replace("\x07", "\ufffd")   # control chars not echoed
     assert f"{line:4d} | {shown}" in str(err) and "\n       | " + " " * (column - 1) + "^" in str(err)
 
 

@@ -112,6 +112,7 @@ def test_hostile_values_are_parse_errors(old, new, message):
     err = parse_error(SMALL.replace(old, new, 1))
     assert message in err.message, err.message
     assert len(str(err)) < 2000   # a million-digit number is not echoed back whole
+    assert not any(c in str(err) for c in "\x00\x1b\x7f")   # nor a terminal escape
 
 
 def test_not_text_is_a_parse_error():
