@@ -237,9 +237,10 @@ def test_FX401_a_model_that_fails_on_its_own_example_inputs():
     (lambda cm: cm(torch.randn(2, 8), torch.randn(2, 8)), "takes 1 positional input(s), got 2",
      "the same number of arguments"),
     (lambda cm: cm(), "takes 1 positional input(s), got 0", "the same number of arguments"),
-    (lambda cm: cm(torch.randn(2, 8), x=torch.randn(2, 8)), "compiled with keyword inputs [], got ['x']",
+    (lambda cm: cm(torch.randn(2, 8), x=torch.randn(2, 8)), "it was compiled with keyword inputs [], got ['x']",
      "the same keywords"),
-    (lambda cm: cm((torch.randn(2, 8),)), "structure (nesting", "the same nesting"),
+    (lambda cm: cm((torch.randn(2, 8),)), "the nesting of tuples, lists or dicts differs",
+     "the same nesting"),
     (lambda cm: cm(torch.randn(2, 8, device="meta")), "meta tensors", "timing only"),
 ])
 def test_FX402_wrong_inputs_to_a_compiled_model(compiled, bad_call, message, hint):

@@ -23,14 +23,15 @@ def lowering_kinds(low) -> dict:
 
 def _structure_mismatch(want, got) -> str:
     """What differs between two (args, kwargs) pytree specs, in the user's terms."""
+    head = "inputs do not have the structure the model was compiled with: "
     (want_args, want_kw), (got_args, got_kw) = want.children(), got.children()
     if want_args.num_children != got_args.num_children:
-        return (f"the model takes {want_args.num_children} positional input(s), "
+        return (head + f"it takes {want_args.num_children} positional input(s), "
                 f"got {got_args.num_children}")
     if list(want_kw.context or []) != list(got_kw.context or []):
-        return (f"the model was compiled with keyword inputs {list(want_kw.context or [])}, "
+        return (head + f"it was compiled with keyword inputs {list(want_kw.context or [])}, "
                 f"got {list(got_kw.context or [])}")
-    return "inputs do not have the structure (nesting of tuples, lists, dicts) the model was compiled with"
+    return head + "the nesting of tuples, lists or dicts differs"
 
 
 class CompiledModel:
