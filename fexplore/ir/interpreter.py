@@ -42,9 +42,10 @@ def bind_symbols(g: Graph, arrays: Sequence[np.ndarray]) -> dict:
             raise InputError(f"input %{v.name} expects rank {t.rank} ({t}), got shape {a.shape}",
                              hint=_SIZES_HINT)
         if a.dtype != t.dtype.numpy:
+            torch_name = _TORCH_NAMES.get(t.dtype.value, t.dtype.value)
             raise InputError(f"input %{v.name} expects {t.dtype}, got {a.dtype}",
-                             hint=f"convert it first (x.to(torch.{_TORCH_NAMES.get(t.dtype.value, t.dtype.value)}) "
-                                  f"for a tensor, a.astype(...) for an array)")
+                             hint=f"convert it first (x.to(torch.{torch_name}) for a tensor, "
+                                  f"a.astype(...) for an array)")
         for d, n in zip(t.shape, a.shape):
             if isinstance(d, int):
                 if d != n:
