@@ -27,3 +27,10 @@ class IndexOutOfRangeError(FexploreError):
     """A gather or scatter met an index value outside its DRAM box when it ran (functional mode)."""
 
     code = "FX502"
+
+
+class HazardError(FexploreError):
+    """A simulated run broke program order: two commands touching the same memory overlapped in
+    time, or two live buffers shared SRAM addresses (`racecheck`): a dependency is missing."""
+
+    code = "FX503"
