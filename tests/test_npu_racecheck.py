@@ -73,3 +73,18 @@ def test_live_buffers_sharing_sram_are_refused():
     bad = _rebuilt(prog, offsets={e.id: prog.allocation.offset[a.id]})
     found = check_run(bad, run_timing(bad))
     assert len(found) == 1 and "overlap while both are alive" in found[0]
+
+
+def test_zero_dim_tensors_are_tracked():
+    b = ProgramBuilder("rngd")
+    A, S, C = b.input("A", ()), b.scratch("S", ()), b.output("C", ())
+    x, y = b.alloc("x", ()), b.alloc("y", (), pe=1)
+    b.load(x, A)
+    st = b.store(S, x)
+    ld = b.load(y, S)
+    b.store(C, y)
+    prog = b.build()
+    assert check_run(prog, run_timing(prog)) == []
+    assert np.asarray(prog.simulate({"A": np.float32(3.0)}).outputs["C"]) == 3.0
+    bad = _rebuilt(prog, drop={ld.id: {st.id}})
+    assert any("reads DRAM it writes: S" in f for f in check_run(bad, run_timing(bad)))

@@ -109,7 +109,8 @@ def _memory_order(program, trace) -> list[str]:
                 n = int(np.prod(t.storage_shape))
                 tracks[t.storage] = (np.full(n, -np.inf), np.full(n, -1, np.int64),
                                      np.full(n, -np.inf), np.full(n, -1, np.int64))
-            w_end, w_id, r_end, r_id = (a.reshape(t.shape)[ref.slices] for a in tracks[t.storage])
+            # views into the tracks (the Ellipsis keeps a 0-d box an array, not a scalar copy)
+            w_end, w_id, r_end, r_id = (a.reshape(t.shape)[(*ref.slices, ...)] for a in tracks[t.storage])
             prior = [(w_end, w_id, "reads DRAM it writes" if not write else "both write DRAM")]
             if write:
                 prior.append((r_end, r_id, "overwrites DRAM it reads"))
