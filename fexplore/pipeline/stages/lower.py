@@ -13,7 +13,8 @@
   through DRAM: that fusion is lost, and the record says so with codegen's reason.
   A generator that raises anything but a clear refusal (``UnsupportedRegionError``), or writes a
   kernel the kernel language rejects, is a bug of fexplore: the fallback keeps the compile going,
-  and ``Lowering.codegen_bugs`` (the stats' ``codegen_bugs``) lists each one, so it is not hidden.
+  and ``Lowering.codegen_bugs`` (the stats' ``codegen_bugs``, present when there is one) lists
+  each one, so it is not hidden.
 
 Design. The graph is not rewritten: every node keeps its body, which stays its meaning, so the IR
 interpreter, printer, parser, diff and graph views work on the lowered program unchanged, and the
@@ -463,13 +464,14 @@ def lowering_stats(low: Lowering) -> dict:
     for x in low.host_ops:
         host[x.op] = host.get(x.op, 0) + 1
     return {"kernels": len(low.kernels), "generated": sum(x.how == "generated" for x in low.leaves),
-            "codegen_bugs": list(low.codegen_bugs),
             "split_regions": len(low.splits), "split_pieces": sum(len(x.pieces) for x in low.splits),
             "split": [{"region": x.label, "pieces": [y.label for y in x.pieces], "scratch": list(x.scratch),
                        "reason": x.reason} for x in low.splits],
             "user_kernels": len(low.replaced), "replaced": [x.label for x in low.replaced],
             "free_views": len(low.free_views), "host_ops": len(low.host_ops),
-            "host_ops_by_op": host, "kernels_by_kind": by_kind}
+            "host_ops_by_op": host, "kernels_by_kind": by_kind,
+            # only when there is one: a clean lowering's statistics read as they did
+            **({"codegen_bugs": list(low.codegen_bugs)} if low.codegen_bugs else {})}
 
 
 def _reason(e: Exception) -> str:
