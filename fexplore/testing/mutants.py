@@ -185,6 +185,13 @@ MUTANTS: list[Mutant] = [
            (Patch(f"{_CG}.contraction:generate_contraction",
                   """w(f'{accs[0]} = fl.contract("{spec}", {a}, {wb}, acc={accs[0]})')""",
                   """w(f'{accs[0]} = fl.contract("{spec}", {a}, {wb})')"""),)),
+    Mutant("reduction-tiles-mispaired", "lower: contraction codegen (the K-loop reduction)",
+           "the K loop sums its tiles in another order for the weights than for the activations "
+           "(weight tile K - ks for activation tile ks)",
+           (Patch(f"{_CG}.contraction:generate_contraction",
+                  'w_k = permuted.weight_index() if permuted is not None else ("ks" if staged else k_idx)',
+                  'w_k = permuted.weight_index() if permuted is not None else ("ks" if staged else '
+                  '(k_idx if k_idx != "ks" else "slice(K - ks.stop, K - ks.start)"))'),)),
     Mutant("reduction-wrong-identity", "lower: reduction codegen",
            "amax starts its accumulator at 0 instead of -inf (a reduction seeded with the wrong identity)",
            (Patch(f"{_CG}.reduce:_accumulate",
