@@ -111,6 +111,13 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             k, v, gqa = _uncast(kr, producer, core_nodes), _uncast(vr, producer, core_nodes), True
         op_dt = {q.name: q_dt, k.name: k_dt, v.name: v_dt}
         scale = None
+    # the result narrowed on its way out (the precision stage's cast for a narrow consumer): the
+    # kernel writes it in that dtype
+    out_names = {o.name for o in body.outputs}
+    narrowed = [n for n in users.get(result.name, []) if n.op.name == "cast" and n.outputs[0].name in out_names]
+    if len(users.get(result.name, [])) == 1 and narrowed and result.name not in out_names:
+        core_nodes.add(id(narrowed[0]))
+        result = narrowed[0].outputs[0]
     exports = [o for o in body.outputs if o.name != result.name]
     for o in exports:
         if not sdpa or o.name not in (k.name, v.name):
@@ -166,6 +173,13 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     if gqa and len(gaxes) == 1 and aligned(tuple(v_shape[:-2]), len(lead)) == klead and \
             lead[gaxes[0]] % klead[gaxes[0]] == 0:
         group = (gaxes[0], lead[gaxes[0]] // klead[gaxes[0]], klead[gaxes[0]])
+    heads = math.prod(lead) or 1
+    if group:
+        bq, bk = _blocks(heads // group[1], S, T, max(D, Dv), 4, cfg, STAGES, group=group[1])
+        if heads // group[1] * math.ceil(S / bq) < cfg.num_pes:
+            group = None   # too few groups to keep every PE busy: a grid item per query head
+    if not group:
+        bq, bk = _blocks(heads, S, T, max(D, Dv), 4, cfg, STAGES)
     gvar = "g" if group and group[2] > 1 else "0"
 
     def kv_index(kl):
@@ -239,8 +253,6 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     if mask is not None:
         operand(mask)
     # q, k and v's sources were registered by box(); the output
-    per_group = group[1] if group else 1
-    bq, bk = _blocks((math.prod(lead) or 1) // per_group, S, T, max(D, Dv), 4, cfg, STAGES, group=per_group)
     if causal:   # query and key blocks of one size, so a block on the diagonal starts where its queries do
         bq = bk = min(bq, bk)
 
