@@ -34,6 +34,7 @@ def test_zoo_verification_after_every_stage(name, zoo_compiled):
     assert table["structural"].all()
     assert (table["input_sets"] >= 2).all()  # example inputs plus fresh random ones
     assert (table["max_abs_err"] < 1e-3).all()
+    assert "codegen_bugs" not in cm["lower"].stats   # no generator failure hidden by a fallback
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))

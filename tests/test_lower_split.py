@@ -207,6 +207,7 @@ def test_the_split_shows_in_the_stats_summary_and_view():
     res = lower(g, SimpleNamespace(target="rngd"))
     stats = lowering_stats(res.lowering)
     assert stats["split_regions"] == 1 and stats["split_pieces"] == 3
+    assert "codegen_bugs" not in stats and res.lowering.codegen_bugs == []   # the split is codegen's clear refusal, not a bug
     assert stats["split"][0]["scratch"] == ["gelu_1", "cumsum_1"]
     assert "1 region(s) split into 3 pieces" in res.summary
     html = lowering_html(res.lowering)
@@ -220,6 +221,25 @@ def test_the_split_shows_in_the_stats_summary_and_view():
     body = {n.op.name: n for n in node.regions[0].nodes}
     assert marks[id(body["linear"])] == marks[id(body["gelu"])] == ("kernel", f"kernel {x.pieces[0].name}")
     assert marks[id(body["cumsum"])][0] in ("host", "kernel")
+
+
+def test_a_generator_bug_behind_the_fallback_is_recorded(monkeypatch):
+    """A generator that raises (not a refusal) still leaves a working compile, a host op, but the
+    lowering lists the bug instead of hiding it."""
+    from fexplore.lang import codegen
+
+    def broken(node, target="rngd"):
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(codegen, "generate", broken)
+    node, arrays = contraction_with_a_scan_in_its_epilogue()
+    g, oracle = _program(node, arrays)
+    res = lower(g, SimpleNamespace(target="rngd"))
+    assert res.lowering.host_ops and not res.lowering.kernels
+    bugs = res.stats["codegen_bugs"]
+    assert bugs and all("codegen failed: IndexError: tuple index out of range" in b for b in bugs)
+    assert bugs[0].startswith(f"region {node.regions[0].name}: ")
+    assert check_lowering(g, res.lowering, oracle).ok   # the fallback itself computes right
 
 
 def test_a_wrong_piece_is_named():

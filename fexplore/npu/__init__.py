@@ -13,7 +13,7 @@ from fexplore.npu.builder import ProgramBuilder
 from fexplore.npu.commands import (ENGINES, Buffer, Command, Contract, DramRef, DramTensor, Gather, Load,
                                    Scatter, Stage, Store, Sync, Transpose, Vector)
 from fexplore.npu.config import PRESETS, NPUConfig, get_target
-from fexplore.npu.errors import IndexOutOfRangeError, ProgramError, SRAMOverflowError
+from fexplore.npu.errors import HazardError, IndexOutOfRangeError, ProgramError, SRAMOverflowError
 from fexplore.npu.program import Program
 from fexplore.npu.result import Roofline, SimResult
 from fexplore.npu.simulator import simulate
@@ -25,5 +25,5 @@ __all__ = [
     "ProgramBuilder", "Program", "simulate", "SimResult", "Roofline", "Timeline", "TimelineEvent",
     "Buffer", "DramTensor", "DramRef", "Command", "Load", "Stage", "Store", "Contract", "Vector", "Sync",
     "Gather", "Scatter", "Transpose", "IndexOutOfRangeError",
-    "ENGINES", "VECTOR_OPS", "ProgramError", "SRAMOverflowError",
+    "ENGINES", "VECTOR_OPS", "HazardError", "ProgramError", "SRAMOverflowError",
 ]

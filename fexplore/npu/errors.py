@@ -54,3 +54,20 @@ class IndexOutOfRangeError(FexploreError):
                 "tr.simulate({\"table\": table, \"ids\": np.array([1, 10])})",
         fix="Check the index data: every index must be in [-n, n) for a box of n rows (torch "
             "raises on the same input).")
+
+
+class HazardError(FexploreError):
+    """A simulated run broke program order: two commands touching the same memory overlapped in
+    time, or two live buffers shared SRAM addresses (`racecheck`): a dependency is missing."""
+
+    code = "FX503"
+    doc = ErrorDoc(
+        when="A functional run on the simulator found two commands touching the same memory "
+             "overlapping in time, or two live buffers sharing SRAM addresses: the program misses "
+             "a dependency (a compiler bug in the schedule or the SRAM plan, or a hand-built "
+             "program with a missing wait).",
+        example="b = ProgramBuilder(\"p\", \"tiny\")\n"
+                "t = b.load(x[0:4, :], deps=())     # an explicit empty deps list: no wait\n"
+                "b.store(y[0:4, :], t, deps=())     # may run before the load ends",
+        fix="Let the builder infer dependencies (omit deps=) or add the missing one; for a "
+            "compiled model, report it: the schedule stage's check names the command pair.")

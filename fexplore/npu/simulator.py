@@ -14,7 +14,9 @@ Model
   Deterministic: ties are broken by command id, and nothing depends on dict or set order.
 
 Functional mode then runs the commands with numpy in the order they started in the simulation,
-so a missing dependency would show up as wrong numbers, not be hidden by program order.
+so a missing dependency would show up as wrong numbers, not be hidden by program order; and
+before that the run is checked (`racecheck`): conflicting commands ran in program order and no two
+live buffers shared SRAM, which catches a missing dependency even where the replay is right.
 """
 
 from __future__ import annotations
@@ -159,6 +161,9 @@ def simulate(program: Program, inputs: dict | None = None, *, functional: bool |
     dram = None
     if functional:
         from fexplore.npu.functional import execute
+        from fexplore.npu.racecheck import raise_on_violations
 
+        # numbers from a run that broke program order are not the program's: check the run first
+        raise_on_violations(program, trace)
         dram = execute(program, inputs or {}, trace.order)
     return SimResult(program, trace, dram, wall_s=time.perf_counter() - t0)

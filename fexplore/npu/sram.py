@@ -112,8 +112,14 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
     (its last writer and the readers after it)."""
     alloc = Allocation(len(buffers), cfg.num_pes)
     align = cfg.sram_alignment_bytes
+    # the DMAs that address a resident tensor use its buffer without naming it (they are DRAM-box
+    # accesses to the hazard tracker): its space is free only when they have finished too
+    resident_users: dict[int, list[int]] = {}
     for c in commands:
-        for buf in c.reads + c.writes + _resident_backing(c):
+        backing = _resident_backing(c)
+        for buf in backing:
+            resident_users.setdefault(buf.id, []).append(c.id)
+        for buf in c.reads + c.writes + backing:
             if alloc.first[buf.id] < 0:
                 alloc.first[buf.id] = c.id
             alloc.last[buf.id] = c.id
@@ -147,8 +153,9 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
             space.release(off, size)
             del space.live[buf.id]
             space.live_bytes -= size
-            # a resident tensor's buffer is freed by the last DMA that touched it
-            accessors = tuple(final_accessors(buf)) or (alloc.last[buf.id],)
+            # a resident tensor's buffer is freed by the DMAs that touched it, its on-chip copies
+            accessors = tuple(dict.fromkeys([*final_accessors(buf), *resident_users.get(buf.id, ())])) \
+                or (alloc.last[buf.id],)
             space.vacated.append((off, off + size, accessors, max(accessors, default=-1)))
     return alloc
 

@@ -1,2 +1,3 @@
 """Testing helpers that ship with fexplore: conformance harnesses shared by the test suite and the
-benchmarks (``opinfo``: PyTorch's own OpInfo samples, one op at a time, through every stage)."""
+benchmarks (``opinfo``: PyTorch's own OpInfo samples, one op at a time, through every stage;
+``mutants``: faults injected into the passes, and the check that catches each)."""

@@ -11,6 +11,10 @@
   sub-regions built as fusion builds regions (``fusion.region_node``); each piece is a kernel, a
   free view or (a single op with no part) a host op. The values passed between pieces go
   through DRAM: that fusion is lost, and the record says so with codegen's reason.
+  A generator that raises anything but a clear refusal (``UnsupportedRegionError``), or writes a
+  kernel the kernel language rejects, is a bug of fexplore: the fallback keeps the compile going,
+  and ``Lowering.codegen_bugs`` (the stats' ``codegen_bugs``, present when there is one) lists
+  each one, so it is not hidden.
 
 Design. The graph is not rewritten: every node keeps its body, which stays its meaning, so the IR
 interpreter, printer, parser, diff and graph views work on the lowered program unchanged, and the
@@ -189,6 +193,10 @@ class Lowering:
 
     target: str
     nodes: list[LoweredNode] = field(default_factory=list)
+    # generated kernels that failed for a reason other than a clear refusal (the generator raised,
+    # or wrote a kernel the kernel language rejects): bugs of fexplore, which the fallback (split,
+    # host op) keeps from breaking the compile but must not hide
+    codegen_bugs: list[str] = field(default_factory=list)
 
     @property
     def leaves(self) -> list[LoweredNode]:
@@ -235,6 +243,7 @@ def lower(graph: Graph, options) -> StageResult:
     lowerer = _Lowerer(target)
     for node in graph.nodes:
         low.nodes.append(lowerer.node(node))
+    low.codegen_bugs = list(lowerer.bugs)
     stats = lowering_stats(low)
     host = ", host ops: " + ", ".join(f"{k}×{v}" for k, v in stats["host_ops_by_op"].items()) \
         if low.host_ops else ""
@@ -254,6 +263,7 @@ class _Lowerer:
 
         self.codegen, self.target = codegen, target
         self.taken: dict[str, int] = {}
+        self.bugs: list[str] = []
 
     def node(self, node: Node, of: str = "") -> LoweredNode:
         if _free_view(node):
@@ -280,15 +290,19 @@ class _Lowerer:
         except codegen.UnsupportedRegionError as e:
             return None, e
         except Exception as e:  # a generator that fails is said to, not hidden
-            return None, _Failed(f"codegen failed: {type(e).__name__}: {_first_line(e)}")
+            return None, self.bug(node, f"codegen failed: {type(e).__name__}: {_first_line(e)}")
         traced, why = _traces(gk, node)
         if why:  # a generator that writes a kernel the kernel language rejects: a codegen bug
-            return None, _Failed(f"generated kernel {gk.name} does not trace (a codegen bug): {why}")
+            return None, self.bug(node, f"generated kernel {gk.name} does not trace (a codegen bug): {why}")
         gk = _renamed(gk, _unique(gk.name, self.taken))
         return LoweredNode(node, "generated", gk, traced=traced, of=of), None
 
     def split(self, node: Node, err) -> LoweredNode:
         return _Splitter(self, node).lowered(err)
+
+    def bug(self, node: Node, why: str) -> "_Failed":
+        self.bugs.append(f"{self.codegen.common.region_label(node)}: {why}")
+        return _Failed(why)
 
 
 class _Splitter:
@@ -460,7 +474,9 @@ def lowering_stats(low: Lowering) -> dict:
                        "reason": x.reason} for x in low.splits],
             "user_kernels": len(low.replaced), "replaced": [x.label for x in low.replaced],
             "free_views": len(low.free_views), "host_ops": len(low.host_ops),
-            "host_ops_by_op": host, "kernels_by_kind": by_kind}
+            "host_ops_by_op": host, "kernels_by_kind": by_kind,
+            # only when there is one: a clean lowering's statistics read as they did
+            **({"codegen_bugs": list(low.codegen_bugs)} if low.codegen_bugs else {})}
 
 
 def _reason(e: Exception) -> str:

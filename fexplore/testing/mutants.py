@@ -1,0 +1,531 @@
+"""Mutation testing of the compiler: faults injected into fexplore's own passes, each of which the
+verification (or the simulator's checks) must catch.
+
+A :class:`Mutant` is a named fault in one pass: one or more :class:`Patch` es, each an exact piece
+of a function's source replaced by a faulty one. While the mutant is active
+(``with mutant.active():``),
+each patched function runs the faulty code: the edited source is compiled and swapped into the
+function's ``__code__``, so every caller (a ``from x import f`` taken before, a method, a stage
+list) runs it, and nothing on disk changes. Leaving the ``with`` restores the original code. A
+patch whose text is no longer in the source raises at once, so a mutant cannot silently turn into
+the unmutated code when the code it breaks is edited.
+
+:func:`detect` then compiles a set of :class:`Case` s (the zoo models at their small default sizes
+and a few targeted modules) with verification on and runs each compiled model on the simulated NPU
+against eager, stopping at the first check that fires: the structural verifier after a stage, a
+stage's numeric check, the lower stage's kernel check, a generator bug the lower stage recorded
+behind its fallback to a host op, the schedule stage's simulator check or the simulator's hazard
+check, a stage that raised, or the compiled model's outputs.
+
+Used by ``bench/mutants.py`` (every mutant, a table) and ``tests/test_mutants.py`` (a few, and the
+same cases passing with no mutant).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import inspect
+import signal
+import textwrap
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+
+# -- the mechanism -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Patch:
+    """In function ``where`` ("module:function" or "module:Class.method"), the source text
+    ``old`` (which must occur exactly once) becomes ``new``. ``where`` may also name a module's
+    string constant (code a generator pastes into the kernels it writes)."""
+
+    where: str
+    old: str
+    new: str
+
+    def target(self):
+        module, _, qual = self.where.partition(":")
+        obj = importlib.import_module(module)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def edited(self, src: str) -> str:
+        found = src.count(self.old)
+        if found != 1:
+            raise RuntimeError(f"mutant patch of {self.where}: the text to replace occurs {found} times "
+                               f"(expected once); has the code changed?\n  {self.old!r}")
+        return src.replace(self.old, self.new)
+
+    @contextlib.contextmanager
+    def applied(self):
+        obj = self.target()
+        if isinstance(obj, str):   # a module constant: swapped in the module for the duration
+            module, _, name = self.where.partition(":")
+            mod = importlib.import_module(module)
+            setattr(mod, name, self.edited(obj))
+            try:
+                yield
+            finally:
+                setattr(mod, name, obj)
+            return
+        fn, code = self.compiled()
+        old, fn.__code__ = fn.__code__, code
+        try:
+            yield
+        finally:
+            fn.__code__ = old
+
+    def compiled(self):
+        """The function and its faulty code object."""
+        fn = inspect.unwrap(self.target())
+        src = textwrap.dedent(inspect.getsource(fn))
+        tree = ast.parse(self.edited(src))
+        fdef = tree.body[0]
+        fdef.decorator_list = []   # the decorators already wrap the original function object
+        ast.increment_lineno(tree, fn.__code__.co_firstlineno - 1)   # tracebacks point at the file
+        ns = dict(fn.__globals__)
+        exec(compile(tree, fn.__code__.co_filename, "exec"), ns)
+        code = ns[fdef.name].__code__
+        if code.co_freevars != fn.__code__.co_freevars:
+            raise RuntimeError(f"mutant patch of {self.where}: a closure or super() call cannot be patched")
+        return fn, code
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A fault in one pass: ``name``, the pass or module it ``breaks``, a one-line ``description``
+    and the source ``patches`` that make it."""
+
+    name: str
+    breaks: str
+    description: str
+    patches: tuple[Patch, ...]
+    # why the mutant is known to survive (an equivalent mutant, or a gap in the checks, measured):
+    # reported beside it, never used to count it as caught
+    known_gap: str = ""
+
+    @contextlib.contextmanager
+    def active(self):
+        with contextlib.ExitStack() as stack:
+            for p in self.patches:
+                stack.enter_context(p.applied())
+            stack.callback(_clear_caches)
+            _clear_caches()
+            yield self
+
+
+def _clear_caches() -> None:
+    """Results kept across compiles that a mutant may have made (tile choices per kernel source)."""
+    from fexplore.pipeline.stages import tiles
+
+    tiles._CACHE.clear()
+
+
+# -- the mutants -------------------------------------------------------------------------------
+
+_CG = "fexplore.lang.codegen"
+
+MUTANTS: list[Mutant] = [
+    Mutant("epilogue-op-dropped", "lower: contraction codegen",
+           "the last op of a contraction's epilogue is skipped (its input passed on as its result)",
+           (Patch(f"{_CG}.contraction:generate_contraction",
+                  "tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], -1)",
+                  "tiles[n.outputs[0].name] = tiles[n.inputs[0].name] if n is epilogue[-1] else "
+                  "emit.node(n, [tiles[x.name] for x in n.inputs], -1)"),)),
+    Mutant("bias-dropped", "lower: contraction codegen",
+           "a linear's bias is loaded but never added to the accumulator",
+           (Patch(f"{_CG}.contraction:generate_contraction",
+                  'w(f"{val} = {acc} + {bt}")', 'w(f"{val} = {acc}")'),)),
+    Mutant("transpose-axes-swapped", "simplify: cancel-transpose-pair",
+           "two permutes compose in the wrong order (q∘p for p∘q): axes swapped unless they commute",
+           (Patch("fexplore.pipeline.stages.simplify:_permute_pair",
+                  "perm = tuple(p[i] for i in q)", "perm = tuple(q[i] for i in p)"),)),
+    Mutant("permute-converter-axes-swapped", "ingest: aten.permute converter",
+           "aten.permute of rank > 2 swaps the last two entries of its permutation",
+           (Patch("fexplore.pipeline.convert.movement:_permute",
+                  "    if perm == tuple(range(x.type.rank)):",
+                  "    perm = perm[:-2] + (perm[-1], perm[-2]) if len(perm) > 2 else perm\n"
+                  "    if perm == tuple(range(x.type.rank)):"),)),
+    Mutant("fold-wrong-constant", "fold: constant folding",
+           "folded float constants are stored rounded through f16",
+           (Patch("fexplore.pipeline.stages.fold:fold",
+                  'rw.replace(v, rw.constant(v.name, np.asarray(a, order="C"), type=v.type))',
+                  'rw.replace(v, rw.constant(v.name, np.asarray(np.asarray(a).astype(np.float16).astype('
+                  'np.asarray(a).dtype) if np.asarray(a).dtype.kind == "f" else a, order="C"), type=v.type))'),)),
+    Mutant("fold-batchnorm-without-eps", "fold: conv + batch norm folding",
+           "the folded scale is gamma / sqrt(var), the batch norm's eps forgotten",
+           (Patch("fexplore.pipeline.stages.fold:_fold_conv_bn",
+                  'scale = gamma / np.sqrt(var + bn.attrs["eps"])', "scale = gamma / np.sqrt(var)"),)),
+    Mutant("cse-ignores-attributes", "simplify: CSE",
+           "common-subexpression elimination merges nodes with the same op and inputs but other attributes",
+           (Patch("fexplore.pipeline.stages.simplify:_round",
+                  "(node.op.name, tuple(v.name for v in ins), node.attrs)",
+                  "(node.op.name, tuple(v.name for v in ins))"),)),
+    Mutant("fusion-non-convex", "fusion: region formation",
+           "the convexity check always passes: a region may be fused across a path that leaves it and comes back",
+           (Patch("fexplore.pipeline.stages.fusion:_Fuser.convex",
+                  "    seen: set[int] = set()", "    return True\n    seen: set[int] = set()"),)),
+    Mutant("tile-bound-off-by-one", "kernel language: fl.tiles (every tiled loop)",
+           "the last tile of fl.tiles(n, size) stops one element short",
+           (Patch("fexplore.lang.builtins:tiles",
+                  "return [slice(i, min(i + size, n)) for i in _py.range(0, n, size)]",
+                  "return [slice(i, min(i + size, n) - (1 if i + size >= n > i + 1 else 0)) "
+                  "for i in _py.range(0, n, size)]"),)),
+    Mutant("k-accumulation-dropped", "lower: contraction codegen (the K-loop reduction)",
+           "each K tile's partial product overwrites the accumulator instead of adding to it",
+           (Patch(f"{_CG}.contraction:generate_contraction",
+                  """w(f'{accs[0]} = fl.contract("{spec}", {a}, {wb}, acc={accs[0]})')""",
+                  """w(f'{accs[0]} = fl.contract("{spec}", {a}, {wb})')"""),)),
+    Mutant("reduction-tiles-mispaired", "lower: contraction codegen (the K-loop reduction)",
+           "the K loop sums its tiles in another order for the weights than for the activations "
+           "(weight tile K - ks for activation tile ks)",
+           (Patch(f"{_CG}.contraction:generate_contraction",
+                  'w_k = permuted.weight_index() if permuted is not None else ("ks" if staged else k_idx)',
+                  'w_k = permuted.weight_index() if permuted is not None else ("ks" if staged else '
+                  '(k_idx if k_idx != "ks" else "slice(K - ks.stop, K - ks.start)"))'),)),
+    Mutant("reduction-wrong-identity", "lower: reduction codegen",
+           "amax starts its accumulator at 0 instead of -inf (a reduction seeded with the wrong identity)",
+           (Patch(f"{_CG}.reduce:_accumulate",
+                  'w(f"acc = fl.full({shape}, {init})")',
+                  'w(f"acc = fl.full({shape}, {\'0.0\' if op == \'amax\' else init})")'),)),
+    Mutant("softmax-wrong-axis", "lower: vector codegen (softmax)",
+           "softmax normalizes by the sum over the tile's rows instead of along the row",
+           (Patch(f"{_CG}.vector:VectorEmitter._row_op",
+                  'w(f"{name} = fl.div({e}, {e}.sum(axis={ax}){kw})")',
+                  'w(f"{name} = fl.div({e}, {e}.sum(axis=0){kw})")'),)),
+    Mutant("attention-mask-off-by-one", "lower: attention codegen (causal mask)",
+           "the causal mask keeps key j < query i: the diagonal is masked out",
+           (Patch(f"{_CG}.attention:generate_attention",
+                  'w(f"fl.store(tri[{rs}, :], fl.load({kpos}[:, :]) <= fl.load({qpos}[{rs}, :]))")',
+                  'w(f"fl.store(tri[{rs}, :], fl.load({kpos}[:, :]) < fl.load({qpos}[{rs}, :]))")'),)),
+    Mutant("conv-padding-tap-dropped", "lower: conv codegen (padding)",
+           "a kernel tap whose window starts exactly at the image's first row or column is skipped",
+           (Patch(f"{_CG}.conv:HELPERS",
+                  "band.start * stride + t * dilation - pad >= 0", "band.start * stride + t * dilation - pad > 0"),)),
+    Mutant("precision-cast-misplaced", "precision: cast policy (bf16)",
+           "contractions write the narrow dtype, so the epilogues, norms and softmax run in bf16",
+           (Patch("fexplore.pipeline.stages.precision:_Policy.apply",
+                  'attrs["out_dtype"] = node.outputs[0].type.dtype', 'attrs["out_dtype"] = self.dtype'),)),
+    Mutant("precision-weights-at-fp8", "precision: weight conversion (bf16)",
+           "weights converted to bf16 are first rounded to fp8 (e4m3) resolution",
+           (Patch("fexplore.pipeline.stages.precision:_Policy.narrow_constant",
+                  "new = rw.constant(f\"{c.name}.{self.dtype.value}\", payload.astype(self.dtype.numpy),",
+                  "new = rw.constant(f\"{c.name}.{self.dtype.value}\", np.clip(payload, -448.0, 448.0)"
+                  ".astype(DType.fp8.numpy).astype(np.float32).astype(self.dtype.numpy),"),),
+           known_gap="the bf16 check allows atol 1.6e-2 x max|eager| (0.9 on gpt's logits of up to 56): "
+                     "the right policy is off by 0.085, fp8-rounded weights by 0.82, and both pass. Eager "
+                     "under bf16 autocast (the same ops narrowed) is off by 0.19: a measured bf16 noise "
+                     "reference, as the f64 twin measures f32's, at 2x would allow 0.39 and catch it"),
+    Mutant("broadcast-axes-merged", "lower: codegen domain (broadcasting)",
+           "neighbouring leading axes are merged even where an operand broadcasts along one and not the other",
+           (Patch(f"{_CG}.domain:group_axes",
+                  "if groups and groups[-1][-1] == i - 1 and all(p[i] == p[i - 1] and p[i] != OWN for p in patterns):",
+                  "if groups and groups[-1][-1] == i - 1 and all(p[i] != OWN for p in patterns):"),)),
+    Mutant("layout-transpose-forgotten", "layout: relayout insertion",
+           "a conv2d's activation is not relaid out to channels-last (NHWC)",
+           (Patch("fexplore.pipeline.stages.layout:_assign",
+                  "new_ins = [ensure(ins[0], NHWC)]", "new_ins = [ins[0]]"),),
+           known_gap="an equivalent mutant today: a layout is an annotation of the type that nothing after "
+                     "the layout stage reads (relayout is the identity in the interpreter and in codegen, "
+                     "the schedule lays every value out row-major), so no number can change"),
+    Mutant("dma-wait-missing", "npu: hazard inference (DRAM)",
+           "a load does not wait for the store that wrote the DRAM it reads",
+           (Patch("fexplore.npu.hazards:HazardTracker.dram_deps",
+                  "                if acc.writer >= 0:\n                    deps.add(acc.writer)",
+                  "                pass"),)),
+    Mutant("hazard-write-ignored", "npu: hazard inference (SRAM)",
+           "a write to an SRAM buffer is not recorded: its readers do not wait for it",
+           (Patch("fexplore.npu.hazards:HazardTracker.buffer_deps",
+                  "        acc.writer, acc.readers = cid, []", "        acc.readers = []"),)),
+    Mutant("sram-offset-wrong", "npu: SRAM allocator",
+           "every buffer above the first alignment unit is placed one alignment unit too low",
+           (Patch("fexplore.npu.sram:allocate",
+                  "alloc.offset[buf.id], alloc.size[buf.id] = off, size",
+                  "alloc.offset[buf.id], alloc.size[buf.id] = (off - align if off >= align else off), size"),)),
+    Mutant("sram-reuse-wait-missing", "npu: SRAM allocator",
+           "a buffer placed in space another buffer used does not wait for that buffer's last reader",
+           (Patch("fexplore.npu.sram:allocate",
+                  "            if before:\n                alloc.reuse_deps", "            if False:\n                alloc.reuse_deps"),)),
+]
+
+BY_NAME = {m.name: m for m in MUTANTS}
+
+
+# -- the detection cases -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """A model to compile (``build() -> (model, inputs)``) with compile ``options``."""
+
+    name: str
+    build: Callable[[], tuple]
+    options: dict = field(default_factory=dict)
+
+
+def _zoo(name: str) -> Callable[[], tuple]:
+    def build():
+        from fexplore.models import ZOO
+
+        return ZOO[name]()
+    return build
+
+
+class _TiledLinear(torch.nn.Module):
+    """Sizes that are no multiple of the tiles on `tiny`: several K tiles, a short last tile."""
+
+    def __init__(self, k=200, n=72):
+        super().__init__()
+        self.fc = torch.nn.Linear(k, n)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.fc(x)) * 2.0
+
+
+class _CausalAttention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class _ConvBlock(torch.nn.Module):
+    """conv (padded) + batch norm with running statistics of a trained network (not 0 and 1)."""
+
+    def __init__(self, g):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        with torch.no_grad():
+            self.bn.running_mean.copy_(torch.randn(8, generator=g) * 0.1)
+            self.bn.running_var.copy_(torch.rand(8, generator=g) * 0.05 + 1e-3)
+            self.bn.weight.copy_(torch.rand(8, generator=g) + 0.5)
+            self.bn.bias.copy_(torch.randn(8, generator=g) * 0.1)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class _Reductions(torch.nn.Module):
+    """Reductions over axes other than the last (the reduction part, not the vector one), of
+    negative data, so a wrong identity or axis shows."""
+
+    def forward(self, x):
+        return x.amax(dim=1) + x.sum(dim=(0, 1)), x.mean(dim=1)
+
+
+class _Permutes(torch.nn.Module):
+    """Chains of permutes over axes of one size: a wrong permutation keeps the shape, so only the
+    values can show it."""
+
+    def forward(self, x):
+        return x.permute(0, 2, 1, 3).transpose(-1, -2) * 2.0 + x.transpose(1, 3)
+
+
+class _ScanBetween(torch.nn.Module):
+    """Two elementwise ops with a scan between them: fusing the two (as a chain) would make a
+    region that feeds the scan and reads it back."""
+
+    def forward(self, x):
+        e = torch.tanh(x)
+        return e * e.cumsum(-1) + 1.0
+
+
+class _Broadcasts(torch.nn.Module):
+    """Elementwise ops over operands with size-1 and missing dims, a transpose by negative dims."""
+
+    def forward(self, x, row, col):
+        y = torch.tanh(x * row + col) - x.transpose(-2, -1).transpose(-2, -1) * 0.5
+        return torch.softmax(y, dim=-1)
+
+
+def _seeded(fn):
+    def build():
+        g = torch.Generator().manual_seed(0)
+        return fn(g)
+    return build
+
+
+# cheap targeted cases first: a mutant they catch costs a second or two
+CASES: list[Case] = [
+    Case("mlp", _zoo("mlp")),
+    Case("permutes", _seeded(lambda g: (_Permutes(), (torch.randn(2, 4, 4, 4, generator=g),)))),
+    Case("scan-between", _seeded(lambda g: (_ScanBetween(), (torch.randn(4, 16, generator=g),)))),
+    Case("tiled-linear@tiny", _seeded(lambda g: (_TiledLinear().eval(), (torch.randn(100, 200, generator=g),))),
+         {"target": "tiny"}),
+    Case("causal-attention", _seeded(lambda g: (_CausalAttention(), tuple(
+        torch.randn(1, 2, 40, 16, generator=g) for _ in range(3))))),
+    Case("conv-bn", _seeded(lambda g: (_ConvBlock(g).eval(), (torch.randn(2, 3, 12, 12, generator=g),)))),
+    Case("reductions", _seeded(lambda g: (_Reductions(), (torch.randn(4, 6, 10, generator=g) - 3.0,)))),
+    Case("broadcasts", _seeded(lambda g: (_Broadcasts(), (torch.randn(2, 8, 16, generator=g),
+                                                           torch.randn(1, 1, 16, generator=g),
+                                                           torch.randn(8, 1, generator=g))))),
+    Case("gpt", _zoo("gpt")),
+    Case("llama", _zoo("llama")),
+    Case("gpt-bf16", _zoo("gpt"), {"precision": "bf16"}),
+    Case("llama-decode", _zoo("llama_decode")),
+    Case("vla", _zoo("vla")),
+    Case("vit", _zoo("vit")),
+    Case("cnn", _zoo("cnn")),
+]
+
+CASE_BY_NAME = {c.name: c for c in CASES}
+
+
+# -- detection ---------------------------------------------------------------------------------
+
+@dataclass
+class Caught:
+    """Which check fired first, on which case, and what it said."""
+
+    case: str
+    check: str
+    detail: str
+
+
+@dataclass
+class Outcome:
+    mutant: str
+    caught: Caught | None
+    cases_run: list[str]
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.caught is not None
+
+
+class _Timeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise _Timeout in this (main) thread after ``seconds``: a mutant may make a loop endless."""
+    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def fire(*_):
+        raise _Timeout(f"no result after {seconds:.0f} s")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _first_line(text) -> str:
+    text = str(text or "").strip()
+    return text.splitlines()[0][:240] if text else ""
+
+
+def check_case(case: Case, *, time_limit: float = 180.0) -> Caught | None:
+    """Compile ``case`` with verification on, then run the compiled model on the simulated NPU on
+    its example inputs and on a fresh set, against eager. None when everything passes; else the
+    first check that fired."""
+    import fexplore
+
+    with warnings.catch_warnings(), _time_limit(time_limit):
+        warnings.simplefilter("ignore")
+        model, inputs = case.build()
+        ex = fexplore.explore(model, inputs, **case.options)
+        try:
+            while not ex.done:
+                ex.step()
+        except _Timeout as e:
+            return Caught(case.name, f"stage {ex.stage_names[len(ex.records)]} did not finish", str(e))
+        except Exception as e:   # a crash inside a stage (or its verification) is a detection too
+            stage = ex.stage_names[len(ex.records)]
+            return Caught(case.name, f"stage {stage} raised {type(e).__name__}", _first_line(e))
+        for rec in ex.records:
+            found = _failed_check(rec)
+            if found is not None:
+                return Caught(case.name, *found)
+            bugs = rec.stats.get("codegen_bugs") if rec.name == "lower" else None
+            if bugs:   # the compile went on (split, host op), but a generator is broken
+                return Caught(case.name, "lower stage: codegen bug behind the host fallback", _first_line(bugs[0]))
+        cm = ex.result
+        fresh = _fresh_inputs(inputs)
+        for label, args in (("example inputs", inputs), ("fresh inputs", fresh)):
+            try:
+                got = cm(*args)
+            except _Timeout as e:
+                return Caught(case.name, f"compiled model on {label} did not finish", str(e))
+            except Exception as e:
+                return Caught(case.name, f"compiled model on {label} raised {type(e).__name__}",
+                              _first_line(e))
+            with torch.no_grad():
+                want = model(*args)
+            bad = _differs(got, want, case.options.get("precision", "fp32"))
+            if bad:
+                return Caught(case.name, f"compiled model vs eager ({label})", bad)
+    return None
+
+
+def _failed_check(rec):
+    v = rec.verification
+    if v is None:
+        return None
+    if not v.structural_ok:
+        return f"structural verifier after {rec.name}", _first_line(v.structural_error)
+    if v.numeric is not None and not v.numeric.ok:
+        where = f"; first divergent {v.numeric.first_divergent}" if v.numeric.first_divergent else ""
+        return f"numeric check of {rec.name}", _first_line(v.numeric.detail) + where
+    k = v.kernels
+    if k is not None and not k.ok:
+        detail = str(k.detail or "")
+        if detail.startswith("simulator hazard check"):
+            return "simulator hazard check (schedule)", _first_line(detail.splitlines()[-1] if "\n" in detail
+                                                                    else detail)
+        if rec.name == "schedule":
+            return "schedule check (simulator vs eager)", _first_line(detail)
+        return f"{rec.name} check (kernels in the interpreter)", _first_line(detail)
+    return None
+
+
+def _fresh_inputs(inputs):
+    """Another input set of the same spec (as the oracle makes its random sets)."""
+    from fexplore.pipeline.numeric import _like
+
+    rng = np.random.default_rng(1)
+    leaves, spec = pytree.tree_flatten(inputs)
+    return pytree.tree_unflatten([_like(x, rng) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+
+
+def _differs(got, want, precision: str) -> str | None:
+    from fexplore.pipeline.numeric import TOLERANCES, compare, to_numpy
+    from fexplore.ir import DType
+
+    g = [to_numpy(t) for t in pytree.tree_leaves(got) if isinstance(t, torch.Tensor)]
+    w = [to_numpy(t) for t in pytree.tree_leaves(want) if isinstance(t, torch.Tensor)]
+    tol = TOLERANCES[{"bf16": DType.bf16, "fp8": DType.fp8}.get(precision, DType.f32)]
+    # eager's own f32 noise is not measured here: twice the floor tolerance stands in for it
+    tol = type(tol)(tol.atol * 2, tol.rtol * 2)
+    _, _, ok, detail = compare(g, w, tol)
+    return None if ok else detail
+
+
+def detect(mutant: Mutant | None, cases=None, *, time_limit: float = 180.0) -> Outcome:
+    """Run the cases (all by default) under ``mutant`` (None: the unmutated compiler) until a check
+    fires; the outcome names it, or is not ``ok`` when every case passed."""
+    cases = CASES if cases is None else [CASE_BY_NAME[c] if isinstance(c, str) else c for c in cases]
+    t0 = time.perf_counter()
+    run: list[str] = []
+    ctx = mutant.active() if mutant is not None else contextlib.nullcontext()
+    with ctx:
+        for case in cases:
+            run.append(case.name)
+            caught = check_case(case, time_limit=time_limit)
+            if caught is not None:
+                return Outcome(mutant.name if mutant else "(none)", caught, run, time.perf_counter() - t0)
+    return Outcome(mutant.name if mutant else "(none)", None, run, time.perf_counter() - t0)
