@@ -16,7 +16,7 @@ from fexplore.errors import (ConfigError, ControlFlowError, ExportError, Fexplor
                              VerificationError)
 from fexplore.lang.codegen import UnsupportedRegionError
 from fexplore.npu import ProgramBuilder, get_target
-from fexplore.npu.errors import IndexOutOfRangeError, ProgramError, SRAMOverflowError
+from fexplore.npu.errors import HazardError, IndexOutOfRangeError, ProgramError, SRAMOverflowError
 from fexplore.pipeline.ingest import IngestionError
 
 
@@ -347,6 +347,25 @@ def test_FX502_an_index_outside_its_box_when_the_program_runs():
     check(e.value, IndexOutOfRangeError, message="index value 10 at position [1] is outside [-10, 10)",
           hint="check the index data")
 
+
+
+def test_FX503_a_run_that_breaks_program_order():
+    from fexplore.npu.program import Program
+
+    b = ProgramBuilder("rngd")
+    A, C = b.input("A", (64, 64)), b.output("C", (64, 64))
+    a, e = b.alloc("a", (64, 64)), b.alloc("e", (64, 64))
+    b.load(a, A)
+    b.vector(e, "exp", a)
+    b.store(C, e)
+    prog = b.build()
+    prog.commands[1].deps = ()   # the exp no longer waits for the load of its operand
+    bad = Program(prog.name, prog.target, list(prog.commands), list(prog.buffers), prog.tensors,
+                  prog.allocation)
+    with pytest.raises(HazardError) as e:
+        bad.simulate({"A": np.zeros((64, 64), np.float32)})
+    check(e.value, HazardError, message="broke program order", hint="a dependency is missing")
+    assert "reads SRAM buffer 'a'" in str(e.value)
 
 # ---- FK190: the kernel generator ---------------------------------------------------------------------
 

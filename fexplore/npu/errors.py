@@ -66,8 +66,10 @@ class HazardError(FexploreError):
              "overlapping in time, or two live buffers sharing SRAM addresses: the program misses "
              "a dependency (a compiler bug in the schedule or the SRAM plan, or a hand-built "
              "program with a missing wait).",
-        example="b = ProgramBuilder(\"p\", \"tiny\")\n"
-                "t = b.load(x[0:4, :], deps=())     # an explicit empty deps list: no wait\n"
-                "b.store(y[0:4, :], t, deps=())     # may run before the load ends",
+        example="prog = b.build()                   # load a; exp a -> e; store e\n"
+                "vec = prog.commands[1]\n"
+                "vec.deps = ()                       # the exp no longer waits for the load\n"
+                "Program(prog.name, prog.target, list(prog.commands), list(prog.buffers),\n"
+                "        prog.tensors, prog.allocation).simulate(inputs)",
         fix="Let the builder infer dependencies (omit deps=) or add the missing one; for a "
             "compiled model, report it: the schedule stage's check names the command pair.")
