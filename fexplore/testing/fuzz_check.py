@@ -1,0 +1,215 @@
+"""One fuzz case, compiled through every stage and compared with eager on two input sets.
+
+A case is compiled the way ``fexplore.compile`` does (default target: every graph stage, lower,
+schedule, each verified), then the compiled model runs on the simulated NPU on the example inputs
+and on a second input set the compile never saw. Its outputs must equal eager's: same number,
+dtypes and shapes; integers and bools exactly; floats within the tolerance of the lowest-precision
+float the model computes in (``fexplore.pipeline.numeric.TOLERANCES``) plus the multiple of eager's
+own f32 noise the compile's verification allows (``docs/numerics.md``).
+
+Each case ends in one outcome:
+
+- ``pass``: compiled, and both runs equal eager;
+- ``refused``: a FexploreError whose code is in ``REFUSAL_CODES``: fexplore said clearly that it
+  does not take this op or model;
+- ``crash``: any other exception, including a FexploreError that is not a refusal (the verifier's
+  structural error, a kernel-language error from generated code, a malformed NPU program): a
+  stage was wrong or broke;
+- ``wrong``: the compiled model's outputs differ from eager's, or the compile's own numeric
+  verification caught a stage changing the numbers (``NumericMismatchError``);
+- ``timeout``: the case took longer than its time limit;
+- ``invalid``: the module itself does not run in eager (a generator bug, not a compiler bug).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import signal
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.utils._pytree as pytree
+
+from .fuzz import InvalidProgram, Program, build_from_source
+
+# Codes that are a clear refusal, not a bug:
+# - FX400 UnsupportedOperatorError: the model uses an op (or an op in a way) fexplore declares it
+#   does not compile; the message names the op and the hint says how to add it.
+# - FX401 ExportError: torch.export itself cannot capture the module; nothing of fexplore ran.
+# Every other code is a bug when a valid small module meets it: FX300/FX403 are stages producing
+# wrong IR, FK1xx are generated kernels breaking the kernel language's rules, FX5xx are a schedule
+# the simulator rejects (these shapes are far below the chip's SRAM), FX402 is the compiled model
+# rejecting the very inputs it was compiled for.
+REFUSAL_CODES = {
+    "FX400": "unsupported operator",
+    "FX401": "torch.export cannot capture the module",
+}
+
+OUTCOMES = ("pass", "refused", "crash", "wrong", "timeout", "invalid")
+
+# The second input set's seed, offset from the example set's
+SECOND_SET = 7919
+
+
+@dataclass
+class CaseResult:
+    outcome: str
+    detail: str = ""
+    code: str = ""  # the FexploreError's code, if one was raised
+    stage: str = ""  # the stage that raised or whose verification failed; "run" for cm(*inputs)
+    seconds: float = 0.0
+
+    @property
+    def signature(self) -> str:
+        """What makes two failures the same failure (the shrinker keeps it)."""
+        return f"{self.outcome}:{self.stage}:{self.code or self.detail.split(':')[0]}"
+
+
+class CaseTimeout(BaseException):
+    """A case over its time limit. Not an Exception: fexplore's own ``except Exception`` (which
+    turns torch.export's failures into ExportError) must not swallow it."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Raises CaseTimeout in the block after ``seconds`` (main thread only: elsewhere, no limit)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CaseTimeout(f"over {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def check(program: Program, *, timeout: float | None = 60.0) -> CaseResult:
+    """Compile the program's module and compare it with eager (see the module doc)."""
+    t0 = time.perf_counter()
+    try:
+        source = program.source()
+        model, make_inputs = build_from_source(source)
+        sets = [make_inputs(program.seed), make_inputs(program.seed + SECOND_SET)]
+    except InvalidProgram as e:
+        return CaseResult("invalid", str(e), seconds=time.perf_counter() - t0)
+    r = check_model(model, sets, timeout=timeout)
+    r.seconds = time.perf_counter() - t0
+    return r
+
+
+def check_model(model: torch.nn.Module, input_sets, *, timeout: float | None = 60.0) -> CaseResult:
+    """Compile ``model`` on the first input set and compare it with eager on every set (a set
+    is a tuple of the forward's arguments, or one tensor)."""
+    import fexplore
+    from fexplore.errors import FexploreError, NumericMismatchError
+    from fexplore.pipeline.numeric import Oracle
+
+    t0 = time.perf_counter()
+    input_sets = [(s,) if isinstance(s, torch.Tensor) else tuple(s) for s in input_sets]
+    oracles = []
+    for inputs in input_sets:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                oracles.append(Oracle(model, tuple(inputs), random_sets=0))
+        except Exception as e:
+            return CaseResult("invalid", f"eager raises: {type(e).__name__}: {_line(str(e))}")
+    ex = None
+    stage = "ingest"
+    try:
+        with time_limit(timeout), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ex = fexplore.explore(model, tuple(input_sets[0]))
+            while not ex.done:
+                stage = ex.stage_names[len(ex.records)]
+                ex.step()
+            stage = "result"
+            cm = ex.result
+            stage = "run"
+            outs = [pytree.tree_leaves(cm(*inputs)) for inputs in input_sets]
+    except CaseTimeout as e:
+        return CaseResult("timeout", str(e), stage=stage, seconds=time.perf_counter() - t0)
+    except NumericMismatchError as e:
+        return CaseResult("wrong", _line(e.message), e.code, _failed_stage(ex, stage),
+                          time.perf_counter() - t0)
+    except FexploreError as e:
+        outcome = "refused" if e.code in REFUSAL_CODES else "crash"
+        return CaseResult(outcome, _line(e.message), e.code, _failed_stage(ex, stage),
+                          time.perf_counter() - t0)
+    except Exception as e:
+        return CaseResult("crash", f"{type(e).__name__}: {_line(str(e))}", "", stage,
+                          time.perf_counter() - t0)
+    for i, (got, oracle) in enumerate(zip(outs, oracles)):
+        bad = compare_with_eager(got, oracle, cm)
+        if bad:
+            which = "example inputs" if i == 0 else "a second input set"
+            return CaseResult("wrong", f"on {which}: {bad}", "", "run", time.perf_counter() - t0)
+    return CaseResult("pass", seconds=time.perf_counter() - t0)
+
+
+def _failed_stage(ex, running: str) -> str:
+    """The stage whose verification failed (the result property raises for it), else the one
+    that was running."""
+    if ex is not None and running == "result":
+        bad = next((r.name for r in ex.records
+                    if r.verification is not None and not r.verification.ok), None)
+        return bad or running
+    return running
+
+
+def compare_with_eager(got: list, oracle, cm) -> str | None:
+    """None when the compiled model's flat outputs equal eager's; else what differs."""
+    from fexplore.pipeline.convert import ir_dtype
+    from fexplore.pipeline.numeric import TOLERANCES, compare, compute_dtype, to_numpy
+
+    want = oracle.expected[0]
+    if len(got) != len(want):
+        return f"{len(got)} outputs, eager gives {len(want)}"
+    eager = oracle_torch_dtypes(oracle)
+    for i, (g, w) in enumerate(zip(got, want)):
+        if not isinstance(g, torch.Tensor):
+            return f"output {i} is a {type(g).__name__}, not a tensor"
+        if tuple(g.shape) != tuple(w.shape) or (eager and g.dtype != eager[i]):
+            return (f"output {i} is {g.dtype}{list(g.shape)}, eager gives "
+                    f"{eager[i] if eager else w.dtype}{list(w.shape)}")
+    # the tolerance of the lowest-precision float the model computes in, as its compile is held
+    order = list(TOLERANCES)[::-1]  # fp8, bf16, f16, f32
+    dtypes = {compute_dtype(cm.stages[0].after)} | {ir_dtype(g.dtype) for g in got
+                                                     if g.dtype.is_floating_point}
+    low = next((d for d in order if d in dtypes), order[-1])
+    _, _, ok, detail = compare([to_numpy(g) for g in got], want, TOLERANCES[low], oracle.noise[0])
+    return None if ok else detail
+
+
+def oracle_torch_dtypes(oracle) -> list:
+    """Eager's output dtypes as torch dtypes (the oracle keeps numpy arrays)."""
+    from fexplore.ir import DType
+    from fexplore.pipeline.convert import torch_dtype
+
+    try:
+        return [torch_dtype(DType.from_numpy(a.dtype)) for a in oracle.expected[0]]
+    except Exception:
+        return []
+
+
+def assert_matches_eager(make_model, make_inputs, seed: int, *, timeout: float | None = None):
+    """A regression test's body: the module compiles and equals eager on its example inputs and
+    on a second input set."""
+    r = check_model(make_model(), [make_inputs(seed), make_inputs(seed + SECOND_SET)],
+                    timeout=timeout)
+    assert r.outcome == "pass", f"{r.outcome} in {r.stage}: [{r.code}] {r.detail}"
+
+
+def _line(s: str) -> str:
+    s = s.strip()
+    return s.splitlines()[0][:300] if s else ""
