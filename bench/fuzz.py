@@ -42,7 +42,7 @@ def _init_worker() -> None:
     warnings.filterwarnings("ignore")
 
 
-def run_seed(seed: int, max_ops: int, timeout: float) -> dict:
+def run_seed(seed: int, max_ops: int, timeout: float, target: str, precision: str) -> dict:
     from fexplore.testing import fuzz, fuzz_check
 
     t0 = time.perf_counter()
@@ -51,7 +51,7 @@ def run_seed(seed: int, max_ops: int, timeout: float) -> dict:
     except Exception as e:  # the generator's own bug: reported, never hidden
         return {"seed": seed, "outcome": "invalid", "detail": f"generate: {type(e).__name__}: {e}",
                 "code": "", "stage": "", "seconds": time.perf_counter() - t0, "kinds": []}
-    r = fuzz_check.check(program, timeout=timeout)
+    r = fuzz_check.check(program, timeout=timeout, target=target, precision=precision)
     return {"seed": seed, "outcome": r.outcome, "detail": r.detail, "code": r.code,
             "stage": r.stage, "seconds": r.seconds, "signature": r.signature,
             "kinds": sorted({op.kind for op in program.ops})}
@@ -74,14 +74,15 @@ def campaign(args) -> tuple[list[dict], float]:
     if args.jobs <= 1:
         _init_worker()
         while time.perf_counter() < deadline:
-            note(run_seed(seed, args.max_ops, args.timeout))
+            note(run_seed(seed, args.max_ops, args.timeout, args.target, args.precision))
             seed += 1
         return results, time.perf_counter() - t0
     with cf.ProcessPoolExecutor(args.jobs, initializer=_init_worker) as pool:
         pending = set()
         while True:
             while time.perf_counter() < deadline and len(pending) < 2 * args.jobs:
-                pending.add(pool.submit(run_seed, seed, args.max_ops, args.timeout))
+                pending.add(pool.submit(run_seed, seed, args.max_ops, args.timeout,
+                                        args.target, args.precision))
                 seed += 1
             if not pending:
                 break
@@ -102,14 +103,20 @@ def shrink_failures(results: list[dict], args) -> list[tuple[dict, str]]:
             continue
         seen.add(r["signature"])  # one minimal module per distinct failure
         program = fuzz.generate(r["seed"], max_ops=args.max_ops)
-        first = fuzz_check.check(program, timeout=args.timeout)
-        s = fuzz_shrink.shrink(program, first, budget_s=args.shrink_budget)
+
+        def check(p):
+            return fuzz_check.check(p, timeout=args.timeout, target=args.target,
+                                    precision=args.precision)
+
+        s = fuzz_shrink.shrink(program, check(program), budget_s=args.shrink_budget,
+                               check_fn=check)
         print(f"\n# seed {r['seed']}: {s.result.signature}, {len(program.ops)} -> "
               f"{len(s.program.ops)} ops in {s.checks} checks ({s.seconds:.0f} s)")
         print(s.program.source())
         if args.regressions:
             path = Path(args.regressions) / f"test_fuzz_seed{r['seed']}.py"
-            path.write_text(fuzz_shrink.regression_source(s.program, s.result))
+            path.write_text(fuzz_shrink.regression_source(
+                s.program, s.result, target=args.target, precision=args.precision))
             print(f"wrote {path.name}")
         shrunk.append((r, s.program.source()))
     return shrunk
@@ -122,7 +129,8 @@ def report(results: list[dict], elapsed: float, args, shrunk) -> str:
     kinds = Counter(k for r in results for k in r["kinds"])
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     cmd = (f"`.venv/bin/python bench/fuzz.py --minutes {args.minutes:g} --seed {args.seed} "
-           f"--jobs {args.jobs} --timeout {args.timeout:g}`")
+           f"--jobs {args.jobs} --timeout {args.timeout:g} --max-ops {args.max_ops} "
+           f"--target {args.target} --precision {args.precision}`")
     lines = [
         "# Differential fuzzing: random modules through every stage, against eager",
         "",
@@ -133,7 +141,7 @@ def report(results: list[dict], elapsed: float, args, shrunk) -> str:
         "Each seed is a random module (`fexplore.testing.fuzz`: broadcasting, branching DAGs, views "
         "and strided slices, reductions, matmul/linear, conv and pools, attention with and without "
         "masks, norms, bf16/f16 casts, bool and int values, constants made in forward, in-place "
-        "updates of clones), compiled through every stage on the default target and run on the "
+        "updates of clones), compiled through every stage for the target and run on the "
         "simulated NPU on its example inputs and on a second input set, compared with eager "
         "(`fexplore.testing.fuzz_check`; refusal codes and tolerances there).",
         "",
@@ -181,7 +189,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="first seed")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
-    ap.add_argument("--max-ops", type=int, default=10)
+    ap.add_argument("--max-ops", type=int, default=12)
+    ap.add_argument("--target", default="rngd", help="chip preset: rngd (the default target) "
+                    "or tiny (small SRAM: tiling and spills at these sizes)")
+    ap.add_argument("--precision", default="fp32", help="compile precision: fp32, bf16, fp8")
     ap.add_argument("--shrink", action="store_true", help="shrink each distinct failure")
     ap.add_argument("--shrink-budget", type=float, default=120.0, help="seconds per failure")
     ap.add_argument("--regressions", default="", help="folder to write shrunk failures to")

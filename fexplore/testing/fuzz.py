@@ -36,6 +36,9 @@ class Input:
     name: str
     shape: tuple[int, ...]
     dtype: str  # "float32", "bfloat16", "float16", "int64" (values in [0, 5)) or "bool"
+    # how the tensor is laid out in memory: "contiguous", "transposed" (its last two dims
+    # swapped in storage) or "broadcast" (a stride-0 expand of its first dim)
+    layout: str = "contiguous"
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Program:
     ops: tuple[Op, ...]
     outputs: tuple[str, ...]
     label: str = ""  # where it came from ("seed 7", "seed 7, shrunk"): a comment in the source
+    nested: bool = False  # return {"out": first, "rest": (others...)} instead of a tuple
 
     def source(self) -> str:
         return render(self).source
@@ -489,9 +493,7 @@ def _pick_matmul(gen):
                       t.shape[-1] == k and _batch_ok(ta.shape[:-2], t.shape[:-2]))
         if b is not None:
             return (a, b), _attrs(form="scores")
-    if ta.dtype != torch.float32:
-        return None  # parameters are f32: their matmul with a bf16 value is a type error
-    n = rng.choice([1, 3, 4, 6, 8])
+    n = rng.choice([1, 3, 4, 6, 8, 17])
     if form == "param":
         return (a,), _attrs(form="param", n=n)
     return (a,), _attrs(form="linear", n=n, bias=rng.random() < 0.7)
@@ -515,16 +517,26 @@ def _render_matmul(out, args, attrs, ts):
         return _fwd(out, f"{a} @ {args[1]}.transpose(-1, -2)")
     k = ts[0].shape[-1]
     if form == "param":
-        return _fwd(out, f"{a} @ self.{out}_w",
-                    [f"self.{out}_w = torch.nn.Parameter(torch.randn({k}, {at['n']}) / {k}**0.5)"])
-    return _fwd(out, f"self.{out}_linear({a})",
-                [f"self.{out}_linear = torch.nn.Linear({k}, {at['n']}, bias={at['bias']})"])
+        return _fwd(out, f"{a} @ self.{out}_w", [
+            f"self.{out}_w = torch.nn.Parameter((torch.randn({k}, {at['n']}) / {k}**0.5)"
+            f"{_to(ts[0])})"])
+    return _fwd(out, f"self.{out}_linear({a})", [
+        f"self.{out}_linear = torch.nn.Linear({k}, {at['n']}, bias={at['bias']}"
+        f"{_dtype_kw(ts[0])})"])
+
+
+def _to(t) -> str:
+    """A parameter in its operand's dtype (a bf16 layer of a bf16 model)."""
+    return "" if t.dtype == torch.float32 else f".to({t.dtype})"
+
+
+def _dtype_kw(t) -> str:
+    return "" if t.dtype == torch.float32 else f", dtype={t.dtype}"
 
 
 @kind("conv", 1.5)
 def _pick_conv(gen):
-    a = gen.value(lambda t: t.dtype == torch.float32 and t.dim() in (3, 4) and
-                  min(t.shape[2:]) >= 3)
+    a = gen.value(lambda t: _is_float(t) and t.dim() in (3, 4) and min(t.shape[2:]) >= 3)
     if a is None:
         return None
     ta, rng = gen.env[a], gen.rng
@@ -542,7 +554,7 @@ def _render_conv(out, args, attrs, ts):
     return _fwd(out, f"self.{out}_conv({args[0]})", [
         f"self.{out}_conv = torch.nn.{cls}({ts[0].shape[1]}, {at['out_ch']}, {at['k']}, "
         f"stride={at['stride']}, padding={at['padding']}, groups={at['groups']}, "
-        f"bias={at['bias']})"])
+        f"bias={at['bias']}{_dtype_kw(ts[0])})"])
 
 
 POOLS = ("F.max_pool2d({a}, 2)", "F.avg_pool2d({a}, 2)", "F.max_pool2d({a}, 3, 2, 1)",
@@ -564,7 +576,7 @@ def _render_pool(out, args, attrs, ts):
 
 @kind("norm", 1.5)
 def _pick_norm(gen):
-    a = gen.value(lambda t: t.dtype == torch.float32 and t.dim() >= 1)
+    a = gen.value(lambda t: _is_float(t) and t.dim() >= 1)
     ta, rng = gen.env[a], gen.rng
     forms = ["layer", "rms", "normalize"]
     if ta.dim() in (2, 3, 4) and ta.shape[0] >= 1:
@@ -582,17 +594,19 @@ def _render_norm(out, args, attrs, ts):
     m = f"self.{out}_norm"
     init = []
     if form == "layer":
-        init.append(f"{m} = torch.nn.LayerNorm({t.shape[-1]}, elementwise_affine={affine})")
+        init.append(f"{m} = torch.nn.LayerNorm({t.shape[-1]}, elementwise_affine={affine}"
+                    f"{_dtype_kw(t)})")
     elif form == "rms":
-        init.append(f"{m} = torch.nn.RMSNorm({t.shape[-1]}, elementwise_affine={affine})")
+        init.append(f"{m} = torch.nn.RMSNorm({t.shape[-1]}, elementwise_affine={affine}"
+                    f"{_dtype_kw(t)})")
     elif form == "normalize":
         return _fwd(out, f"F.normalize({a}, dim=-1)")
     elif form == "batch":
         cls = "BatchNorm2d" if t.dim() == 4 else "BatchNorm1d"
-        init += [f"{m} = torch.nn.{cls}({t.shape[1]}, affine={affine})",
+        init += [f"{m} = torch.nn.{cls}({t.shape[1]}, affine={affine}{_dtype_kw(t)})",
                  f"{m}.running_mean.uniform_(-1, 1)", f"{m}.running_var.uniform_(0.5, 2)"]
     else:
-        init.append(f"{m} = torch.nn.GroupNorm(2, {t.shape[1]}, affine={affine})")
+        init.append(f"{m} = torch.nn.GroupNorm(2, {t.shape[1]}, affine={affine}{_dtype_kw(t)})")
     if affine and form in ("layer", "rms", "batch", "group"):
         init.append(f"torch.nn.init.uniform_({m}.weight, 0.5, 1.5)")
         if form != "rms":
@@ -602,11 +616,11 @@ def _render_norm(out, args, attrs, ts):
 
 @kind("attention", 1.5)
 def _pick_attention(gen):
-    q = gen.value(lambda t: t.dtype == torch.float32 and t.dim() in (3, 4) and t.shape[-2] >= 1)
+    q = gen.value(lambda t: _is_float(t) and t.dim() in (3, 4) and t.shape[-2] >= 1)
     if q is None:
         return None
     tq, rng = gen.env[q], gen.rng
-    kv = gen.value(lambda t: t.dtype == torch.float32 and t.dim() == tq.dim() and
+    kv = gen.value(lambda t: t.dtype == tq.dtype and t.dim() == tq.dim() and
                    t.shape[:-2] == tq.shape[:-2] and t.shape[-1] == tq.shape[-1], avoid=q)
     args = (q, kv) if kv is not None and rng.random() < 0.6 else (q,)
     mask = rng.choice(["none", "causal", "additive", "bool", "bool_value"])
@@ -628,7 +642,7 @@ def _render_attention(out, args, attrs, ts):
     if at["project"]:
         # query/key/value projections of the operands, as attention layers have them
         for p, src in (("q", q), ("k", kv), ("v", kv)):
-            init.append(f"self.{out}_{p} = torch.nn.Linear({e}, {e})")
+            init.append(f"self.{out}_{p} = torch.nn.Linear({e}, {e}{_dtype_kw(ts[0])})")
             lines.append(f"{out}_{p} = self.{out}_{p}({src})")
         qn, kn, vn = f"{out}_q", f"{out}_k", f"{out}_v"
     else:
@@ -638,7 +652,7 @@ def _render_attention(out, args, attrs, ts):
     if mask == "causal":
         extra = ", is_causal=True"
     elif mask == "additive":
-        lines.append(f"{out}_mask = torch.zeros({l_}, {s_}).masked_fill("
+        lines.append(f"{out}_mask = torch.zeros({l_}, {s_}, dtype={ts[0].dtype}).masked_fill("
                      f"torch.ones({l_}, {s_}, dtype=torch.bool).triu(1), float('-inf'))")
         extra = f", attn_mask={out}_mask"
     elif mask == "bool":
@@ -731,8 +745,122 @@ def _render_inplace(out, args, attrs, ts):
     return Rendered([], [f"{out} = {a}.clone()", body])
 
 
-def _inplace_exact(op: Op) -> bool:
-    return op.attr("form") in ("set_slice", "mul_", "relu_", "masked_fill_")
+def _op_exact(op: Op) -> bool:
+    """Whether the op only moves, selects or exactly rescales values (then any correct
+    implementation gives the same bits, and a comparison of its result cannot flip)."""
+    if op.kind == "inplace":
+        return op.attr("form") in ("set_slice", "mul_", "relu_", "masked_fill_")
+    if op.kind == "repeat":
+        return op.attr("mode") != "bilinear"
+    if op.kind == "scan_sort":
+        return op.attr("form") != "cumsum"
+    return KINDS[op.kind].exact
+
+
+@kind("pad", 1.0, exact=True)
+def _pick_pad(gen):
+    a = gen.value(lambda t: t.dim() >= 1 and t.dtype != torch.bool)
+    if a is None:
+        return None
+    ta, rng = gen.env[a], gen.rng
+    mode = "constant"
+    if _is_float(ta) and ta.dim() in (3, 4) and min(ta.shape[-1:]) >= 3 and rng.random() < 0.4:
+        mode = rng.choice(["reflect", "replicate"])
+    n = 2 if ta.dim() == 1 or mode != "constant" or rng.random() < 0.5 else 4
+    if mode != "constant" and ta.dim() == 3:
+        n = 2
+    if mode != "constant" and ta.dim() == 4 and min(ta.shape[-2:]) < 3:
+        n = 2
+    return (a,), _attrs(pads=tuple(rng.choice([0, 1, 2]) for _ in range(n)), mode=mode)
+
+
+@_pick_pad.render
+def _render_pad(out, args, attrs, ts):
+    at = dict(attrs)
+    value = "" if at["mode"] != "constant" else ", value=0.5" if _is_float(ts[0]) else ""
+    return _fwd(out, f"F.pad({args[0]}, {tuple(at['pads'])}, mode={at['mode']!r}{value})")
+
+
+@kind("gather", 1.2, exact=True)
+def _pick_gather(gen):
+    a = gen.value(lambda t: t.dim() >= 1)
+    ta, rng = gen.env[a], gen.rng
+    form = rng.choice(["index_select", "index_select", "embedding", "take_along"])
+    if form == "embedding":
+        i = gen.value(lambda t: t.dtype == torch.int64 and t.dim() <= 2)
+        if i is None:
+            i = gen.new_input((rng.choice([1, 2]), rng.choice([3, 5])), "int64")
+        return (i,), _attrs(form=form, rows=rng.choice([5, 7]), width=rng.choice([4, 8]))
+    d = rng.randrange(ta.dim())
+    if form == "take_along":
+        return (a,), _attrs(form=form, dim=d)
+    n = ta.shape[d]
+    return (a,), _attrs(form=form, dim=d, index=tuple(rng.randrange(n) for _ in
+                                                       range(rng.choice([1, 2, 3, n + 1]))))
+
+
+@_pick_gather.render
+def _render_gather(out, args, attrs, ts):
+    at = dict(attrs)
+    a = args[0]
+    if at["form"] == "embedding":
+        return _fwd(out, f"self.{out}_emb({a} % {at['rows']})",
+                    [f"self.{out}_emb = torch.nn.Embedding({at['rows']}, {at['width']})"])
+    d = at["dim"]
+    if at["form"] == "take_along":
+        # indices made in forward: each position reads its mirror along the dim
+        n = ts[0].shape[d]
+        shape = [1] * ts[0].dim()
+        shape[d] = n
+        return _fwd(out, f"torch.take_along_dim({a}, (torch.arange({n}).flip(0) % {n})"
+                         f".reshape{tuple(shape)}.expand{tuple(ts[0].shape)}, {d})")
+    index = list(at["index"])
+    return _fwd(out, f"{a}.index_select({d}, torch.tensor({index}))")
+
+
+@kind("scan_sort", 1.0)
+def _pick_scan_sort(gen):
+    a = gen.value(lambda t: _is_float(t) and t.dim() >= 1)
+    ta, rng = gen.env[a], gen.rng
+    d = rng.randrange(-ta.dim(), ta.dim())
+    form = rng.choice(["cumsum", "sort", "topk", "cummax"])
+    return (a,), _attrs(form=form, dim=d, k=min(2, ta.shape[d]), descending=rng.random() < 0.5)
+
+
+@_pick_scan_sort.render
+def _render_scan_sort(out, args, attrs, ts):
+    at = dict(attrs)
+    a, d = args[0], at["dim"]
+    expr = {"cumsum": f"torch.cumsum({a}, {d})",
+            "sort": f"torch.sort({a}, {d}, descending={at['descending']}).values",
+            "topk": f"torch.topk({a}, {at['k']}, {d}).values",
+            "cummax": f"torch.cummax({a}, {d}).values"}[at["form"]]
+    return _fwd(out, expr)
+
+
+@kind("repeat", 0.8, exact=True)
+def _pick_repeat(gen):
+    a = gen.value(lambda t: t.dim() >= 1 and t.numel() <= 512)
+    ta, rng = gen.env[a], gen.rng
+    form = rng.choice(["repeat", "repeat_interleave", "interpolate"])
+    if form == "interpolate" and _is_float(ta) and ta.dim() == 4:
+        return (a,), _attrs(form=form, mode=rng.choice(["nearest", "bilinear"]))
+    if form == "repeat_interleave":
+        return (a,), _attrs(form=form, dim=rng.randrange(ta.dim()), times=2)
+    return (a,), _attrs(form="repeat", times=tuple(rng.choice([1, 1, 2, 3])
+                                                   for _ in range(ta.dim())))
+
+
+@_pick_repeat.render
+def _render_repeat(out, args, attrs, ts):
+    at = dict(attrs)
+    a = args[0]
+    if at["form"] == "interpolate":
+        extra = ", align_corners=False" if at["mode"] == "bilinear" else ""
+        return _fwd(out, f"F.interpolate({a}, scale_factor=2, mode={at['mode']!r}{extra})")
+    if at["form"] == "repeat_interleave":
+        return _fwd(out, f"{a}.repeat_interleave({at['times']}, {at['dim']})")
+    return _fwd(out, f"{a}.repeat{tuple(at['times'])}")
 
 
 # -- rendering and building --------------------------------------------------------------------
@@ -744,24 +872,32 @@ class Materialized:
 
 
 def make_input(spec: Input, g: torch.Generator) -> torch.Tensor:
-    if spec.dtype == "float32":
-        return torch.randn(spec.shape, generator=g)
-    if spec.dtype in ("bfloat16", "float16"):
-        return torch.randn(spec.shape, generator=g).to(getattr(torch, spec.dtype))
-    if spec.dtype == "int64":
-        return torch.randint(0, 5, spec.shape, generator=g)
-    return torch.rand(spec.shape, generator=g) < 0.5
+    return eval(_input_expr(spec), {"torch": torch, "g": g})
 
 
 def _input_expr(spec: Input) -> str:
-    shape = repr(tuple(spec.shape))
+    """The expression make_inputs() draws the input with."""
+    shape = tuple(spec.shape)
+    layout = spec.layout if len(shape) >= 2 else "contiguous"
+    stored = shape
+    if layout == "transposed":
+        stored = shape[:-2] + (shape[-1], shape[-2])
+    elif layout == "broadcast":
+        stored = (1,) + shape[1:]
+    s = repr(stored)
     if spec.dtype == "float32":
-        return f"torch.randn({shape}, generator=g)"
-    if spec.dtype in ("bfloat16", "float16"):
-        return f"torch.randn({shape}, generator=g).to(torch.{spec.dtype})"
-    if spec.dtype == "int64":
-        return f"torch.randint(0, 5, {shape}, generator=g)"
-    return f"torch.rand({shape}, generator=g) < 0.5"
+        expr = f"torch.randn({s}, generator=g)"
+    elif spec.dtype in ("bfloat16", "float16"):
+        expr = f"torch.randn({s}, generator=g).to(torch.{spec.dtype})"
+    elif spec.dtype == "int64":
+        expr = f"torch.randint(0, 5, {s}, generator=g)"
+    else:
+        expr = f"(torch.rand({s}, generator=g) < 0.5)"
+    if layout == "transposed":
+        return f"{expr}.transpose(-1, -2)"
+    if layout == "broadcast":
+        return f"{expr}.expand{shape}"
+    return expr
 
 
 _NAMESPACE = {"torch": torch, "F": F}
@@ -807,7 +943,7 @@ def render(p: Program) -> Materialized:
 def _check_value(name: str, v) -> None:
     if not isinstance(v, torch.Tensor):
         raise InvalidProgram(f"{name} is not a tensor")
-    if v.numel() == 0 or v.numel() > 4096:
+    if v.numel() == 0 or v.numel() > 8192:
         raise InvalidProgram(f"{name} has {v.numel()} elements")
     if v.dtype.is_floating_point:
         f = v.float()
@@ -818,6 +954,8 @@ def _check_value(name: str, v) -> None:
 def _source(p: Program, init: list[str], fwd: list[str]) -> str:
     args = ", ".join(["self"] + [s.name for s in p.inputs])
     ret = p.outputs[0] if len(p.outputs) == 1 else "(" + ", ".join(p.outputs) + ",)"
+    if p.nested:
+        ret = f'{{"out": {p.outputs[0]}, "rest": ({"".join(o + ", " for o in p.outputs[1:])})}}'
     body_init = "".join(f"        {line}\n" for line in init)
     body_fwd = "".join(f"        {line}\n" for line in fwd)
     inputs = "".join(f"        {_input_expr(s)},\n" for s in p.inputs)
@@ -878,9 +1016,11 @@ class _Gen:
         self.counter += 1
         return f"{prefix}{self.counter}"
 
-    def new_input(self, shape: tuple, dtype: str) -> str:
+    def new_input(self, shape: tuple, dtype: str, layout: str = "contiguous") -> str:
         name = self.fresh("x")
-        self.inputs.append(Input(name, tuple(shape), dtype))
+        if layout == "broadcast" and (len(shape) < 2 or shape[0] == 1):
+            layout = "contiguous"
+        self.inputs.append(Input(name, tuple(shape), dtype, layout))
         # drawn as make_inputs() draws: every input in order from one generator
         g = torch.Generator().manual_seed(self.seed)
         for spec in self.inputs:
@@ -907,9 +1047,18 @@ def _safe(pred, t) -> bool:
         return False
 
 
+def _layout(rng: random.Random) -> str:
+    return rng.choice(["contiguous"] * 6 + ["transposed", "broadcast"])
+
+
 def _first_input_shape(rng: random.Random) -> tuple[int, ...]:
     dims = (1, 2, 3, 4, 5, 6, 8)
-    form = rng.choice(["image", "sequence", "sequence", "flat", "any"])
+    form = rng.choice(["image", "sequence", "sequence", "flat", "any", "tile_edge"])
+    if form == "tile_edge":
+        # a dim just past a power of two: tiles with a ragged last one
+        edge = rng.choice([7, 9, 15, 17, 31, 33, 63, 65])
+        return (rng.choice([1, 2, 3]), edge) if rng.random() < 0.5 else \
+            (rng.choice([1, 2]), edge, rng.choice([4, 8, 16]))
     if form == "image":
         return (rng.choice([1, 2]), rng.choice([1, 2, 3, 4]), rng.choice([4, 5, 6, 8]),
                 rng.choice([4, 5, 6, 8]))
@@ -920,7 +1069,7 @@ def _first_input_shape(rng: random.Random) -> tuple[int, ...]:
     return tuple(rng.choice(dims) for _ in range(rng.randint(1, 4)))
 
 
-def generate(seed: int, *, max_ops: int = 10) -> Program:
+def generate(seed: int, *, max_ops: int = 12) -> Program:
     """A random valid program from ``seed`` (the same seed gives the same program). Torch's
     global random state is left as it was."""
     with torch.random.fork_rng():
@@ -933,11 +1082,11 @@ def generate(seed: int, *, max_ops: int = 10) -> Program:
 def _generate(seed: int, max_ops: int) -> Program:
     rng = random.Random(seed)
     gen = _Gen(rng, seed)
-    gen.new_input(_first_input_shape(rng), "float32")
+    gen.new_input(_first_input_shape(rng), "float32", _layout(rng))
     if rng.random() < 0.3:
         shape = tuple(gen.env["x1"].shape)
         gen.new_input(shape if rng.random() < 0.5 else _broadcast_partner(rng, shape),
-                      rng.choice(["float32", "float32", "int64", "bool"]))
+                      rng.choice(["float32", "float32", "int64", "bool"]), _layout(rng))
     n_ops = rng.randint(2, max_ops)
     kinds = sorted(KINDS)
     weights = [KINDS[k].weight for k in kinds]
@@ -960,11 +1109,11 @@ def _generate(seed: int, max_ops: int) -> Program:
             continue
         gen.ops.append(op)
         gen.env[op.out] = value
-        gen.exact[op.out] = (KINDS[k].exact or (k == "inplace" and _inplace_exact(op))) and \
-            all(gen.exact[a] for a in args)
+        gen.exact[op.out] = _op_exact(op) and all(gen.exact[a] for a in args)
         gen.used.update(args)
     outputs = _choose_outputs(gen)
-    p = Program(seed, tuple(gen.inputs), tuple(gen.ops), outputs, f"seed {seed}")
+    p = Program(seed, tuple(gen.inputs), tuple(gen.ops), outputs, f"seed {seed}",
+                nested=rng.random() < 0.1)
     render(p)  # the whole program once more, as make_model() builds it: parameters in order
     return p
 
@@ -1004,13 +1153,21 @@ def _roll_back(gen: _Gen, n_inputs: int, counter: int) -> None:
 
 def _choose_outputs(gen: _Gen) -> tuple[str, ...]:
     """The values no op consumed (at most three, the last op's among them): every op then
-    reaches an output or is a dead branch the compiler must drop."""
+    reaches an output or is a dead branch the compiler must drop. Now and then an output
+    aliases another value: an input returned as is, or an intermediate also consumed."""
     if not gen.ops:
         return (gen.inputs[0].name,)
     last = gen.ops[-1].out
     leaves = [op.out for op in gen.ops if op.out not in gen.used and op.out != last]
     gen.rng.shuffle(leaves)
-    return tuple(sorted(leaves[:2], key=lambda n: int(n[1:]))) + (last,)
+    outputs = sorted(leaves[:2], key=lambda n: int(n[1:])) + [last]
+    if gen.rng.random() < 0.1:
+        outputs.insert(0, gen.rng.choice(gen.inputs).name)
+    if gen.rng.random() < 0.1 and len(gen.ops) > 1:
+        inner = gen.rng.choice(gen.ops[:-1]).out
+        if inner not in outputs:
+            outputs.append(inner)
+    return tuple(outputs)
 
 
 # -- editing, for the shrinker -----------------------------------------------------------------

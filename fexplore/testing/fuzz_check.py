@@ -14,7 +14,8 @@ Each case ends in one outcome:
   does not take this op or model;
 - ``crash``: any other exception, including a FexploreError that is not a refusal (the verifier's
   structural error, a kernel-language error from generated code, a malformed NPU program): a
-  stage was wrong or broke;
+  stage was wrong or broke; or the compile changed the user's model (a parameter, a buffer, a
+  training flag);
 - ``wrong``: the compiled model's outputs differ from eager's, or the compile's own numeric
   verification caught a stage changing the numbers (``NumericMismatchError``);
 - ``timeout``: the case took longer than its time limit;
@@ -93,7 +94,8 @@ def time_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
-def check(program: Program, *, timeout: float | None = 60.0) -> CaseResult:
+def check(program: Program, *, timeout: float | None = 60.0, target="rngd",
+          precision: str = "fp32") -> CaseResult:
     """Compile the program's module and compare it with eager (see the module doc)."""
     t0 = time.perf_counter()
     try:
@@ -102,14 +104,15 @@ def check(program: Program, *, timeout: float | None = 60.0) -> CaseResult:
         sets = [make_inputs(program.seed), make_inputs(program.seed + SECOND_SET)]
     except InvalidProgram as e:
         return CaseResult("invalid", str(e), seconds=time.perf_counter() - t0)
-    r = check_model(model, sets, timeout=timeout)
+    r = check_model(model, sets, timeout=timeout, target=target, precision=precision)
     r.seconds = time.perf_counter() - t0
     return r
 
 
-def check_model(model: torch.nn.Module, input_sets, *, timeout: float | None = 60.0) -> CaseResult:
-    """Compile ``model`` on the first input set and compare it with eager on every set (a set
-    is a tuple of the forward's arguments, or one tensor)."""
+def check_model(model: torch.nn.Module, input_sets, *, timeout: float | None = 60.0,
+                target="rngd", precision: str = "fp32") -> CaseResult:
+    """Compile ``model`` for ``target`` at ``precision`` on the first input set and compare it
+    with eager on every set (a set is a tuple of the forward's arguments, or one tensor)."""
     import fexplore
     from fexplore.errors import FexploreError, NumericMismatchError
     from fexplore.pipeline.numeric import Oracle
@@ -124,12 +127,15 @@ def check_model(model: torch.nn.Module, input_sets, *, timeout: float | None = 6
                 oracles.append(Oracle(model, tuple(inputs), random_sets=0))
         except Exception as e:
             return CaseResult("invalid", f"eager raises: {type(e).__name__}: {_line(str(e))}")
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    training = [m.training for m in model.modules()]
     ex = None
     stage = "ingest"
     try:
         with time_limit(timeout), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ex = fexplore.explore(model, tuple(input_sets[0]))
+            ex = fexplore.explore(model, tuple(input_sets[0]), target=target,
+                                  precision=precision)
             while not ex.done:
                 stage = ex.stage_names[len(ex.records)]
                 ex.step()
@@ -148,6 +154,12 @@ def check_model(model: torch.nn.Module, input_sets, *, timeout: float | None = 6
                           time.perf_counter() - t0)
     except Exception as e:
         return CaseResult("crash", f"{type(e).__name__}: {_line(str(e))}", "", stage,
+                          time.perf_counter() - t0)
+    changed = [k for k, v in model.state_dict().items()
+               if k not in before or not torch.equal(v, before[k])]
+    if changed or training != [m.training for m in model.modules()]:
+        what = f"its {', '.join(changed[:3])}" if changed else "a module's training flag"
+        return CaseResult("crash", f"compiling changed the user's model: {what}", "", "compile",
                           time.perf_counter() - t0)
     for i, (got, oracle) in enumerate(zip(outs, oracles)):
         bad = compare_with_eager(got, oracle, cm)
@@ -182,10 +194,11 @@ def compare_with_eager(got: list, oracle, cm) -> str | None:
         if tuple(g.shape) != tuple(w.shape) or (eager and g.dtype != eager[i]):
             return (f"output {i} is {g.dtype}{list(g.shape)}, eager gives "
                     f"{eager[i] if eager else w.dtype}{list(w.shape)}")
-    # the tolerance of the lowest-precision float the model computes in, as its compile is held
+    # the tolerance of the lowest-precision float the model computes in, before and after the
+    # precision stage's cast policy, as its compile is held
     order = list(TOLERANCES)[::-1]  # fp8, bf16, f16, f32
-    dtypes = {compute_dtype(cm.stages[0].after)} | {ir_dtype(g.dtype) for g in got
-                                                     if g.dtype.is_floating_point}
+    dtypes = {compute_dtype(cm.stages[0].after), compute_dtype(cm.graph)} | \
+        {ir_dtype(g.dtype) for g in got if g.dtype.is_floating_point}
     low = next((d for d in order if d in dtypes), order[-1])
     _, _, ok, detail = compare([to_numpy(g) for g in got], want, TOLERANCES[low], oracle.noise[0])
     return None if ok else detail
@@ -202,11 +215,12 @@ def oracle_torch_dtypes(oracle) -> list:
         return []
 
 
-def assert_matches_eager(make_model, make_inputs, seed: int, *, timeout: float | None = None):
-    """A regression test's body: the module compiles and equals eager on its example inputs and
-    on a second input set."""
+def assert_matches_eager(make_model, make_inputs, seed: int, *, target="rngd",
+                         precision: str = "fp32", timeout: float | None = None):
+    """A regression test's body: the module compiles (for ``target`` at ``precision``) and
+    equals eager on its example inputs and on a second input set."""
     r = check_model(make_model(), [make_inputs(seed), make_inputs(seed + SECOND_SET)],
-                    timeout=timeout)
+                    timeout=timeout, target=target, precision=precision)
     assert r.outcome == "pass", f"{r.outcome} in {r.stage}: [{r.code}] {r.detail}"
 
 

@@ -133,7 +133,8 @@ def _bypasses(p: Program, op: Op, values: dict):
         yield replace(q, inputs=q.inputs + (Input(name, tuple(out.shape), dtype),))
 
 
-def regression_source(program: Program, failure: CaseResult, *, xfail: str | None = None) -> str:
+def regression_source(program: Program, failure: CaseResult, *, xfail: str | None = None,
+                      target: str = "rngd", precision: str = "fp32") -> str:
     """The program's source as a pytest module: the failure it reproduced in its docstring, and a
     test that it now compiles and equals eager (``xfail``: the reason of a known open bug; the
     test is then expected to fail, strictly)."""
@@ -145,8 +146,10 @@ def regression_source(program: Program, failure: CaseResult, *, xfail: str | Non
     mark = ""
     if xfail:
         mark = f"@pytest.mark.xfail(strict=True, reason={xfail!r})\n"
+    where = ("" if target == "rngd" else f", target={target!r}") + \
+        ("" if precision == "fp32" else f", precision={precision!r}")
     test = (f"\n\n\n{mark}def test_compiles_and_matches_eager():\n"
-            f"    assert_matches_eager(make_model, make_inputs, SEED)\n")
+            f"    assert_matches_eager(make_model, make_inputs, SEED{where})\n")
     imports = "import pytest\n" if xfail else ""
     rest = rest.replace("import torch.nn.functional as F\n",
                         "import torch.nn.functional as F\n\n"
