@@ -15,7 +15,7 @@ from fexplore.testing import fuzz, fuzz_check, fuzz_shrink
 from fexplore.testing.fuzz_check import CaseResult
 
 BATCH_SEED = 20261201
-BATCH = 60
+BATCH = 50
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.utils._pytree as pytree
 
-from .fuzz import InvalidProgram, Program, build_from_source
+from .fuzz import InvalidProgram, Program, load_source
 
 # Codes that are a clear refusal, not a bug:
 # - FX400 UnsupportedOperatorError: the model uses an op (or an op in a way) fexplore declares it
@@ -99,20 +99,40 @@ def check(program: Program, *, timeout: float | None = 60.0, target="rngd",
     """Compile the program's module and compare it with eager (see the module doc)."""
     t0 = time.perf_counter()
     try:
-        source = program.source()
-        model, make_inputs = build_from_source(source)
-        sets = [make_inputs(program.seed), make_inputs(program.seed + SECOND_SET)]
+        scope = load_source(program.source())
     except InvalidProgram as e:
         return CaseResult("invalid", str(e), seconds=time.perf_counter() - t0)
-    r = check_model(model, sets, timeout=timeout, target=target, precision=precision)
+    r = check_model(scope["make_model"](), *second_sets(scope), timeout=timeout, target=target,
+                    precision=precision, dynamic_shapes=scope.get("DYNAMIC_SHAPES"))
     r.seconds = time.perf_counter() - t0
     return r
 
 
-def check_model(model: torch.nn.Module, input_sets, *, timeout: float | None = 60.0,
-                target="rngd", precision: str = "fp32") -> CaseResult:
-    """Compile ``model`` for ``target`` at ``precision`` on the first input set and compare it
-    with eager on every set (a set is a tuple of the forward's arguments, or one tensor)."""
+def second_sets(scope: dict) -> tuple[list, list | None]:
+    """(input sets, same-size fallback): the example inputs and a second set; for a dynamic
+    program the second set has another batch size (one more), unless eager itself refuses that
+    size (the module ties its batch to a fixed size), and the fallback is a second set of the
+    example's size, for when export found the batch dim static."""
+    make, seed = scope["make_inputs"], scope["SEED"]
+    same = [make(seed), make(seed + SECOND_SET)]
+    if "BATCH" not in scope:
+        return same, None
+    other = make(seed + SECOND_SET, batch=scope["BATCH"] + 1)
+    try:
+        with torch.no_grad():
+            scope["make_model"]()(*other)
+    except Exception:
+        return same, None
+    return [same[0], other], same
+
+
+def check_model(model: torch.nn.Module, input_sets, static_fallback=None, *,
+                timeout: float | None = 60.0, target="rngd", precision: str = "fp32",
+                dynamic_shapes=None) -> CaseResult:
+    """Compile ``model`` for ``target`` at ``precision`` (and ``dynamic_shapes``) on the first
+    input set and compare it with eager on every set (a set is a tuple of the forward's
+    arguments, or one tensor). ``static_fallback``: the sets to use instead when the compiled
+    graph has no symbolic dim (export specialized every dynamic one)."""
     import fexplore
     from fexplore.errors import FexploreError, NumericMismatchError
     from fexplore.pipeline.numeric import Oracle
@@ -135,13 +155,17 @@ def check_model(model: torch.nn.Module, input_sets, *, timeout: float | None = 6
         with time_limit(timeout), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ex = fexplore.explore(model, tuple(input_sets[0]), target=target,
-                                  precision=precision)
+                                  precision=precision, dynamic_shapes=dynamic_shapes)
             while not ex.done:
                 stage = ex.stage_names[len(ex.records)]
                 ex.step()
             stage = "result"
             cm = ex.result
             stage = "run"
+            if static_fallback is not None and not cm.stages[0].after.symbols:
+                input_sets = [(s,) if isinstance(s, torch.Tensor) else tuple(s)
+                              for s in static_fallback]
+                oracles = [Oracle(model, s, random_sets=0) for s in input_sets]
             outs = [pytree.tree_leaves(cm(*inputs)) for inputs in input_sets]
     except CaseTimeout as e:
         return CaseResult("timeout", str(e), stage=stage, seconds=time.perf_counter() - t0)
@@ -215,12 +239,13 @@ def oracle_torch_dtypes(oracle) -> list:
         return []
 
 
-def assert_matches_eager(make_model, make_inputs, seed: int, *, target="rngd",
-                         precision: str = "fp32", timeout: float | None = None):
-    """A regression test's body: the module compiles (for ``target`` at ``precision``) and
-    equals eager on its example inputs and on a second input set."""
-    r = check_model(make_model(), [make_inputs(seed), make_inputs(seed + SECOND_SET)],
-                    timeout=timeout, target=target, precision=precision)
+def assert_matches_eager(scope: dict, *, target="rngd", precision: str = "fp32",
+                         timeout: float | None = None):
+    """A regression test's body, given its module's globals (make_model, make_inputs, SEED,
+    and BATCH and DYNAMIC_SHAPES for a dynamic one): the module compiles (for ``target`` at
+    ``precision``) and equals eager on its example inputs and on a second input set."""
+    r = check_model(scope["make_model"](), *second_sets(scope), timeout=timeout, target=target,
+                    precision=precision, dynamic_shapes=scope.get("DYNAMIC_SHAPES"))
     assert r.outcome == "pass", f"{r.outcome} in {r.stage}: [{r.code}] {r.detail}"
 
 

@@ -149,11 +149,10 @@ def regression_source(program: Program, failure: CaseResult, *, xfail: str | Non
     where = ("" if target == "rngd" else f", target={target!r}") + \
         ("" if precision == "fp32" else f", precision={precision!r}")
     test = (f"\n\n\n{mark}def test_compiles_and_matches_eager():\n"
-            f"    assert_matches_eager(make_model, make_inputs, SEED{where})\n")
+            f"    assert_matches_eager(globals(){where})\n")
     imports = "import pytest\n" if xfail else ""
-    rest = rest.replace("import torch.nn.functional as F\n",
-                        "import torch.nn.functional as F\n\n"
-                        "from fexplore.testing.fuzz_check import assert_matches_eager\n", 1)
+    rest = rest.replace("\nSEED = ", "\nfrom fexplore.testing.fuzz_check import assert_matches_eager\n"
+                        "\nSEED = ", 1)
     return head + "\n\n" + imports + rest.lstrip("\n").rstrip("\n") + test
 
 
