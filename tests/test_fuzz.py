@@ -161,3 +161,36 @@ def test_a_shrunk_case_prints_as_a_runnable_regression_test():
     scope: dict = {"__name__": "case"}
     exec(compile(text, "case.py", "exec"), scope)
     scope["test_compiles_and_matches_eager"]()  # this program compiles and equals eager
+
+
+def test_a_dynamic_program_runs_at_a_second_batch_size_in_exports_range():
+    from torch.export import Dim
+
+    class Rows(torch.nn.Module):
+        def forward(self, x):
+            return x.softmax(-1) * torch.arange(x.shape[0], dtype=torch.float32)[:, None]
+
+    seen = []
+
+    def resize(n):
+        seen.append(n)
+        return (torch.randn(n, 5),)
+
+    r = fuzz_check.check_model(Rows(), [(torch.randn(3, 5),), (torch.randn(3, 5),)], resize,
+                               dynamic_shapes=({0: Dim.AUTO},))
+    assert r.outcome == "pass" and seen == [4], (r, seen)
+
+
+def test_a_compile_that_changes_the_users_model_is_a_crash(monkeypatch):
+    from fexplore.pipeline import driver
+
+    real = driver.export_model
+
+    def meddling(model, *a, **k):
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(driver, "export_model", meddling)
+    r = fuzz_check.check_model(torch.nn.Linear(4, 3), [torch.randn(2, 4), torch.randn(2, 4)])
+    assert r.outcome == "crash" and "changed the user's model" in r.detail, r

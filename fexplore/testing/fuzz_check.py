@@ -31,6 +31,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -102,37 +103,31 @@ def check(program: Program, *, timeout: float | None = 60.0, target="rngd",
         scope = load_source(program.source())
     except InvalidProgram as e:
         return CaseResult("invalid", str(e), seconds=time.perf_counter() - t0)
-    r = check_model(scope["make_model"](), *second_sets(scope), timeout=timeout, target=target,
+    sets, resize = _sets(scope)
+    r = check_model(scope["make_model"](), sets, resize, timeout=timeout, target=target,
                     precision=precision, dynamic_shapes=scope.get("DYNAMIC_SHAPES"))
     r.seconds = time.perf_counter() - t0
     return r
 
 
-def second_sets(scope: dict) -> tuple[list, list | None]:
-    """(input sets, same-size fallback): the example inputs and a second set; for a dynamic
-    program the second set has another batch size (one more), unless eager itself refuses that
-    size (the module ties its batch to a fixed size), and the fallback is a second set of the
-    example's size, for when export found the batch dim static."""
+def _sets(scope: dict) -> tuple[list, Any]:
+    """(the example inputs and a second set of their size, a function giving a second set at
+    another batch size: None unless the program is dynamic)."""
     make, seed = scope["make_inputs"], scope["SEED"]
-    same = [make(seed), make(seed + SECOND_SET)]
+    sets = [make(seed), make(seed + SECOND_SET)]
     if "BATCH" not in scope:
-        return same, None
-    other = make(seed + SECOND_SET, batch=scope["BATCH"] + 1)
-    try:
-        with torch.no_grad():
-            scope["make_model"]()(*other)
-    except Exception:
-        return same, None
-    return [same[0], other], same
+        return sets, None
+    return sets, lambda batch: make(seed + SECOND_SET, batch=batch)
 
 
-def check_model(model: torch.nn.Module, input_sets, static_fallback=None, *,
+def check_model(model: torch.nn.Module, input_sets, resize=None, *,
                 timeout: float | None = 60.0, target="rngd", precision: str = "fp32",
                 dynamic_shapes=None) -> CaseResult:
     """Compile ``model`` for ``target`` at ``precision`` (and ``dynamic_shapes``) on the first
     input set and compare it with eager on every set (a set is a tuple of the forward's
-    arguments, or one tensor). ``static_fallback``: the sets to use instead when the compiled
-    graph has no symbolic dim (export specialized every dynamic one)."""
+    arguments, or one tensor). ``resize(n)``: a second set at batch size ``n``, which replaces
+    the second set when the compiled graph's first dim is symbolic (at the nearest size in the
+    range torch.export found for it that eager also runs)."""
     import fexplore
     from fexplore.errors import FexploreError, NumericMismatchError
     from fexplore.pipeline.numeric import Oracle
@@ -162,10 +157,8 @@ def check_model(model: torch.nn.Module, input_sets, static_fallback=None, *,
             stage = "result"
             cm = ex.result
             stage = "run"
-            if static_fallback is not None and not cm.stages[0].after.symbols:
-                input_sets = [(s,) if isinstance(s, torch.Tensor) else tuple(s)
-                              for s in static_fallback]
-                oracles = [Oracle(model, s, random_sets=0) for s in input_sets]
+            if resize is not None:
+                input_sets, oracles = _resized(cm, model, input_sets, oracles, resize)
             outs = [pytree.tree_leaves(cm(*inputs)) for inputs in input_sets]
     except CaseTimeout as e:
         return CaseResult("timeout", str(e), stage=stage, seconds=time.perf_counter() - t0)
@@ -191,6 +184,29 @@ def check_model(model: torch.nn.Module, input_sets, static_fallback=None, *,
             which = "example inputs" if i == 0 else "a second input set"
             return CaseResult("wrong", f"on {which}: {bad}", "", "run", time.perf_counter() - t0)
     return CaseResult("pass", seconds=time.perf_counter() - t0)
+
+
+def _resized(cm, model, input_sets, oracles, resize):
+    """The sets with the second one at another batch size, if the compiled graph's first input
+    has a symbolic dim 0 whose range (torch.export's) holds another size eager runs at."""
+    from fexplore.pipeline.numeric import Oracle
+
+    g = cm.stages[0].after
+    dim = g.inputs[0].type.shape[0] if g.inputs and g.inputs[0].type.shape else 0
+    if isinstance(dim, int) or str(dim) not in g.symbols:
+        return input_sets, oracles
+    lo, hi = g.symbols[str(dim)]
+    batch = int(input_sets[0][0].shape[0])
+    for n in (batch + 1, batch - 1, batch + 2):
+        if n >= max(lo, 1) and (hi is None or n <= hi):
+            other = tuple(resize(n))
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    oracle = Oracle(model, other, random_sets=0)
+            except Exception:  # the module ties its batch to a size: not this one
+                continue
+            return [input_sets[0], other], [oracles[0], oracle]
+    return input_sets, oracles
 
 
 def _failed_stage(ex, running: str) -> str:
@@ -244,7 +260,8 @@ def assert_matches_eager(scope: dict, *, target="rngd", precision: str = "fp32",
     """A regression test's body, given its module's globals (make_model, make_inputs, SEED,
     and BATCH and DYNAMIC_SHAPES for a dynamic one): the module compiles (for ``target`` at
     ``precision``) and equals eager on its example inputs and on a second input set."""
-    r = check_model(scope["make_model"](), *second_sets(scope), timeout=timeout, target=target,
+    sets, resize = _sets(scope)
+    r = check_model(scope["make_model"](), sets, resize, timeout=timeout, target=target,
                     precision=precision, dynamic_shapes=scope.get("DYNAMIC_SHAPES"))
     assert r.outcome == "pass", f"{r.outcome} in {r.stage}: [{r.code}] {r.detail}"
 
