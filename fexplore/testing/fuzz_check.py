@@ -195,8 +195,14 @@ def _resized(cm, model, input_sets, oracles, resize):
     dim = g.inputs[0].type.shape[0] if g.inputs and g.inputs[0].type.shape else 0
     if isinstance(dim, int) or str(dim) not in g.symbols:
         return input_sets, oracles
-    lo, hi = g.symbols[str(dim)]
     batch = int(input_sets[0][0].shape[0])
+    # every input resize() grows must be dynamic in that same dim: export may have kept one
+    # of them static, and the compiled model then rightly refuses it at another size
+    for v, x in zip(g.inputs, input_sets[0]):
+        if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch and \
+                (not v.type.shape or str(v.type.shape[0]) != str(dim)):
+            return input_sets, oracles
+    lo, hi = g.symbols[str(dim)]
     for n in (batch + 1, batch - 1, batch + 2):
         if n >= max(lo, 1) and (hi is None or n <= hi):
             other = tuple(resize(n))
