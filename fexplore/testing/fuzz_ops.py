@@ -569,7 +569,12 @@ def _pick_attention(gen):
         m = gen.value(lambda t: t.dtype == torch.bool and 1 <= t.dim() <= 2)
         mask = "bool" if m is None else mask
         args += (m,) if m is not None else ()
-    return args, _attrs(mask=mask, scale=rng.choice([None, None, 0.5]), project=rng.random() < 0.5)
+    # grouped-query attention: half the key/value heads, each shared by two query heads
+    # a (batch, seq, width) operand split into two heads, as multi-head layers do
+    heads = tq.dim() == 3 and tq.shape[-1] % 2 == 0 and rng.random() < 0.5
+    gqa = (heads or tq.dim() == 4 and tq.shape[1] % 2 == 0) and rng.random() < 0.4
+    return args, _attrs(mask=mask, scale=rng.choice([None, None, 0.5]), project=rng.random() < 0.5,
+                        gqa=gqa, heads=heads)
 
 
 @_pick_attention.render
@@ -605,7 +610,20 @@ def _render_attention(out, args, attrs, ts):
         extra = f", attn_mask={out}_mask"
     if at["scale"] is not None:
         extra += f", scale={at['scale']}"
-    lines.append(f"{out} = F.scaled_dot_product_attention({qn}, {kn}, {vn}{extra})")
+    if at.get("heads"):
+        lines.append(f"{out}_qh, {out}_kh, {out}_vh = (t.unflatten(-1, (2, -1)).transpose(1, 2) "
+                     f"for t in ({qn}, {kn}, {vn}))")
+        qn, kn, vn = f"{out}_qh", f"{out}_kh", f"{out}_vh"
+    if at.get("gqa"):
+        half = (2 if at.get("heads") else ts[0].shape[1]) // 2
+        lines.append(f"{out}_kg, {out}_vg = {kn}[:, :{half}], {vn}[:, {half}:]")
+        kn, vn = f"{out}_kg", f"{out}_vg"
+        extra += ", enable_gqa=True"
+    if at.get("heads"):
+        lines.append(f"{out} = F.scaled_dot_product_attention({qn}, {kn}, {vn}{extra})"
+                     f".transpose(1, 2).flatten(-2)")
+    else:
+        lines.append(f"{out} = F.scaled_dot_product_attention({qn}, {kn}, {vn}{extra})")
     return Rendered(init, lines)
 
 
