@@ -80,7 +80,7 @@ def _size(p: Program) -> tuple:
     """Smaller is simpler: fewer ops, fewer outputs, fewer elements in the inputs, fewer flags
     set."""
     elements = sum(_numel(s.shape) for s in p.inputs)
-    flags = sum(1 for op in p.ops for _, v in op.attrs if v is True)
+    flags = sum(1 for op in p.ops for _, v in op.attrs if v is True) + p.nested + p.dynamic
     return (len(p.ops), len(p.outputs), elements, flags)
 
 
@@ -95,6 +95,8 @@ def _candidates(p: Program):
     if len(p.outputs) > 1:
         for i in range(len(p.outputs)):
             yield replace(p, outputs=p.outputs[:i] + p.outputs[i + 1:])
+    if p.nested:
+        yield replace(p, nested=False)
     producers = {op.out: op for op in p.ops}
     for i, o in enumerate(p.outputs):  # return an operand of the output's op instead
         for a in dict.fromkeys(producers[o].args if o in producers else ()):
