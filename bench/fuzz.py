@@ -179,7 +179,8 @@ def report(results: list[dict], elapsed: float, args, shrunk) -> str:
 
 def _cell(s: str) -> str:
     s = s.replace("|", "\\|").replace("\n", " ")
-    words = (w if "/" not in w or w.startswith("aten") else "<path>" for w in s.split())
+    # machine paths have no place in a results file (a size like s/2 is not one)
+    words = ("<path>" if w.startswith(("/", "~", "./")) or ".py" in w else w for w in s.split())
     return " ".join(words)[:200]
 
 

@@ -103,14 +103,14 @@ def check(program: Program, *, timeout: float | None = 60.0, target="rngd",
         scope = load_source(program.source())
     except InvalidProgram as e:
         return CaseResult("invalid", str(e), seconds=time.perf_counter() - t0)
-    sets, resize = _sets(scope)
+    sets, resize = input_sets_of(scope)
     r = check_model(scope["make_model"](), sets, resize, timeout=timeout, target=target,
                     precision=precision, dynamic_shapes=scope.get("DYNAMIC_SHAPES"))
     r.seconds = time.perf_counter() - t0
     return r
 
 
-def _sets(scope: dict) -> tuple[list, Any]:
+def input_sets_of(scope: dict) -> tuple[list, Any]:
     """(the example inputs and a second set of their size, a function giving a second set at
     another batch size: None unless the program is dynamic)."""
     make, seed = scope["make_inputs"], scope["SEED"]
@@ -266,7 +266,7 @@ def assert_matches_eager(scope: dict, *, target="rngd", precision: str = "fp32",
     """A regression test's body, given its module's globals (make_model, make_inputs, SEED,
     and BATCH and DYNAMIC_SHAPES for a dynamic one): the module compiles (for ``target`` at
     ``precision``) and equals eager on its example inputs and on a second input set."""
-    sets, resize = _sets(scope)
+    sets, resize = input_sets_of(scope)
     r = check_model(scope["make_model"](), sets, resize, timeout=timeout, target=target,
                     precision=precision, dynamic_shapes=scope.get("DYNAMIC_SHAPES"))
     assert r.outcome == "pass", f"{r.outcome} in {r.stage}: [{r.code}] {r.detail}"

@@ -8,7 +8,7 @@ reported as a converter gone wrong (FX403); it is a refusal, and now says so (FX
 import torch
 from torch.export import Dim
 
-from fexplore.testing.fuzz_check import _sets, check_model
+from fexplore.testing.fuzz_check import check_model, input_sets_of
 
 SEED = 60038
 BATCH = 2
@@ -39,6 +39,6 @@ def make_inputs(seed=SEED, batch=BATCH):
 
 
 def test_is_a_clear_refusal_naming_why():
-    r = check_model(make_model(), *_sets(globals()), dynamic_shapes=DYNAMIC_SHAPES)
+    r = check_model(make_model(), *input_sets_of(globals()), dynamic_shapes=DYNAMIC_SHAPES)
     assert r.outcome == "refused" and r.code == "FX400", r
     assert "aten.flip" in r.detail and "symbolic dim" in r.detail
