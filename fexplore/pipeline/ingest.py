@@ -263,7 +263,13 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
         result = conv(ctx)
     except FexploreError:
         raise
-    except (TypeError, ValueError, NotImplementedError) as e:
+    except NotImplementedError as e:
+        # a converter's word that it does not take this use of its op (flip along a symbolic
+        # dim, a pad mode): a refusal, not a converter gone wrong
+        raise UnsupportedOperatorError(target, loc=loc, reason=str(e),
+                                       hint="fexplore converts this op, but not this use of it "
+                                            "yet") from None
+    except (TypeError, ValueError) as e:
         raise IngestionError(f"cannot convert {target}: {e}", loc=loc,
                              hint="this use of the op is not supported yet") from None
     _check_result(ctx, result, target)

@@ -286,13 +286,23 @@ register(OpDef("full", Category.broadcast,
                    "converted to 'dtype' as torch.full converts it"))
 
 
+def _whole(v):
+    """An integral float as an int (a size's arithmetic needs ints); anything else as it is."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 def _arange_type(ins, a):
     start, end, step = a["start"], a["end"], a["step"]
     if step == 0:
         raise TypeRuleError("arange: step is zero")
     if all(isinstance(v, int) for v in (start, end, step)):
         n = max(0, -(-(end - start) // step))
-    elif isinstance(step, int) and not isinstance(start, float) and not isinstance(end, float):
+        return [TensorType((n,), a["dtype"])]
+    # a float arange over a symbolic size (torch.arange(x.shape[0], dtype=torch.float32)) has
+    # start 0.0 and step 1.0: whole numbers, so its length is the same size expression as an
+    # integer arange's
+    start, end, step = (_whole(v) for v in (start, end, step))
+    if isinstance(step, int) and not isinstance(start, float) and not isinstance(end, float):
         n = ceil_div(end - start, step) if step != 1 else end - start
     else:
         n = max(0, int(np.ceil((float(end) - float(start)) / float(step))))

@@ -457,7 +457,14 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         text()
         text()
     text(f'@fl.kernel(target="{cfg.name}")')
-    text(f"def {fname}({', '.join(sig.annotations)}, *, bq: int = {bq}, bk: int = {bk}, stages: int = {STAGES}):")
+    if causal:
+        # one block size for queries and keys, not two tiling parameters: the diagonal mask `tri`
+        # is right only for a key block that starts where its query block does, so a tile search
+        # that set bk apart from bq would mask the wrong keys
+        text(f"def {fname}({', '.join(sig.annotations)}, *, bq: int = {bq}, stages: int = {STAGES}):")
+        text("    bk = bq   # key blocks are the query blocks (causal)")
+    else:
+        text(f"def {fname}({', '.join(sig.annotations)}, *, bq: int = {bq}, bk: int = {bk}, stages: int = {STAGES}):")
     text.lines += w.lines
     w = text
     results = tuple(Result(i, tuple(node.outputs[i].type.shape)) for i in range(len(body.outputs)))
