@@ -1,0 +1,396 @@
+"""ONNX shape and data-movement ops: reshapes, transposes, slices, joins, gathers, scatters,
+padding and tensor creation.
+
+Shape-like operands (Reshape's shape, Slice's starts, Pad's pads...) must be known when
+compiling (``ctx.const``); ONNX's lenient conventions (0 and -1 in shapes, negative axes and
+indices, slice bounds past the end) are resolved here, since the IR's ops are strict.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from fexplore.ir import DType
+from fexplore.ir.ops.rules import broadcast_shapes
+
+from ..convert.movement import _crop_negative_pads, _gather_axis, _reshape_to
+from .registry import OnnxContext, onnx_converter
+
+_INT_MAX = 2 ** 62
+
+
+def axis(a: int, rank: int) -> int:
+    if not -max(rank, 1) <= a < max(rank, 1):
+        raise ValueError(f"axis {a} is out of range for rank {rank}")
+    return a % rank if rank else 0
+
+
+def product(dims):
+    n = 1
+    for d in dims:
+        n = n * d
+    return n
+
+
+def reshape_target(shape_in, spec, allowzero: bool = False) -> tuple:
+    """ONNX Reshape's shape: 0 copies the input's dim (unless allowzero), -1 takes the rest."""
+    out = [shape_in[i] if (d == 0 and not allowzero) else d for i, d in enumerate(spec)]
+    if -1 in out:
+        k = out.index(-1)
+        rest = product(d for i, d in enumerate(out) if i != k)
+        total = product(shape_in)
+        out[k] = total // rest if isinstance(total, int) and isinstance(rest, int) \
+            else sympy.simplify(sympy.sympify(total) / rest)
+    return tuple(int(d) if isinstance(d, (int, np.integer)) or (isinstance(d, sympy.Expr)
+                                                                and d.is_Integer) else d
+                 for d in out)
+
+
+@onnx_converter("Reshape")
+def _reshape(ctx: OnnxContext):
+    x = ctx.input(0)
+    spec = ctx.const_ints(1, "shape")
+    return _reshape_to(ctx, x, reshape_target(x.type.shape, spec, bool(ctx.attr("allowzero", 0))))
+
+
+@onnx_converter("Flatten")
+def _flatten(ctx):
+    x = ctx.input(0)
+    ax = axis(ctx.attr("axis", 1), x.type.rank + 1) if x.type.rank else 0
+    s = x.type.shape
+    return _reshape_to(ctx, x, (product(s[:ax]), product(s[ax:])))
+
+
+@onnx_converter("Squeeze")
+def _squeeze(ctx):
+    x = ctx.input(0)
+    axes = ctx.const_ints(1, "axes")
+    r = x.type.rank
+    if axes is None:
+        axes = [i for i, d in enumerate(x.type.shape) if d == 1]
+    axes = {axis(a, r) for a in axes}
+    for a in axes:
+        if x.type.shape[a] != 1:
+            raise ValueError(f"Squeeze of axis {a} of size {x.type.shape[a]}")
+    return _reshape_to(ctx, x, tuple(d for i, d in enumerate(x.type.shape) if i not in axes))
+
+
+@onnx_converter("Unsqueeze")
+def _unsqueeze(ctx):
+    x = ctx.input(0)
+    axes = ctx.const_ints(1, "axes")
+    r = x.type.rank + len(axes)
+    axes = sorted(axis(a, r) for a in axes)
+    shape = list(x.type.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return _reshape_to(ctx, x, tuple(shape))
+
+
+@onnx_converter("Transpose")
+def _transpose(ctx):
+    x = ctx.input(0)
+    perm = ctx.attr("perm") or tuple(reversed(range(x.type.rank)))
+    perm = tuple(int(p) % x.type.rank for p in perm)
+    if perm == tuple(range(x.type.rank)):
+        return x
+    return ctx.emit("permute", [x], {"perm": perm})
+
+
+@onnx_converter("Concat")
+def _concat(ctx):
+    xs = [x for x in ctx.inputs() if x is not None]
+    ax = axis(ctx.attr("axis"), xs[0].type.rank)
+    xs = [x for x in xs if x.type.shape[ax] != 0] or xs[:1]
+    return xs[0] if len(xs) == 1 else ctx.emit("concat", xs, {"axis": ax})
+
+
+@onnx_converter("Split")
+def _split(ctx):
+    x = ctx.input(0)
+    ax = axis(ctx.attr("axis", 0), x.type.rank)
+    size = x.type.shape[ax]
+    sizes = ctx.const_ints(1, "split")
+    n = len(ctx.onnx.output)
+    if sizes is None:
+        n = ctx.attr("num_outputs", n)
+        if not isinstance(size, int):
+            raise NotImplementedError("Split of a symbolic dim without sizes")
+        chunk = -(-size // n)
+        sizes = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
+    if len(sizes) == 1:
+        return (x,)
+    return ctx.emit("split", [x], {"axis": ax, "sizes": tuple(sizes)}, n_results=len(sizes))
+
+
+def _slice_bounds(start, end, step, size):
+    """ONNX Slice's clamping for one axis, static size."""
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    if step > 0:
+        return min(max(start, 0), size), min(max(end, 0), size)
+    return min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+
+
+@onnx_converter("Slice")
+def _slice(ctx):
+    x = ctx.input(0)
+    starts, ends = ctx.const_ints(1, "starts"), ctx.const_ints(2, "ends")
+    axes = ctx.const_ints(3, "axes") or tuple(range(len(starts)))
+    steps = ctx.const_ints(4, "steps") or (1,) * len(starts)
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = axis(a, x.type.rank)
+        size = x.type.shape[a]
+        if st == 0:
+            raise ValueError("Slice step 0")
+        if isinstance(size, int):
+            s, e = _slice_bounds(s, e, st, size)
+            if st > 0:
+                e = max(e, s)
+                if s == 0 and e == size and st == 1:
+                    continue
+                length = -(-(e - s) // st)
+                x = ctx.emit("slice", [x], {"axis": a, "start": s,
+                                            "end": s + max(length - 1, 0) * st + (1 if length else 0),
+                                            "step": st})
+            else:
+                x = _gather_axis(ctx, x, a, np.arange(s, e, st))
+            continue
+        if st != 1:
+            raise NotImplementedError("a strided slice of a symbolic dim")
+        s = size + s if s < 0 else s
+        e = size if e >= _INT_MAX // 2 else (size + e if e < 0 else e)
+        x = ctx.emit("slice", [x], {"axis": a, "start": s, "end": e})
+    return x
+
+
+def _nonneg_indices(ctx, idx, size):
+    """Indices with negative ones counted from the end (the IR's gathers take 0..size-1)."""
+    known = ctx.importer.lookup_known(ctx.onnx.input[1])
+    if known is not None and isinstance(size, int):
+        a = np.asarray(known).astype(np.int64)
+        return ctx.b.literal(np.where(a < 0, a + size, a), f"{ctx._node_base()}.idx")
+    neg = ctx.emit("lt", [idx, ctx.scalar(0, idx.type.dtype)])
+    wrapped = ctx.emit("add", [idx, ctx.value(size, idx.type.dtype)])
+    return ctx.emit("where", [neg, wrapped, idx])
+
+
+@onnx_converter("Gather")
+def _gather(ctx):
+    x, idx = ctx.input(0), ctx.input(1)
+    ax = axis(ctx.attr("axis", 0), x.type.rank)
+    idx = _nonneg_indices(ctx, idx, x.type.shape[ax])
+    return ctx.emit("index", [x, idx], {"axes": (ax,)})
+
+
+@onnx_converter("GatherElements")
+def _gather_elements(ctx):
+    x, idx = ctx.input(0), ctx.input(1)
+    ax = axis(ctx.attr("axis", 0), x.type.rank)
+    return ctx.emit("gather", [x, _nonneg_indices(ctx, idx, x.type.shape[ax])], {"axis": ax})
+
+
+@onnx_converter("GatherND")
+def _gather_nd(ctx):
+    x, idx = ctx.input(0), ctx.input(1)
+    if ctx.attr("batch_dims", 0):
+        ctx.refuse("GatherND with batch_dims > 0")
+    k = idx.type.shape[-1]
+    if not isinstance(k, int):
+        raise NotImplementedError("GatherND with a symbolic index depth")
+    parts = ctx.emit("split", [idx], {"axis": idx.type.rank - 1, "sizes": (1,) * k},
+                     n_results=k) if k > 1 else (idx,)
+    cols = [_reshape_to(ctx, p, p.type.shape[:-1]) for p in parts]
+    cols = [_wrap(ctx, c, x.type.shape[i]) for i, c in enumerate(cols)]
+    return ctx.emit("index", [x, *cols], {"axes": tuple(range(k))})
+
+
+def _wrap(ctx, idx, size):
+    neg = ctx.emit("lt", [idx, ctx.scalar(0, idx.type.dtype)])
+    return ctx.emit("where", [neg, ctx.emit("add", [idx, ctx.value(size, idx.type.dtype)]), idx])
+
+
+_REDUCE = {"none": "none", "add": "add", "mul": "mul", "max": "amax", "min": "amin"}
+
+
+@onnx_converter("ScatterElements")
+def _scatter_elements(ctx):
+    x, idx, src = ctx.input(0), ctx.input(1), ctx.input(2)
+    ax = axis(ctx.attr("axis", 0), x.type.rank)
+    reduce = _REDUCE[ctx.attr("reduction", "none")]
+    return ctx.emit("scatter", [x, _wrap(ctx, idx, x.type.shape[ax]), src],
+                    {"axis": ax, "reduce": reduce, "include_self": True})
+
+
+@onnx_converter("ScatterND")
+def _scatter_nd(ctx):
+    x, idx, upd = ctx.input(0), ctx.input(1), ctx.input(2)
+    reduction = ctx.attr("reduction", "none")
+    if reduction not in ("none", "add"):
+        ctx.refuse(f"ScatterND with reduction={reduction!r}")
+    k = idx.type.shape[-1]
+    parts = ctx.emit("split", [idx], {"axis": idx.type.rank - 1, "sizes": (1,) * k},
+                     n_results=k) if k > 1 else (idx,)
+    cols = [_wrap(ctx, _reshape_to(ctx, p, p.type.shape[:-1]), x.type.shape[i])
+            for i, p in enumerate(parts)]
+    return ctx.emit("index_put", [x, upd, *cols], {"axes": tuple(range(k)),
+                                                   "accumulate": reduction == "add"})
+
+
+@onnx_converter("Expand")
+def _expand(ctx):
+    x = ctx.input(0)
+    shape = ctx.const_ints(1, "shape")
+    out = broadcast_shapes(x.type.shape, tuple(shape))
+    if out == x.type.shape:
+        return x
+    return ctx.emit("expand", [x], {"shape": out})
+
+
+@onnx_converter("Tile")
+def _tile(ctx):
+    x = ctx.input(0)
+    reps = ctx.const_ints(1, "repeats")
+    src = x.type.shape
+    x = _reshape_to(ctx, x, tuple(d for s in src for d in (1, s)))
+    x = ctx.emit("expand", [x], {"shape": tuple(d for r, s in zip(reps, src) for d in (r, s))})
+    return _reshape_to(ctx, x, tuple(r * s for r, s in zip(reps, src)))
+
+
+@onnx_converter("Pad")
+def _pad(ctx):
+    x = ctx.input(0)
+    pads = ctx.const_ints(1, "pads")
+    value = ctx.const(2, "constant_value")
+    axes = ctx.const_ints(3, "axes")
+    mode = ctx.attr("mode", "constant")
+    r = x.type.rank
+    axes = [axis(a, r) for a in axes] if axes is not None else list(range(r))
+    n = len(axes)
+    before = dict(zip(axes, pads[:n]))
+    after = dict(zip(axes, pads[n:]))
+    if mode != "constant":
+        return _pad_by_gather(ctx, x, before, after, mode)
+    # the IR's pad (torch's order): last axis first, (before, after)
+    torch_pads = tuple(p for a in reversed(range(r)) for p in (before.get(a, 0), after.get(a, 0)))
+    x, torch_pads = _crop_negative_pads(ctx, x, torch_pads)
+    if not any(torch_pads):
+        return x
+    v = 0 if value is None or np.asarray(value).size == 0 else np.asarray(value).reshape(-1)[0].item()
+    return ctx.emit("pad", [x], {"pads": torch_pads, "value": v})
+
+
+def _pad_by_gather(ctx, x, before, after, mode):
+    """Reflect, edge and wrap padding: a gather of source positions per padded axis."""
+    for a in sorted(before):
+        b, e = before[a], after[a]
+        if not (b or e):
+            continue
+        size = x.type.shape[a]
+        if not isinstance(size, int):
+            raise NotImplementedError(f"{mode} padding of a symbolic dim")
+        pos = np.arange(-b, size + e)
+        if mode == "edge":
+            src = np.clip(pos, 0, size - 1)
+        elif mode == "wrap":
+            src = pos % size
+        elif mode == "reflect":
+            period = 2 * (size - 1) if size > 1 else 1
+            m = np.abs(pos) % period
+            src = np.where(m >= size, period - m, m)
+        else:
+            raise ValueError(f"Pad mode {mode!r}")
+        x = _gather_axis(ctx, x, a, src)
+    return x
+
+
+@onnx_converter("ConstantOfShape")
+def _constant_of_shape(ctx):
+    shape = ctx.const_ints(0, "shape")
+    value = ctx.attr("value")
+    v = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    from fexplore.ir import DType as _D
+
+    return ctx.emit("full", [], {"shape": tuple(shape), "value": v[0].item(),
+                                 "dtype": _D.from_numpy(v.dtype)})
+
+
+@onnx_converter("Range")
+def _range(ctx):
+    start, limit, delta = (np.asarray(ctx.const(i, "bound")).item() for i in range(3))
+    dt = DType.from_numpy(np.asarray(ctx.const(0)).dtype)
+    n = max(int(np.ceil((limit - start) / delta)), 0)
+    return ctx.emit("arange", [], {"start": start, "end": start + n * delta, "step": delta,
+                                   "dtype": dt}) if n else \
+        ctx.emit("full", [], {"shape": (0,), "value": 0, "dtype": dt})
+
+
+@onnx_converter("Trilu")
+def _trilu(ctx):
+    x = ctx.input(0)
+    k = ctx.const_ints(1, "k")
+    return ctx.emit("triu" if ctx.attr("upper", 1) else "tril", [x],
+                    {"diagonal": k[0] if k else 0})
+
+
+@onnx_converter("EyeLike")
+def _eye_like(ctx):
+    x = ctx.input(0)
+    from .importer import onnx_dtype
+
+    dt = onnx_dtype(ctx.attr("dtype")) if ctx.has_attr("dtype") else x.type.dtype
+    n, m = x.type.shape
+    eye = np.eye(n, m, ctx.attr("k", 0), dtype=dt.numpy)
+    return ctx.b.literal(eye, f"{ctx._node_base()}.eye")
+
+
+@onnx_converter("DepthToSpace")
+def _depth_to_space(ctx):
+    x = ctx.input(0)
+    bs = ctx.attr("blocksize")
+    n, c, h, w = x.type.shape
+    if ctx.attr("mode", "DCR") == "DCR":
+        y = _reshape_to(ctx, x, (n, bs, bs, c // (bs * bs), h, w))
+        y = ctx.emit("permute", [y], {"perm": (0, 3, 4, 1, 5, 2)})
+    else:
+        y = _reshape_to(ctx, x, (n, c // (bs * bs), bs, bs, h, w))
+        y = ctx.emit("permute", [y], {"perm": (0, 1, 4, 2, 5, 3)})
+    return _reshape_to(ctx, y, (n, c // (bs * bs), h * bs, w * bs))
+
+
+@onnx_converter("SpaceToDepth")
+def _space_to_depth(ctx):
+    x = ctx.input(0)
+    bs = ctx.attr("blocksize")
+    n, c, h, w = x.type.shape
+    y = _reshape_to(ctx, x, (n, c, h // bs, bs, w // bs, bs))
+    y = ctx.emit("permute", [y], {"perm": (0, 3, 5, 1, 2, 4)})
+    return _reshape_to(ctx, y, (n, c * bs * bs, h // bs, w // bs))
+
+
+@onnx_converter("OneHot")
+def _one_hot(ctx):
+    idx, values = ctx.input(0), ctx.input(2)
+    depth = int(np.asarray(ctx.const(1, "depth")).reshape(-1)[0])
+    r = idx.type.rank + 1
+    ax = axis(ctx.attr("axis", -1), r)
+    idx = cast_int(ctx, idx)
+    idx = ctx.emit("where", [ctx.emit("lt", [idx, ctx.scalar(0, DType.i64)]),
+                             ctx.emit("add", [idx, ctx.scalar(depth, DType.i64)]), idx])
+    shape = list(idx.type.shape)
+    shape.insert(ax, 1)
+    idx = _reshape_to(ctx, idx, tuple(shape))
+    ar_shape = [1] * r
+    ar_shape[ax] = depth
+    ar = ctx.b.literal(np.arange(depth, dtype=np.int64).reshape(ar_shape), f"{ctx._node_base()}.ar")
+    hot = ctx.emit("eq", [idx, ar])
+    off = ctx.emit("select", [values], {"axis": 0, "index": 0})
+    on = ctx.emit("select", [values], {"axis": 0, "index": 1})
+    return ctx.emit("where", [hot, on, off])
+
+
+def cast_int(ctx, x):
+    return x if x.type.dtype == DType.i64 else ctx.emit("cast", [x], {"dtype": DType.i64})

@@ -1,0 +1,369 @@
+"""ONNX contractions, convolutions, pooling, normalizations, dropout and resizing.
+
+Convolutions over 1, 2 or 3 spatial axes and transposed convolutions go through the same
+helpers the ATen converters use, so both doors reach the IR's one conv2d the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fexplore.ir import DType
+
+from ..convert.nn import _conv_nd, _conv_transpose
+from .elementwise import cast, scalar_like
+from .movement import _reshape_to, axis
+from .registry import OnnxContext, onnx_converter
+
+
+@onnx_converter("MatMul")
+def _matmul(ctx):
+    return ctx.emit("matmul", [ctx.input(0), ctx.input(1)])
+
+
+@onnx_converter("Gemm")
+def _gemm(ctx):
+    a, b, c = ctx.input(0), ctx.input(1), ctx.input(2)
+    alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    trans_a, trans_b = ctx.attr("transA", 0), ctx.attr("transB", 0)
+    if trans_a:
+        a = ctx.emit("permute", [a], {"perm": (1, 0)})
+    if trans_b and alpha == 1.0 and c is not None and beta == 1.0 and c.type.rank == 1:
+        return ctx.emit("linear", [a, b, c])   # nn.Linear's form: x @ W^T + b
+    if trans_b:
+        b = ctx.emit("permute", [b], {"perm": (1, 0)})
+    y = ctx.emit("matmul", [a, b])
+    if alpha != 1.0:
+        y = ctx.emit("mul", [y, scalar_like(ctx, alpha, y)])
+    if c is not None and beta != 0:
+        y = ctx.emit("add", [y, c if beta == 1.0 else ctx.emit("mul", [c, scalar_like(ctx, beta, c)])])
+    return y
+
+
+def _spatial_pads(ctx, x_shape, kernel, strides, dilations):
+    """(before, after) per spatial axis from pads or auto_pad."""
+    k = len(kernel)
+    auto = ctx.attr("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        out = []
+        for size, kk, s, d in zip(x_shape[2:], kernel, strides, dilations):
+            if not isinstance(size, int):
+                raise NotImplementedError("SAME padding of a symbolic dim")
+            total = max((math.ceil(size / s) - 1) * s + (kk - 1) * d + 1 - size, 0)
+            small = total // 2
+            out.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
+        return out
+    if auto == "VALID":
+        return [(0, 0)] * k
+    pads = ctx.attr("pads") or (0,) * (2 * k)
+    return list(zip(pads[:k], pads[k:]))
+
+
+def _explicit_pad(ctx, x, pads, value=0.0):
+    """Pad asymmetric amounts with a pad op; returns (x, symmetric pads left to the op)."""
+    if all(b == e for b, e in pads):
+        return x, tuple(b for b, _ in pads)
+    torch_pads = tuple(p for b, e in reversed(pads) for p in (b, e))
+    return ctx.emit("pad", [x], {"pads": torch_pads, "value": value}), (0,) * len(pads)
+
+
+@onnx_converter("Conv")
+def _conv(ctx):
+    x, w, b = ctx.input(0), ctx.input(1), ctx.input(2)
+    k = w.type.rank - 2
+    kernel = ctx.attr("kernel_shape") or w.type.shape[2:]
+    strides = tuple(ctx.attr("strides") or (1,) * k)
+    dilations = tuple(ctx.attr("dilations") or (1,) * k)
+    pads = _spatial_pads(ctx, x.type.shape, kernel, strides, dilations)
+    x, sym = _explicit_pad(ctx, x, pads)
+    return _conv_nd(ctx, x, w, b, strides, tuple(sym), dilations, ctx.attr("group", 1))
+
+
+@onnx_converter("ConvTranspose")
+def _conv_transpose_onnx(ctx):
+    x, w, b = ctx.input(0), ctx.input(1), ctx.input(2)
+    k = w.type.rank - 2
+    strides = tuple(ctx.attr("strides") or (1,) * k)
+    dilations = tuple(ctx.attr("dilations") or (1,) * k)
+    out_pad = tuple(ctx.attr("output_padding") or (0,) * k)
+    if ctx.has_attr("output_shape") or ctx.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        ctx.refuse("ConvTranspose with output_shape or SAME auto_pad",
+                   hint="export with explicit pads")
+    pads = ctx.attr("pads") or (0,) * (2 * k)
+    if tuple(pads[:k]) != tuple(pads[k:]):
+        ctx.refuse("ConvTranspose with asymmetric pads")
+    return _conv_transpose(ctx, x, w, b, strides, tuple(pads[:k]), dilations, out_pad,
+                           ctx.attr("group", 1))
+
+
+def _as_2d(ctx, x):
+    """A pool over one spatial axis runs as a 2-D pool over a unit height."""
+    if x.type.rank == 3:
+        return _reshape_to(ctx, x, x.type.shape[:2] + (1,) + x.type.shape[2:]), True
+    if x.type.rank != 4:
+        raise NotImplementedError(f"pooling over {x.type.rank - 2} spatial axes")
+    return x, False
+
+
+def _pool_params(ctx, x, one_d):
+    kernel = tuple(ctx.attr("kernel_shape"))
+    k = len(kernel)
+    strides = tuple(ctx.attr("strides") or (1,) * k)
+    dilations = tuple(ctx.attr("dilations") or (1,) * k)
+    shape = x.type.shape if not one_d else x.type.shape[:2] + x.type.shape[3:]
+    pads = _spatial_pads(ctx, shape, kernel, strides, dilations)
+    if one_d:
+        kernel, strides, dilations, pads = (1,) + kernel, (1,) + strides, (1,) + dilations, \
+            [(0, 0)] + pads
+    return kernel, strides, dilations, pads
+
+
+@onnx_converter("MaxPool")
+def _max_pool(ctx):
+    x, one_d = _as_2d(ctx, ctx.input(0))
+    if len(ctx.onnx.output) > 1 and ctx.onnx.output[1]:
+        ctx.refuse("MaxPool's Indices output")
+    if ctx.attr("storage_order", 0):
+        ctx.refuse("MaxPool with storage_order=1")
+    kernel, strides, dilations, pads = _pool_params(ctx, x, one_d)
+    x, sym = _explicit_pad(ctx, x, pads, value=float("-inf") if x.type.dtype.is_float else
+                           int(np.iinfo(x.type.dtype.numpy).min))
+    y = ctx.emit("max_pool2d", [x], {"kernel": kernel, "stride": strides, "padding": sym,
+                                     "ceil_mode": bool(ctx.attr("ceil_mode", 0)),
+                                     "dilation": dilations})
+    return _reshape_to(ctx, y, y.type.shape[:2] + y.type.shape[3:]) if one_d else y
+
+
+@onnx_converter("AveragePool")
+def _avg_pool(ctx):
+    x, one_d = _as_2d(ctx, ctx.input(0))
+    kernel, strides, dilations, pads = _pool_params(ctx, x, one_d)
+    if any(d != 1 for d in dilations):
+        ctx.refuse("AveragePool with dilations")
+    include = bool(ctx.attr("count_include_pad", 0))
+    if any(b != e for b, e in pads):
+        if not include:
+            ctx.refuse("AveragePool with asymmetric pads and count_include_pad=0")
+        x, sym = _explicit_pad(ctx, x, pads)
+    else:
+        sym = tuple(b for b, _ in pads)
+    y = ctx.emit("avg_pool2d", [x], {"kernel": kernel, "stride": strides, "padding": sym,
+                                     "ceil_mode": bool(ctx.attr("ceil_mode", 0)),
+                                     "count_include_pad": include})
+    return _reshape_to(ctx, y, y.type.shape[:2] + y.type.shape[3:]) if one_d else y
+
+
+def _global(op):
+    def conv(ctx):
+        x = ctx.input(0)
+        return ctx.emit(op, [x], {"axes": tuple(range(2, x.type.rank)), "keepdim": True})
+
+    return conv
+
+
+onnx_converter("GlobalAveragePool")(_global("mean"))
+onnx_converter("GlobalMaxPool")(_global("amax"))
+
+
+@onnx_converter("BatchNormalization")
+def _batch_norm(ctx):
+    if ctx.attr("training_mode", 0):
+        ctx.refuse("BatchNormalization in training mode", hint="export the model in eval mode")
+    x, scale, bias, mean, var = ctx.inputs()[:5]
+    return ctx.emit("batch_norm", [x, scale, bias, mean, var], {"eps": float(ctx.attr("epsilon", 1e-5))})
+
+
+def _norm_last(ctx, op, x, ax, scale, bias, eps):
+    """A norm over axes ax.. with an affine part: the IR op when it fits, else mul/add."""
+    nd = x.type.rank - ax
+    shape = x.type.shape[ax:]
+    fits = all(t is None or t.type.shape == shape for t in (scale, bias))
+    if fits and (scale is not None or bias is None):
+        ins = [x] + [t for t in (scale, bias) if t is not None]
+        return ctx.emit(op, ins, {"ndim": nd, "eps": float(eps)})
+    y = ctx.emit(op, [x], {"ndim": nd, "eps": float(eps)})
+    if scale is not None:
+        y = ctx.emit("mul", [y, scale])
+    return ctx.emit("add", [y, bias]) if bias is not None else y
+
+
+@onnx_converter("LayerNormalization", since=17)
+def _layer_norm(ctx):
+    x, scale, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    ax = axis(ctx.attr("axis", -1), x.type.rank)
+    eps = ctx.attr("epsilon", 1e-5)
+    y = _norm_last(ctx, "layer_norm", x, ax, scale, bias, eps)
+    extra = [o for o in ctx.onnx.output[1:] if o]
+    if not extra:
+        return y
+    axes = tuple(range(ax, x.type.rank))
+    mean = ctx.emit("mean", [x], {"axes": axes, "keepdim": True})
+    var = ctx.emit("var", [x], {"axes": axes, "keepdim": True, "correction": 0})
+    inv = ctx.emit("rsqrt", [ctx.emit("add", [var, scalar_like(ctx, eps, var)])])
+    return (y, mean, inv)
+
+
+@onnx_converter("RMSNormalization", since=23)
+def _rms_norm(ctx):
+    x, scale = ctx.input(0), ctx.input(1)
+    ax = axis(ctx.attr("axis", -1), x.type.rank)
+    return _norm_last(ctx, "rms_norm", x, ax, scale, None, ctx.attr("epsilon", 1e-5))
+
+
+@onnx_converter("InstanceNormalization")
+def _instance_norm(ctx):
+    x, scale, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    eps = ctx.attr("epsilon", 1e-5)
+    axes = tuple(range(2, x.type.rank))
+    return _affine_channels(ctx, _standardize(ctx, x, axes, eps), scale, bias)
+
+
+def _standardize(ctx, x, axes, eps):
+    mean = ctx.emit("mean", [x], {"axes": axes, "keepdim": True})
+    var = ctx.emit("var", [x], {"axes": axes, "keepdim": True, "correction": 0})
+    inv = ctx.emit("rsqrt", [ctx.emit("add", [var, scalar_like(ctx, eps, var)])])
+    return ctx.emit("mul", [ctx.emit("sub", [x, mean]), inv])
+
+
+def _affine_channels(ctx, y, scale, bias):
+    shape = (1, scale.type.shape[0]) + (1,) * (y.type.rank - 2)
+    y = ctx.emit("mul", [y, _reshape_to(ctx, scale, shape)])
+    return ctx.emit("add", [y, _reshape_to(ctx, bias, shape)])
+
+
+@onnx_converter("GroupNormalization", since=21)
+def _group_norm(ctx):
+    x, scale, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    g = ctx.attr("num_groups")
+    eps = ctx.attr("epsilon", 1e-5)
+    n, c = x.type.shape[:2]
+    rest = x.type.shape[2:]
+    xg = _reshape_to(ctx, x, (n, g, c // g) + rest)
+    y = _standardize(ctx, xg, tuple(range(2, xg.type.rank)), eps)
+    return _affine_channels(ctx, _reshape_to(ctx, y, x.type.shape), scale, bias)
+
+
+@onnx_converter("LpNormalization")
+def _lp_norm(ctx):
+    x = ctx.input(0)
+    ax = axis(ctx.attr("axis", -1), x.type.rank)
+    p = ctx.attr("p", 2)
+    if p == 2:
+        n = ctx.emit("sqrt", [ctx.emit("sum", [ctx.emit("mul", [x, x])], {"axes": (ax,), "keepdim": True})])
+    else:
+        n = ctx.emit("sum", [ctx.emit("abs", [x])], {"axes": (ax,), "keepdim": True})
+    zero = ctx.emit("eq", [n, scalar_like(ctx, 0, n)])
+    return ctx.emit("where", [zero, scalar_like(ctx, 0, x), ctx.emit("div", [x, n])])
+
+
+@onnx_converter("MeanVarianceNormalization")
+def _mvn(ctx):
+    x = ctx.input(0)
+    axes = tuple(axis(a, x.type.rank) for a in (ctx.attr("axes") or (0, 2, 3)))
+    return _standardize(ctx, x, tuple(sorted(axes)), 1e-9)
+
+
+@onnx_converter("Dropout")
+def _dropout(ctx):
+    x = ctx.input(0)
+    training = ctx.const(2, "training_mode")
+    if training is not None and bool(np.asarray(training).reshape(-1)[0]):
+        ctx.refuse("Dropout in training mode", hint="export the model in eval mode")
+    if len(ctx.onnx.output) > 1 and ctx.onnx.output[1]:
+        mask = ctx.emit("full", [], {"shape": x.type.shape, "value": True, "dtype": DType.bool})
+        return (x, mask)
+    return x
+
+
+# -- Resize -----------------------------------------------------------------------------------
+
+def _source_coords(mode, out_n, in_n, scale):
+    x = np.arange(out_n, dtype=np.float64)
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if out_n > 1 else np.zeros(out_n)
+    if mode == "align_corners":
+        return x * (in_n - 1) / (out_n - 1) if out_n > 1 else np.zeros(out_n)
+    if mode == "asymmetric":
+        return x / scale
+    raise ValueError(f"coordinate_transformation_mode {mode!r}")
+
+
+def _nearest(src, rule, in_n):
+    if rule == "round_prefer_floor":
+        i = np.ceil(src - 0.5)
+    elif rule == "round_prefer_ceil":
+        i = np.floor(src + 0.5)
+    elif rule == "floor":
+        i = np.floor(src)
+    elif rule == "ceil":
+        i = np.ceil(src)
+    else:
+        raise ValueError(f"nearest_mode {rule!r}")
+    return np.clip(i, 0, in_n - 1).astype(np.int64)
+
+
+def _linear_matrix(src, in_n):
+    src = np.clip(src, 0, in_n - 1)
+    lo = np.floor(src).astype(np.int64)
+    hi = np.minimum(lo + 1, in_n - 1)
+    w = src - lo
+    m = np.zeros((len(src), in_n))
+    m[np.arange(len(src)), lo] += 1 - w
+    m[np.arange(len(src)), hi] += w
+    return m
+
+
+@onnx_converter("Resize")
+def _resize(ctx):
+    from ..convert.movement import _gather_axis
+
+    x = ctx.input(0)
+    if ctx.has_input(1) and np.asarray(ctx.const(1, "roi")).size:
+        coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
+        if coord == "tf_crop_and_resize":
+            ctx.refuse("Resize with tf_crop_and_resize")
+    scales = ctx.const(2, "scales")
+    sizes = ctx.const_ints(3, "sizes")
+    if ctx.attr("antialias", 0):
+        ctx.refuse("Resize with antialias")
+    if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        ctx.refuse("Resize with a keep_aspect_ratio_policy")
+    r = x.type.rank
+    axes = [axis(a, r) for a in (ctx.attr("axes") or range(r))]
+    mode = ctx.attr("mode", "nearest")
+    coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if mode not in ("nearest", "linear"):
+        ctx.refuse(f"Resize mode {mode!r}")
+    for i, a in enumerate(axes):
+        in_n = x.type.shape[a]
+        if not isinstance(in_n, int):
+            raise NotImplementedError("Resize of a symbolic dim")
+        if sizes is not None and len(sizes):
+            out_n = int(sizes[i])
+            scale = out_n / in_n
+        else:
+            scale = float(np.asarray(scales).reshape(-1)[i])
+            out_n = int(math.floor(in_n * scale))
+        if out_n == in_n and scale == 1.0:
+            continue
+        src = _source_coords(coord, out_n, in_n, scale)
+        if mode == "nearest":
+            x = _gather_axis(ctx, x, a, _nearest(src, ctx.attr("nearest_mode", "round_prefer_floor"),
+                                                 in_n))
+            continue
+        if not x.type.dtype.is_float:
+            ctx.refuse("linear Resize of an integer tensor")
+        m = _linear_matrix(src, in_n).T.astype(x.type.dtype.numpy)   # (in, out)
+        mt = ctx.b.literal(m, f"{ctx._node_base()}.interp{a}")
+        perm = tuple(j for j in range(r) if j != a) + (a,)
+        y = ctx.emit("permute", [x], {"perm": perm}) if a != r - 1 else x
+        y = ctx.emit("matmul", [y, mt])
+        if a != r - 1:
+            inv = tuple(int(np.argsort(perm)[j]) for j in range(r))
+            y = ctx.emit("permute", [y], {"perm": inv})
+        x = y
+    return x

@@ -1,0 +1,142 @@
+"""ONNX reductions, arg-reductions, softmax, cumulative sums and TopK."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fexplore.ir import DType
+
+from .elementwise import cast, scalar_like
+from .movement import axis
+from .registry import OnnxContext, onnx_converter
+
+
+def _axes(ctx: OnnxContext, x):
+    """(axes, keepdims) of a reduction; axes None means 'return x' (noop_with_empty_axes)."""
+    axes = ctx.const_ints(1, "axes") if ctx.n_inputs > 1 else ctx.attr("axes")
+    if not axes:
+        if ctx.attr("noop_with_empty_axes", 0):
+            return None, True
+        axes = range(x.type.rank)
+    return tuple(sorted({axis(a, x.type.rank) for a in axes})), bool(ctx.attr("keepdims", 1))
+
+
+def _reduce(op, pre=None, post=None):
+    def conv(ctx: OnnxContext):
+        x = ctx.input(0)
+        axes, keep = _axes(ctx, x)
+        v = pre(ctx, x) if pre else x
+        if axes is None:
+            return post(ctx, v) if post else v
+        y = ctx.emit(op, [v], {"axes": axes, "keepdim": keep})
+        y = post(ctx, y) if post else y
+        return cast(ctx, y, x.type.dtype)  # the IR's sum widens ints; ONNX keeps the dtype
+
+    return conv
+
+
+def _square(ctx, x):
+    return ctx.emit("mul", [x, x])
+
+
+onnx_converter("ReduceSum")(_reduce("sum"))
+onnx_converter("ReduceMean", since=13)(_reduce("mean"))
+onnx_converter("ReduceMax")(_reduce("amax"))
+onnx_converter("ReduceMin")(_reduce("amin"))
+onnx_converter("ReduceProd")(_reduce("prod"))
+onnx_converter("ReduceSumSquare")(_reduce("sum", pre=_square))
+onnx_converter("ReduceL1")(_reduce("sum", pre=lambda ctx, x: ctx.emit("abs", [x])))
+onnx_converter("ReduceL2")(_reduce("sum", pre=_square, post=lambda ctx, y: ctx.emit("sqrt", [y])))
+onnx_converter("ReduceLogSum")(_reduce("sum", post=lambda ctx, y: ctx.emit("log", [y])))
+
+
+@onnx_converter("ReduceLogSumExp")
+def _reduce_log_sum_exp(ctx):
+    x = ctx.input(0)
+    axes, keep = _axes(ctx, x)
+    if axes is None:
+        return x
+    # max + log(sum(exp(x - max))): no overflow; an all -inf slice gives -inf, as ONNX's does
+    m = ctx.emit("amax", [x], {"axes": axes, "keepdim": True})
+    m = ctx.emit("where", [ctx.emit("isinf", [m]), scalar_like(ctx, 0, m), m])
+    s = ctx.emit("sum", [ctx.emit("exp", [ctx.emit("sub", [x, m])])], {"axes": axes, "keepdim": keep})
+    if not keep:
+        m = ctx.emit("reshape", [m], {"shape": s.type.shape})
+    return cast(ctx, ctx.emit("add", [ctx.emit("log", [s]), m]), x.type.dtype)
+
+
+def _arg(op):
+    def conv(ctx):
+        x = ctx.input(0)
+        if ctx.attr("select_last_index", 0):
+            # the last of equal extremes: the first one of the reversed axis, mirrored
+            ax = axis(ctx.attr("axis", 0), x.type.rank)
+            n = x.type.shape[ax]
+            if not isinstance(n, int):
+                raise NotImplementedError("select_last_index along a symbolic dim")
+            from ..convert.movement import _gather_axis
+
+            rev = _gather_axis(ctx, x, ax, np.arange(n - 1, -1, -1))
+            i = ctx.emit(op, [rev], {"axis": ax, "keepdim": bool(ctx.attr("keepdims", 1))})
+            return ctx.emit("sub", [ctx.scalar(n - 1, DType.i64), i])
+        return ctx.emit(op, [x], {"axis": axis(ctx.attr("axis", 0), x.type.rank),
+                                  "keepdim": bool(ctx.attr("keepdims", 1))})
+
+    return conv
+
+
+onnx_converter("ArgMax")(_arg("argmax"))
+onnx_converter("ArgMin")(_arg("argmin"))
+
+
+def _softmax(op):
+    def conv(ctx):
+        x = ctx.input(0)
+        return ctx.emit(op, [x], {"axis": axis(ctx.attr("axis", -1), x.type.rank)})
+
+    return conv
+
+
+onnx_converter("Softmax")(_softmax("softmax"))
+onnx_converter("LogSoftmax")(_softmax("log_softmax"))
+
+
+@onnx_converter("Hardmax")
+def _hardmax(ctx):
+    x = ctx.input(0)
+    ax = axis(ctx.attr("axis", -1), x.type.rank)
+    i = ctx.emit("argmax", [x], {"axis": ax, "keepdim": True})
+    n = x.type.shape[ax]
+    shape = [1] * x.type.rank
+    shape[ax] = n
+    ar = ctx.b.literal(np.arange(n, dtype=np.int64).reshape(shape), f"{ctx._node_base()}.ar")
+    return ctx.emit("cast", [ctx.emit("eq", [i, ar])], {"dtype": x.type.dtype})
+
+
+@onnx_converter("CumSum")
+def _cumsum(ctx):
+    x = ctx.input(0)
+    ax = axis(int(np.asarray(ctx.const(1, "axis")).reshape(-1)[0]), x.type.rank)
+    n = x.type.shape[ax]
+    from ..convert.movement import _gather_axis
+
+    reverse = ctx.attr("reverse", 0)
+    if reverse:
+        x = _gather_axis(ctx, x, ax, np.arange(n - 1, -1, -1))
+    y = cast(ctx, ctx.emit("cumsum", [x], {"axis": ax}), x.type.dtype)
+    if ctx.attr("exclusive", 0):
+        y = ctx.emit("sub", [y, x])
+    if reverse:
+        y = _gather_axis(ctx, y, ax, np.arange(n - 1, -1, -1))
+    return y
+
+
+@onnx_converter("TopK")
+def _topk(ctx):
+    x = ctx.input(0)
+    k = int(np.asarray(ctx.const(1, "k")).reshape(-1)[0])
+    ax = axis(ctx.attr("axis", -1), x.type.rank)
+    if not ctx.attr("sorted", 1):
+        ctx.refuse("TopK with sorted=0 (its order is unspecified)")
+    return ctx.emit("topk", [x], {"k": k, "axis": ax, "largest": bool(ctx.attr("largest", 1))},
+                    n_results=2)
