@@ -295,12 +295,12 @@ class _Importer:
                                  hint="the IR has no string tensors")
         if name in self._params:
             return self._param(name, a)
-        return self.b.literal(np.ascontiguousarray(a), name)
+        return self.b.literal(_contiguous(a), name)
 
     def _param(self, name: str, a: np.ndarray) -> Value:
         from fexplore.ir import Constant
 
-        a = np.ascontiguousarray(a)
+        a = _contiguous(a)
         c = Constant(self.b._unique(name), TensorType(a.shape, DType.from_numpy(a.dtype)), a,
                      source=name)
         self.b.constants.append(c)
@@ -363,7 +363,7 @@ class _Importer:
             known = self.lookup_known(node.input[0])
             if known is None:
                 x = self.value(node.input[0])
-                self.known[node.output[0]] = fold_node(node, [_type_stub(x.type)], shape_only=True)
+                self.known[node.output[0]] = fold_node(node, [_type_stub(x.type)], shape_only=True)[0]
                 return True
         vals = []
         for n in node.input:
@@ -383,6 +383,11 @@ class _Importer:
             if o:
                 self.known[o] = v
         return True
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    # not np.ascontiguousarray: it makes a 0-d array 1-d
+    return a if a.flags.c_contiguous else np.array(a, order="C")
 
 
 class _type_stub:

@@ -57,7 +57,8 @@ def _reshape(ctx: OnnxContext):
 @onnx_converter("Flatten")
 def _flatten(ctx):
     x = ctx.input(0)
-    ax = axis(ctx.attr("axis", 1), x.type.rank + 1) if x.type.rank else 0
+    ax = ctx.attr("axis", 1)
+    ax = ax + x.type.rank if ax < 0 else ax   # axis in [-r, r]: the split point
     s = x.type.shape
     return _reshape_to(ctx, x, (product(s[:ax]), product(s[ax:])))
 
@@ -367,7 +368,8 @@ def _space_to_depth(ctx):
     bs = ctx.attr("blocksize")
     n, c, h, w = x.type.shape
     y = _reshape_to(ctx, x, (n, c, h // bs, bs, w // bs, bs))
-    y = ctx.emit("permute", [y], {"perm": (0, 3, 5, 1, 2, 4)})
+    crd = ctx.attr("mode", "DCR") == "CRD"
+    y = ctx.emit("permute", [y], {"perm": (0, 1, 3, 5, 2, 4) if crd else (0, 3, 5, 1, 2, 4)})
     return _reshape_to(ctx, y, (n, c * bs * bs, h // bs, w // bs))
 
 

@@ -28,11 +28,29 @@ def _reduce(op, pre=None, post=None):
         v = pre(ctx, x) if pre else x
         if axes is None:
             return post(ctx, v) if post else v
+        if any(x.type.shape[a] == 0 for a in axes):
+            return _empty_reduction(ctx, op, x, axes, keep, post)
         y = ctx.emit(op, [v], {"axes": axes, "keepdim": keep})
         y = post(ctx, y) if post else y
         return cast(ctx, y, x.type.dtype)  # the IR's sum widens ints; ONNX keeps the dtype
 
     return conv
+
+
+# What a reduction over nothing gives (ONNX's definition): the operation's identity.
+_EMPTY = {"sum": 0, "prod": 1, "amax": -np.inf, "amin": np.inf, "mean": np.nan}
+
+
+def _empty_reduction(ctx, op, x, axes, keep, post):
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.type.shape) if keep or i not in axes)
+    value = _EMPTY[op]
+    dt = x.type.dtype
+    if not dt.is_float and not np.isfinite(value):
+        info = np.iinfo(dt.numpy) if dt.is_int else None
+        value = (info.min if value < 0 else info.max) if info else bool(value > 0)
+    y = ctx.emit("full", [], {"shape": shape, "value": value if not isinstance(value, float) or
+                              np.isfinite(value) else float(value), "dtype": dt})
+    return post(ctx, y) if post else y
 
 
 def _square(ctx, x):
@@ -56,6 +74,8 @@ def _reduce_log_sum_exp(ctx):
     axes, keep = _axes(ctx, x)
     if axes is None:
         return x
+    if any(x.type.shape[a] == 0 for a in axes):
+        return _empty_reduction(ctx, "amax", x, axes, keep, None)
     # max + log(sum(exp(x - max))): no overflow; an all -inf slice gives -inf, as ONNX's does
     m = ctx.emit("amax", [x], {"axes": axes, "keepdim": True})
     m = ctx.emit("where", [ctx.emit("isinf", [m]), scalar_like(ctx, 0, m), m])
