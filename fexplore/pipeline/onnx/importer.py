@@ -309,7 +309,16 @@ class _Importer:
     # -- nodes -----------------------------------------------------------------------------
 
     def convert(self, name: str, output_names=None) -> Graph:
+        self.consumers: dict[str, list] = {}
         for node in self.gp.node:
+            for i in node.input:
+                self.consumers.setdefault(i, []).append(node)
+        self.graph_outputs = {o.name for o in self.gp.output}
+        self.taken_over: dict[str, Value] = {}   # outputs a converter computed ahead of their node
+        for node in self.gp.node:
+            if node.output and node.output[0] in self.taken_over:
+                self.env[node.output[0]] = self.taken_over.pop(node.output[0])
+                continue
             self._node(node)
         outs = []
         for o in (output_names or [o.name for o in self.gp.output]):

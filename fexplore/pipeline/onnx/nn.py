@@ -20,7 +20,35 @@ from .registry import OnnxContext, onnx_converter
 
 @onnx_converter("MatMul")
 def _matmul(ctx):
-    return ctx.emit("matmul", [ctx.input(0), ctx.input(1)])
+    x = ctx.input(0)
+    linear = _as_linear(ctx, x)
+    if linear is not None:
+        return linear
+    return ctx.emit("matmul", [x, ctx.input(1)])
+
+
+def _as_linear(ctx, x):
+    """``MatMul(x, W) + b`` with a constant 2-D W (in, out) and a constant bias of size out is
+    how exporters write nn.Linear; it becomes the IR's ``linear`` (weight (out, in), bias) as
+    the torch door's is, so fusion sees the same contraction. The Add node is taken over: its
+    output is this linear's."""
+    imp = ctx.importer
+    w_name, out = ctx.onnx.input[1], ctx.onnx.output[0]
+    w = imp.lookup_known(w_name)
+    users = imp.consumers.get(out, [])
+    if w is None or np.asarray(w).ndim != 2 or w.dtype == object or x.type.rank < 2 or \
+            not w.dtype.kind == "f":
+        return None
+    wt = ctx.emit("permute", [ctx.input(1)], {"perm": (1, 0)})
+    add = users[0] if len(users) == 1 and out not in imp.graph_outputs else None
+    if add is not None and add.op_type == "Add":
+        other = add.input[1] if add.input[0] == out else add.input[0]
+        b = imp.lookup_known(other)
+        if b is not None and b.dtype == w.dtype and b.shape == (w.shape[1],):
+            y = ctx.emit("linear", [x, wt, imp.value(other, ctx)])
+            imp.taken_over[add.output[0]] = y
+            return y
+    return ctx.emit("linear", [x, wt])
 
 
 @onnx_converter("Gemm")
