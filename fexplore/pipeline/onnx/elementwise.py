@@ -67,10 +67,8 @@ def _div(ctx):
 @onnx_converter("Mod")
 def _mod(ctx):
     a, b = ctx.input(0), ctx.input(1)
-    if ctx.attr("fmod", 0) or a.type.dtype.is_float:
-        if not ctx.attr("fmod", 0):
-            ctx.refuse("fmod=0 on floats is not defined by ONNX")
-        return ctx.emit("fmod", [a, b])
+    if ctx.attr("fmod", 0):
+        return ctx.emit("fmod", [a, b])   # the dividend's sign, as C's fmod
     return ctx.emit("remainder", [a, b])  # the divisor's sign, as Python's %
 
 

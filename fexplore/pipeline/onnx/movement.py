@@ -265,7 +265,9 @@ def _tile(ctx):
 def _pad(ctx):
     x = ctx.input(0)
     pads = ctx.const_ints(1, "pads")
-    value = ctx.const(2, "constant_value")
+    runtime_value = ctx.has_input(2) and ctx.importer.lookup_known(ctx.onnx.input[2]) is None \
+        and ctx.onnx.input[2] not in ctx.importer.input_pos
+    value = None if runtime_value else ctx.const(2, "constant_value")
     axes = ctx.const_ints(3, "axes")
     mode = ctx.attr("mode", "constant")
     r = x.type.rank
@@ -280,8 +282,14 @@ def _pad(ctx):
     x, torch_pads = _crop_negative_pads(ctx, x, torch_pads)
     if not any(torch_pads):
         return x
+    if runtime_value:  # a fill computed at run time: pad, then put it where the pad went
+        inside = ctx.emit("full", [], {"shape": x.type.shape, "value": True, "dtype": DType.bool})
+        inside = ctx.emit("pad", [inside], {"pads": torch_pads, "value": 0})
+        fill = _reshape_to(ctx, ctx.input(2), ())
+        return ctx.emit("where", [inside, ctx.emit("pad", [x], {"pads": torch_pads, "value": 0}),
+                                  fill])
     v = 0 if value is None or np.asarray(value).size == 0 else np.asarray(value).reshape(-1)[0].item()
-    return ctx.emit("pad", [x], {"pads": torch_pads, "value": v})
+    v = int(v) if isinstance(v, bool) else v   # the pad op's value is a number    return ctx.emit("pad", [x], {"pads": torch_pads, "value": v})
 
 
 def _pad_by_gather(ctx, x, before, after, mode):
