@@ -183,6 +183,25 @@ def _avg_pool(ctx):
     return _reshape_to(ctx, y, y.type.shape[:2] + y.type.shape[3:]) if one_d else y
 
 
+@onnx_converter("LpPool")
+def _lp_pool(ctx):
+    """(sum of |x|^p over each window)^(1/p): an average pool counting the padding, times the
+    window's size."""
+    x, one_d = _as_2d(ctx, ctx.input(0))
+    kernel, strides, dilations, pads = _pool_params(ctx, x, one_d)
+    if any(d != 1 for d in dilations):
+        ctx.refuse("LpPool with dilations")
+    p = float(ctx.attr("p", 2))
+    x = ctx.emit("pow", [ctx.emit("abs", [x]), scalar_like(ctx, p, x)])
+    x, sym = _explicit_pad(ctx, x, pads)
+    y = ctx.emit("avg_pool2d", [x], {"kernel": kernel, "stride": strides, "padding": sym,
+                                     "ceil_mode": bool(ctx.attr("ceil_mode", 0)),
+                                     "count_include_pad": True})
+    y = ctx.emit("mul", [y, scalar_like(ctx, float(kernel[0] * kernel[1]), y)])
+    y = ctx.emit("pow", [y, scalar_like(ctx, 1.0 / p, y)])
+    return _reshape_to(ctx, y, y.type.shape[:2] + y.type.shape[3:]) if one_d else y
+
+
 def _global(op):
     def conv(ctx):
         x = ctx.input(0)
@@ -193,6 +212,15 @@ def _global(op):
 
 onnx_converter("GlobalAveragePool")(_global("mean"))
 onnx_converter("GlobalMaxPool")(_global("amax"))
+
+
+@onnx_converter("GlobalLpPool")
+def _global_lp_pool(ctx):
+    x = ctx.input(0)
+    p = float(ctx.attr("p", 2))
+    s = ctx.emit("sum", [ctx.emit("pow", [ctx.emit("abs", [x]), scalar_like(ctx, p, x)])],
+                 {"axes": tuple(range(2, x.type.rank)), "keepdim": True})
+    return ctx.emit("pow", [s, scalar_like(ctx, 1.0 / p, s)])
 
 
 @onnx_converter("BatchNormalization")

@@ -133,22 +133,40 @@ def _hardmax(ctx):
     return ctx.emit("cast", [ctx.emit("eq", [i, ar])], {"dtype": x.type.dtype})
 
 
-@onnx_converter("CumSum")
-def _cumsum(ctx):
-    x = ctx.input(0)
-    ax = axis(int(np.asarray(ctx.const(1, "axis")).reshape(-1)[0]), x.type.rank)
-    n = x.type.shape[ax]
-    from ..convert.movement import _gather_axis
+def _scan(op):
+    """CumSum/CumProd with ONNX's exclusive (each element leaves itself out: the input shifted
+    by one, the operation's identity first) and reverse (from the end)."""
 
-    reverse = ctx.attr("reverse", 0)
-    if reverse:
-        x = _gather_axis(ctx, x, ax, np.arange(n - 1, -1, -1))
-    y = cast(ctx, ctx.emit("cumsum", [x], {"axis": ax}), x.type.dtype)
-    if ctx.attr("exclusive", 0):
-        y = ctx.emit("sub", [y, x])
-    if reverse:
-        y = _gather_axis(ctx, y, ax, np.arange(n - 1, -1, -1))
-    return y
+    def conv(ctx):
+        x = ctx.input(0)
+        ax = axis(int(np.asarray(ctx.const(1, "axis")).reshape(-1)[0]), x.type.rank)
+        n = x.type.shape[ax]
+        if not isinstance(n, int):
+            raise NotImplementedError(f"{ctx.onnx.op_type} along a symbolic dim")
+        from ..convert.movement import _gather_axis
+
+        reverse = ctx.attr("reverse", 0)
+        if reverse:
+            x = _gather_axis(ctx, x, ax, np.arange(n - 1, -1, -1))
+        src = x
+        if ctx.attr("exclusive", 0) and n:
+            first = list(x.type.shape)
+            first[ax] = 1
+            ident = ctx.emit("full", [], {"shape": tuple(first), "value": 0 if op == "cumsum" else 1,
+                                          "dtype": x.type.dtype})
+            parts = [ident] + ([ctx.emit("slice", [x], {"axis": ax, "start": 0, "end": n - 1})]
+                               if n > 1 else [])
+            src = parts[0] if len(parts) == 1 else ctx.emit("concat", parts, {"axis": ax})
+        y = cast(ctx, ctx.emit(op, [src], {"axis": ax}), x.type.dtype)
+        if reverse:
+            y = _gather_axis(ctx, y, ax, np.arange(n - 1, -1, -1))
+        return y
+
+    return conv
+
+
+onnx_converter("CumSum")(_scan("cumsum"))
+onnx_converter("CumProd", since=26)(_scan("cumprod"))
 
 
 @onnx_converter("TopK")
