@@ -186,6 +186,7 @@ class _Importer:
         self.frozen: dict[int, np.ndarray] = {}
         self.symbols: dict[str, tuple] = {}
         self.captured: list[str] = []   # a branch: outer values it reads, in order
+        self.producers: dict[str, Any] = {}  # ONNX value name -> the node computing it
         self.domain_opsets: dict[str, int] = dict(parent.domain_opsets) if parent else {}
         from onnx import numpy_helper
 
@@ -278,14 +279,58 @@ class _Importer:
         if k is not None:
             return k
         if name in self.input_pos:  # a shape-like operand given as a graph input
-            a = self.examples[name]
-            self.frozen[self.input_pos[name]] = a
-            self.known[name] = a
-            return a
+            return self._freeze(name)
+        k = self._evaluate_cone(name, depth=0)
+        if k is not None:
+            return k
         ctx.refuse(f"its {what} ({name!r}) is computed at run time; fexplore needs it known "
                    "when compiling (a constant, an initializer, a shape, or a graph input "
                    "frozen to its example value)",
                    hint="make the operand a constant (an initializer) in the exported model")
+
+    def _freeze(self, name: str) -> np.ndarray:
+        a = self.examples[name]
+        self.frozen[self.input_pos[name]] = a
+        self.known[name] = a
+        return a
+
+    def _evaluate_cone(self, name: str, depth: int):
+        """A shape-like operand computed by nodes: evaluate the nodes that compute it, from
+        known values, the types Shape reads and graph inputs (frozen, as shape-like operands
+        themselves). None when the cone holds anything else (a big tensor, control flow)."""
+        from .folding import fold_node
+
+        node = self.producers.get(name)
+        if node is None or depth > 64 or node.op_type in _NEVER_FOLD or \
+                any(a.type in (5, 10) for a in node.attribute):
+            return None
+        if node.op_type in ("Shape", "Size") and node.input[0] in self.env:
+            vals = [_type_stub(self.env[node.input[0]].type)]
+        else:
+            vals = []
+            for n in node.input:
+                if not n:
+                    vals.append(None)
+                    continue
+                k = self.lookup_known(n)
+                if k is None and n in self.input_pos:
+                    if self.examples[n].size > _FOLD_LIMIT:
+                        return None
+                    k = self._freeze(n)
+                elif k is None:
+                    k = self._evaluate_cone(n, depth + 1)
+                if k is None:
+                    return None
+                vals.append(k)
+            if sum(np.asarray(v).size for v in vals if v is not None) > _FOLD_LIMIT:
+                return None
+        outs = fold_node(node, vals, opset=self.opset)
+        if outs is None:
+            return None
+        for o, v in zip(node.output, outs):
+            if o:
+                self.known[o] = v
+        return self.known.get(name)
 
     def _materialize(self, name: str, a: np.ndarray, ctx) -> Value:
         if a.dtype == object:  # symbolic sizes: built from the dims, as ints
@@ -328,6 +373,8 @@ class _Importer:
         return Graph(name, list(self.inputs), constants, self.b.nodes, outs, dict(self.symbols))
 
     def _node(self, node) -> None:
+        for o in node.output:
+            self.producers[o] = node
         loc = SourceLoc(None, None, f"{node.name or node.output[0]} ({node.op_type})")
         opset = self.opset if node.domain in ("", "ai.onnx") else self.domain_opsets.get(node.domain, 1)
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
@@ -337,6 +384,8 @@ class _Importer:
             return
         fn = lookup(node.domain, node.op_type, opset)
         if fn is None:
+            if self._expand(node, opset):
+                return
             raise _unsupported(node, opset, loc)
         ctx = OnnxContext(self.b, node, self, opset, loc)
         try:
@@ -353,12 +402,58 @@ class _Importer:
                 continue
             if isinstance(r, np.ndarray):
                 self.known[out] = r
-            elif r is not None:
+            elif isinstance(r, Value):
                 self.env[out] = r
+            else:
+                raise IngestionError(f"the converter of {node.op_type} gave {r!r} for output "
+                                     f"{out!r}", loc=loc, hint="this is a bug in the converter")
         missing = [o for o in node.output[len(results):] if o]
         if missing:
             raise OnnxConversionError(f"{node.op_type} node {node.name!r}: outputs "
                                       f"{missing} are not supported", loc=loc)
+
+    def _expand(self, node, opset: int) -> bool:
+        """Convert the op's ONNX function body in its place, when the schema has one."""
+        from .functions import function_body
+
+        types = [self._type_proto(n) for n in node.input]
+        if any(t is None for t in types):
+            return False
+        got = function_body(node, opset, types)
+        if got is None:
+            return False
+        body, opsets = got
+        saved = self.opset, dict(self.domain_opsets)
+        self.opset = opsets.get("", self.opset)
+        self.domain_opsets.update(opsets)
+        try:
+            for inner in body:
+                self._node(inner)
+        finally:
+            self.opset, self.domain_opsets = saved[0], saved[1]
+        return True
+
+    def _type_proto(self, name: str):
+        from onnx import helper
+
+        if not name:
+            return helper.make_tensor_type_proto(0, None)
+        k = self.lookup_known(name)
+        if k is not None:
+            if k.dtype == object:
+                return helper.make_tensor_type_proto(7, k.shape)  # INT64 sizes
+            try:
+                return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(k.dtype), k.shape)
+            except Exception:
+                return None
+        try:
+            v = self.value(name)
+        except FexploreError:
+            return None
+        from .importer import ir_to_onnx_dtype
+
+        shape = [d if isinstance(d, int) else str(d) for d in v.type.shape]
+        return helper.make_tensor_type_proto(ir_to_onnx_dtype(v.type.dtype), shape)
 
     def _fold(self, node, loc) -> bool:
         """Compute the node at import time when every input is known (shape arithmetic)."""

@@ -289,7 +289,8 @@ def _pad(ctx):
         return ctx.emit("where", [inside, ctx.emit("pad", [x], {"pads": torch_pads, "value": 0}),
                                   fill])
     v = 0 if value is None or np.asarray(value).size == 0 else np.asarray(value).reshape(-1)[0].item()
-    v = int(v) if isinstance(v, bool) else v   # the pad op's value is a number    return ctx.emit("pad", [x], {"pads": torch_pads, "value": v})
+    v = int(v) if isinstance(v, bool) else v   # the pad op's value is a number
+    return ctx.emit("pad", [x], {"pads": torch_pads, "value": v})
 
 
 def _pad_by_gather(ctx, x, before, after, mode):
