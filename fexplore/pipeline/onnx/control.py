@@ -21,13 +21,9 @@ def _if(ctx: OnnxContext):
     imp = ctx.importer
     known = imp.lookup_known(ctx.onnx.input[0])
     then_gp, else_gp = ctx.attr("then_branch"), ctx.attr("else_branch")
-    if known is not None:  # decided at compile time: the taken branch, inlined
+    if known is not None:  # decided at compile time: the taken branch, in this scope
         branch = then_gp if bool(np.asarray(known).reshape(-1)[0]) else else_gp
-        sub = _Importer(branch, imp.opset, imp.b.symbols, parent=imp)
-        g = sub.convert("branch")
-        outer = [imp.value(n, ctx) for n in sub.captured]
-        outs = _inline(ctx, g, outer)
-        return tuple(outs)
+        return _inline_branch(ctx, imp, branch)
     pred = ctx.input(0)
     if pred.type.rank:
         pred = ctx.emit("reshape", [pred], {"shape": ()})
@@ -42,21 +38,19 @@ def _if(ctx: OnnxContext):
     return outs if isinstance(outs, tuple) else (outs,)
 
 
-def _inline(ctx, g, outer):
-    """The branch's nodes, re-emitted into the enclosing graph (its constants and nodes move
-    over; its inputs are the outer values)."""
-    env = {v.name: o for v, o in zip(g.inputs, outer)}
-    b = ctx.b
-    for c in g.constants:
-        env[c.name] = b.literal(c.payload, c.name) if c.source is None else c
-        if c.source is not None:
-            b.constants.append(c)
-    from fexplore.ir import Node
+def _inline_branch(ctx, imp, branch):
+    """The branch's nodes converted in the enclosing scope (they read its values by name, and
+    what is known there stays known: a shape computed in a branch still folds); each output of
+    the If is the branch's output, through an Identity the import-time evaluation can follow."""
+    from onnx import helper, numpy_helper
 
-    for n in g.nodes:
-        ins = [env.get(v.name, v) for v in n.inputs]
-        outs = [Value(b._unique(v.name), v.type) for v in n.outputs]
-        for v, o in zip(n.outputs, outs):
-            env[v.name] = o
-        b.nodes.append(Node(n.op, ins, n.attrs, outs, n.loc, n.regions))
-    return [env.get(v.name, v) for v in g.outputs]
+    for init in branch.initializer:
+        imp.known[init.name] = numpy_helper.to_array(init)
+    for node in branch.node:
+        imp._node(node)
+    outs = []
+    for src, dst in zip((o.name for o in branch.output), ctx.onnx.output):
+        imp.producers[dst] = helper.make_node("Identity", [src], [dst])
+        k = imp.lookup_known(src)
+        outs.append(np.asarray(k) if k is not None else imp.value(src, ctx))
+    return tuple(outs)

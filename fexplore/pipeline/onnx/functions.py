@@ -51,6 +51,23 @@ def function_body(node, opset: int, input_types) -> tuple[list, dict] | None:
     def rename(n: str) -> str:
         return names.get(n, prefix + n if n else "")
 
+    def rename_graph(g) -> None:
+        # a branch's names are renamed the same way: its own values consistently, and the
+        # function's values it reads from outside as they are outside
+        for vi in list(g.input) + list(g.output):
+            vi.name = rename(vi.name)
+        for init in g.initializer:
+            init.name = rename(init.name)
+        for n in g.node:
+            n.input[:] = [rename(x) for x in n.input]
+            n.output[:] = [rename(x) for x in n.output]
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    rename_graph(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sg in a.graphs:
+                        rename_graph(sg)
+
     body = []
     for inner in fn.node:
         copy = onnx.NodeProto()
@@ -71,6 +88,11 @@ def function_body(node, opset: int, input_types) -> tuple[list, dict] | None:
                 b.name = a.name
                 kept.append(b)
             else:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    rename_graph(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sg in a.graphs:
+                        rename_graph(sg)
                 kept.append(a)
         del copy.attribute[:]
         copy.attribute.extend(kept)

@@ -402,6 +402,7 @@ class _Importer:
                 continue
             if isinstance(r, np.ndarray):
                 self.known[out] = r
+                self.env.pop(out, None)
             elif isinstance(r, Value):
                 self.env[out] = r
             else:
