@@ -334,43 +334,31 @@ def _dropout(ctx):
 
 
 # -- Resize -----------------------------------------------------------------------------------
-
-def _source_coords(mode, out_n, in_n, scale):
-    x = np.arange(out_n, dtype=np.float64)
-    if mode == "half_pixel":
-        return (x + 0.5) / scale - 0.5
-    if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if out_n > 1 else np.zeros(out_n)
-    if mode == "align_corners":
-        return x * (in_n - 1) / (out_n - 1) if out_n > 1 else np.zeros(out_n)
-    if mode == "asymmetric":
-        return x / scale
-    raise ValueError(f"coordinate_transformation_mode {mode!r}")
+#
+# Resize is separable and, along each axis, linear in its input (for the nearest, linear and
+# cubic modes, antialiased or not): output line = M @ input line. M is taken from onnx's own
+# reference Resize, run on inputs that are one-hot along the axis and constant along the others,
+# so every coordinate mode, rounding rule, cubic coefficient, exclude_outside, antialias filter
+# and keep_aspect_ratio policy means exactly what ONNX says. Nearest becomes a gather; the
+# others a matmul with M. tf_crop_and_resize's extrapolated positions get their value last.
 
 
-def _nearest(src, rule, in_n):
-    if rule == "round_prefer_floor":
-        i = np.ceil(src - 0.5)
-    elif rule == "round_prefer_ceil":
-        i = np.floor(src + 0.5)
-    elif rule == "floor":
-        i = np.floor(src)
-    elif rule == "ceil":
-        i = np.ceil(src)
-    else:
-        raise ValueError(f"nearest_mode {rule!r}")
-    return np.clip(i, 0, in_n - 1).astype(np.int64)
+def _reference_resize(node, x, roi, scales, sizes, opset):
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
 
-
-def _linear_matrix(src, in_n):
-    src = np.clip(src, 0, in_n - 1)
-    lo = np.floor(src).astype(np.int64)
-    hi = np.minimum(lo + 1, in_n - 1)
-    w = src - lo
-    m = np.zeros((len(src), in_n))
-    m[np.arange(len(src)), lo] += 1 - w
-    m[np.arange(len(src)), hi] += w
-    return m
+    names = ["x", "roi" if roi is not None else "", "scales" if scales is not None else "",
+             "sizes" if sizes is not None else ""]
+    while names and not names[-1]:
+        names.pop()
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs["extrapolation_value"] = float("nan")   # marks the positions extrapolated
+    n = helper.make_node("Resize", names, ["y"], **attrs)
+    feeds = {"x": x}
+    for k, v in (("roi", roi), ("scales", scales), ("sizes", sizes)):
+        if v is not None:
+            feeds[k] = v
+    return ReferenceEvaluator(n, opsets={"": opset}).run(None, feeds)[0]
 
 
 @onnx_converter("Resize")
@@ -378,48 +366,50 @@ def _resize(ctx):
     from ..convert.movement import _gather_axis
 
     x = ctx.input(0)
-    if ctx.has_input(1) and np.asarray(ctx.const(1, "roi")).size:
-        coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
-        if coord == "tf_crop_and_resize":
-            ctx.refuse("Resize with tf_crop_and_resize")
-    scales = ctx.const(2, "scales")
-    sizes = ctx.const_ints(3, "sizes")
-    if ctx.attr("antialias", 0):
-        ctx.refuse("Resize with antialias")
-    if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-        ctx.refuse("Resize with a keep_aspect_ratio_policy")
-    r = x.type.rank
-    axes = [axis(a, r) for a in (ctx.attr("axes") or range(r))]
+    roi, scales, sizes = (ctx.const(i, what) for i, what in ((1, "roi"), (2, "scales"), (3, "sizes")))
+    roi, scales, sizes = ((None if v is None or np.asarray(v).size == 0 else np.asarray(v))
+                          for v in (roi, scales, sizes))
+    shape = x.type.shape
+    if not all(isinstance(d, int) for d in shape):
+        raise NotImplementedError("Resize of a tensor with symbolic dims")
     mode = ctx.attr("mode", "nearest")
-    coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
-    if mode not in ("nearest", "linear"):
+    if mode not in ("nearest", "linear", "cubic"):
         ctx.refuse(f"Resize mode {mode!r}")
-    for i, a in enumerate(axes):
-        in_n = x.type.shape[a]
-        if not isinstance(in_n, int):
-            raise NotImplementedError("Resize of a symbolic dim")
-        if sizes is not None and len(sizes):
-            out_n = int(sizes[i])
-            scale = out_n / in_n
-        else:
-            scale = float(np.asarray(scales).reshape(-1)[i])
-            out_n = int(math.floor(in_n * scale))
-        if out_n == in_n and scale == 1.0:
+    work = np.float64 if mode != "nearest" else np.float32
+    ones = _reference_resize(ctx.onnx, np.ones(shape, work), roi, scales, sizes, ctx.opset)
+    out_shape = ones.shape
+    extrapolated = np.isnan(ones)
+    y = x
+    for a in range(len(shape)):
+        n_in, n_out = shape[a], out_shape[a]
+        m = np.zeros((n_out, n_in))
+        for i in range(n_in):
+            basis = np.zeros(shape, work)
+            idx = [slice(None)] * len(shape)
+            idx[a] = i
+            basis[tuple(idx)] = 1
+            line = _reference_resize(ctx.onnx, basis, roi, scales, sizes, ctx.opset)
+            pick = [0] * len(shape)
+            pick[a] = slice(None)
+            m[:, i] = np.nan_to_num(line[tuple(pick)], nan=0.0)
+        if n_in == n_out and np.allclose(m, np.eye(n_in)):
             continue
-        src = _source_coords(coord, out_n, in_n, scale)
         if mode == "nearest":
-            x = _gather_axis(ctx, x, a, _nearest(src, ctx.attr("nearest_mode", "round_prefer_floor"),
-                                                 in_n))
+            if not np.all((m == 0) | (m == 1)) or not np.all(m.sum(1) <= 1):
+                ctx.refuse("a nearest Resize that mixes inputs")
+            y = _gather_axis(ctx, y, a, m.argmax(1))
             continue
-        if not x.type.dtype.is_float:
-            ctx.refuse("linear Resize of an integer tensor")
-        m = _linear_matrix(src, in_n).T.astype(x.type.dtype.numpy)   # (in, out)
-        mt = ctx.b.literal(m, f"{ctx._node_base()}.interp{a}")
+        if not y.type.dtype.is_float:
+            ctx.refuse(f"{mode} Resize of an integer tensor")
+        mt = ctx.b.literal(m.T.astype(y.type.dtype.numpy), f"{ctx._node_base()}.interp{a}")
+        r = y.type.rank
         perm = tuple(j for j in range(r) if j != a) + (a,)
-        y = ctx.emit("permute", [x], {"perm": perm}) if a != r - 1 else x
-        y = ctx.emit("matmul", [y, mt])
+        z = ctx.emit("permute", [y], {"perm": perm}) if a != r - 1 else y
+        z = ctx.emit("matmul", [z, mt])
         if a != r - 1:
-            inv = tuple(int(np.argsort(perm)[j]) for j in range(r))
-            y = ctx.emit("permute", [y], {"perm": inv})
-        x = y
-    return x
+            z = ctx.emit("permute", [z], {"perm": tuple(int(p) for p in np.argsort(perm))})
+        y = z
+    if extrapolated.any():
+        mask = ctx.b.literal(extrapolated, f"{ctx._node_base()}.outside")
+        y = ctx.emit("where", [mask, scalar_like(ctx, ctx.attr("extrapolation_value", 0.0), y), y])
+    return y
