@@ -5,7 +5,8 @@ registered by ``(domain, op type, opset range)`` with ``onnx_converter``. Import
 package fills the registry.
 """
 
-from . import attention, control, elementwise, loss, movement, nn, recurrent, reduction  # noqa: F401  (fill the registry)
+from . import (attention, control, einsum, elementwise, loss, movement, nn, recurrent,  # noqa: F401
+               reduction)  # noqa: F401  (fill the registry)
 from .importer import (OnnxIngested, OnnxModelError, check_frozen, graph_inputs, ingest_onnx,
                        is_onnx_model, load_model)
 from .registry import (ONNX_CONVERTERS, OnnxContext, OnnxConversionError, lookup,
