@@ -115,15 +115,40 @@ def _conv_transpose_onnx(ctx):
     k = w.type.rank - 2
     strides = tuple(ctx.attr("strides") or (1,) * k)
     dilations = tuple(ctx.attr("dilations") or (1,) * k)
-    out_pad = tuple(ctx.attr("output_padding") or (0,) * k)
-    if ctx.has_attr("output_shape") or ctx.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        ctx.refuse("ConvTranspose with output_shape or SAME auto_pad",
-                   hint="export with explicit pads")
-    pads = ctx.attr("pads") or (0,) * (2 * k)
-    if tuple(pads[:k]) != tuple(pads[k:]):
-        ctx.refuse("ConvTranspose with asymmetric pads")
-    return _conv_transpose(ctx, x, w, b, strides, tuple(pads[:k]), dilations, out_pad,
-                           ctx.attr("group", 1))
+    out_pad = list(ctx.attr("output_padding") or (0,) * k)
+    kernel = tuple(ctx.attr("kernel_shape") or w.type.shape[2:])
+    spatial = x.type.shape[2:]
+    auto = ctx.attr("auto_pad", "NOTSET")
+    full = [s * (n - 1) + op + (kk - 1) * d + 1
+            for s, n, op, kk, d in zip(strides, spatial, out_pad, kernel, dilations)]
+    if ctx.has_attr("output_shape") or auto in ("SAME_UPPER", "SAME_LOWER"):
+        # ONNX's rule: the padding that gives the asked-for (or stride * input) size,
+        # split evenly, the odd one at the end (SAME_LOWER: at the start)
+        want = list(ctx.attr("output_shape") or [s * n for s, n in zip(strides, spatial)])[-k:]
+        total = [f - o for f, o in zip(full, want)]
+        lower = auto == "SAME_LOWER"
+        begin = [t - t // 2 if lower else t // 2 for t in total]
+        pads = begin + [t - bg for t, bg in zip(total, begin)]
+    else:
+        pads = list(ctx.attr("pads") or (0,) * (2 * k))
+    if pads[:k] == pads[k:] and min(pads) >= 0:   # symmetric: the torch door's own path
+        return _conv_transpose(ctx, x, w, b, strides, tuple(pads[:k]), dilations,
+                               tuple(out_pad), ctx.attr("group", 1))
+    # the transposed convolution without padding, then ONNX's pads cropped off each side
+    # (a negative total means output_shape asks for more: zeros added at the end)
+    extra = [max(-(pads[i] + pads[k + i]), 0) for i in range(k)]
+    y = _conv_transpose(ctx, x, w, b, strides, (0,) * k, dilations, tuple(out_pad),
+                        ctx.attr("group", 1))
+    for i in range(k):
+        ax = 2 + i
+        size = y.type.shape[ax]
+        start, end = max(pads[i], 0), size - max(pads[k + i], 0)
+        if start or end != size:
+            y = ctx.emit("slice", [y], {"axis": ax, "start": start, "end": end})
+        if extra[i]:
+            y = ctx.emit("pad", [y], {"pads": (0, 0) * (y.type.rank - 1 - ax) + (0, extra[i]),
+                                      "value": 0.0})
+    return y
 
 
 def _as_2d(ctx, x):
