@@ -231,7 +231,7 @@ def _scatter_nd(ctx):
     x, idx, upd = ctx.input(0), ctx.input(1), ctx.input(2)
     reduction = ctx.attr("reduction", "none")
     if reduction not in ("none", "add"):
-        ctx.refuse(f"ScatterND with reduction={reduction!r}")
+        return _scatter_nd_reduce(ctx, x, idx, upd, _REDUCE[reduction])
     k = idx.type.shape[-1]
     parts = ctx.emit("split", [idx], {"axis": idx.type.rank - 1, "sizes": (1,) * k},
                      n_results=k) if k > 1 else (idx,)
@@ -239,6 +239,46 @@ def _scatter_nd(ctx):
             for i, p in enumerate(parts)]
     return ctx.emit("index_put", [x, upd, *cols], {"axes": tuple(range(k)),
                                                    "accumulate": reduction == "add"})
+
+
+def _scatter_nd_reduce(ctx, x, idx, upd, reduce):
+    """ScatterND with mul/max/min: the indexed leading dims flattened into one, each index
+    tuple into one linear index, and a scatter along that axis with the reduction."""
+    k = idx.type.shape[-1]
+    lead, rest = x.type.shape[:k], x.type.shape[k:]
+    if not all(isinstance(d, int) for d in lead):
+        raise NotImplementedError("ScatterND over symbolic dims")
+    strides = np.cumprod((1,) + lead[::-1][:-1])[::-1].astype(np.int64)
+    lin = ctx.emit("sum", [ctx.emit("mul", [cast_int(ctx, idx),
+                                            ctx.b.literal(strides, f"{ctx._node_base()}.strides")])],
+                   {"axes": (idx.type.rank - 1,), "keepdim": False})
+    m = product(lin.type.shape)
+    flat = _reshape_to(ctx, x, (product(lead),) + rest)
+    lin = _reshape_to(ctx, lin, (m,) + (1,) * len(rest))
+    lin = ctx.emit("expand", [lin], {"shape": (m,) + rest}) if rest else lin
+    upd = _reshape_to(ctx, upd, (m,) + rest)
+    y = ctx.emit("scatter", [flat, lin, upd], {"axis": 0, "reduce": reduce, "include_self": True})
+    return _reshape_to(ctx, y, x.type.shape)
+
+
+@onnx_converter("ReverseSequence")
+def _reverse_sequence(ctx):
+    """Each batch row's first lens[b] steps reversed: a gather along the time axis with
+    indices built from the lengths (known when compiling)."""
+    x = ctx.input(0)
+    lens = np.asarray(ctx.const(1, "sequence_lens")).astype(np.int64)
+    t_ax, b_ax = ctx.attr("time_axis", 0), ctx.attr("batch_axis", 1)
+    t_n, b_n = x.type.shape[t_ax], x.type.shape[b_ax]
+    idx = np.tile(np.arange(t_n).reshape(t_n, 1), (1, b_n))
+    for b, n in enumerate(lens):
+        idx[:n, b] = np.arange(n - 1, -1, -1)
+    if t_ax > b_ax:
+        idx = idx.T
+    shape = [1] * x.type.rank
+    shape[t_ax], shape[b_ax] = t_n, b_n
+    idx = np.broadcast_to(idx.reshape(shape), x.type.shape)
+    return ctx.emit("gather", [x, ctx.b.literal(np.ascontiguousarray(idx), f"{ctx._node_base()}.rev")],
+                    {"axis": t_ax})
 
 
 @onnx_converter("Expand")

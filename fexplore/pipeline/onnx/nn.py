@@ -176,17 +176,53 @@ def _pool_params(ctx, x, one_d):
 @onnx_converter("MaxPool")
 def _max_pool(ctx):
     x, one_d = _as_2d(ctx, ctx.input(0))
-    if len(ctx.onnx.output) > 1 and ctx.onnx.output[1]:
-        ctx.refuse("MaxPool's Indices output")
-    if ctx.attr("storage_order", 0):
-        ctx.refuse("MaxPool with storage_order=1")
     kernel, strides, dilations, pads = _pool_params(ctx, x, one_d)
+    if len(ctx.onnx.output) > 1 and ctx.onnx.output[1]:
+        return _max_pool_indices(ctx, x, one_d, kernel, strides, dilations, pads)
     x, sym = _explicit_pad(ctx, x, pads, value=float("-inf") if x.type.dtype.is_float else
                            int(np.iinfo(x.type.dtype.numpy).min))
     y = ctx.emit("max_pool2d", [x], {"kernel": kernel, "stride": strides, "padding": sym,
                                      "ceil_mode": bool(ctx.attr("ceil_mode", 0)),
                                      "dilation": dilations})
     return _reshape_to(ctx, y, y.type.shape[:2] + y.type.shape[3:]) if one_d else y
+
+
+def _max_pool_indices(ctx, x, one_d, kernel, strides, dilations, pads):
+    """MaxPool's Indices: each maximum's index into the whole tensor, flattened (row-major,
+    or column-major within a plane for storage_order=1), from the IR's per-plane index."""
+    if one_d or any(b != e for b, e in pads):
+        ctx.refuse("MaxPool's Indices with one spatial axis or asymmetric pads")
+    y, idx = ctx.emit("max_pool2d_with_indices", [x], {
+        "kernel": kernel, "stride": strides, "padding": tuple(b for b, _ in pads),
+        "ceil_mode": bool(ctx.attr("ceil_mode", 0)), "dilation": dilations}, n_results=2)
+    n, c, h, w = x.type.shape
+    if ctx.attr("storage_order", 0):
+        row = ctx.emit("div", [idx, ctx.scalar(w, DType.i64)], {"rounding": "floor"})
+        col = ctx.emit("remainder", [idx, ctx.scalar(w, DType.i64)])
+        idx = ctx.emit("add", [ctx.emit("mul", [col, ctx.scalar(h, DType.i64)]), row])
+    plane = np.arange(n * c, dtype=np.int64).reshape(n, c, 1, 1) * (h * w)
+    idx = ctx.emit("add", [idx, ctx.b.literal(plane, f"{ctx._node_base()}.plane")])
+    return (y, idx)
+
+
+@onnx_converter("LRN")
+def _lrn(ctx):
+    """x / (bias + alpha/size * sum of squares over a window of channels)^beta."""
+    x = ctx.input(0)
+    size = ctx.attr("size")
+    alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
+    c = x.type.shape[1]
+    sq = ctx.emit("mul", [x, x])
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    padded = ctx.emit("pad", [sq], {"pads": (0, 0) * (x.type.rank - 2) + (before, after),
+                                    "value": 0.0})
+    total = None
+    for i in range(size):
+        part = ctx.emit("slice", [padded], {"axis": 1, "start": i, "end": i + c})
+        total = part if total is None else ctx.emit("add", [total, part])
+    den = ctx.emit("add", [ctx.emit("mul", [total, scalar_like(ctx, alpha / size, x)]),
+                           scalar_like(ctx, bias, x)])
+    return ctx.emit("div", [x, ctx.emit("pow", [den, scalar_like(ctx, beta, x)])])
 
 
 @onnx_converter("AveragePool")
