@@ -151,6 +151,66 @@ def _conv_transpose_onnx(ctx):
     return y
 
 
+def _pool_by_taps(ctx, x, kind, p=2.0):
+    """A pool over any number of spatial axes, any dilation and padding, as the sum or
+    maximum of the kernel's taps (one strided slice of the padded input per kernel position);
+    an average divides by each window's count of positions, computed here (ONNX counts the
+    explicit padding when count_include_pad, never the ceil_mode overhang)."""
+    import itertools
+
+    r = x.type.rank
+    k = r - 2
+    spatial = x.type.shape[2:]
+    if not all(isinstance(d, int) for d in spatial):
+        raise NotImplementedError("pooling over symbolic spatial dims")
+    kernel = tuple(ctx.attr("kernel_shape"))
+    strides = tuple(ctx.attr("strides") or (1,) * k)
+    dil = tuple(ctx.attr("dilations") or (1,) * k)
+    pads = _spatial_pads(ctx, x.type.shape, kernel, strides, dil)
+    ceil = bool(ctx.attr("ceil_mode", 0))
+    outs, extra = [], []
+    for n, kk, st, d, (pb, pe) in zip(spatial, kernel, strides, dil, pads):
+        span = (kk - 1) * d + 1
+        num = n + pb + pe - span
+        o = (-(-num // st) if ceil else num // st) + 1
+        if ceil and (o - 1) * st >= n + pb:   # a last window starting in the end padding
+            o -= 1
+        outs.append(o)
+        extra.append(max((o - 1) * st + span - (n + pb + pe), 0))
+    if kind == "max":
+        fill = float("-inf") if x.type.dtype.is_float else int(np.iinfo(x.type.dtype.numpy).min)
+    else:
+        fill = 0.0
+    src = x
+    if kind == "lp":
+        src = ctx.emit("pow", [ctx.emit("abs", [x]), scalar_like(ctx, p, x)])
+    torch_pads = tuple(v for i in reversed(range(k)) for v in (pads[i][0], pads[i][1] + extra[i]))
+    if any(torch_pads):
+        src = ctx.emit("pad", [src], {"pads": torch_pads, "value": fill})
+    acc = None
+    for taps in itertools.product(*(range(kk) for kk in kernel)):
+        t = src
+        for i, j in enumerate(taps):
+            start = j * dil[i]
+            t = ctx.emit("slice", [t], {"axis": 2 + i, "start": start,
+                                        "end": start + (outs[i] - 1) * strides[i] + 1,
+                                        "step": strides[i]})
+        acc = t if acc is None else ctx.emit("maximum" if kind == "max" else "add", [acc, t])
+    if kind == "max":
+        return acc
+    if kind == "lp":
+        return ctx.emit("pow", [acc, scalar_like(ctx, 1.0 / p, acc)])
+    include = bool(ctx.attr("count_include_pad", 0))
+    count = np.ones((), dtype=np.float64)
+    for i, (n, kk, st, d, (pb, pe)) in enumerate(zip(spatial, kernel, strides, dil, pads)):
+        lo, hi = (-pb, n + pe) if include else (0, n)
+        pos = np.arange(outs[i]).reshape(-1, 1) * st + np.arange(kk).reshape(1, -1) * d - pb
+        c = ((pos >= lo) & (pos < hi)).sum(1).astype(np.float64)
+        count = np.multiply.outer(count, c)
+    den = ctx.b.literal(count.astype(x.type.dtype.numpy), f"{ctx._node_base()}.count")
+    return ctx.emit("div", [acc, den])
+
+
 def _as_2d(ctx, x):
     """A pool over one spatial axis runs as a 2-D pool over a unit height."""
     if x.type.rank == 3:
@@ -175,6 +235,8 @@ def _pool_params(ctx, x, one_d):
 
 @onnx_converter("MaxPool")
 def _max_pool(ctx):
+    if ctx.input(0).type.rank > 4 and not (len(ctx.onnx.output) > 1 and ctx.onnx.output[1]):
+        return _pool_by_taps(ctx, ctx.input(0), "max")
     x, one_d = _as_2d(ctx, ctx.input(0))
     kernel, strides, dilations, pads = _pool_params(ctx, x, one_d)
     if len(ctx.onnx.output) > 1 and ctx.onnx.output[1]:
@@ -227,14 +289,14 @@ def _lrn(ctx):
 
 @onnx_converter("AveragePool")
 def _avg_pool(ctx):
+    if ctx.input(0).type.rank > 4:
+        return _pool_by_taps(ctx, ctx.input(0), "avg")
     x, one_d = _as_2d(ctx, ctx.input(0))
     kernel, strides, dilations, pads = _pool_params(ctx, x, one_d)
-    if any(d != 1 for d in dilations):
-        ctx.refuse("AveragePool with dilations")
     include = bool(ctx.attr("count_include_pad", 0))
+    if any(d != 1 for d in dilations) or (any(b != e for b, e in pads) and not include):
+        return _pool_by_taps(ctx, ctx.input(0), "avg")
     if any(b != e for b, e in pads):
-        if not include:
-            ctx.refuse("AveragePool with asymmetric pads and count_include_pad=0")
         x, sym = _explicit_pad(ctx, x, pads)
     else:
         sym = tuple(b for b, _ in pads)
@@ -248,10 +310,10 @@ def _avg_pool(ctx):
 def _lp_pool(ctx):
     """(sum of |x|^p over each window)^(1/p): an average pool counting the padding, times the
     window's size."""
+    if ctx.input(0).type.rank > 4 or any(d != 1 for d in (ctx.attr("dilations") or ())):
+        return _pool_by_taps(ctx, ctx.input(0), "lp", float(ctx.attr("p", 2)))
     x, one_d = _as_2d(ctx, ctx.input(0))
     kernel, strides, dilations, pads = _pool_params(ctx, x, one_d)
-    if any(d != 1 for d in dilations):
-        ctx.refuse("LpPool with dilations")
     p = float(ctx.attr("p", 2))
     x = ctx.emit("pow", [ctx.emit("abs", [x]), scalar_like(ctx, p, x)])
     x, sym = _explicit_pad(ctx, x, pads)

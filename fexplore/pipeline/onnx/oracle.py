@@ -30,7 +30,7 @@ def session(model):
                                hint="pip install 'fexplore[onnx]', or compile with "
                                     "verify=False") from None
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4   # failures surface as exceptions; no stderr noise
     opts.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), opts,
                                 providers=["CPUExecutionProvider"])
