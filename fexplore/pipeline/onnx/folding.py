@@ -24,7 +24,7 @@ def fold_node(node, vals, shape_only: bool = False, opset: int | None = None):
     if any(v is not None and v.dtype == object for v in vals):
         try:
             out = _symbolic(node, vals)
-        except (ValueError, TypeError, IndexError, KeyError):
+        except Exception:  # noqa: BLE001  (anything not evaluable here stays an IR node)
             return None
         return None if out is None else [out]
     return _reference(node, vals, opset)
@@ -62,6 +62,10 @@ def _array(items) -> np.ndarray:
 
 def _settle(a: np.ndarray) -> np.ndarray:
     """An object array whose every entry became a number is an i64 array again."""
+    if not isinstance(a, np.ndarray):   # a 0-d pick (np.take with a scalar index)
+        out = np.empty((), dtype=object)
+        out[()] = a
+        a = out
     flat = a.reshape(-1)
     if all(isinstance(x, (int, np.integer)) or (isinstance(x, sympy.Expr) and x.is_Integer)
            for x in flat):

@@ -41,9 +41,10 @@ ONNX_CONVERTERS: dict[tuple[str, str], list[Registration]] = {}
 
 
 def onnx_converter(*op_types: str, domain: str = "", since: int = MIN_OPSET,
-                   until: int | None = None):
+                   until: int | None = None, replace: bool = False):
     """Register a converter for ONNX op types of ``domain`` ("" is the default ai.onnx domain)
-    at opsets ``since`` to ``until`` (inclusive; None: every newer one)::
+    at opsets ``since`` to ``until`` (inclusive; None: every newer one). Two converters for one
+    opset are an error unless ``replace=True``, which takes the opsets over from the one there::
 
         @onnx_converter("Gelu", since=20)
         def _gelu(ctx):
@@ -53,10 +54,13 @@ def onnx_converter(*op_types: str, domain: str = "", since: int = MIN_OPSET,
     def deco(fn: OnnxConverter) -> OnnxConverter:
         for op in op_types:
             regs = ONNX_CONVERTERS.setdefault((_domain(domain), op), [])
+            if replace:
+                regs[:] = [r for r in regs if not _overlap(r, since, until)]
             for r in regs:  # two converters for one opset would leave the last import in charge
                 if r.fn is not fn and _overlap(r, since, until):
                     raise ValueError(f"{domain or 'ai.onnx'}::{op} opsets {since}..{until} "
-                                     f"already have a converter ({r.fn.__module__}.{r.fn.__name__})")
+                                     f"already have a converter ({r.fn.__module__}.{r.fn.__name__})"
+                                     "; pass replace=True to take them over")
             regs.append(Registration(_domain(domain), op, since, until, fn))
         return fn
 
@@ -170,8 +174,9 @@ class OnnxContext(ConvertContext):
     def refuse(self, why: str, hint: str | None = None):
         raise OnnxConversionError(
             f"{self.onnx.op_type} node {self.onnx.name or self.onnx.output[0]!r}: {why}",
-            loc=self.loc, hint=hint or "this use of the op is not supported yet; a converter can "
-            "be registered over the built-in one with fexplore.pipeline.onnx.onnx_converter")
+            loc=self.loc, hint=hint or "this use of the op is not supported yet; a converter of "
+            "your own takes over with @fexplore.pipeline.onnx.onnx_converter("
+            f"{self.onnx.op_type!r}, since={self.opset}, replace=True)")
 
 
 def _as_int(x):
