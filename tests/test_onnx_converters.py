@@ -183,3 +183,20 @@ def test_bad_example_inputs_are_clear_errors():
         fexplore.compile(m, (np.ones((2, 3)),))
     with pytest.raises(FexploreError, match="dim 1 is 3 in the model"):
         fexplore.compile(m, (np.ones((2, 4), np.float32),))
+
+
+@pytest.mark.parametrize("zp_type, per_axis", [(TensorProto.UINT8, False), (TensorProto.INT8, True)])
+def test_quantize_dequantize_match_onnx_runtime(zp_type, per_axis):
+    c = 3
+    scale = np.array([0.05, 0.1, 0.02], np.float32) if per_axis else np.array(0.05, np.float32)
+    zp_np = np.int8 if zp_type == TensorProto.INT8 else np.uint8
+    zp = (np.array([0, 3, -2], zp_np) if per_axis else np.array(128, zp_np))
+    inits = [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zp, "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=1),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=1)]
+    m = model(nodes, [vi("x", [2, c, 4])], [vi("q", None, zp_type), vi("y", None)], inits, opset=13)
+    x = (np.random.default_rng(0).standard_normal((2, c, 4)) * 4).astype(np.float32)
+    got = fexplore.compile(m, (x,))(x)
+    want = ort(m, [x])
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
