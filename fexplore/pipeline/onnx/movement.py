@@ -281,6 +281,27 @@ def _reverse_sequence(ctx):
                     {"axis": t_ax})
 
 
+@onnx_converter("TensorScatter", since=24)
+def _tensor_scatter(ctx):
+    """A KV-cache write: each batch row's update lands at its write index along the axis
+    (wrapping around in circular mode), as a scatter with indices built from those positions."""
+    cache, upd, where = ctx.input(0), ctx.input(1), ctx.input(2)
+    r = cache.type.rank
+    ax = axis(ctx.attr("axis", -2), r)
+    length, new = cache.type.shape[ax], upd.type.shape[ax]
+    shape = [1] * r
+    shape[ax] = new
+    steps = ctx.b.literal(np.arange(new, dtype=np.int64).reshape(shape), f"{ctx._node_base()}.steps")
+    idx = steps
+    if where is not None:
+        start = _reshape_to(ctx, cast_int(ctx, where), (upd.type.shape[0],) + (1,) * (r - 1))
+        idx = ctx.emit("add", [start, steps])
+    if ctx.attr("mode", "linear") == "circular":
+        idx = ctx.emit("remainder", [idx, ctx.scalar(length, DType.i64)])
+    idx = ctx.emit("expand", [idx], {"shape": upd.type.shape})
+    return ctx.emit("scatter", [cache, idx, upd], {"axis": ax, "reduce": "none", "include_self": True})
+
+
 @onnx_converter("Expand")
 def _expand(ctx):
     x = ctx.input(0)

@@ -348,10 +348,54 @@ def _global_lp_pool(ctx):
 
 @onnx_converter("BatchNormalization")
 def _batch_norm(ctx):
-    if ctx.attr("training_mode", 0):
-        ctx.refuse("BatchNormalization in training mode", hint="export the model in eval mode")
     x, scale, bias, mean, var = ctx.inputs()[:5]
+    if ctx.attr("training_mode", 0):
+        return _batch_norm_training(ctx, x, scale, bias, mean, var)
     return ctx.emit("batch_norm", [x, scale, bias, mean, var], {"eps": float(ctx.attr("epsilon", 1e-5))})
+
+
+def _batch_norm_training(ctx, x, scale, bias, mean, var):
+    """Training mode: normalized by the batch's own mean and (population) variance per
+    channel; the running statistics move toward them by 1 - momentum."""
+    eps, momentum = float(ctx.attr("epsilon", 1e-5)), float(ctx.attr("momentum", 0.9))
+    axes = tuple(i for i in range(x.type.rank) if i != 1)
+    batch_mean = ctx.emit("mean", [x], {"axes": axes, "keepdim": False})
+    batch_var = ctx.emit("var", [x], {"axes": axes, "keepdim": False, "correction": 0})
+    y = ctx.emit("batch_norm", [x, scale, bias, batch_mean, batch_var], {"eps": eps})
+
+    def moved(run, now):
+        return ctx.emit("add", [ctx.emit("mul", [run, scalar_like(ctx, momentum, run)]),
+                                ctx.emit("mul", [now, scalar_like(ctx, 1 - momentum, now)])])
+
+    return (y, moved(mean, batch_mean), moved(var, batch_var))[:len(ctx.onnx.output)]
+
+
+@onnx_converter("Col2Im")
+def _col2im(ctx):
+    """Column blocks summed back into an image: (N, C*prod(block), L) times a constant 0/1
+    matrix sending each block element at each location to its pixel (padding dropped)."""
+    import itertools
+
+    x = ctx.input(0)
+    image = ctx.const_ints(1, "image_shape")
+    block = ctx.const_ints(2, "block_shape")
+    k = len(image)
+    dil = tuple(ctx.attr("dilations") or (1,) * k)
+    strides = tuple(ctx.attr("strides") or (1,) * k)
+    pads = tuple(ctx.attr("pads") or (0,) * (2 * k))
+    outs = [(image[i] + pads[i] + pads[k + i] - (dil[i] * (block[i] - 1) + 1)) // strides[i] + 1
+            for i in range(k)]
+    n, cb, locs = x.type.shape
+    nb = int(np.prod(block))
+    m = np.zeros((nb * locs, int(np.prod(image))), dtype=x.type.dtype.numpy)
+    for bi, b in enumerate(itertools.product(*(range(v) for v in block))):
+        for li, loc in enumerate(itertools.product(*(range(v) for v in outs))):
+            pos = [loc[i] * strides[i] + b[i] * dil[i] - pads[i] for i in range(k)]
+            if all(0 <= p < image[i] for i, p in enumerate(pos)):
+                m[bi * locs + li, int(np.ravel_multi_index(pos, image))] = 1
+    y = _reshape_to(ctx, x, (n, cb // nb, nb * locs))
+    y = ctx.emit("matmul", [y, ctx.b.literal(m, f"{ctx._node_base()}.fold")])
+    return _reshape_to(ctx, y, (n, cb // nb) + tuple(image))
 
 
 def _norm_last(ctx, op, x, ax, scale, bias, eps):
