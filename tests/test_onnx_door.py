@@ -58,6 +58,12 @@ def test_zoo_round_trip_through_onnx(name, tmp_path):
     fused = ex["fusion"]
     for rec in ex.records:   # every stage's numbers against ONNX Runtime
         assert rec.verification.ok, (rec.name, rec.verification)
+    # provenance: the exporter's module path and the model's own source line, as the torch
+    # door shows them, with the ONNX node's name and op type
+    locs = [n.loc for n in ex.records[0].after.nodes if n.loc is not None]
+    assert any(loc.file and "fexplore/models/" in loc.file.replace("\\", "/") and loc.line
+               for loc in locs)
+    assert all(loc.module.endswith(")") for loc in locs)
     want = run_session(session(onnx.load(path)), [i.name for i in onnx.load(path).graph.input],
                        arrays)
     got = fexplore.ir.run(fused.after, arrays)

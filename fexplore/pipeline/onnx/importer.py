@@ -375,7 +375,7 @@ class _Importer:
     def _node(self, node) -> None:
         for o in node.output:
             self.producers[o] = node
-        loc = SourceLoc(None, None, f"{node.name or node.output[0]} ({node.op_type})")
+        loc = provenance(node)
         opset = self.opset if node.domain in ("", "ai.onnx") else self.domain_opsets.get(node.domain, 1)
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             self.known[node.output[0]] = _constant_value(node, loc)
@@ -493,6 +493,39 @@ class _Importer:
 def _contiguous(a: np.ndarray) -> np.ndarray:
     # not np.ascontiguousarray: it makes a 0-d array 1-d
     return a if a.flags.c_contiguous else np.array(a, order="C")
+
+
+def provenance(node) -> SourceLoc:
+    """Where an ONNX node came from: its name and op type, under the module path its exporter
+    recorded (torch.onnx's ``pkg.torch.onnx.name_scopes``, or a ``/a/b/Op``-style node name),
+    and the user's source line when the exporter kept a stack trace."""
+    import ast
+    import re
+
+    meta = {p.key: p.value for p in node.metadata_props}
+    name = node.name or (node.output[0] if node.output else node.op_type)
+    scope = None
+    scopes = meta.get("pkg.torch.onnx.name_scopes")
+    if scopes:
+        try:
+            parts = [s for s in ast.literal_eval(scopes) if s]
+        except (ValueError, SyntaxError):
+            parts = []
+        scope = parts[-2] if len(parts) >= 2 else None   # the last one is the op itself
+    elif "/" in name:
+        path = [p for p in name.split("/") if p]
+        scope, name = ".".join(path[:-1]) or None, path[-1]
+    module = f"{scope}.{name} ({node.op_type})" if scope else f"{name} ({node.op_type})"
+    file = line = None
+    from ..ingest import _TORCH_DIR
+
+    # the innermost frame outside torch itself: the model's line, as the torch door shows
+    frames = [f for f in re.findall(r'File "([^"]+)", line (\d+)',
+                                    meta.get("pkg.torch.onnx.stack_trace", ""))
+              if not f[0].startswith((_TORCH_DIR, "<"))]
+    if frames:
+        file, line = frames[-1][0], int(frames[-1][1])
+    return SourceLoc(file, line, module)
 
 
 class _type_stub:
