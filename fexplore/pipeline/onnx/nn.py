@@ -546,16 +546,28 @@ def _resize(ctx):
     ones = _reference_resize(ctx.onnx, np.ones(shape, work), roi, scales, sizes, ctx.opset)
     out_shape = ones.shape
     extrapolated = np.isnan(ones)
+    # Each axis on its own, the others of size 1, when nothing couples them (no aspect-ratio
+    # policy, no per-axis roi, no axes subset): the reference then runs on lines, not images.
+    alone = ctx.attr("keep_aspect_ratio_policy", "stretch") == "stretch" and roi is None and \
+        not ctx.has_attr("axes")
     y = x
     for a in range(len(shape)):
         n_in, n_out = shape[a], out_shape[a]
         m = np.zeros((n_out, n_in))
+        b_shape, b_scales, b_sizes = shape, scales, sizes
+        if alone:
+            b_shape = tuple(n_in if j == a else 1 for j in range(len(shape)))
+            if sizes is not None:
+                b_sizes = np.array([n_out if j == a else 1 for j in range(len(shape))], np.int64)
+            else:
+                b_scales = np.array([scales[j] if j == a else 1.0 for j in range(len(shape))],
+                                    np.asarray(scales).dtype)
         for i in range(n_in):
-            basis = np.zeros(shape, work)
+            basis = np.zeros(b_shape, work)
             idx = [slice(None)] * len(shape)
             idx[a] = i
             basis[tuple(idx)] = 1
-            line = _reference_resize(ctx.onnx, basis, roi, scales, sizes, ctx.opset)
+            line = _reference_resize(ctx.onnx, basis, roi, b_scales, b_sizes, ctx.opset)
             pick = [0] * len(shape)
             pick[a] = slice(None)
             m[:, i] = np.nan_to_num(line[tuple(pick)], nan=0.0)
