@@ -21,7 +21,7 @@ import fexplore  # noqa: E402
 from fexplore.errors import InputError  # noqa: E402
 from fexplore.models import ZOO  # noqa: E402
 from fexplore.pipeline.numeric import to_numpy  # noqa: E402
-from fexplore.pipeline.onnx.compare import regions_diff  # noqa: E402
+from fexplore.pipeline.onnx.compare import TwoDoors, regions_diff  # noqa: E402
 from fexplore.pipeline.onnx.oracle import run_session, session  # noqa: E402
 
 
@@ -71,11 +71,14 @@ def test_zoo_round_trip_through_onnx(name, tmp_path):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
     torch_fused = fexplore.explore(model, inputs)["fusion"]
     diff = regions_diff(fused.after, torch_fused.after)
+    view = TwoDoors(fused.after, torch_fused.after)
     if name not in KNOWN:
-        assert diff is None, diff
+        assert diff is None and view.same, diff
     else:
         assert diff, f"{name} now fuses as the torch door does: drop it from KNOWN"
         print(f"{name}: {KNOWN[name]}\n{diff}")
+        html = view._repr_html_()   # the view a person opens: both doors' regions side by side
+        assert "ONNX door" in html and "torch door" in html and "regions differ" in repr(view)
 
 
 class Batched(torch.nn.Module):
