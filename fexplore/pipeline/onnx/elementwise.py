@@ -25,13 +25,13 @@ def cast(ctx: OnnxContext, x, dt: DType):
 
 
 _UNARY = {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
-          "Reciprocal": "reciprocal", "Sigmoid": "sigmoid", "Tanh": "tanh", "Relu": "relu",
+          "Sigmoid": "sigmoid", "Tanh": "tanh", "Relu": "relu",
           "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos",
           "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh",
           "Atanh": "atanh", "Erf": "erf", "Floor": "floor", "Ceil": "ceil", "Round": "round",
           "Sign": "sign", "Not": "logical_not", "IsNaN": "isnan"}
 
-_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Equal": "eq", "Less": "lt",
+_BINARY = {"Add": "add", "Sub": "sub", "Equal": "eq", "Less": "lt",
            "Greater": "gt", "LessOrEqual": "le", "GreaterOrEqual": "ge", "And": "logical_and",
            "Or": "logical_or", "Xor": "logical_xor", "BitwiseAnd": "bitwise_and",
            "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
@@ -43,6 +43,36 @@ def _unary(op):
 
 def _binary(op):
     return lambda ctx: ctx.emit(op, [ctx.input(0), ctx.input(1)])
+
+
+def only_use_of(ctx: OnnxContext, name: str, op_type: str):
+    """The node computing ``name`` when it is an ``op_type`` node whose one use is this node
+    (so reading through it leaves it dead), else None."""
+    imp = ctx.importer
+    node = imp.producers.get(name)
+    if node is None or node.op_type != op_type or name in imp.graph_outputs or \
+            len(imp.consumers.get(name, [])) != 1:
+        return None
+    return node
+
+
+@onnx_converter("Mul")
+def _mul(ctx):
+    # x * Sigmoid(x) is how exporters write SiLU: the IR's silu, as the torch door has it
+    for i in (0, 1):
+        sig = only_use_of(ctx, ctx.onnx.input[i], "Sigmoid")
+        if sig is not None and sig.input[0] == ctx.onnx.input[1 - i]:
+            return ctx.emit("silu", [ctx.input(1 - i)])
+    return ctx.emit("mul", [ctx.input(0), ctx.input(1)])
+
+
+@onnx_converter("Reciprocal")
+def _reciprocal(ctx):
+    # 1 / Sqrt(x) is rsqrt, the op the torch door's norms use
+    root = only_use_of(ctx, ctx.onnx.input[0], "Sqrt")
+    if root is not None:
+        return ctx.emit("rsqrt", [ctx.importer.value(root.input[0], ctx)])
+    return ctx.emit("reciprocal", [ctx.input(0)])
 
 
 for _onnx, _ir in _UNARY.items():

@@ -183,6 +183,14 @@ def _nonneg_indices(ctx, idx, size):
 def _gather(ctx):
     x, idx = ctx.input(0), ctx.input(1)
     ax = axis(ctx.attr("axis", 0), x.type.rank)
+    table = ctx.importer.lookup_known(ctx.onnx.input[0])
+    if ax == 0 and x.type.rank == 2 and table is not None and x.type.dtype.is_float and \
+            ctx.importer.lookup_known(ctx.onnx.input[1]) is None and \
+            idx.type.dtype in (DType.i64, DType.i32):
+        # rows of a weight table picked by run-time ids: an embedding lookup, the op the torch
+        # door makes of nn.Embedding (its reference, np.take, counts negative ids from the end
+        # as ONNX does)
+        return ctx.emit("embedding", [x, idx])
     idx = _nonneg_indices(ctx, idx, x.type.shape[ax])
     return ctx.emit("index", [x, idx], {"axes": (ax,)})
 
