@@ -368,9 +368,10 @@ class _Importer:
         outs = []
         for o in (output_names or [o.name for o in self.gp.output]):
             outs.append(self.value(o))
-        used = {v.name for n in self.b.nodes for v in n.inputs} | {v.name for v in outs}
+        nodes = _live(self.b.nodes, outs)
+        used = {v.name for n in nodes for v in n.inputs} | {v.name for v in outs}
         constants = [c for c in self.b.constants if c.name in used]
-        return Graph(name, list(self.inputs), constants, self.b.nodes, outs, dict(self.symbols))
+        return Graph(name, list(self.inputs), constants, nodes, outs, dict(self.symbols))
 
     def _node(self, node) -> None:
         for o in node.output:
@@ -488,6 +489,18 @@ class _Importer:
             if o:
                 self.known[o] = v
         return True
+
+
+def _live(nodes, outputs) -> list:
+    """The nodes an output depends on: converters that read through a node (MatMul + Add as
+    linear, x * Sigmoid(x) as silu) leave the one they read through unused."""
+    live = {v.name for v in outputs}
+    kept = []
+    for n in reversed(nodes):
+        if any(v.name in live for v in n.outputs):
+            kept.append(n)
+            live.update(v.name for v in n.inputs)
+    return kept[::-1]
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:

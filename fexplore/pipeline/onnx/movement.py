@@ -191,6 +191,13 @@ def _gather(ctx):
         # door makes of nn.Embedding (its reference, np.take, counts negative ids from the end
         # as ONNX does)
         return ctx.emit("embedding", [x, idx])
+    known = ctx.importer.lookup_known(ctx.onnx.input[1])
+    size = x.type.shape[ax]
+    if known is not None and np.asarray(known).ndim == 0 and known.dtype != object and \
+            isinstance(size, int):
+        # one known position: x[..., i, ...], the IR's select (as torch's x[:, 0] becomes)
+        i = int(known)
+        return ctx.emit("select", [x], {"axis": ax, "index": i + size if i < 0 else i})
     idx = _nonneg_indices(ctx, idx, x.type.shape[ax])
     return ctx.emit("index", [x, idx], {"axes": (ax,)})
 

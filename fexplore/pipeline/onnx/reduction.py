@@ -58,7 +58,26 @@ def _square(ctx, x):
 
 
 onnx_converter("ReduceSum")(_reduce("sum"))
-onnx_converter("ReduceMean", since=13)(_reduce("mean"))
+_reduce_mean = _reduce("mean")
+
+
+@onnx_converter("ReduceMean", since=13)
+def _mean(ctx):
+    x = ctx.input(0)
+    axes, keep = _axes(ctx, x)
+    if is_global_pool(x, axes, keep):
+        return global_avg_pool(ctx, x)
+    return _reduce_mean(ctx)
+
+
+def is_global_pool(x, axes, keep) -> bool:
+    """A mean over H and W of an NCHW float tensor, kept 4-D: global average pooling."""
+    return x.type.rank == 4 and axes == (2, 3) and keep and x.type.dtype.is_float
+
+
+def global_avg_pool(ctx, x):
+    # the op the torch door makes of nn.AdaptiveAvgPool2d(1), so both doors lay it out alike
+    return ctx.emit("adaptive_avg_pool2d", [x], {"output_size": (1, 1)})
 onnx_converter("ReduceMax")(_reduce("amax"))
 onnx_converter("ReduceMin")(_reduce("amin"))
 onnx_converter("ReduceProd")(_reduce("prod"))
