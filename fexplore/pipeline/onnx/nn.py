@@ -52,7 +52,7 @@ def _as_attention(ctx):
     from .elementwise import only_use_of
 
     imp = ctx.importer
-    soft = only_use_of(ctx, ctx.onnx.input[0], "Softmax")
+    soft = only_use_of(ctx, ctx.onnx.input[0], "Softmax") or _safe_softmax(ctx, ctx.onnx.input[0])
     if soft is None:
         return None
     scores, mask = soft.input[0], None
@@ -158,6 +158,27 @@ def ctx_attr(node, name):
     from onnx import helper
 
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
+
+
+def _safe_softmax(ctx, name):
+    """The Softmax under ``Where(IsNaN(p), 0, p)`` (a fully masked row's NaNs made zeros, as
+    the IR's attention gives them), or None."""
+    from .elementwise import only_use_of
+
+    imp = ctx.importer
+    where = only_use_of(ctx, name, "Where")
+    if where is None or len(where.input) != 3:
+        return None
+    isnan = imp.producers.get(where.input[0])
+    p = where.input[2]
+    zero = imp.lookup_known(where.input[1])
+    soft = imp.producers.get(p)
+    if isnan is None or isnan.op_type != "IsNaN" or isnan.input[0] != p or zero is None or \
+            zero.dtype == object or np.any(np.asarray(zero) != 0) or soft is None or \
+            soft.op_type != "Softmax" or p in imp.graph_outputs or \
+            len(imp.consumers.get(p, [])) != 2 or len(imp.consumers.get(where.input[0], [])) != 1:
+        return None
+    return soft
 
 
 def soft_axis(node, rank: int) -> int:
