@@ -22,6 +22,7 @@ from fexplore.lang import codegen
 from fexplore.lang.codegen import UnsupportedRegionError, check_kernel
 from fexplore.lang.codegen import vector as vector_mod
 from fexplore.npu import get_target
+from fexplore.npu.commands import Load
 from fexplore.models import ZOO
 
 TARGETS = ["rngd", "tiny"]
@@ -175,13 +176,20 @@ def test_attention_reads_its_operands_where_they_are_and_streams_the_keys():
     gk = codegen.generate(node, "tiny")
     assert gk.kind == "attention" and [p.name for p in gk.params] == ["qkv", "kv", "bias"]
     src = gk.source
-    assert "for ts in fl.range(fl.tiles(T, bk)" in src and "h // 2" in src   # two q heads per k head
+    assert "for ts in fl.range(fl.tiles(T, bk)" in src
+    assert "for h in range(2 * g, 2 * g + 2)" in src   # two q heads per k head: one grid item per k head
     k = gk.kernel()
     args = gk.arguments(arrays)
-    assert k.__wrapped__.__kwdefaults__["bk"] < 141     # the keys come in several blocks on tiny
+    defaults = k.__wrapped__.__kwdefaults__
+    assert defaults["bk"] < 141     # the keys come in several blocks on tiny
     interpreted = k(*args)
-    simulated = k.last_trace.unpack(k.simulate(*args).outputs)
+    result = k.simulate(*args)
+    simulated = k.last_trace.unpack(result.outputs)
     np.testing.assert_array_equal(simulated, interpreted)
+    # each key and value is loaded once per query block of its group, not once per query head
+    kv_loaded = sum(c.ref.size for c in result.program.commands
+                    if isinstance(c, Load) and c.ref.tensor.name == "kv")
+    assert kv_loaded == arrays[1].size * -(-13 // defaults["bq"]), (kv_loaded, defaults)
 
 
 def test_rotary_embedding_is_computed_per_half_of_d_and_causal_blocks_are_skipped(zoo_regions):

@@ -208,6 +208,56 @@ graph @g(%x: f32[2, 4]) {
 """)
 
 
+# A region's result that its only consumer casts to bf16 on entry is cast in its producer instead:
+# half the bytes between the two kernels, and the consumer no longer casts each re-read tile.
+CASES['precision-bf16-narrow-at-producer'] = dict(
+    stage='precision', options={'precision': 'bf16'}, rules=['narrow-at-producer-bf16', 'narrow-to-bf16'],
+    before="""\
+graph @g(%x: f32[2, 4]) {
+  const %w1: f32[3, 4] = dense [0.1, -0.2, 0.3, 0.4, -0.5, 0.6, 0.7, -0.8, 0.9, 1.0, -1.1, 1.2]
+  const %w2: f32[4, 3] = dense [0.3, -0.1, 0.2, 0.5, 0.4, -0.6, -0.7, 0.8, 0.1, 0.2, -0.3, 0.9]
+  %a: f32[2, 3] = region(%x, %w1) {kind="contraction"} {
+    graph @contraction_h(%x: f32[2, 4], %w1: f32[3, 4]) {
+      %h: f32[2, 3] = linear(%x, %w1)
+      %a: f32[2, 3] = gelu(%h)
+      return %a
+    }
+  }
+  %y: f32[2, 4] = region(%a, %w2, %x) {kind="contraction"} {
+    graph @contraction_y(%a: f32[2, 3], %w2: f32[4, 3], %x: f32[2, 4]) {
+      %l: f32[2, 4] = linear(%a, %w2)
+      %y: f32[2, 4] = add(%l, %x)
+      return %y
+    }
+  }
+  return %y
+}
+""",
+    after="""\
+graph @g(%x: f32[2, 4]) {
+  const %w1.bf16: bf16[3, 4] = dense [0.100097656, -0.20019531, 0.30078125, 0.40039062, -0.5, 0.6015625, 0.69921875, -0.80078125, 0.8984375, 1.0, -1.1015625, 1.203125]
+  const %w2.bf16: bf16[4, 3] = dense [0.30078125, -0.100097656, 0.20019531, 0.5, 0.40039062, -0.6015625, -0.69921875, 0.80078125, 0.100097656, 0.20019531, -0.30078125, 0.8984375]
+  %a: bf16[2, 3] = region(%x, %w1.bf16) {kind="contraction"} {
+    graph @contraction_h(%x: f32[2, 4], %w1.bf16: bf16[3, 4]) {
+      %x.bf16: bf16[2, 4] = cast(%x) {dtype=bf16}
+      %h: f32[2, 3] = linear(%x.bf16, %w1.bf16) {out_dtype=f32}
+      %a.wide: f32[2, 3] = gelu(%h)
+      %a: bf16[2, 3] = cast(%a.wide) {dtype=bf16}
+      return %a
+    }
+  }
+  %y: f32[2, 4] = region(%a, %w2.bf16, %x) {kind="contraction"} {
+    graph @contraction_y(%a: bf16[2, 3], %w2.bf16: bf16[4, 3], %x: f32[2, 4]) {
+      %l: f32[2, 4] = linear(%a, %w2.bf16) {out_dtype=f32}
+      %y: f32[2, 4] = add(%l, %x)
+      return %y
+    }
+  }
+  return %y
+}
+""")
+
+
 def _random_inputs(g, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(v.type.shape).astype(v.type.dtype.numpy) for v in g.inputs]
@@ -234,3 +284,22 @@ def test_golden_rewrite(name):
     # and the stage is idempotent
     again = STAGES[case["stage"]](after, CompileOptions(**case["options"])).graph
     assert ir.graph_diff(after, again) is None
+
+
+def test_narrowing_at_the_producer_changes_no_value_and_keeps_a_value_read_wide():
+    """The cast moved into the producer computes exactly what it computed in the consumer; a
+    result that some other op also reads in f32 stays f32."""
+    from fexplore.pipeline.stages.precision import _Policy, narrow_at_producers
+    case = CASES['precision-bf16-narrow-at-producer']
+    before = ir.parse(case["before"])
+    narrowed_in_consumer = _Policy(ir.DType.bf16).apply(before, top=True)
+    moved, rewrites = narrow_at_producers(narrowed_in_consumer, ir.DType.bf16)
+    assert [r.result for r in rewrites] == [("a",)]
+    for seed in range(3):
+        xs = _random_inputs(before, seed)
+        for got, want in zip(ir.run(moved, xs), ir.run(narrowed_in_consumer, xs)):
+            np.testing.assert_array_equal(got, want)
+    # a second reader in f32 (a relu of %a returned too): %a stays f32 and its cast stays put
+    wide = ir.parse(case["before"].replace("  return %y\n}", "  %r: f32[2, 3] = relu(%a)\n  return %y, %r\n}"))
+    kept, rewrites = narrow_at_producers(_Policy(ir.DType.bf16).apply(wide, top=True), ir.DType.bf16)
+    assert rewrites == [] and "cast(%a)" in str(kept)

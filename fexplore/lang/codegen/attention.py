@@ -111,6 +111,13 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             k, v, gqa = _uncast(kr, producer, core_nodes), _uncast(vr, producer, core_nodes), True
         op_dt = {q.name: q_dt, k.name: k_dt, v.name: v_dt}
         scale = None
+    # the result narrowed on its way out (the precision stage's cast for a narrow consumer): the
+    # kernel writes it in that dtype
+    out_names = {o.name for o in body.outputs}
+    narrowed = [n for n in users.get(result.name, []) if n.op.name == "cast" and n.outputs[0].name in out_names]
+    if len(users.get(result.name, [])) == 1 and narrowed and result.name not in out_names:
+        core_nodes.add(id(narrowed[0]))
+        result = narrowed[0].outputs[0]
     exports = [o for o in body.outputs if o.name != result.name]
     for o in exports:
         if not sdpa or o.name not in (k.name, v.name):
@@ -154,17 +161,34 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         fail(q and producer.get(q.name), "q and k of different depths, or symbolic sizes")
     lead, klead = tuple(lead), aligned(tuple(klead), len(lead))
     names = Names({"qt", "kt", "vt", "s", "m", "l", "o", "p", "m_new", "m_safe", "alpha", "ts", "qs", "b", "h",
-                   "bq", "bk", "stages", *(f"i{i}" for i in range(8))})
+                   "bq", "bk", "stages", "g", "j", "q_of", "m_of", "l_of", "o_of", *(f"i{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
     lv = [("b" if i == 0 and len(lead) > 1 else "h" if i == len(lead) - 1 else f"i{i}") for i in range(len(lead))]
     q_index = {i: (lv[i] if lead[i] != 1 else "0") for i in range(len(lead))}
+    # grouped-query heads: the query heads that share a key head run in one grid item, over the
+    # key heads, so each key and value block is loaded once for its group, not once per query head
+    gaxes = [i for i, d in enumerate(klead) if d not in (1, lead[i])]
+    group = None   # (axis, query heads per key head, key heads)
+    if gqa and len(gaxes) == 1 and aligned(tuple(v_shape[:-2]), len(lead)) == klead and \
+            lead[gaxes[0]] % klead[gaxes[0]] == 0:
+        group = (gaxes[0], lead[gaxes[0]] // klead[gaxes[0]], klead[gaxes[0]])
+    heads = math.prod(lead) or 1
+    if group:
+        bq, bk = _blocks(heads // group[1], S, T, max(D, Dv), 4, cfg, STAGES, group=group[1])
+        if heads // group[1] * math.ceil(S / bq) < cfg.num_pes:
+            group = None   # too few groups to keep every PE busy: a grid item per query head
+    if not group:
+        bq, bk = _blocks(heads, S, T, max(D, Dv), 4, cfg, STAGES)
+    gvar = "g" if group and group[2] > 1 else "0"
 
     def kv_index(kl):
         out = {}
         for i, d in enumerate(kl):
             if d == lead[i] or d == 1:
                 out[i] = q_index[i] if d == lead[i] else "0"
+            elif group is not None and i == group[0]:
+                out[i] = gvar    # the grid runs over key heads
             elif gqa and lead[i] % d == 0:
                 out[i] = f"{q_index[i]} // {lead[i] // d}"    # grouped-query: heads share k and v
             else:
@@ -229,7 +253,6 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     if mask is not None:
         operand(mask)
     # q, k and v's sources were registered by box(); the output
-    bq, bk = _blocks(math.prod(lead) or 1, S, T, max(D, Dv), 4, cfg, STAGES)
     if causal:   # query and key blocks of one size, so a block on the diagonal starts where its queries do
         bq = bk = min(bq, bk)
 
@@ -264,11 +287,19 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         export_names[o.name] = names.new(o.name + "_out").upper()
         w(f"{export_names[o.name]} = fl.output(({', '.join(str(d) for d in o.type.shape)}), "
           f"{fl_dtype(o.type.dtype)})")
-    grid = [f"range({d})" for d, e in zip(lead, lv) if d != 1] + ["fl.tiles(S, bq)"]
-    gvars = [e for d, e in zip(lead, lv) if d != 1] + ["qs"]
+    grid_axes = [(group[2], "g") if group and i == group[0] else (d, e) for i, (d, e) in enumerate(zip(lead, lv))]
+    grid = [f"range({d})" for d, e in grid_axes if d != 1] + ["fl.tiles(S, bq)"]
+    gvars = [e for d, e in grid_axes if d != 1] + ["qs"]
     w(f"for {', '.join(gvars)} in fl.parallel({', '.join(grid)}):")
+    if group:
+        hv, r = q_index[group[0]], group[1]
+        heads = f"range({r} * g, {r} * g + {r})" if gvar == "g" else f"range({r})"
     with w.indent():
         qdt = fl_dtype(q.type.dtype)
+        if group:
+            w("q_of, m_of, l_of, o_of = [], [], [], []   # per query head of the group")
+            w(f"for {hv} in {heads}:   # the query heads sharing key head {gvar}")
+            w.depth += 1
         if q.name in computed:
             qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail)
             q_tiles = qp.pieces(q, cuts)
@@ -282,8 +313,16 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             w(f"qt = fl.mul(fl.load({q_box}), {literal(scale)}, dtype={fl_dtype(op_dt[q.name])})   # the scale folded into q once")
         else:
             w(f"qt = {cast_to(f'fl.load({q_box})', q.type.dtype, op_dt[q.name])}")
-        w('m = fl.full((qs, 1), float("-inf"))   # running row max')
-        w("l = o = None                         # running row sum, output (ACC)")
+        q_names = q_tiles if q.name in computed else ["qt"]
+        if group:
+            w(f"q_of.append({'(' + ', '.join(q_names) + ')' if len(q_names) > 1 else q_names[0]})")
+            w('m_of.append(fl.full((qs, 1), float("-inf")))   # running row max')
+            w("l_of.append(None)                             # running row sum")
+            w("o_of.append(None)                             # output (ACC)")
+            w.depth -= 1
+        else:
+            w('m = fl.full((qs, 1), float("-inf"))   # running row max')
+            w("l = o = None                         # running row sum, output (ACC)")
         t_cuts = tuple(b for _, b, _ in k_parts[:-1])
         keys = f"bands(T, {t_cuts}, bk)" if cache else "fl.tiles(T, bk)"
         if causal:   # key blocks after the block's last query are masked whole: skipped
@@ -294,7 +333,8 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             if cache:
                 kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
                 first_head = " and ".join(f"{q_index[i]} % {lead[i] // d} == 0" for i, d in enumerate(klead)
-                                          if d not in (1, lead[i]) and q_index[i] != "0")
+                                          if d not in (1, lead[i]) and q_index[i] != "0"
+                                          and not (group and i == group[0]))
                 for j, ((a, b_, kx), (_, _, vx)) in enumerate(zip(k_parts, v_parts)):
                     cond = f"ts.start < {b_}" if j < len(k_parts) - 1 else None
                     w(("if " if j == 0 else "elif ") + f"{cond}:   # keys {a}:{b_} of %{kx.name}" if cond
@@ -310,9 +350,12 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                         v_raw = vtile
                         vtile = _cast_line(w, names, vtile, vx.type.dtype, op_dt[v.name])
                         w(f"vt = {vtile}")
-                        for jj, (qa, kb) in enumerate(zip(q_tiles, k_tiles)):
-                            acc = "" if jj == 0 else ", acc=s"
-                            w(f's = fl.contract("sd,td->st", {qa}, {kb}{acc})   # D[{cuts[jj]}:{cuts[jj + 1]}]')
+                        if group:   # the group's heads contract it below
+                            w(f"kt = [{', '.join(k_tiles)}]")
+                        else:
+                            for jj, (qa, kb) in enumerate(zip(q_tiles, k_tiles)):
+                                acc = "" if jj == 0 else ", acc=s"
+                                w(f's = fl.contract("sd,td->st", {qa}, {kb}{acc})   # D[{cuts[jj]}:{cuts[jj + 1]}]')
                         if exports:
                             cond = " and ".join(c for c in (first_head, "qs.start == 0") if c)
                             w(f"if {cond}:   # the keys and values leave the region: stored once")
@@ -332,7 +375,16 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                 w(f"kt = {cast_to(f'fl.load({k_box})', k.type.dtype, op_dt[k.name])}")
             if not cache:
                 w(f"vt = {cast_to(f'fl.load({v_box})', v.type.dtype, op_dt[v.name])}")
-            if cache:   # the scores were made part by part above
+            if group:   # each query head of the group, on the block loaded once
+                w(f"for j, {hv} in enumerate({heads}):")
+                w.depth += 1
+                w(f"{', '.join(q_names)} = q_of[j]")
+                w("m, l, o = m_of[j], l_of[j], o_of[j]")
+            if cache and group:
+                for jj, qa in enumerate(q_tiles):
+                    acc = "" if jj == 0 else ", acc=s"
+                    w(f's = fl.contract("sd,td->st", {qa}, kt[{jj}]{acc})   # D[{cuts[jj]}:{cuts[jj + 1]}]')
+            elif cache:   # the scores were made part by part above
                 pass
             elif q.name in computed or k.name in computed:
                 qs_ = q_tiles if q.name in computed else None
@@ -382,10 +434,19 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                 w("l = p.sum(axis=-1)")
             w(f'o = fl.contract("st,{v_letters}->se", p, vt, acc=o)')
             w("m = m_new")
+            if group:
+                w("m_of[j], l_of[j], o_of[j] = m, l, o")
+                w.depth -= 1
         idx = ", ".join([q_index[i] for i in range(len(lead))] + ["qs", ":"])
+        if group:
+            w(f"for j, {hv} in enumerate({heads}):")
+            w.depth += 1
+            w("l, o = l_of[j], o_of[j]")
         # a query row with every key masked out has o = 0 and l = 0: it is 0, as torch's SDPA
         w('l = fl.where(l == 0.0, 1.0, l)   # rows with nothing to attend to stay 0')
         w(f"fl.store({out}[{idx}], fl.div(o, l, dtype={fl_dtype(result.type.dtype)}))")
+        if group:
+            w.depth -= 1
     order = {result.name: out, **export_names}
     w(f"return {', '.join(order[o.name] for o in body.outputs)}")
     text = Writer()

@@ -16,15 +16,17 @@ from fexplore import lang as fl
 from fexplore.lang.examples._tiling import big_tile, shrink
 
 
-def _blocks(H: int, S: int, T: int, D: int, itemsize: int, cfg, stages: int) -> tuple[int, int]:
+def _blocks(H: int, S: int, T: int, D: int, itemsize: int, cfg, stages: int, group: int = 1) -> tuple[int, int]:
+    """Query and key block sizes for H grid heads, each `group` query heads sharing one key head."""
     big = big_tile(cfg)
     bq, bk = min(S, big), min(T, big)   # big query blocks: K and V are re-read once per query block
     while H * math.ceil(S / bq) < 2 * cfg.num_pes and bq > 16:   # two query blocks per PE at least
         bq //= 2
 
     def fits(bq, bk):  # per stage: k, v, scores, shifted scores, p; plus q, o and row statistics
-        per_stage = 2 * bk * D * itemsize + bq * bk * (4 + 4 + itemsize)
-        return stages * per_stage + bq * D * (2 * itemsize + 8) + 64 * bq <= cfg.sram_bytes_per_pe // 2
+        per_stage = 2 * bk * D * itemsize + group * bq * bk * (4 + 4 + itemsize)
+        held = group * (bq * D * (2 * itemsize + 8) + 64 * bq)
+        return stages * per_stage + held <= cfg.sram_bytes_per_pe // 2
 
     bq, bk = shrink([bq, bk], fits, [min(S, 4), min(T, 4)])
     return bq, bk

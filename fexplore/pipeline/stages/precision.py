@@ -9,13 +9,16 @@
   saturate at ±448; per-tensor scaling is not modelled yet.
 Contractions inside fused regions are rewritten in place in their bodies; a weight that enters a
 region as an operand is converted outside, so the region's operand itself is the narrow one.
+A region's result that every consumer narrows on entry is then narrowed where it is made
+(``narrow_at_producers``): the same values, half the bytes between the two kernels.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fexplore.ir import Constant, DType, Graph, Node, Value
+from fexplore.ir import Attrs, Constant, DType, Graph, Node, TensorType, Value, get_op
+from fexplore.ir.graph import unique_name
 
 from ..stage import StageResult
 from .rewrite import Rewriter
@@ -33,11 +36,14 @@ def precision(graph: Graph, options) -> StageResult:
                            "policy fp32: nothing to narrow")
     p = _Policy(target)
     g = p.apply(graph, top=True)
+    g, moved = narrow_at_producers(g, target)
+    p.rewrites.extend(moved)
     stats = {"policy": options.precision, "casts_inserted": p.casts,
              "weights_converted": len(p.converted), "contractions": p.contractions,
-             "weight_bytes_saved": p.bytes_saved}
+             "weight_bytes_saved": p.bytes_saved, "narrowed_at_producer": len(moved)}
     summary = (f"policy {options.precision}: {p.contractions} contractions narrowed, "
-               f"{len(p.converted)} weights converted, {p.casts} casts")
+               f"{len(p.converted)} weights converted, {p.casts} casts"
+               + (f", {len(moved)} region results narrowed where they are made" if moved else ""))
     return StageResult(g, stats, p.rewrites, summary)
 
 
@@ -135,3 +141,119 @@ def _weight_inputs(body: Graph) -> set[int]:
             is_weight = n.op.name in ("linear", "matmul", "conv2d") and j == 1
             uses.setdefault(v.name, []).append(is_weight)
     return {names[k] for k, flags in uses.items() if k in names and all(flags)}
+
+
+# Ops that only move data: a cast commutes with them.
+_DATA_ONLY = {"reshape", "permute", "slice", "select", "split", "expand", "relayout"}
+
+
+def narrow_at_producers(graph: Graph, dtype: DType) -> tuple[Graph, list]:
+    """A region's result that every consumer narrows to ``dtype`` on entry (a cast, perhaps after
+    views) is narrowed in the region that makes it instead, as the last op of its epilogue.
+
+    The values are the same (the same cast, earlier; views commute with it), but the tensor
+    between the two kernels is half the bytes, and a consumer that re-reads it tile by tile (a
+    contraction reads its left operand once per column tile) no longer casts it each time. The
+    model's own outputs keep their dtype."""
+    outputs = {v.name for v in graph.outputs}
+    uses: dict[str, list[tuple[Node, int]]] = {}
+    for n in graph.nodes:
+        for i, v in enumerate(n.inputs):
+            uses.setdefault(v.name, []).append((n, i))
+    narrowed = {}
+    for n in graph.nodes:
+        if n.op.name != "region":
+            continue
+        for v in n.outputs:
+            if v.name in outputs or not v.type.dtype.is_float or v.type.dtype == dtype:
+                continue
+            made = {o.name for m in n.regions[0].nodes for o in m.outputs}
+            inner = n.regions[0].outputs[n.outputs.index(v)]
+            if inner.name not in made or [o.name for o in n.regions[0].outputs].count(inner.name) > 1:
+                continue   # a body input passed through, or one value returned twice: left alone
+            if v.name in uses and all(_narrows_on_entry(u, i, dtype) for u, i in uses[v.name]):
+                narrowed[v.name] = n
+    if not narrowed:
+        return graph, []
+    rw = Rewriter(graph)
+    for n in graph.nodes:
+        ins = [rw.lookup(v) for v in n.inputs]
+        entering = {i for i, v in enumerate(n.inputs) if v.name in narrowed}
+        leaving = {j for j, v in enumerate(n.outputs) if v.name in narrowed}
+        if n.op.name == "region" and (entering or leaving):
+            body = _drop_entry_casts(n.regions[0], entering, dtype) if entering else n.regions[0]
+            body = _cast_exits(body, leaving, dtype, n.loc) if leaving else body
+            rw.rebuild(n, ins, regions=[body])
+        elif entering:   # a cast to dtype at the top level: its input is narrow already
+            rw.replace(n.outputs[0], ins[0])
+        else:
+            rw.keep(n)
+    for name, n in narrowed.items():
+        rw.record(f"narrow-at-producer-{dtype.value}", [n.name], [name])
+    return rw.finish(), rw.rewrites
+
+
+def _narrows_on_entry(user: Node, i: int, dtype: DType) -> bool:
+    if user.op.name == "cast":
+        return user.attrs["dtype"] == dtype
+    if user.op.name != "region":
+        return False
+    body = user.regions[0]
+    inner: dict[str, list[Node]] = {}
+    for n in body.nodes:
+        for v in n.inputs:
+            inner.setdefault(v.name, []).append(n)
+    body_outputs = {v.name for v in body.outputs}
+    stack = [body.inputs[i].name]
+    while stack:
+        name = stack.pop()
+        if name in body_outputs:
+            return False
+        for n in inner.get(name, []):
+            if n.op.name == "cast" and n.attrs["dtype"] == dtype:
+                continue
+            if n.op.name not in _DATA_ONLY:
+                return False
+            stack.extend(o.name for o in n.outputs)
+    return True
+
+
+def _drop_entry_casts(body: Graph, entering: set[int], dtype: DType) -> Graph:
+    """The body with inputs ``entering`` arriving as ``dtype``: its views re-typed, its casts to
+    ``dtype`` of them gone."""
+    inputs = [Value(v.name, v.type.with_dtype(dtype)) if i in entering else v for i, v in enumerate(body.inputs)]
+    rw = Rewriter(Graph(body.name, inputs, list(body.constants), list(body.nodes), list(body.outputs),
+                        dict(body.symbols)))
+    for old, new in zip(body.inputs, inputs):
+        rw.replace(old, new)
+    for n in body.nodes:
+        ins = [rw.lookup(v) for v in n.inputs]
+        if n.op.name == "cast" and n.attrs["dtype"] == dtype and ins[0].type.dtype == dtype:
+            rw.replace(n.outputs[0], ins[0])
+        else:
+            rw.keep(n)
+    return rw.finish(prune=False)
+
+
+def _cast_exits(body: Graph, leaving: set[int], dtype: DType, loc) -> Graph:
+    """The body with results ``leaving`` cast to ``dtype`` last. A region's results are named as
+    its body's outputs, so the cast takes the result's name and the wide value a new one."""
+    taken = {v.name for v in body.inputs} | {c.name for c in body.constants} | \
+        {v.name for n in body.nodes for v in n.outputs}
+    wide = {body.outputs[j].name: Value(unique_name(f"{body.outputs[j].name}.wide", taken), body.outputs[j].type)
+            for j in leaving}
+    nodes = []
+    for n in body.nodes:
+        ins = [wide.get(v.name, v) for v in n.inputs]
+        outs = [wide.get(v.name, v) for v in n.outputs]
+        same = all(a is b for a, b in zip(ins + outs, list(n.inputs) + list(n.outputs)))
+        nodes.append(n if same else Node(n.op, ins, n.attrs, outs, n.loc, n.regions))
+    cast = get_op("cast")
+    attrs = Attrs(cast.complete_attrs({"dtype": dtype}))
+    outs = list(body.outputs)
+    for j in sorted(leaving):
+        o = outs[j]
+        (t,) = cast.infer_types([o.type], attrs)
+        outs[j] = Value(o.name, TensorType(t.shape, t.dtype, o.type.layout))
+        nodes.append(Node(cast, [wide[o.name]], attrs, [outs[j]], loc))
+    return Graph(body.name, list(body.inputs), list(body.constants), nodes, outs, dict(body.symbols))
