@@ -137,3 +137,22 @@ def test_cli_compiles_an_onnx_file(tmp_path, monkeypatch, capsys):
     assert "compiled @forward" in capsys.readouterr().out
     assert cli.main(["compile", path, "--no-report"]) == 2
     assert "--input-shapes x=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_language_model_with_a_symbolic_sequence_runs_at_two_lengths(name, tmp_path):
+    # the exporter's shape arithmetic over the dynamic length (Shape, Range, a mask buffer's
+    # [:T, :T] corner) resolves to the IR's symbolic dim
+    from fexplore.models import DYNAMIC_SEQ
+
+    model, inputs = ZOO[name]()
+    path = export(model, inputs, tmp_path / f"{name}.onnx", dynamic_shapes=DYNAMIC_SEQ[name](model))
+    cm = fexplore.compile(path, [to_numpy(x) for x in inputs])
+    assert cm.stages[0].after.symbols, "the sequence length stayed symbolic"
+    proto = onnx.load(path)
+    sess = session(proto)
+    for t in (5, 9):
+        ids = np.random.default_rng(t).integers(0, 100, (1, t)).astype(np.int64)
+        (got,) = cm(ids)
+        (want,) = run_session(sess, [i.name for i in proto.graph.input], [ids])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -147,6 +147,16 @@ def _slice(ctx):
         size = x.type.shape[a]
         if st == 0:
             raise ValueError("Slice step 0")
+        symbolic_bound = isinstance(s, sympy.Expr) or isinstance(e, sympy.Expr)
+        if isinstance(size, int) and symbolic_bound:
+            # x[:T] of a static buffer with a symbolic T (a causal mask's corner): the bound is
+            # taken as within the axis, as the exporter's own shape guards state
+            if st != 1:
+                raise NotImplementedError("a strided slice with symbolic bounds")
+            s = (s + size if s < 0 else min(s, size)) if isinstance(s, int) else s
+            e = (e + size if e < 0 else min(e, size)) if isinstance(e, int) else e
+            x = ctx.emit("slice", [x], {"axis": a, "start": s, "end": e})
+            continue
         if isinstance(size, int):
             s, e = _slice_bounds(s, e, st, size)
             if st > 0:
@@ -406,8 +416,14 @@ def _constant_of_shape(ctx):
 
 @onnx_converter("Range")
 def _range(ctx):
-    start, limit, delta = (np.asarray(ctx.const(i, "bound")).item() for i in range(3))
-    dt = DType.from_numpy(np.asarray(ctx.const(0)).dtype)
+    start, limit, delta = (np.asarray(ctx.const(i, "bound")).reshape(()).item() for i in range(3))
+    dt = DType.from_numpy(np.asarray(ctx.const(0)).dtype) \
+        if np.asarray(ctx.const(0)).dtype != object else DType.i64
+    if any(isinstance(v, sympy.Expr) for v in (start, limit, delta)):
+        # a symbolic length (torch.arange(T) over a dynamic T): the IR's arange takes it
+        if delta != 1 or isinstance(start, sympy.Expr):
+            raise NotImplementedError("Range with a symbolic step or start")
+        return ctx.emit("arange", [], {"start": int(start), "end": limit, "step": 1, "dtype": dt})
     n = max(int(np.ceil((limit - start) / delta)), 0)
     return ctx.emit("arange", [], {"start": start, "end": start + n * delta, "step": delta,
                                    "dtype": dt}) if n else \
