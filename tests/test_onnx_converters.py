@@ -183,6 +183,8 @@ def test_bad_example_inputs_are_clear_errors():
         fexplore.compile(m, (np.ones((2, 3)),))
     with pytest.raises(FexploreError, match="dim 1 is 3 in the model"):
         fexplore.compile(m, (np.ones((2, 4), np.float32),))
+    with pytest.raises(FexploreError, match="dim_param"):
+        fexplore.compile(m, (np.ones((2, 3), np.float32),), dynamic_shapes=({0: "batch"},))
 
 
 @pytest.mark.parametrize("zp_type, per_axis", [(TensorProto.UINT8, False), (TensorProto.INT8, True)])

@@ -180,6 +180,11 @@ class Exploration:
     def _ingest_onnx(self) -> StageRecord:
         from .onnx import ingest_onnx
 
+        if self.options.dynamic_shapes is not None:
+            raise FexploreError(
+                "dynamic_shapes is for torch models; an ONNX model's dynamic dims are its inputs' "
+                "dim_param dims", hint="export the model with symbolic dims (torch.onnx.export("
+                "..., dynamic_shapes=...)) and compile without dynamic_shapes")
         t0 = time.perf_counter()
         self._ingested = ingest_onnx(self.model, self.example_inputs)
         elapsed = time.perf_counter() - t0

@@ -177,20 +177,12 @@ def _cast_like(ctx):
 @onnx_converter("Clip")
 def _clip(ctx):
     x = ctx.input(0)
-    lo = _bound(ctx, 1, x)
-    hi = _bound(ctx, 2, x)
+    lo, hi = ctx.input(1), ctx.input(2)   # absent bounds are None
     if lo is not None:
         x = ctx.emit("maximum", [x, lo])
     if hi is not None:
         x = ctx.emit("minimum", [x, hi])
     return x
-
-
-def _bound(ctx, i, x):
-    if not ctx.has_input(i):
-        return None
-    v = ctx.input(i)
-    return v
 
 
 # -- activations ------------------------------------------------------------------------------

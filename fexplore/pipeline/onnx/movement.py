@@ -184,9 +184,7 @@ def _nonneg_indices(ctx, idx, size):
     if known is not None and isinstance(size, int):
         a = np.asarray(known).astype(np.int64)
         return ctx.b.literal(np.where(a < 0, a + size, a), f"{ctx._node_base()}.idx")
-    neg = ctx.emit("lt", [idx, ctx.scalar(0, idx.type.dtype)])
-    wrapped = ctx.emit("add", [idx, ctx.value(size, idx.type.dtype)])
-    return ctx.emit("where", [neg, wrapped, idx])
+    return _wrap(ctx, idx, size)
 
 
 @onnx_converter("Gather")
@@ -235,6 +233,7 @@ def _gather_nd(ctx):
 
 
 def _wrap(ctx, idx, size):
+    """Run-time indices with negative ones counted from the end."""
     neg = ctx.emit("lt", [idx, ctx.scalar(0, idx.type.dtype)])
     return ctx.emit("where", [neg, ctx.emit("add", [idx, ctx.value(size, idx.type.dtype)]), idx])
 
@@ -496,4 +495,6 @@ def _one_hot(ctx):
 
 
 def cast_int(ctx, x):
-    return x if x.type.dtype == DType.i64 else ctx.emit("cast", [x], {"dtype": DType.i64})
+    from .elementwise import cast
+
+    return cast(ctx, x, DType.i64)

@@ -121,15 +121,14 @@ def _gru_step(ctx, x, h, c, wd, rd, bias, hidden, acts, d):
     z = _act(ctx, f, _gate(ctx, x, h, wd, rd, bias, 0, hidden))
     r = _act(ctx, f, _gate(ctx, x, h, wd, rd, bias, 1, hidden))
 
-    def part(t, which, k):
-        s = ctx.emit("slice", [t], {"axis": 0, "start": k * hidden, "end": (k + 1) * hidden})
-        return s
+    def gate_h(t):   # the third gate's rows
+        return ctx.emit("slice", [t], {"axis": 0, "start": 2 * hidden, "end": 3 * hidden})
 
-    wh, rh = part(wd, "w", 2), part(rd, "r", 2)
+    wh, rh = gate_h(wd), gate_h(rd)
     xw = ctx.emit("linear", [x, wh])
     if bias is not None:
-        xw = ctx.emit("add", [xw, part(bias[0], "wb", 2)])
-    rbh = part(bias[1], "rb", 2) if bias is not None else None
+        xw = ctx.emit("add", [xw, gate_h(bias[0])])
+    rbh = gate_h(bias[1]) if bias is not None else None
     if ctx.attr("linear_before_reset", 0):
         hr = ctx.emit("linear", [h, rh])
         if rbh is not None:
