@@ -8,7 +8,10 @@ with ONNX Runtime's outputs (see ``fexplore.testing.onnx_conformance`` for the o
 fexplore passes >= 95% of the counted cases over >= 100 op types, every other one a clear refusal,
 no raw Python exception, no wrong result.
 
-    .venv/bin/python bench/onnx_conformance.py [--pattern OP_TYPE]
+    .venv/bin/python bench/onnx_conformance.py [--pattern OP_TYPE] [--chip]
+
+``--chip`` compiles each case through every stage (lower, schedule) and runs the CompiledModel on
+the simulated NPU instead of the interpreter after fusion (about ten times slower).
 
 Writes bench/results/onnx_conformance.md (per-op-type table) and prints the summary. No
 assertion: a benchmark reports; tests/test_onnx_conformance.py asserts on a seeded subset.
@@ -47,7 +50,10 @@ def op_types(cases) -> dict[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pattern", default=None, help="only this op type (collect_testcases' filter)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "onnx_conformance.md"))
+    ap.add_argument("--chip", action="store_true",
+                    help="every stage, run on the simulated NPU (default: up to fusion, interpreter)")
+    ap.add_argument("--out", default=None, help="the table (default bench/results/"
+                                                "onnx_conformance[_chip].md)")
     args = ap.parse_args()
     import onnx
     import onnxruntime
@@ -56,8 +62,10 @@ def main() -> None:
     cases = collect(args.pattern)
     ops = op_types(cases)
     results = []
+    out = args.out or str(Path(__file__).parent / "results" /
+                          ("onnx_conformance_chip.md" if args.chip else "onnx_conformance.md"))
     for c in cases:
-        o = run_case(c)
+        o = run_case(c, chip=args.chip)
         o.op_type = ops[c.name]
         results.append(o)
     elapsed = time.perf_counter() - t0
@@ -81,8 +89,10 @@ def main() -> None:
         "`onnx.backend.test.case.node.collect_testcases()`.", "",
         f"**{summary}.**", "",
         "A case counts when ONNX Runtime loads and runs it and matches the case's expected "
-        "outputs; fexplore then ingests it, runs the graph stages up to fusion and the IR "
-        "interpreter, and is compared with ONNX Runtime (integers exactly, floats rtol 1e-3, "
+        "outputs; fexplore then ingests it, "
+        + ("compiles it through every stage and runs the CompiledModel on the simulated NPU"
+           if args.chip else "runs the graph stages up to fusion and the IR interpreter")
+        + ", and is compared with ONNX Runtime (integers exactly, floats rtol 1e-3, "
         "atol 1e-5). `_expanded` cases (the op written as its ONNX function body) count under "
         "the op they expand.", "",
         "| op type | counted | pass | refused | wrong | crash | ORT fails | first refusal |",
@@ -101,8 +111,8 @@ def main() -> None:
     if bad:
         lines += ["", "## Wrong results and raw exceptions", ""]
         lines += [f"- `{o.name}` ({o.status}): {o.detail}" for o in bad]
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print(f"table: {args.out}")
+    Path(out).write_text("\n".join(lines) + "\n")
+    print(f"table: {out}")
 
 
 if __name__ == "__main__":

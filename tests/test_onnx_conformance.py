@@ -52,3 +52,11 @@ def test_a_refusal_names_the_op_and_how_to_register_a_converter():
     text = str(e.value)
     assert "ai.onnx::Det" in text and "det0" in text and "opset 18" in text
     assert "onnx_converter('Det', since=18)" in text
+
+
+def test_a_seeded_sample_compiles_through_every_stage_and_runs_on_the_chip():
+    picked = random.Random(5).sample(collect(), 30)
+    outcomes = [run_case(c, chip=True) for c in picked]
+    bad = [f"{o.name}: {o.status}: {o.detail}" for o in outcomes if o.status in ("wrong", "crash")]
+    assert not bad, "\n".join(bad)
+    assert sum(o.status == "pass" for o in outcomes) >= 15

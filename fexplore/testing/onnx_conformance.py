@@ -92,7 +92,9 @@ def reference(case):
     return outs
 
 
-def run_case(case, stages=STAGES_RUN) -> Outcome:
+def run_case(case, stages=STAGES_RUN, *, chip: bool = False) -> Outcome:
+    """One case through ``stages`` and the interpreter, or with ``chip`` through every stage
+    to a CompiledModel run on the simulated NPU."""
     from fexplore.ir import run
     from fexplore.pipeline.driver import explore
 
@@ -105,10 +107,12 @@ def run_case(case, stages=STAGES_RUN) -> Outcome:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ex = explore(case.model, inputs, verify=False)
-            for _ in stages:
-                ex.step()
-            g = ex.records[-1].after
-            got = run(g, inputs)
+            if chip:
+                got = ex.result(*inputs)
+            else:
+                for _ in stages:
+                    ex.step()
+                got = run(ex.records[-1].after, inputs)
     except FexploreError as e:
         return Outcome(case.name, op, "refused", str(e).splitlines()[0][:160])
     except Exception as e:  # noqa: BLE001  (the point: count every raw exception)
