@@ -25,13 +25,13 @@ from fexplore.pipeline.onnx.compare import TwoDoors, regions_diff  # noqa: E402
 from fexplore.pipeline.onnx.oracle import run_session, session  # noqa: E402
 
 
-def export(model, inputs, path, **kw):
+def export(model, inputs, path, dynamo=True, **kw):
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         logging.disable(logging.WARNING)
         try:
-            torch.onnx.export(model, inputs, str(path), dynamo=True, verbose=False, **kw)
+            torch.onnx.export(model, inputs, str(path), dynamo=dynamo, verbose=False, **kw)
         finally:
             logging.disable(logging.NOTSET)
     return str(path)
@@ -156,3 +156,16 @@ def test_language_model_with_a_symbolic_sequence_runs_at_two_lengths(name, tmp_p
         (got,) = cm(ids)
         (want,) = run_session(sess, [i.name for i in proto.graph.input], [ids])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_torchscript_exporter_models_fuse_as_the_torch_door(name, tmp_path):
+    # the older exporter writes GELU as x * 0.5 * (1 + Erf(x / sqrt 2)), nn.Linear as Gemm,
+    # shapes through Shape/Gather/Concat: read back all the same
+    model, inputs = ZOO[name]()
+    path = export(model, inputs, tmp_path / f"{name}.onnx", dynamo=False, opset_version=17)
+    ex = fexplore.explore(path, [to_numpy(x) for x in inputs])
+    fused = ex["fusion"]
+    assert all(r.verification.ok for r in ex.records)
+    view = TwoDoors(fused.after, fexplore.explore(model, inputs)["fusion"].after)
+    assert view.same, view.diff

@@ -56,8 +56,47 @@ def only_use_of(ctx: OnnxContext, name: str, op_type: str):
     return node
 
 
+def _scalar_value(ctx, name):
+    k = ctx.importer.lookup_known(name)
+    if k is None or k.dtype == object or np.asarray(k).size != 1:
+        return None
+    return float(np.asarray(k).reshape(-1)[0])
+
+
+def _erf_gelu(ctx):
+    """x * 0.5 * (1 + Erf(x / sqrt(2))), multiplied in any order, is GELU as exporters write
+    it: the operand x, or None."""
+    leaves = []
+    for name in ctx.onnx.input:   # this Mul's factors, one single-use Mul deep
+        inner = only_use_of(ctx, name, "Mul")
+        leaves.extend(inner.input if inner is not None else [name])
+    if len(leaves) != 3:
+        return None
+    half = [n for n in leaves if _scalar_value(ctx, n) is not None and
+            abs(_scalar_value(ctx, n) - 0.5) < 1e-6]
+    if len(half) != 1:
+        return None
+    rest = [n for n in leaves if n != half[0]]
+    for one_plus, x in (rest, rest[::-1]):
+        add = only_use_of(ctx, one_plus, "Add")
+        if add is None:
+            continue
+        erf = next((only_use_of(ctx, n, "Erf") for n in add.input if only_use_of(ctx, n, "Erf")), None)
+        one = [n for n in add.input if _scalar_value(ctx, n) is not None]
+        if erf is None or len(one) != 1 or abs(_scalar_value(ctx, one[0]) - 1.0) > 1e-6:
+            continue
+        div = only_use_of(ctx, erf.input[0], "Div")
+        if div is not None and div.input[0] == x and _scalar_value(ctx, div.input[1]) is not None \
+                and abs(_scalar_value(ctx, div.input[1]) - np.sqrt(2.0)) < 1e-4:
+            return x
+    return None
+
+
 @onnx_converter("Mul")
 def _mul(ctx):
+    gelu_of = _erf_gelu(ctx)
+    if gelu_of is not None:   # the torch door keeps gelu; so does this one
+        return ctx.emit("gelu", [ctx.importer.value(gelu_of, ctx)], {"approximate": "none"})
     # x * Sigmoid(x) is how exporters write SiLU: the IR's silu, as the torch door has it
     for i in (0, 1):
         sig = only_use_of(ctx, ctx.onnx.input[i], "Sigmoid")
