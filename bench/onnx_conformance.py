@@ -110,6 +110,12 @@ def main() -> None:
     bad = [o for o in results if o.status in ("wrong", "crash")]
     if bad:
         lines += ["", "## Wrong results and raw exceptions", ""]
+        if args.chip:
+            lines += ["Cases compile here with `verify=False`, so a kernel the chip gets wrong "
+                      "shows as a wrong result; a default compile checks every stage against "
+                      "ONNX Runtime and refuses it instead (FX301 at the lower stage). A wrong "
+                      "result here that the interpreter run does not have is the back end's, "
+                      "shared by both doors.", ""]
         lines += [f"- `{o.name}` ({o.status}): {o.detail}" for o in bad]
     Path(out).write_text("\n".join(lines) + "\n")
     print(f"table: {out}")
