@@ -14,7 +14,7 @@ import numpy as np
 
 from fexplore.ir import DType
 
-from .elementwise import scalar_like
+from .elementwise import only_use_of, scalar_like
 from .movement import _reshape_to
 from .registry import OnnxContext, onnx_converter
 
@@ -159,3 +159,160 @@ def _repeat_heads(ctx, t, rep):
     t = _reshape_to(ctx, t, (b, h, 1, s, d))
     t = ctx.emit("expand", [t], {"shape": (b, h, rep, s, d)})
     return _reshape_to(ctx, t, (b, h * rep, s, d))
+
+
+# -- scaled_dot_product_attention as exporters write it, read back -------------------------
+
+def _scalar_factor(ctx, name):
+    """(the other operand, the factor) of a single-use Mul by a known one-element constant,
+    else (name, 1.0)."""
+
+    mul = only_use_of(ctx, name, "Mul")
+    if mul is not None:
+        for i in (0, 1):
+            c = ctx.importer.lookup_known(mul.input[i])
+            if c is not None and c.dtype != object and np.asarray(c).size == 1:
+                return mul.input[1 - i], float(np.asarray(c).reshape(-1)[0])
+    return name, 1.0
+
+
+def as_attention(ctx):
+    """``Softmax((q * a) @ (kT * b) [+ mask]) @ v`` is how exporters write
+    scaled_dot_product_attention: it becomes the IR's attention (scale a*b, k the transpose of
+    kT, the mask added to the scores), the op the torch door keeps, so fusion forms the same
+    attention region from both doors."""
+
+    imp = ctx.importer
+    soft = only_use_of(ctx, ctx.onnx.input[0], "Softmax") or _safe_softmax(ctx, ctx.onnx.input[0])
+    if soft is None:
+        return None
+    scores, mask = soft.input[0], None
+    add = only_use_of(ctx, scores, "Add")
+    if add is not None:
+        for i in (0, 1):
+            if imp.producers.get(add.input[i]) is not None and \
+                    imp.producers[add.input[i]].op_type == "MatMul":
+                scores, mask = add.input[i], add.input[1 - i]
+                break
+        else:
+            return None
+    qk = only_use_of(ctx, scores, "MatMul")
+    if qk is None:
+        return None
+    q_name, a = _scalar_factor(ctx, qk.input[0])
+    kt_name, b = _scalar_factor(ctx, qk.input[1])
+    q, kt, v = imp.value(q_name, ctx), imp.value(kt_name, ctx), ctx.input(1)
+    r = q.type.rank
+    if r < 3 or kt.type.rank != r or v.type.rank != r or \
+            not q.type.dtype.is_float or soft_axis(soft, r) != r - 1:
+        return None
+    k, k_heads = _untransposed(ctx, kt_name, kt)
+    if k is None:
+        k = ctx.emit("permute", [kt], {"perm": tuple(range(r - 2)) + (r - 1, r - 2)})
+    k_heads = k_heads if k_heads is not None else _unrepeated(ctx, k)
+    v_heads = _unrepeated(ctx, v)
+    gqa = False
+    if k_heads is not None and v_heads is not None and \
+            k_heads.type.shape[-3] == v_heads.type.shape[-3]:
+        k, v, gqa = k_heads, v_heads, True   # grouped-query attention, as the torch door has it
+    elif k is None or k.type.rank != r:   # only the grouped k was found: repeat it as given
+        k = ctx.emit("permute", [kt], {"perm": tuple(range(r - 2)) + (r - 1, r - 2)})
+    ins = [q, k, v] + ([imp.value(mask, ctx)] if mask is not None else [])
+    return ctx.emit("attention", ins, {"causal": False, "scale": a * b, "gqa": gqa})
+
+
+def _producer_value(ctx, v, op_type):
+    """(the ONNX node of op_type computing IR value v, its first input's IR value), or None."""
+    node = ctx.importer.producers.get(v.name)
+    if node is None or node.op_type != op_type or node.input[0] not in ctx.importer.env:
+        return None
+    return node, ctx.importer.env[node.input[0]]
+
+
+def _untransposed(ctx, kt_name, kt):
+    """(k, its heads before repeat_kv or None) when kT is k with its last two axes swapped
+    the way exporters write it for 4-D attention: Reshape (B*H, S, D) -> Transpose (0, 2, 1)
+    -> Reshape (B, H, D, S), the first Reshape possibly flattening repeat_kv's
+    (B, Hkv, n, S, D) directly; else (None, None)."""
+    outer = _producer_value(ctx, kt, "Reshape")
+    if outer is None:
+        return None, None
+    mid = _producer_value(ctx, outer[1], "Transpose")
+    if mid is None or list(ctx_attr(mid[0], "perm") or ()) != [0, 2, 1]:
+        return None, None
+    inner = _producer_value(ctx, mid[1], "Reshape")
+    if inner is None:
+        return None, None
+    k = inner[1]
+    ks, kts = k.type.shape, kt.type.shape
+    if k.type.rank == kt.type.rank + 1 == 5:   # repeat_kv's expanded heads, flattened
+        b, h, n, s, d = ks
+        src = _expanded_source(ctx, k)
+        if src is None or tuple(kts) != (b, h * n, d, s):
+            return None, None
+        return None, src
+    if k.type.rank != kt.type.rank or ks[:-2] != kts[:-2] or ks[-2:] != kts[-2:][::-1]:
+        return None, None
+    return k, None
+
+
+def _expanded_source(ctx, t5):
+    """The (B, Hkv, S, D) heads an Expand to (B, Hkv, n, S, D) repeats, or None."""
+    exp = _producer_value(ctx, t5, "Expand")
+    if exp is None or exp[1].type.rank != 5:
+        return None
+    b, h, one, s, d = exp[1].type.shape
+    if one != 1 or (b, h, s, d) != tuple(t5.type.shape[:2]) + tuple(t5.type.shape[3:]):
+        return None
+    inner = _producer_value(ctx, exp[1], "Unsqueeze") or _producer_value(ctx, exp[1], "Reshape")
+    if inner is None or tuple(inner[1].type.shape) != (b, h, s, d):
+        return None
+    return inner[1]
+
+
+def _unrepeated(ctx, t):
+    """The key/value heads before repeat_kv (Reshape (B, Hkv, 1, S, D) -> Expand
+    (B, Hkv, n, S, D) -> Reshape (B, Hkv*n, S, D)), or None."""
+    if t.type.rank != 4:
+        return None
+    outer = _producer_value(ctx, t, "Reshape")
+    if outer is None or outer[1].type.rank != 5:
+        return None
+    src = _expanded_source(ctx, outer[1])
+    if src is None:
+        return None
+    b, h, n, s, d = outer[1].type.shape
+    return src if tuple(t.type.shape) == (b, h * n, s, d) else None
+
+
+def ctx_attr(node, name):
+    from onnx import helper
+
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
+
+
+def _safe_softmax(ctx, name):
+    """The Softmax under ``Where(IsNaN(p), 0, p)`` (a fully masked row's NaNs made zeros, as
+    the IR's attention gives them), or None."""
+
+    imp = ctx.importer
+    where = only_use_of(ctx, name, "Where")
+    if where is None or len(where.input) != 3:
+        return None
+    isnan = imp.producers.get(where.input[0])
+    p = where.input[2]
+    zero = imp.lookup_known(where.input[1])
+    soft = imp.producers.get(p)
+    if isnan is None or isnan.op_type != "IsNaN" or isnan.input[0] != p or zero is None or \
+            zero.dtype == object or np.any(np.asarray(zero) != 0) or soft is None or \
+            soft.op_type != "Softmax" or p in imp.graph_outputs or \
+            len(imp.consumers.get(p, [])) != 2 or len(imp.consumers.get(where.input[0], [])) != 1:
+        return None
+    return soft
+
+
+def soft_axis(node, rank: int) -> int:
+    from onnx import helper
+
+    ax = next((helper.get_attribute_value(x) for x in node.attribute if x.name == "axis"), -1)
+    return ax % rank
