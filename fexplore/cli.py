@@ -144,6 +144,14 @@ def cmd_demo(args) -> int:
 
 
 def cmd_compile(args) -> int:
+    if args.factory.endswith(".onnx"):
+        from fexplore.pipeline.onnx.cli_inputs import example_inputs
+
+        inputs = example_inputs(args.factory, args.input_shapes or [], seed=args.seed)
+        return compile_and_report(args.factory, inputs, args)[0]
+    if args.input_shapes:
+        raise FexploreError("--input-shapes is for ONNX models (a .onnx file)",
+                            hint="a factory returns its own example inputs")
     model, inputs = _build(_load_factory(args.factory))
     return compile_and_report(model, inputs, args)[0]
 
@@ -229,8 +237,14 @@ def parser() -> argparse.ArgumentParser:
                        description="Compile the model that FACTORY returns. FACTORY is a function "
                                    "taking no arguments and returning (model, example_inputs); "
                                    "a bare name (gpt, llama, cnn, mlp, vit, vla) picks a model "
-                                   "of the bundled zoo.")
-    c.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. fexplore.models:gpt, or gpt")
+                                   "of the bundled zoo. A path to a .onnx file compiles that ONNX "
+                                   "model on seeded random inputs of the --input-shapes given.")
+    c.add_argument("factory", metavar="MODULE:FACTORY",
+                   help="e.g. fexplore.models:gpt, or gpt, or model.onnx")
+    c.add_argument("--input-shapes", nargs="*", metavar="NAME=2x16",
+                   help="for a .onnx model: each input's shape, by name (input_ids=1x16) or in "
+                        "the graph's input order (1x16); inputs with static shapes may be left out")
+    c.add_argument("--seed", type=int, default=0, help="seed of the random ONNX inputs")
     c.add_argument("--simulate", action="store_true",
                    help="print the simulated latency on the target and the top kernels")
     _common(c, f"report folder (default {DEFAULT_OUT})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
@@ -70,6 +71,18 @@ class CompiledModel:
     def exported(self) -> torch.export.ExportedProgram:
         return self._ingested.exported
 
+    @property
+    def is_onnx(self) -> bool:
+        """Whether the model came in through the ONNX door (numpy in, numpy out)."""
+        return self._ingested.out_spec is None and hasattr(self._ingested, "frozen")
+
+    def _structure(self, outs):
+        """Outputs as the model gives them: the torch model's structure (torch tensors), or
+        for an ONNX model a list of numpy arrays in the graph's output order."""
+        if self.is_onnx:
+            return [np.asarray(o) for o in outs]
+        return pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
+
     def __call__(self, *args, **kwargs):
         """Run on new inputs (same structure as the model's) on the simulated NPU (functional
         mode of the whole-model program); returns torch tensors in the model's output structure.
@@ -80,7 +93,7 @@ class CompiledModel:
             outs = run(self.graph, arrays)
         else:
             outs = call.outputs(call.made.schedule.simulate(call.arrays))
-        return pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
+        return self._structure(outs)
 
     # -- on the chip -----------------------------------------------------------------------
 
@@ -122,7 +135,7 @@ class CompiledModel:
             raise InputError(f"nothing to simulate for these inputs: {call.made.why}")
         res = call.made.schedule.simulate(call.arrays)
         outs = call.outputs(res)
-        res.model_outputs = pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
+        res.model_outputs = self._structure(outs)
         return res
 
     @property
@@ -161,6 +174,8 @@ class CompiledModel:
         return self.schedules
 
     def _flatten_inputs(self, args, kwargs):
+        if self.is_onnx:
+            return self._onnx_inputs(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if spec != self._ingested.in_spec:
             raise InputError(_structure_mismatch(self._ingested.in_spec, spec),
@@ -172,6 +187,21 @@ class CompiledModel:
             raise InputError("meta tensors have shapes but no values: there is nothing to compute with",
                              hint="cm.simulate() with no inputs runs timing only; give real tensors to run")
         return [to_numpy(x) for x in tensors]
+
+    def _onnx_inputs(self, args, kwargs):
+        from .onnx import check_frozen
+
+        ing = self._ingested
+        if kwargs:
+            raise InputError("an ONNX model takes its inputs by position",
+                             hint=f"pass {len(ing.input_names)} numpy arrays in the graph's "
+                                  f"input order: {', '.join(ing.input_names)}")
+        arrays = [to_numpy(a) if isinstance(a, torch.Tensor) else np.asarray(a) for a in args]
+        if len(arrays) != len(ing.input_names):
+            raise InputError(f"the model takes {len(ing.input_names)} inputs "
+                             f"({', '.join(ing.input_names)}), got {len(arrays)}")
+        check_frozen(ing, arrays)
+        return arrays
 
     # -- reports ---------------------------------------------------------------------------
 

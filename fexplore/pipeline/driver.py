@@ -33,15 +33,22 @@ GRAPH_STAGES: list[Stage] = list(GRAPH_STAGE_LIST)
 class Exploration:
     """A compile you can step through: ``step()``, ``run_all()``, ``ex["ingest"]``, ``result``."""
 
-    def __init__(self, model: torch.nn.Module, example_inputs, options: CompileOptions,
+    def __init__(self, model, example_inputs, options: CompileOptions,
                  stages: list[Stage] | None = None):
-        if not isinstance(model, torch.nn.Module):
+        from .onnx.importer import is_onnx_model
+
+        # the second front door: an onnx.ModelProto or a path to a .onnx file
+        self.is_onnx = is_onnx_model(model)
+        if not self.is_onnx and not isinstance(model, torch.nn.Module):
             raise FexploreError(f"expected a torch.nn.Module, got {type(model).__name__}",
                                 hint="pass the model object itself, e.g. fexplore.compile(model, "
-                                     "(x,))")
+                                     "(x,)), or an ONNX model (an onnx.ModelProto or a path to a "
+                                     ".onnx file)")
         self.model = model
         self.example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
             else (example_inputs,)
+        if self.is_onnx:
+            self.example_inputs = tuple(_as_numpy(x) for x in self.example_inputs)
         self.options = options
         self.graph_stages = list(GRAPH_STAGES if stages is None else stages)
         self.records: list[StageRecord] = []
@@ -52,7 +59,8 @@ class Exploration:
         # A model on the meta device (or meta inputs) has shapes and no values: it compiles with
         # structural verification only and simulates timing-only.
         leaves = [x for x in torch.utils._pytree.tree_leaves(self.example_inputs) if isinstance(x, torch.Tensor)]
-        self.meta = any(t.is_meta for t in list(model.parameters()) + list(model.buffers()) + leaves)
+        self.meta = not self.is_onnx and \
+            any(t.is_meta for t in list(model.parameters()) + list(model.buffers()) + leaves)
 
     # -- stepping --------------------------------------------------------------------------
 
@@ -150,6 +158,8 @@ class Exploration:
     # -- stages ----------------------------------------------------------------------------
 
     def _ingest(self) -> StageRecord:
+        if self.is_onnx:
+            return self._ingest_onnx()
         t0 = time.perf_counter()
         with _model_untouched(self.model):
             ep = export_model(self.model, self.example_inputs,
@@ -167,6 +177,41 @@ class Exploration:
         self._verify_hook(rec)
         return rec
 
+    def _ingest_onnx(self) -> StageRecord:
+        from .onnx import ingest_onnx
+
+        if self.options.dynamic_shapes is not None:
+            raise FexploreError(
+                "dynamic_shapes is for torch models; an ONNX model's dynamic dims are its inputs' "
+                "dim_param dims", hint="export the model with symbolic dims (torch.onnx.export("
+                "..., dynamic_shapes=...)) and compile without dynamic_shapes")
+        t0 = time.perf_counter()
+        self._ingested = ingest_onnx(self.model, self.example_inputs)
+        elapsed = time.perf_counter() - t0
+        g = self._ingested.graph
+        stats = {**graph_stats(g), "convert_s": elapsed, "source": "onnx",
+                 "opset": self._ingested.opset,
+                 "frozen_inputs": list(self._ingested.frozen_names)}
+        summary = (f"{stats['nodes']} nodes, {stats['constants']} constants "
+                   f"({stats['constant_bytes'] / 1e6:.2f} MB) from ONNX opset "
+                   f"{self._ingested.opset}")
+        if self._ingested.notes:
+            summary += "; " + "; ".join(self._ingested.notes)
+        rec = StageRecord("ingest", None, g, stats, [], None, elapsed, summary,
+                          options=self.options)
+        self._verify_hook(rec)
+        return rec
+
+    def _make_oracle(self):
+        if self.is_onnx:
+            from .onnx.oracle import OnnxOracle
+
+            return OnnxOracle(self._ingested, self.example_inputs,
+                              random_sets=self.options.random_input_sets, seed=self.options.seed)
+        with _model_untouched(self.model):
+            return Oracle(self.model, self.example_inputs,
+                          random_sets=self.options.random_input_sets, seed=self.options.seed)
+
     def _verify_hook(self, rec: StageRecord) -> None:
         if not self.options.verify:
             return
@@ -181,10 +226,7 @@ class Exploration:
             return
         if structural[0]:
             if self._oracle is None:
-                with _model_untouched(self.model):
-                    self._oracle = Oracle(self.model, self.example_inputs,
-                                          random_sets=self.options.random_input_sets,
-                                          seed=self.options.seed)
+                self._oracle = self._make_oracle()
             numeric = check_graph(rec.after, self._oracle, before=rec.before)
         kernels = None
         if structural[0] and rec.schedule is not None:
@@ -192,6 +234,17 @@ class Exploration:
         elif structural[0] and rec.lowering is not None:
             kernels = check_lowering(rec.after, rec.lowering, self._oracle)
         rec.verification = Verification(structural[0], structural[1], numeric, kernels)
+
+
+def _as_numpy(x):
+    """An ONNX model's example input: numpy arrays (a torch tensor is taken as its values)."""
+    import numpy as np
+
+    if isinstance(x, torch.Tensor):
+        from .numeric import to_numpy
+
+        return to_numpy(x)
+    return np.asarray(x)
 
 
 def _raise_failed(rec: StageRecord):

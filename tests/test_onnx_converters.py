@@ -1,0 +1,204 @@
+"""The ONNX importer's own behaviour on small hand-built models: symbolic dims keep their
+dim_param names, initializers are named constants, shape arithmetic folds, shape-like operands
+computed from graph inputs are frozen, If becomes cond (or its known branch), ops with an ONNX
+function body convert through it, older opsets are upgraded, external data loads, and the
+converter registry is extensible."""
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import fexplore  # noqa: E402
+from fexplore.errors import FexploreError, InputError  # noqa: E402
+from fexplore.ir import run  # noqa: E402
+from fexplore.pipeline.onnx import ingest_onnx, onnx_converter  # noqa: E402
+from fexplore.pipeline.onnx.oracle import run_session, session  # noqa: E402
+
+F = TensorProto.FLOAT
+
+
+def model(nodes, inputs, outputs, inits=(), opset=18):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def vi(name, shape, t=F):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def ort(m, arrays):
+    return run_session(session(m), [i.name for i in m.graph.input if i.name not in
+                                    {t.name for t in m.graph.initializer}], arrays)
+
+
+def test_dim_param_becomes_a_symbol_and_shape_arithmetic_folds():
+    # y = reshape(x, [Shape(x)[0], -1]) @ w: the exporter's shape chain, over a symbolic batch
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(12, 1) / 10, "w")
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+             helper.make_node("Unsqueeze", ["b", "zero1"], ["b1"]),
+             helper.make_node("Concat", ["b1", "minus1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "w"], ["y"])]
+    inits = [w, numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero1"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus1")]
+    m = model(nodes, [vi("x", ["batch", 3, 4])], [vi("y", ["batch", 1])], inits)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    ing = ingest_onnx(m, [x])
+    g = ing.graph
+    assert str(g.inputs[0].type.shape[0]) == "batch" and "batch" in g.symbols
+    assert [n.op.name for n in g.nodes] == ["reshape", "permute", "linear"]
+    assert [c.name for c in g.constants] == ["w"] and g.constants[0].source == "w"
+    x5 = np.random.default_rng(1).standard_normal((5, 3, 4)).astype(np.float32)
+    np.testing.assert_allclose(run(g, [x5])[0], ort(m, [x5])[0], rtol=1e-5, atol=1e-6)
+
+
+def test_shape_operand_computed_from_a_graph_input_freezes_that_input():
+    nodes = [helper.make_node("Add", ["n", "one"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus1")]
+    m = model(nodes, [vi("x", [2, 6]), vi("n", [1], TensorProto.INT64)], [vi("y", None)], inits)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    cm = fexplore.compile(m, (x, np.array([2], np.int64)))
+    assert cm.stages[0].stats["frozen_inputs"] == ["n"]
+    np.testing.assert_array_equal(cm(x, np.array([2], np.int64))[0], x.reshape(3, 4))
+    with pytest.raises(InputError, match="'n' was frozen"):
+        cm(x, np.array([1], np.int64))
+
+
+def _branch(name, op):
+    return helper.make_graph([helper.make_node(op, ["x"], [f"{name}_y"])], name, [],
+                             [vi(f"{name}_y", [3])])
+
+
+def test_if_on_a_run_time_condition_becomes_cond():
+    node = helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "Relu"),
+                            else_branch=_branch("else", "Neg"))
+    m = model([node], [vi("c", [], TensorProto.BOOL), vi("x", [3])], [vi("y", [3])])
+    x = np.array([-1.0, 0.5, 2.0], np.float32)
+    cm = fexplore.compile(m, (np.array(True), x))
+    assert any(n.op.name == "cond" for n in cm.stages[0].after.nodes)
+    for c in (True, False):
+        np.testing.assert_allclose(cm(np.array(c), x)[0], ort(m, [np.array(c), x])[0])
+
+
+def test_if_on_a_known_condition_keeps_only_its_branch():
+    cond = numpy_helper.from_array(np.array(False), "c")
+    node = helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "Relu"),
+                            else_branch=_branch("else", "Neg"))
+    m = model([node], [vi("x", [3])], [vi("y", [3])], [cond])
+    g = ingest_onnx(m, [np.ones(3, np.float32)]).graph
+    assert [n.op.name for n in g.nodes] == ["neg"]
+
+
+@pytest.mark.parametrize("eq, shapes", [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]),
+    ("ij->ji", [(3, 4)]), ("i,i->", [(5,), (5,)]), ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),
+    ("ij,jk", [(3, 4), (4, 5)]), ("bi,bj->bij", [(2, 3), (2, 4)]), ("ijk->i", [(2, 3, 4)]),
+    ("bn,anm->bam", [(2, 3), (4, 3, 5)]),
+])
+def test_einsum_matches_numpy(eq, shapes):
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    names = [f"x{i}" for i in range(len(xs))]
+    m = model([helper.make_node("Einsum", names, ["y"], equation=eq)],
+              [vi(n, s) for n, s in zip(names, shapes)], [vi("y", None)], opset=13)
+    got = run(ingest_onnx(m, xs).graph, xs)[0]
+    np.testing.assert_allclose(got, np.einsum(eq, *xs), rtol=1e-5, atol=1e-5)
+
+
+def test_an_op_with_an_onnx_function_body_converts_through_it():
+    # CenterCropPad has no converter of its own: its function body (Shape, Max, Pad, Slice...)
+    # stands in, the crop sizes frozen as a shape-like input
+    m = model([helper.make_node("CenterCropPad", ["x", "shape"], ["y"], name="crop")],
+              [vi("x", [5, 3]), vi("shape", [2], TensorProto.INT64)], [vi("y", None)])
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    shape = np.array([3, 5], np.int64)
+    cm = fexplore.compile(m, (x, shape))
+    np.testing.assert_array_equal(cm(x, shape)[0], ort(m, [x, shape])[0])
+    assert all(n.loc.module.startswith("crop::CenterCropPad::") for n in cm.stages[0].after.nodes)
+
+
+def test_an_older_opset_is_upgraded_and_says_so():
+    m = model([helper.make_node("Unsqueeze", ["x"], ["y"], axes=[0])], [vi("x", [3])],
+              [vi("y", [1, 3])], opset=11)
+    cm = fexplore.compile(m, (np.ones(3, np.float32),))
+    assert "upgraded from opset 11" in cm.stages[0].summary
+    assert cm(np.arange(3, dtype=np.float32))[0].shape == (1, 3)
+
+
+def test_external_data_loads_from_beside_the_file(tmp_path):
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64))
+                                .astype(np.float32), "w")
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", [2, 64])],
+              [vi("y", [2, 64])], [w])
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    assert (tmp_path / "weights.bin").exists()
+    x = np.ones((2, 64), np.float32)
+    cm = fexplore.compile(str(path), (x,))
+    np.testing.assert_allclose(cm(x)[0], x @ numpy_helper.to_array(w), rtol=1e-5, atol=1e-4)
+    proto = onnx.load(str(path), load_external_data=False)
+    with pytest.raises(FexploreError, match="external data"):
+        fexplore.compile(proto, (x,))
+
+
+def test_a_user_converter_extends_and_can_take_over():
+    calls = []
+
+    @onnx_converter("Det", since=13)
+    def _det(ctx):
+        calls.append(ctx.onnx.name)
+        x = ctx.input(0)   # a 2x2 determinant, enough to show the door works
+        a, b, c, d = (ctx.emit("select", [ctx.emit("select", [x], {"axis": 0, "index": i})],
+                               {"axis": 0, "index": j}) for i in (0, 1) for j in (0, 1))
+        return ctx.emit("sub", [ctx.emit("mul", [a, d]), ctx.emit("mul", [b, c])])
+
+    try:
+        m = model([helper.make_node("Det", ["x"], ["y"], name="det")], [vi("x", [2, 2])],
+                  [vi("y", [])])
+        x = np.array([[2.0, 1.0], [3.0, 4.0]], np.float32)
+        assert float(fexplore.compile(m, (x,))(x)[0]) == pytest.approx(5.0)
+        assert calls == ["det"]
+        with pytest.raises(ValueError, match="replace=True"):
+            onnx_converter("Det", since=13)(lambda ctx: None)
+    finally:
+        from fexplore.pipeline.onnx.registry import ONNX_CONVERTERS
+
+        ONNX_CONVERTERS.pop(("", "Det"), None)
+
+
+def test_bad_example_inputs_are_clear_errors():
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2, 3])], [vi("y", [2, 3])])
+    with pytest.raises(FexploreError, match="takes 1 inputs"):
+        fexplore.compile(m, ())
+    with pytest.raises(FexploreError, match="float32 array"):
+        fexplore.compile(m, (np.ones((2, 3)),))
+    with pytest.raises(FexploreError, match="dim 1 is 3 in the model"):
+        fexplore.compile(m, (np.ones((2, 4), np.float32),))
+    with pytest.raises(FexploreError, match="dim_param"):
+        fexplore.compile(m, (np.ones((2, 3), np.float32),), dynamic_shapes=({0: "batch"},))
+
+
+@pytest.mark.parametrize("zp_type, per_axis", [(TensorProto.UINT8, False), (TensorProto.INT8, True)])
+def test_quantize_dequantize_match_onnx_runtime(zp_type, per_axis):
+    c = 3
+    scale = np.array([0.05, 0.1, 0.02], np.float32) if per_axis else np.array(0.05, np.float32)
+    zp_np = np.int8 if zp_type == TensorProto.INT8 else np.uint8
+    zp = (np.array([0, 3, -2], zp_np) if per_axis else np.array(128, zp_np))
+    inits = [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zp, "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=1),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=1)]
+    m = model(nodes, [vi("x", [2, c, 4])], [vi("q", None, zp_type), vi("y", None)], inits, opset=13)
+    x = (np.random.default_rng(0).standard_normal((2, c, 4)) * 4).astype(np.float32)
+    got = fexplore.compile(m, (x,))(x)
+    want = ort(m, [x])
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)

@@ -1,0 +1,171 @@
+"""The ONNX front door: zoo models exported with torch.onnx.export reach the fused regions the
+torch door reaches (or the test shows the difference), every stage verified against ONNX Runtime;
+a symbolic batch dim compiles once and runs at two sizes; shape-like graph inputs are frozen
+and checked; the CLI compiles a .onnx file."""
+
+import contextlib
+import io
+import logging
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+import fexplore  # noqa: E402
+from fexplore.errors import InputError  # noqa: E402
+from fexplore.models import ZOO  # noqa: E402
+from fexplore.pipeline.numeric import to_numpy  # noqa: E402
+from fexplore.pipeline.onnx.compare import TwoDoors, regions_diff  # noqa: E402
+from fexplore.pipeline.onnx.oracle import run_session, session  # noqa: E402
+
+
+def export(model, inputs, path, dynamo=True, **kw):
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            torch.onnx.export(model, inputs, str(path), dynamo=dynamo, verbose=False, **kw)
+        finally:
+            logging.disable(logging.NOTSET)
+    return str(path)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_round_trip_through_onnx(name, tmp_path):
+    model, inputs = ZOO[name]()
+    path = export(model, inputs, tmp_path / f"{name}.onnx")
+    arrays = [to_numpy(x) for x in inputs]
+    ex = fexplore.explore(path, arrays)
+    fused = ex["fusion"]
+    for rec in ex.records:   # every stage's numbers against ONNX Runtime
+        assert rec.verification.ok, (rec.name, rec.verification)
+    # provenance: the exporter's module path and the model's own source line, as the torch
+    # door shows them, with the ONNX node's name and op type
+    locs = [n.loc for n in ex.records[0].after.nodes if n.loc is not None]
+    assert any(loc.file and "fexplore/models/" in loc.file.replace("\\", "/") and loc.line
+               for loc in locs)
+    assert all(loc.module.endswith(")") for loc in locs)
+    want = run_session(session(onnx.load(path)), [i.name for i in onnx.load(path).graph.input],
+                       arrays)
+    got = fexplore.ir.run(fused.after, arrays)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    torch_fused = fexplore.explore(model, inputs)["fusion"]
+    diff = regions_diff(fused.after, torch_fused.after)
+    view = TwoDoors(fused.after, torch_fused.after)
+    # the exporter decomposes what the torch door keeps (scaled_dot_product_attention, silu,
+    # rsqrt, nn.Linear, adaptive pooling, embedding lookups); the ONNX door reads them back, so
+    # fusion makes the same regions from both; the view shows any difference side by side
+    assert diff is None and view.same, f"{name}: the doors' fused regions differ\n{diff}"
+    assert "ONNX door" in view._repr_html_() and "same regions" in repr(view)
+
+
+class Batched(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 16)
+
+    def forward(self, x):
+        return torch.softmax(self.proj(x).relu(), dim=-1) * x.shape[0]
+
+
+def test_symbolic_batch_dim_compiles_once_and_runs_at_two_sizes(tmp_path):
+    torch.manual_seed(0)
+    model = Batched().eval()
+    x = torch.randn(3, 8)
+    path = export(model, (x,), tmp_path / "b.onnx",
+                  dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}})
+    proto = onnx.load(path)
+    dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
+    assert dim.dim_param, "the exporter kept the batch dim symbolic"
+    cm = fexplore.compile(path, (x.numpy(),))
+    g = cm.stages[0].after
+    assert str(g.inputs[0].type.shape[0]) == dim.dim_param.replace(".", "_")
+    sess = session(proto)
+    for b in (3, 7):
+        xb = np.random.default_rng(b).standard_normal((b, 8)).astype(np.float32)
+        (got,) = cm(xb)
+        (want,) = run_session(sess, ["x"], [xb])
+        assert got.shape == (b, 16)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _reshape_model():
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="flat")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+                                        helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_shape_like_graph_input_is_frozen_recorded_and_checked():
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    shape = np.array([3, 4], dtype=np.int64)
+    cm = fexplore.compile(_reshape_model(), (x, shape))
+    assert "'shape'" in cm.stages[0].summary and "frozen" in cm.stages[0].summary
+    assert cm.stages[0].stats["frozen_inputs"] == ["shape"]
+    (y,) = cm(x, shape)
+    np.testing.assert_array_equal(y, x.reshape(3, 4))
+    with pytest.raises(InputError, match="frozen"):
+        cm(x, np.array([4, 3], dtype=np.int64))
+
+
+def test_provenance_is_the_onnx_node(tmp_path):
+    cm = fexplore.explore(_reshape_model(), (np.zeros((2, 6), np.float32),
+                                             np.array([12, 1], np.int64)))
+    rec = cm.step()
+    (node,) = rec.after.nodes
+    assert node.loc.module == "flat (Reshape)"
+    assert 'loc("flat (Reshape)")' in str(rec.after)
+
+
+def test_cli_compiles_an_onnx_file(tmp_path, monkeypatch, capsys):
+    from fexplore import cli
+
+    torch.manual_seed(0)
+    path = export(Batched().eval(), (torch.randn(3, 8),), tmp_path / "b.onnx",
+                  dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}})
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["compile", path, "--input-shapes", "x=4x8", "--no-report"]) == 0
+    assert "compiled @forward" in capsys.readouterr().out
+    assert cli.main(["compile", path, "--no-report"]) == 2
+    assert "--input-shapes x=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_language_model_with_a_symbolic_sequence_runs_at_two_lengths(name, tmp_path):
+    # the exporter's shape arithmetic over the dynamic length (Shape, Range, a mask buffer's
+    # [:T, :T] corner) resolves to the IR's symbolic dim
+    from fexplore.models import DYNAMIC_SEQ
+
+    model, inputs = ZOO[name]()
+    path = export(model, inputs, tmp_path / f"{name}.onnx", dynamic_shapes=DYNAMIC_SEQ[name](model))
+    cm = fexplore.compile(path, [to_numpy(x) for x in inputs])
+    assert cm.stages[0].after.symbols, "the sequence length stayed symbolic"
+    proto = onnx.load(path)
+    sess = session(proto)
+    for t in (5, 9):
+        ids = np.random.default_rng(t).integers(0, 100, (1, t)).astype(np.int64)
+        (got,) = cm(ids)
+        (want,) = run_session(sess, [i.name for i in proto.graph.input], [ids])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_torchscript_exporter_models_fuse_as_the_torch_door(name, tmp_path):
+    # the older exporter writes GELU as x * 0.5 * (1 + Erf(x / sqrt 2)), nn.Linear as Gemm,
+    # shapes through Shape/Gather/Concat: read back all the same
+    model, inputs = ZOO[name]()
+    path = export(model, inputs, tmp_path / f"{name}.onnx", dynamo=False, opset_version=17)
+    ex = fexplore.explore(path, [to_numpy(x) for x in inputs])
+    fused = ex["fusion"]
+    assert all(r.verification.ok for r in ex.records)
+    view = TwoDoors(fused.after, fexplore.explore(model, inputs)["fusion"].after)
+    assert view.same, view.diff
