@@ -30,6 +30,9 @@ ERROR_MODULES = (
     "fexplore.lang.codegen.errors",
     "fexplore.lang.magic",
     "fexplore.pipeline.ingest",
+    "fexplore.pipeline.onnx.registry",
+    "fexplore.pipeline.onnx.importer",
+    "fexplore.pipeline.onnx.oracle",
 )
 
 # Sections of the Markdown page, by code prefix, in page order.

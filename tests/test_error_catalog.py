@@ -30,7 +30,7 @@ def test_codes_are_unique_and_well_formed(entries):
     assert all(re.fullmatch(r"F[XK]\d{3}", c) for c in codes), codes
     # the families the issue names are all there
     for code in ("FX000", "FX100", "FX200", "FX300", "FX301", "FX400", "FX401", "FX402", "FX404",
-                 "FK100", "FK170"):
+                 "FX410", "FX411", "FX412", "FK100", "FK170"):
         assert code in codes
 
 

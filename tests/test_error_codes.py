@@ -4,6 +4,8 @@ checks the code, the message, the hint and, where the error has one, the user's 
 line marked ``# <- CODE here``). The kernel language's FK1xx codes have theirs in
 tests/test_lang_errors.py."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -412,3 +414,51 @@ def test_FX001_registering_what_cannot_be_registered(register, message, hint):
         fexplore.unregister_kernels()
     check(e.value, RegistrationError, message=message, hint=hint)
     assert isinstance(e.value, TypeError)   # what a wrong argument type has always raised
+
+
+# ---- FX410-FX412: the ONNX door -------------------------------------------------------------------
+
+def _onnx_model(node, inputs, outputs):
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_FX410_an_onnx_node_used_in_a_way_not_compiled():
+    from onnx import helper
+
+    from fexplore.pipeline.onnx.registry import OnnxConversionError
+
+    model = _onnx_model(helper.make_node("Einsum", ["x"], ["y"], name="diag", equation="ii->i"),
+                        [("x", [3, 3])], [("y", [3])])
+    with pytest.raises(OnnxConversionError) as e:
+        fexplore.compile(model, [np.ones((3, 3), np.float32)])
+    assert str(e.value).startswith("[FX410] ") and "Einsum node 'diag'" in e.value.message
+    assert "repeated index" in e.value.message
+
+
+def test_FX411_example_inputs_that_do_not_fit_the_onnx_graph():
+    from onnx import helper
+
+    from fexplore.pipeline.onnx.importer import OnnxModelError
+
+    model = _onnx_model(helper.make_node("Relu", ["x"], ["y"]), [("x", [2, 4])], [("y", [2, 4])])
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(OnnxModelError) as e:
+        fexplore.compile(model, [x, x])
+    check(e.value, OnnxModelError, message="the model takes 1 inputs (x), got 2 example inputs",
+          hint="input order")
+
+
+def test_FX412_no_onnx_runtime_to_verify_against(monkeypatch):
+    from onnx import helper
+
+    from fexplore.pipeline.onnx.oracle import OnnxRuntimeError
+
+    model = _onnx_model(helper.make_node("Relu", ["x"], ["y"]), [("x", [2, 4])], [("y", [2, 4])])
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)   # an install without the runtime
+    with pytest.raises(OnnxRuntimeError) as e:
+        fexplore.compile(model, [np.ones((2, 4), np.float32)])
+    check(e.value, OnnxRuntimeError, message="needs onnxruntime", hint="verify=False")

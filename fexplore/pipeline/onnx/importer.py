@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import sympy
 
-from fexplore.errors import FexploreError, InputError, SourceLoc, UnsupportedOperatorError
+from fexplore.errors import ErrorDoc, FexploreError, InputError, SourceLoc, UnsupportedOperatorError
 from fexplore.ir import DType, Graph, TensorType, Value
 from fexplore.ir.types import symbol
 
@@ -31,7 +31,14 @@ from .registry import MIN_OPSET, OnnxContext, OnnxConversionError, lookup, regis
 class OnnxModelError(FexploreError):
     """The ONNX model cannot be read, or the example inputs do not fit its graph."""
 
-    code = "FX405"
+    code = "FX411"
+    doc = ErrorDoc(
+        when="The ONNX model cannot be read (no file, not a model, external data not loaded, an "
+             "opset too old to upgrade), or the example inputs do not fit its graph: their count, "
+             "dtypes, ranks or fixed dims.",
+        example="fexplore.compile(onnx_model, [x, y])   # the graph takes one input",
+        fix="Pass numpy arrays in the graph's input order, with the dtypes and fixed dims the "
+            "model declares; pass the .onnx path when its weights are external data.")
 
 
 def onnx_dtype(elem_type: int) -> DType:

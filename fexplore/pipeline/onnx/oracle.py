@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fexplore.errors import FexploreError
+from fexplore.errors import ErrorDoc, FexploreError
 
 from .importer import OnnxIngested
 
@@ -19,7 +19,13 @@ from .importer import OnnxIngested
 class OnnxRuntimeError(FexploreError):
     """ONNX Runtime, the reference, could not run the model."""
 
-    code = "FX406"
+    code = "FX412"
+    doc = ErrorDoc(
+        when="ONNX Runtime, the numeric reference of an ONNX model's stages, is not installed or "
+             "cannot load or run the model on the example inputs.",
+        example="fexplore.compile(\"model.onnx\", [x])   # without onnxruntime installed",
+        fix="pip install 'fexplore[onnx]'; or compile with verify=False, which skips the numeric "
+            "checks (the structural ones still run).")
 
 
 def session(model):

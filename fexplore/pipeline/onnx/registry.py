@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fexplore.errors import FexploreError, SourceLoc
+from fexplore.errors import ErrorDoc, FexploreError, SourceLoc
 
 from ..convert.registry import ConvertContext
 
@@ -90,7 +90,14 @@ class OnnxConversionError(FexploreError):
     """An ONNX node uses its op in a way fexplore does not compile (an attribute value, a dtype,
     a data-dependent operand); the message says which."""
 
-    code = "FX404"
+    code = "FX410"
+    doc = ErrorDoc(
+        when="An ONNX node uses an op fexplore converts, in a way it does not compile: an attribute "
+             "value, a dtype or an operand form the converter declines (Einsum with a repeated "
+             "index in one operand, GatherND with batch_dims, a data-dependent output size).",
+        example="onnx.helper.make_node(\"Einsum\", [\"x\"], [\"y\"], equation=\"ii->i\")   # a diagonal",
+        fix="Rewrite that node in the exporting model (a diagonal as a gather, say), or register a "
+            "converter of your own for the op with onnx_converter(..., replace=True).")
 
 
 class _NodeRef:
