@@ -305,7 +305,6 @@ class _Importer:
         """A shape-like operand computed by nodes: evaluate the nodes that compute it, from
         known values, the types Shape reads and graph inputs (frozen, as shape-like operands
         themselves). None when the cone holds anything else (a big tensor, control flow)."""
-        from .folding import fold_node
 
         node = self.producers.get(name)
         if node is None or depth > 64 or node.op_type in _NEVER_FOLD or \
@@ -329,15 +328,7 @@ class _Importer:
                 if k is None:
                     return None
                 vals.append(k)
-            if sum(np.asarray(v).size for v in vals if v is not None) > _FOLD_LIMIT:
-                return None
-        outs = fold_node(node, vals, opset=self.opset)
-        if outs is None:
-            return None
-        for o, v in zip(node.output, outs):
-            if o:
-                self.known[o] = v
-        return self.known.get(name)
+        return self.known.get(name) if self._fold_into_known(node, vals) else None
 
     def _materialize(self, name: str, a: np.ndarray, ctx) -> Value:
         if a.dtype == object:  # symbolic sizes: built from the dims, as ints
@@ -464,6 +455,20 @@ class _Importer:
         shape = [d if isinstance(d, int) else str(d) for d in v.type.shape]
         return helper.make_tensor_type_proto(ir_to_onnx_dtype(v.type.dtype), shape)
 
+
+    def _fold_into_known(self, node, vals) -> bool:
+        """Run `node` on the known values `vals` (small ones only) and record its results."""
+        from .folding import fold_node
+
+        if sum(np.asarray(v).size for v in vals if v is not None) > _FOLD_LIMIT:
+            return False
+        outs = fold_node(node, vals, opset=self.opset)
+        if outs is None:
+            return False
+        for o, v in zip(node.output, outs):
+            if o:
+                self.known[o] = v
+        return True
     def _fold(self, node, loc) -> bool:
         """Compute the node at import time when every input is known (shape arithmetic)."""
         if node.op_type in _NEVER_FOLD or any(a.type in (5, 10) for a in node.attribute):
@@ -487,15 +492,7 @@ class _Importer:
             if k is None:
                 return False
             vals.append(k)
-        if sum(np.asarray(v).size for v in vals if v is not None) > _FOLD_LIMIT:
-            return False
-        outs = fold_node(node, vals, opset=self.opset)
-        if outs is None:
-            return False
-        for o, v in zip(node.output, outs):
-            if o:
-                self.known[o] = v
-        return True
+        return self._fold_into_known(node, vals)
 
 
 def _live(nodes, outputs) -> list:
