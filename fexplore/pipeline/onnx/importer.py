@@ -305,7 +305,6 @@ class _Importer:
         """A shape-like operand computed by nodes: evaluate the nodes that compute it, from
         known values, the types Shape reads and graph inputs (frozen, as shape-like operands
         themselves). None when the cone holds anything else (a big tensor, control flow)."""
-
         node = self.producers.get(name)
         if node is None or depth > 64 or node.op_type in _NEVER_FOLD or \
                 any(a.type in (5, 10) for a in node.attribute):
