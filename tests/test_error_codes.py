@@ -350,24 +350,17 @@ def test_FX502_an_index_outside_its_box_when_the_program_runs():
           hint="check the index data")
 
 
-
 def test_FX503_a_run_that_breaks_program_order():
-    from fexplore.npu.program import Program
+    from test_npu_racecheck import _load_exp_store, _rebuilt
 
-    b = ProgramBuilder("rngd")
-    A, C = b.input("A", (64, 64)), b.output("C", (64, 64))
-    a, e = b.alloc("a", (64, 64)), b.alloc("e", (64, 64))
-    b.load(a, A)
-    b.vector(e, "exp", a)
-    b.store(C, e)
-    prog = b.build()
-    prog.commands[1].deps = ()   # the exp no longer waits for the load of its operand
-    bad = Program(prog.name, prog.target, list(prog.commands), list(prog.buffers), prog.tensors,
-                  prog.allocation)
+    prog = _load_exp_store()
+    load, vec = prog.commands[0], prog.commands[1]
+    bad = _rebuilt(prog, drop={vec.id: {load.id}})   # the exp no longer waits for its operand's load
     with pytest.raises(HazardError) as e:
         bad.simulate({"A": np.zeros((64, 64), np.float32)})
     check(e.value, HazardError, message="broke program order", hint="a dependency is missing")
     assert "reads SRAM buffer 'a'" in str(e.value)
+
 
 # ---- FK190: the kernel generator ---------------------------------------------------------------------
 

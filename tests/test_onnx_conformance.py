@@ -6,10 +6,7 @@ import random
 
 import pytest
 
-pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
-
-from fexplore.testing.onnx_conformance import collect, run_case  # noqa: E402
+from fexplore.testing.onnx_conformance import collect, run_case
 
 SAMPLE = 90
 

@@ -7,15 +7,14 @@ converter registry is extensible."""
 import numpy as np
 import pytest
 
-onnx = pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
-import fexplore  # noqa: E402
-from fexplore.errors import FexploreError, InputError  # noqa: E402
-from fexplore.ir import run  # noqa: E402
-from fexplore.pipeline.onnx import ingest_onnx, onnx_converter  # noqa: E402
-from fexplore.pipeline.onnx.oracle import run_session, session  # noqa: E402
+import fexplore
+from fexplore.errors import FexploreError, InputError
+from fexplore.ir import run
+from fexplore.pipeline.onnx import ingest_onnx, onnx_converter
+from fexplore.pipeline.onnx.oracle import run_session, session
 
 F = TensorProto.FLOAT
 

@@ -12,17 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
-onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper  # noqa: E402
+import onnx
+from onnx import TensorProto, helper
 
-import fexplore  # noqa: E402
-from fexplore.errors import InputError  # noqa: E402
-from fexplore.models import ZOO  # noqa: E402
-from fexplore.pipeline.numeric import to_numpy  # noqa: E402
-from fexplore.pipeline.onnx.compare import TwoDoors, regions_diff  # noqa: E402
-from fexplore.pipeline.onnx.oracle import run_session, session  # noqa: E402
+import fexplore
+from fexplore.errors import InputError
+from fexplore.models import ZOO
+from fexplore.pipeline.numeric import to_numpy
+from fexplore.pipeline.onnx.compare import TwoDoors, regions_diff
+from fexplore.pipeline.onnx.oracle import run_session, session
 
 
 def export(model, inputs, path, dynamo=True, **kw):

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import signal
-import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .fuzz import InvalidProgram, Program, load_source
+from .limits import CaseTimeout, time_limit
 
 # Codes that are a clear refusal, not a bug:
 # - FX400 UnsupportedOperatorError: the model uses an op (or an op in a way) fexplore declares it
@@ -69,30 +68,6 @@ class CaseResult:
     def signature(self) -> str:
         """What makes two failures the same failure (the shrinker keeps it)."""
         return f"{self.outcome}:{self.stage}:{self.code or self.detail.split(':')[0]}"
-
-
-class CaseTimeout(BaseException):
-    """A case over its time limit. Not an Exception: fexplore's own ``except Exception`` (which
-    turns torch.export's failures into ExportError) must not swallow it."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float | None):
-    """Raises CaseTimeout in the block after ``seconds`` (main thread only: elsewhere, no limit)."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame):
-        raise CaseTimeout(f"over {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def check(program: Program, *, timeout: float | None = 60.0, target="rngd",

@@ -74,9 +74,12 @@ def _pick_unary(gen):
     return (a,), _attrs(expr=gen.rng.choice(sorted(UNARY)))
 
 
-@_pick_unary.render
-def _render_unary(out, args, attrs, ts):
+def _render_template(out, args, attrs, ts):
+    """A kind whose attrs hold one template over its operand (``torch.relu({a})``)."""
     return _fwd(out, dict(attrs)["expr"].format(a=args[0]))
+
+
+_pick_unary.render(_render_template)
 
 
 BINARY = ("{a} + {b}", "{a} - {b}", "{a} * {b}", "torch.maximum({a}, {b})",
@@ -510,9 +513,7 @@ def _pick_pool(gen):
     return (a,), _attrs(expr=gen.rng.choice(POOLS))
 
 
-@_pick_pool.render
-def _render_pool(out, args, attrs, ts):
-    return _fwd(out, dict(attrs)["expr"].format(a=args[0]))
+_pick_pool.render(_render_template)
 
 
 @kind("norm", 1.5)
@@ -662,9 +663,7 @@ def _pick_const(gen):
     return (a,), _attrs(expr=gen.rng.choice(CONSTS))
 
 
-@_pick_const.render
-def _render_const(out, args, attrs, ts):
-    return _fwd(out, dict(attrs)["expr"].format(a=args[0]))
+_pick_const.render(_render_template)
 
 
 @kind("inplace", 1.5)

@@ -27,7 +27,6 @@ import ast
 import contextlib
 import importlib
 import inspect
-import signal
 import textwrap
 import time
 import warnings
@@ -37,6 +36,9 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
+
+from .limits import CaseTimeout
+from .limits import time_limit as limit_time
 
 
 # -- the mechanism -----------------------------------------------------------------------------
@@ -401,29 +403,6 @@ class Outcome:
         return self.caught is not None
 
 
-class _Timeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float):
-    """Raise _Timeout in this (main) thread after ``seconds``: a mutant may make a loop endless."""
-    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def fire(*_):
-        raise _Timeout(f"no result after {seconds:.0f} s")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def _first_line(text) -> str:
     text = str(text or "").strip()
     return text.splitlines()[0][:240] if text else ""
@@ -435,14 +414,14 @@ def check_case(case: Case, *, time_limit: float = 180.0) -> Caught | None:
     first check that fired."""
     import fexplore
 
-    with warnings.catch_warnings(), _time_limit(time_limit):
+    with warnings.catch_warnings(), limit_time(time_limit):
         warnings.simplefilter("ignore")
         model, inputs = case.build()
         ex = fexplore.explore(model, inputs, **case.options)
         try:
             while not ex.done:
                 ex.step()
-        except _Timeout as e:
+        except CaseTimeout as e:
             return Caught(case.name, f"stage {ex.stage_names[len(ex.records)]} did not finish", str(e))
         except Exception as e:   # a crash inside a stage (or its verification) is a detection too
             stage = ex.stage_names[len(ex.records)]
@@ -459,7 +438,7 @@ def check_case(case: Case, *, time_limit: float = 180.0) -> Caught | None:
         for label, args in (("example inputs", inputs), ("fresh inputs", fresh)):
             try:
                 got = cm(*args)
-            except _Timeout as e:
+            except CaseTimeout as e:
                 return Caught(case.name, f"compiled model on {label} did not finish", str(e))
             except Exception as e:
                 return Caught(case.name, f"compiled model on {label} raised {type(e).__name__}",

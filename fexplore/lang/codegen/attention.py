@@ -295,7 +295,6 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         hv, r = q_index[group[0]], group[1]
         heads = f"range({r} * g, {r} * g + {r})" if gvar == "g" else f"range({r})"
     with w.indent():
-        qdt = fl_dtype(q.type.dtype)
         if group:
             w("q_of, m_of, l_of, o_of = [], [], [], []   # per query head of the group")
             w(f"for {hv} in {heads}:   # the query heads sharing key head {gvar}")
