@@ -22,6 +22,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from fexplore.errors import ErrorDoc, ExportError, FexploreError, SourceLoc, UnsupportedOperatorError
 from fexplore.ir import Constant, Graph, TensorType, Value
 from fexplore.ir.graph import unique_name
+from fexplore.ir.types import dims_equal
 
 from .convert import COMPLEX_CONVERTERS, CONVERTERS, ConvertContext, fake_type, ir_dtype, is_complex
 from .symbols import SymbolTable, build_symbol_table
@@ -333,6 +334,23 @@ def _map(x, env):
     return x
 
 
+def _same_type(got: TensorType, want: TensorType, fake: torch.Tensor, symbols: SymbolTable) -> bool:
+    """The converter's type equals torch's: the same dtype and layout, and each dim equal
+    symbolically or by a fact torch's guards pin (a dim torch keeps as an expression that the
+    program only runs with at one size). A dim torch cannot prove equal is a mismatch."""
+    if got.same_as(want):
+        return True
+    return (got.dtype == want.dtype and got.layout == want.layout and got.rank == want.rank
+            and all(dims_equal(g, w) or symbols.proves_equal(g, d)
+                    for g, w, d in zip(got.shape, want.shape, _torch_dims(fake))))
+
+
+def _torch_dims(fake: torch.Tensor) -> tuple:
+    """torch's dims of a fake result, as the IR lays it out (a complex tensor's real pairs add
+    a last dim of 2)."""
+    return tuple(fake.shape) + ((2,) if is_complex(fake) else ())
+
+
 def _check_result(ctx: ConvertContext, result, target: str) -> None:
     """Compare what the converter built with torch's fake-tensor result: same dtype, same dims."""
     meta = ctx.meta
@@ -344,7 +362,7 @@ def _check_result(ctx: ConvertContext, result, target: str) -> None:
                  isinstance(m, torch.Tensor)]
     for r, m in pairs:
         want = _fake_type(m, ctx.b.symbols)
-        if not isinstance(r, Value) or not r.type.same_as(want):
+        if not isinstance(r, Value) or not _same_type(r.type, want, m, ctx.b.symbols):
             got = r.type if isinstance(r, Value) else r
             raise IngestionError(f"converter for {target} produced {got}, torch computes {want}",
                                  loc=ctx.loc, hint="this is a bug in fexplore's converter")

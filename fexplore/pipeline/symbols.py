@@ -19,9 +19,11 @@ from fexplore.ir.types import canon_dim, symbol
 class SymbolTable:
     """Maps torch's symbols to IR symbols and carries their ranges."""
 
-    def __init__(self):
+    def __init__(self, shape_env=None):
         self.to_ir: dict[sympy.Symbol, sympy.Symbol] = {}
         self.ranges: dict[str, tuple[int, int | None]] = {}
+        # torch's ShapeEnv of the export: the facts its guards established about the symbols
+        self.shape_env = shape_env
 
     def add(self, torch_sym: sympy.Symbol, name: str, lo: int, hi: int | None) -> None:
         taken = {s.name for s in self.to_ir.values()}
@@ -40,6 +42,24 @@ class SymbolTable:
         else:
             expr = d
         return canon_dim(sympy.sympify(self.expr(expr)))
+
+    def proves_equal(self, ir_dim, torch_dim) -> bool:
+        """Whether torch's shape environment proves an IR dim equal to a torch dim from the
+        facts tracing established (its guards): a chunk of a dynamic batch broadcast against a
+        static 2 is torch's ``s - ceil(s/2)`` but pinned to 2 wherever the program runs. An
+        equality torch cannot prove, or an IR dim in symbols torch does not know, is False."""
+        if self.shape_env is None:
+            return False
+        want = torch_dim.node.expr if isinstance(torch_dim, torch.SymInt) else sympy.Integer(torch_dim)
+        to_torch = {v: k for k, v in self.to_ir.items()}
+        got = sympy.sympify(ir_dim)
+        if not got.free_symbols <= set(to_torch):
+            return False
+        try:
+            fact = self.shape_env._maybe_evaluate_static(sympy.Eq(want, got.xreplace(to_torch)))
+        except Exception:  # torch's symbolic reasoning gave up on this expression: no proof
+            return False
+        return fact is not None and bool(fact is sympy.true)
 
     def expr(self, e):
         if isinstance(e, (int, float)):
@@ -74,7 +94,7 @@ class SymbolTable:
 def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
     """Name torch's symbols after the user's Dims, matching the dynamic_shapes spec against the
     example inputs' dims; ranges come from the ExportedProgram's range constraints."""
-    table = SymbolTable()
+    table = SymbolTable(_shape_env(user_inputs))
     names = _dim_names(user_inputs, dynamic_shapes, forward)
     for sym, vr in ep.range_constraints.items():
         # an unbounded end is sympy's oo or torch's int_oo (which calls itself finite); a size
@@ -83,6 +103,15 @@ def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
         hi = int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None
         table.add(sym, names.get(sym, sym.name), lo, hi)
     return table
+
+
+def _shape_env(fakes):
+    """The ShapeEnv behind the export's symbolic input sizes (None when every size is static)."""
+    for fake in fakes:
+        for d in getattr(fake, "shape", ()):
+            if isinstance(d, torch.SymInt):
+                return d.node.shape_env
+    return None
 
 
 def _dim_names(user_inputs, dynamic_shapes, forward) -> dict:
