@@ -274,7 +274,24 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
         raise IngestionError(f"cannot convert {target}: {e}", loc=loc,
                              hint="this use of the op is not supported yet") from None
     _check_result(ctx, result, target)
-    return result
+    return _pin_guarded_dims(ctx, result, symbols)
+
+
+def _pin_guarded_dims(ctx: ConvertContext, result, symbols: SymbolTable):
+    """A result dim torch keeps as an expression but pins by a guard to one size becomes that
+    size (a reshape, the identity wherever the program runs), so the ops reading it see what
+    torch saw: a conv whose input channels are ``floor(s/2)``, pinned to its weight's 2."""
+    fake = ctx.meta
+    if not isinstance(result, Value) or not isinstance(fake, torch.Tensor) or is_complex(fake):
+        return result
+    shape = list(result.type.shape)
+    for i, d in enumerate(fake.shape):
+        size = symbols.pinned(d) if not isinstance(shape[i], int) else None
+        if size is not None:
+            shape[i] = size
+    if shape == list(result.type.shape):
+        return result
+    return ctx.emit("reshape", [result], {"shape": tuple(shape)})
 
 
 def _touches_complex(n) -> bool:

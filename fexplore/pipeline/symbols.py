@@ -61,6 +61,16 @@ class SymbolTable:
             return False
         return fact is not None and bool(fact is sympy.true)
 
+    def pinned(self, torch_dim) -> int | None:
+        """The one size a symbolic torch dim can have where the program runs, when torch's
+        guards pin it (``floor(s/2)`` fed to a conv's 2 input channels), else None."""
+        if not isinstance(torch_dim, torch.SymInt) or torch_dim.node.expr.is_Symbol:
+            return None  # an input's own size symbol is dynamic: torch would have specialized it
+        hint = torch_dim.node.hint
+        if not isinstance(hint, int) or not self.proves_equal(hint, torch_dim):
+            return None
+        return hint
+
     def expr(self, e):
         if isinstance(e, (int, float)):
             return e
