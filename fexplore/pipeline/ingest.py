@@ -278,15 +278,20 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
 
 
 def _pin_guarded_dims(ctx: ConvertContext, result, symbols: SymbolTable):
-    """A result dim torch keeps as an expression but pins by a guard to one size becomes that
-    size (a reshape, the identity wherever the program runs), so the ops reading it see what
-    torch saw: a conv whose input channels are ``floor(s/2)``, pinned to its weight's 2."""
+    """A result dim torch knows to be one size (it made it static, or keeps it as an expression
+    but pins it by a guard) becomes that size (a reshape, the identity wherever the program
+    runs), so the ops reading it see what torch saw: a conv whose input channels are
+    ``floor(s/2)``, pinned to its weight's 2."""
     fake = ctx.meta
     if not isinstance(result, Value) or not isinstance(fake, torch.Tensor) or is_complex(fake):
         return result
     shape = list(result.type.shape)
     for i, d in enumerate(fake.shape):
-        size = symbols.pinned(d) if not isinstance(shape[i], int) else None
+        if isinstance(shape[i], int):
+            continue
+        # a dim torch made static (the result check proved the IR's expression equal to it),
+        # or one it keeps as an expression but pins by a guard
+        size = int(d) if isinstance(d, int) else symbols.pinned(d)
         if size is not None:
             shape[i] = size
     if shape == list(result.type.shape):
