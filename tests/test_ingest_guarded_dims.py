@@ -11,6 +11,7 @@ import torch
 from torch.export import Dim
 
 import fexplore
+from fexplore.errors import InputError
 from fexplore.pipeline.convert import CONVERTERS, converter
 from fexplore.pipeline.ingest import IngestionError
 from fexplore.pipeline.symbols import build_symbol_table
@@ -28,9 +29,15 @@ class ChunkBroadcast(torch.nn.Module):
 def test_a_dim_pinned_by_a_guard_is_accepted_and_computes_like_eager():
     model, x = ChunkBroadcast().eval(), torch.randn(4, 1)
     cm = fexplore.compile(model, (x,), dynamic_shapes=({0: Dim.AUTO},))
-    for batch in (3, 4):   # the sizes whose last chunk has 2 rows
+    for batch in (4, 5):   # the sizes whose last chunk has 2 rows
         xb = torch.randn(batch, 1)
         torch.testing.assert_close(cm(xb), model(xb))
+    # the compile relies on the guard, so it refuses a batch where it fails, as torch's
+    # exported program does (eager would broadcast a last chunk of 1 row)
+    with pytest.raises(InputError):
+        cm(torch.randn(3, 1))
+    with pytest.raises(Exception, match="Guard failed"):
+        torch.export.export(model, (x,), dynamic_shapes=({0: Dim.AUTO},)).module()(torch.randn(3, 1))
 
 
 def test_proves_equal_only_what_the_guards_pin():

@@ -363,8 +363,17 @@ def _same_type(got: TensorType, want: TensorType, fake: torch.Tensor, symbols: S
     if got.same_as(want):
         return True
     return (got.dtype == want.dtype and got.layout == want.layout and got.rank == want.rank
-            and all(dims_equal(g, w) or symbols.proves_equal(g, d)
+            and all(dims_equal(g, w) or _pinned_equal(g, w, d, symbols)
                     for g, w, d in zip(got.shape, want.shape, _torch_dims(fake))))
+
+
+def _pinned_equal(got, want, torch_dim, symbols: SymbolTable) -> bool:
+    """A static dim on one side and an expression on the other that torch's guards pin to it;
+    the expression's symbol is then held to the sizes where the guard holds."""
+    if isinstance(got, int) == isinstance(want, int):
+        return False
+    size, expr = (got, want) if isinstance(got, int) else (want, got)
+    return symbols.proves_equal(got, torch_dim) and symbols.rely_on(expr, size)
 
 
 def _torch_dims(fake: torch.Tensor) -> tuple:

@@ -16,6 +16,10 @@ import torch
 from fexplore.ir.types import canon_dim, symbol
 
 
+# How far ``SymbolTable.rely_on`` looks either side of the example size for where a guard holds.
+_GUARD_SCAN = 4096
+
+
 class SymbolTable:
     """Maps torch's symbols to IR symbols and carries their ranges."""
 
@@ -63,13 +67,44 @@ class SymbolTable:
 
     def pinned(self, torch_dim) -> int | None:
         """The one size a symbolic torch dim can have where the program runs, when torch's
-        guards pin it (``floor(s/2)`` fed to a conv's 2 input channels), else None."""
+        guards pin it (``floor(s/2)`` fed to a conv's 2 input channels), else None. The
+        symbol's range is narrowed to where the guard holds (``rely_on``)."""
         if not isinstance(torch_dim, torch.SymInt) or torch_dim.node.expr.is_Symbol:
             return None  # an input's own size symbol is dynamic: torch would have specialized it
         hint = torch_dim.node.hint
-        if not isinstance(hint, int) or not self.proves_equal(hint, torch_dim):
+        if not isinstance(hint, int) or not self.proves_equal(hint, torch_dim) or \
+                not self.rely_on(self.dim(torch_dim), hint):
             return None
         return hint
+
+    def rely_on(self, ir_dim, size: int) -> bool:
+        """Narrow the range of the one symbol of ``ir_dim`` to the sizes around the example's
+        where ``ir_dim`` equals ``size``: a compile that relies on a guard torch recorded
+        (``floor(s/2) == 1``) then refuses inputs where it fails, as torch's exported program
+        does, instead of computing with a wrong size. False (nothing narrowed) when ``ir_dim``
+        has another number of symbols, or the example itself does not satisfy it."""
+        free = sympy.sympify(ir_dim).free_symbols
+        to_torch = {v: k for k, v in self.to_ir.items()}
+        if len(free) != 1 or self.shape_env is None:
+            return False
+        (n,) = free
+        example = self.shape_env.var_to_val.get(to_torch.get(n))
+        if example is None:
+            return False
+        value = sympy.lambdify(n, ir_dim, "math")
+        v0 = int(example)
+        if value(v0) != size:
+            return False
+        lo, hi = self.ranges[n.name]
+        a = v0
+        while a - 1 >= lo and v0 - a < _GUARD_SCAN and value(a - 1) == size:
+            a -= 1
+        b = v0
+        while (hi is None or b + 1 <= hi) and b - v0 < _GUARD_SCAN and value(b + 1) == size:
+            b += 1
+        # equal that far up (a Min with a constant): taken as equal for every larger size
+        self.ranges[n.name] = (a, hi if b - v0 >= _GUARD_SCAN else b)
+        return True
 
     def expr(self, e):
         if isinstance(e, (int, float)):
