@@ -5,7 +5,7 @@ reductions along named axes, where, cast, broadcast). Checked and recorded like 
 from __future__ import annotations
 
 import re
-from numbers import Number
+from numbers import Integral, Number
 
 import numpy as np
 
@@ -117,8 +117,8 @@ def vector(op: str, operands, *, dtype=None, out=None, axis=None, keepdims: bool
         if isinstance(x, bool) or not isinstance(x, (Number, Tile, DramTensor, DramSlice)):
             raise TraceError(f"fl.{op}: an operand is neither a tile nor a number",
                              expected="tiles and Python numbers", given=describe(x), loc=loc)
-        if isinstance(x, Number):
-            args.append(float(x))
+        if isinstance(x, Number):   # an integer stays one: the unit's integer lanes take it whole
+            args.append(int(x) if isinstance(x, Integral) else float(x))
         else:
             t = operand_tile(tr, x, f"fl.{op}", loc)
             args.append(t)
