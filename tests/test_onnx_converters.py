@@ -201,3 +201,36 @@ def test_quantize_dequantize_match_onnx_runtime(zp_type, per_axis):
     want = ort(m, [x])
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
+
+
+def test_unsigned_types_compute_in_their_own_width_on_the_chip():
+    # u16/u32/u64 are IR dtypes: wraparound, shifts into the top bit and values above i64's
+    # range come out as ONNX Runtime computes them, through every stage and on the chip
+    U16, U32, U64 = TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64
+    nodes = [helper.make_node("Add", ["a", "b"], ["wrapped"]),
+             helper.make_node("BitShift", ["w", "s"], ["shifted"], direction="LEFT"),
+             helper.make_node("BitwiseNot", ["a"], ["flipped"]),
+             helper.make_node("Mul", ["h", "h"], ["squared"]),
+             helper.make_node("Greater", ["w", "v"], ["above"])]
+    m = model(nodes, [vi("a", [8], U32), vi("b", [8], U32), vi("w", [8], U64), vi("s", [8], U64),
+                      vi("h", [8], U16), vi("v", [8], U64)],
+              [vi("wrapped", [8], U32), vi("shifted", [8], U64), vi("flipped", [8], U32),
+               vi("squared", [8], U16), vi("above", [8], TensorProto.BOOL)])
+    rng = np.random.default_rng(0)
+    a = rng.integers(2**31, 2**32, 8, dtype=np.uint32)
+    b = rng.integers(2**31, 2**32, 8, dtype=np.uint32)            # a + b overflows u32
+    w = rng.integers(2**62, 2**64 - 1, 8, dtype=np.uint64)        # above i64's range
+    s = np.arange(8, dtype=np.uint64)
+    h = rng.integers(300, 2**16, 8, dtype=np.uint16)
+    v = w ^ np.uint64(1)                                           # differs in the lowest bit
+    arrays = [a, b, w, s, h, v]
+    cm = fexplore.compile(m, arrays)
+    assert [i.type.dtype.value for i in cm.stages[0].after.inputs] == \
+        ["u32", "u32", "u64", "u64", "u16", "u64"]
+    g = cm.stages[0].after
+    assert fexplore.ir.parse(str(g), payloads=g.payloads) == g
+    got, want = cm(*arrays), ort(m, arrays)
+    for x, y in zip(got, want):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+    assert (got[0] < a).all()   # it did wrap

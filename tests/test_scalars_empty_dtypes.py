@@ -132,3 +132,15 @@ def test_integer_elementwise_ops_on_the_chip_are_exact_above_2_24():
     # it really ran as kernels on the chip (no op left to the host), through the vector unit
     assert (cm.report()["how"] != "host").all()
     assert cm(a, b, w)[2][0].equal(a[0])
+
+
+def test_unsigned_with_signed_promotes_to_a_type_holding_both_or_refuses():
+    from fexplore.ir.types import promote_pair
+
+    assert promote_pair(DType.u16, DType.i16) == DType.i32
+    assert promote_pair(DType.u32, DType.i8) == DType.i64
+    assert promote_pair(DType.u16, DType.i64) == DType.i64
+    assert promote_pair(DType.u8, DType.u32) == DType.u32
+    assert promote_pair(DType.bool, DType.u64) == DType.u64
+    with pytest.raises(TypeError, match="no integer type holds both u64 and i64"):
+        promote_pair(DType.u64, DType.i64)   # numpy would give f64 and round the values

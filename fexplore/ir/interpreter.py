@@ -23,7 +23,7 @@ NodeHook = Callable[[Node, Sequence[np.ndarray]], None]
 # torch's names for the IR's dtypes, for a hint a user can paste
 _TORCH_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
                 "fp8": "float8_e4m3fn", "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8",
-                "u8": "uint8", "bool": "bool"}
+                "u64": "uint64", "u32": "uint32", "u16": "uint16", "u8": "uint8", "bool": "bool"}
 _SIZES_HINT = ("pass inputs of the shapes it was compiled with; for sizes that vary, compile with "
                "dynamic_shapes= (torch.export.Dim)")
 

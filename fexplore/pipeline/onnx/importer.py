@@ -46,8 +46,8 @@ def onnx_dtype(elem_type: int) -> DType:
 
     table = {T.FLOAT: DType.f32, T.DOUBLE: DType.f64, T.FLOAT16: DType.f16,
              T.BFLOAT16: DType.bf16, T.FLOAT8E4M3FN: DType.fp8, T.INT64: DType.i64,
-             T.INT32: DType.i32, T.INT16: DType.i16, T.INT8: DType.i8, T.UINT8: DType.u8,
-             T.BOOL: DType.bool}
+             T.INT32: DType.i32, T.INT16: DType.i16, T.INT8: DType.i8, T.UINT64: DType.u64,
+             T.UINT32: DType.u32, T.UINT16: DType.u16, T.UINT8: DType.u8, T.BOOL: DType.bool}
     if elem_type not in table:
         from onnx import helper
 
@@ -62,7 +62,8 @@ def ir_to_onnx_dtype(dt: DType) -> int:
 
     return {DType.f32: T.FLOAT, DType.f64: T.DOUBLE, DType.f16: T.FLOAT16, DType.bf16: T.BFLOAT16,
             DType.fp8: T.FLOAT8E4M3FN, DType.i64: T.INT64, DType.i32: T.INT32, DType.i16: T.INT16,
-            DType.i8: T.INT8, DType.u8: T.UINT8, DType.bool: T.BOOL}[dt]
+            DType.i8: T.INT8, DType.u64: T.UINT64, DType.u32: T.UINT32, DType.u16: T.UINT16,
+            DType.u8: T.UINT8, DType.bool: T.BOOL}[dt]
 
 
 def is_onnx_model(model) -> bool:
