@@ -234,3 +234,22 @@ def test_unsigned_types_compute_in_their_own_width_on_the_chip():
         assert x.dtype == y.dtype
         np.testing.assert_array_equal(x, y)
     assert (got[0] < a).all()   # it did wrap
+
+
+def test_bitcast_keeps_the_bits_and_refuses_unequal_widths():
+    m = model([helper.make_node("BitCast", ["x"], ["bits"], to=TensorProto.INT32),
+               helper.make_node("BitCast", ["u"], ["signed"], to=TensorProto.INT16)],
+              [vi("x", [5]), vi("u", [3], TensorProto.UINT16)],
+              [vi("bits", [5], TensorProto.INT32), vi("signed", [3], TensorProto.INT16)],
+              opset=26)
+    x = np.array([1.0, -0.0, np.inf, np.nan, 1e-45], np.float32)
+    u = np.array([0, 32768, 65535], np.uint16)
+    got = fexplore.compile(m, (x, u))(x, u)
+    for g, w in zip(got, ort(m, [x, u])):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    assert got[0][0] == 0x3F800000 and list(got[1]) == [0, -32768, -1]
+    wide = model([helper.make_node("BitCast", ["x"], ["y"], to=TensorProto.INT64)],
+                 [vi("x", [5])], [vi("y", [5], TensorProto.INT64)], opset=26)
+    with pytest.raises(FexploreError, match=r"FX410.*f32 to i64: the bit widths differ"):
+        fexplore.compile(wide, (x,))

@@ -110,7 +110,8 @@ def evaluate_node(node: Node, inputs: Sequence[np.ndarray], bindings: Mapping | 
         raw = op.run_regions(list(inputs), attrs, node.regions, runner)
     else:
         with np.errstate(all="ignore"):  # inf/NaN propagate as in torch, without warnings
-            raw = op.reference([_compute_form(x) for x in inputs], attrs)
+            raw = op.reference(list(inputs) if op.stored_inputs else
+                               [_compute_form(x) for x in inputs], attrs)
     if len(raw) != len(node.outputs):
         raise AssertionError(f"{op.name} reference returned {len(raw)} outputs, "
                              f"declared {len(node.outputs)}")
