@@ -424,12 +424,14 @@ def test_FX410_an_onnx_node_used_in_a_way_not_compiled():
 
     from fexplore.pipeline.onnx.registry import OnnxConversionError
 
-    model = _onnx_model(helper.make_node("Einsum", ["x"], ["y"], name="diag", equation="ii->i"),
-                        [("x", [3, 3])], [("y", [3])])
+    model = _onnx_model(helper.make_node("Einsum", ["a", "b", "c"], ["y"], name="chain",
+                                         equation="ij,jk,kl->il"),
+                        [("a", [2, 3]), ("b", [3, 4]), ("c", [4, 5])], [("y", [2, 5])])
     with pytest.raises(OnnxConversionError) as e:
-        fexplore.compile(model, [np.ones((3, 3), np.float32)])
-    assert str(e.value).startswith("[FX410] ") and "Einsum node 'diag'" in e.value.message
-    assert "repeated index" in e.value.message
+        fexplore.compile(model, [np.ones((2, 3), np.float32), np.ones((3, 4), np.float32),
+                                 np.ones((4, 5), np.float32)])
+    assert str(e.value).startswith("[FX410] ") and "Einsum node 'chain'" in e.value.message
+    assert "more than two operands" in e.value.message
 
 
 def test_FX411_example_inputs_that_do_not_fit_the_onnx_graph():

@@ -101,6 +101,9 @@ def test_if_on_a_known_condition_keeps_only_its_branch():
     ("ij->ji", [(3, 4)]), ("i,i->", [(5,), (5,)]), ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),
     ("ij,jk", [(3, 4), (4, 5)]), ("bi,bj->bij", [(2, 3), (2, 4)]), ("ijk->i", [(2, 3, 4)]),
     ("bn,anm->bam", [(2, 3), (4, 3, 5)]),
+    # a repeated letter takes a diagonal: alone, batched, as a trace, thrice, before a product
+    ("ii->i", [(4, 4)]), ("bii->bi", [(2, 3, 3)]), ("ii", [(4, 4)]), ("iji->j", [(3, 2, 3)]),
+    ("iii->i", [(3, 3, 3)]), ("ij,jj->i", [(3, 4), (4, 4)]),
 ])
 def test_einsum_matches_numpy(eq, shapes):
     rng = np.random.default_rng(0)
@@ -253,3 +256,19 @@ def test_bitcast_keeps_the_bits_and_refuses_unequal_widths():
                  [vi("x", [5])], [vi("y", [5], TensorProto.INT64)], opset=26)
     with pytest.raises(FexploreError, match=r"FX410.*f32 to i64: the bit widths differ"):
         fexplore.compile(wide, (x,))
+
+
+@pytest.mark.parametrize("batch_dims, data, index", [
+    (1, (2, 3, 4), (2, 5, 1)), (1, (2, 3, 4), (2, 2)), (1, (3, 4, 5, 2), (3, 2, 2)),
+    (2, (2, 3, 4, 5), (2, 3, 6, 2)), (0, (4, 5), (3, 2)),
+])
+def test_gathernd_with_batch_dims_matches_onnx_runtime(batch_dims, data, index):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(data).astype(np.float32)
+    k = index[-1]
+    sizes = np.array(data[batch_dims:batch_dims + k])
+    idx = rng.integers(-sizes, sizes, size=index).astype(np.int64)   # negatives count from the end
+    m = model([helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=batch_dims)],
+              [vi("x", list(data)), vi("i", list(index), TensorProto.INT64)], [vi("y", None)])
+    got = fexplore.compile(m, (x, idx))(x, idx)[0]
+    np.testing.assert_array_equal(got, ort(m, [x, idx])[0])
