@@ -272,3 +272,39 @@ def test_gathernd_with_batch_dims_matches_onnx_runtime(batch_dims, data, index):
               [vi("x", list(data)), vi("i", list(index), TensorProto.INT64)], [vi("y", None)])
     got = fexplore.compile(m, (x, idx))(x, idx)[0]
     np.testing.assert_array_equal(got, ort(m, [x, idx])[0])
+
+
+def _loop_model(cond_out_node, trip=10):
+    """y, ys = Loop(trip, true, y0): y += x[iter] each step; ``cond_out_node`` makes cond_out."""
+    I64, B = TensorProto.INT64, TensorProto.BOOL
+    one = helper.make_tensor("one", I64, [1], [1])
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["iter", "zero"], ["start"]),
+         helper.make_node("Add", ["start", "one"], ["end"]),
+         helper.make_node("Slice", ["x", "start", "end"], ["row"]),
+         helper.make_node("Add", ["y_in", "row"], ["y_out"]),
+         helper.make_node("Identity", ["y_out"], ["scan_out"]), cond_out_node],
+        "body", [vi("iter", [], I64), vi("cond_in", [], B), vi("y_in", [1])],
+        [vi("cond_out", [], B), vi("y_out", [1]), vi("scan_out", [1])],
+        [one, helper.make_tensor("zero", I64, [1], [0]), helper.make_tensor("three", I64, [], [3])])
+    nodes = [helper.make_node("Loop", ["trip", "go", "y0"], ["y", "ys"], body=body, name="loop")]
+    inits = [helper.make_tensor("trip", I64, [], [trip]), helper.make_tensor("go", B, [], [True])]
+    return model(nodes, [vi("x", [10]), vi("y0", [1])], [vi("y", [1]), vi("ys", None)], inits,
+                 opset=13)
+
+
+def test_loop_with_a_known_trip_count_and_condition_unrolls():
+    x = np.arange(10, dtype=np.float32) + 1
+    y0 = np.array([-2.0], np.float32)
+    for cond_out, steps in [(helper.make_node("Identity", ["cond_in"], ["cond_out"]), 10),
+                            (helper.make_node("Less", ["iter", "three"], ["cond_out"]), 4)]:
+        m = _loop_model(cond_out)
+        cm = fexplore.compile(m, (x, y0))
+        got, want = cm(x, y0), ort(m, [x, y0])
+        assert got[1].shape == (steps, 1) and want[1].shape == (steps, 1)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+    # a condition computed from the data: the number of steps is not known when compiling
+    m = _loop_model(helper.make_node("Less", ["y_out", "y_in"], ["cond_out"]))
+    with pytest.raises(FexploreError, match=r"FX410.*loop condition"):
+        fexplore.compile(m, (x, y0))
