@@ -308,3 +308,16 @@ def test_loop_with_a_known_trip_count_and_condition_unrolls():
     m = _loop_model(helper.make_node("Less", ["y_out", "y_in"], ["cond_out"]))
     with pytest.raises(FexploreError, match=r"FX410.*loop condition"):
         fexplore.compile(m, (x, y0))
+
+
+def test_an_upgrade_that_changes_the_graph_inputs_is_refused_clearly():
+    # Scan at opset 8 has a batch axis; the version converter's adapter drops it from the graph's
+    # inputs, which the example inputs (shaped for the exported model) then no longer fit
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+                              helper.make_node("Identity", ["s_out"], ["y_t"])], "body",
+                             [vi("s_in", [2]), vi("x_t", [2])], [vi("s_out", [2]), vi("y_t", [2])])
+    node = helper.make_node("Scan", ["", "s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1)
+    m = model([node], [vi("s0", [1, 2]), vi("xs", [1, 3, 2])], [vi("s", [1, 2]), vi("ys", [1, 3, 2])],
+              opset=8)
+    with pytest.raises(FexploreError, match=r"FX411.*changed input 's0' from shape \[1, 2\] to \[2\]"):
+        fexplore.compile(m, (np.zeros((1, 2), np.float32), np.ones((1, 3, 2), np.float32)))

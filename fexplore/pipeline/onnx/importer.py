@@ -120,7 +120,23 @@ def upgraded(proto):
             f"the model is at opset {opset}; fexplore reads opsets {MIN_OPSET} and newer and "
             f"onnx's version converter could not upgrade it ({str(e).splitlines()[0][:200]})",
             hint=f"re-export the model at opset {MIN_OPSET} or newer") from None
+    # an adapter may change the graph's own inputs (Scan-8's batch axis is dropped): the
+    # example inputs, made for the model as exported, would no longer fit it
+    for before, after in zip(proto.graph.input, new.graph.input):
+        if _declared_shape(before) != _declared_shape(after):
+            raise OnnxModelError(
+                f"the model is at opset {opset}; upgrading it to opset {MIN_OPSET} with onnx's "
+                f"version converter changed input {before.name!r} from shape "
+                f"{_declared_shape(before)} to {_declared_shape(after)}",
+                hint=f"re-export the model at opset {MIN_OPSET} or newer")
     return new, f"upgraded from opset {opset} to {MIN_OPSET} by onnx.version_converter"
+
+
+def _declared_shape(value_info) -> list | None:
+    tt = value_info.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in tt.shape.dim]
 
 
 @dataclass
