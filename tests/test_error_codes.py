@@ -411,27 +411,25 @@ def test_FX001_registering_what_cannot_be_registered(register, message, hint):
 
 # ---- FX410-FX412: the ONNX door -------------------------------------------------------------------
 
-def _onnx_model(node, inputs, outputs):
+def _onnx_model(node, inputs, outputs, opset=18):
     from onnx import TensorProto, helper
 
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
                           [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def test_FX410_an_onnx_node_used_in_a_way_not_compiled():
-    from onnx import helper
+    from onnx import TensorProto, helper
 
     from fexplore.pipeline.onnx.registry import OnnxConversionError
 
-    model = _onnx_model(helper.make_node("Einsum", ["a", "b", "c"], ["y"], name="chain",
-                                         equation="ij,jk,kl->il"),
-                        [("a", [2, 3]), ("b", [3, 4]), ("c", [4, 5])], [("y", [2, 5])])
+    model = _onnx_model(helper.make_node("BitCast", ["x"], ["y"], name="bits", to=TensorProto.INT64),
+                        [("x", [4])], [("y", [4])], opset=26)
     with pytest.raises(OnnxConversionError) as e:
-        fexplore.compile(model, [np.ones((2, 3), np.float32), np.ones((3, 4), np.float32),
-                                 np.ones((4, 5), np.float32)])
-    assert str(e.value).startswith("[FX410] ") and "Einsum node 'chain'" in e.value.message
-    assert "more than two operands" in e.value.message
+        fexplore.compile(model, [np.ones(4, np.float32)])
+    assert str(e.value).startswith("[FX410] ") and "BitCast node 'bits'" in e.value.message
+    assert "f32 to i64: the bit widths differ" in e.value.message
 
 
 def test_FX411_example_inputs_that_do_not_fit_the_onnx_graph():

@@ -104,6 +104,11 @@ def test_if_on_a_known_condition_keeps_only_its_branch():
     # a repeated letter takes a diagonal: alone, batched, as a trace, thrice, before a product
     ("ii->i", [(4, 4)]), ("bii->bi", [(2, 3, 3)]), ("ii", [(4, 4)]), ("iji->j", [(3, 2, 3)]),
     ("iii->i", [(3, 3, 3)]), ("ij,jj->i", [(3, 4), (4, 4)]),
+    # three and four operands, two at a time: a chain, a shared batch letter, a letter summed
+    # that only the first and last have, a broadcast ellipsis
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]), ("bij,bjk,bk->bi", [(2, 3, 4), (2, 4, 5), (2, 5)]),
+    ("ai,ij,ja->", [(3, 4), (4, 5), (5, 3)]), ("i,j,k,l->ijkl", [(2,), (3,), (1,), (2,)]),
+    ("...i,...i,i", [(2, 1, 3), (4, 3), (3,)]),
 ])
 def test_einsum_matches_numpy(eq, shapes):
     rng = np.random.default_rng(0)

@@ -1,6 +1,7 @@
 """ONNX Einsum as the IR's permute/reshape/sum/matmul: one operand is summed and permuted; two
 are brought to (batch, free, contracted) x (batch, contracted, free) and multiplied, the way a
-contraction reaches the chip's tensor unit; a letter repeated in one operand takes a diagonal."""
+contraction reaches the chip's tensor unit; more multiply two at a time; a letter repeated in one
+operand takes a diagonal."""
 
 from __future__ import annotations
 
@@ -74,13 +75,24 @@ def _permute(ctx, x, term: str, order: str):
 def _einsum(ctx: OnnxContext):
     xs = [x for x in ctx.inputs() if x is not None]
     terms, out = _parse(ctx.attr("equation"), [x.type.rank for x in xs])
-    if len(xs) == 1:
-        x, t = _reduce_to(ctx, xs[0], terms[0], set(out))
-        return _permute(ctx, x, t, out)
-    if len(xs) != 2:
-        ctx.refuse("Einsum of more than two operands")
-    (a, ta), (b, tb) = (_reduce_to(ctx, x, t, set(out) | set(terms[1 - i]))
-                        for i, (x, t) in enumerate(zip(xs, terms)))
+    # each operand first takes its diagonals and sums away the letters only it has
+    ops = [_reduce_to(ctx, x, t, set(out).union(*(u for j, u in enumerate(terms) if j != i)))
+           for i, (x, t) in enumerate(zip(xs, terms))]
+    # then the operands multiply in order, two at a time, each product keeping the letters the
+    # output or a later operand still needs (numpy's einsum without path optimization)
+    y, ty = ops[0]
+    for i in range(1, len(ops)):
+        keep = set(out).union(*(t for _, t in ops[i + 1:]))
+        b, tb = ops[i]
+        pair = "".join(c for c in dict.fromkeys(ty + tb) if c in keep)
+        y, ty = _product(ctx, y, ty, b, tb, pair), pair
+    return _permute(ctx, y, ty, out)
+
+
+def _product(ctx, a, ta: str, b, tb: str, out: str):
+    """Two operands (no letter left that only one of them has and ``out`` lacks) as a batched
+    matmul: (batch, free, contracted) x (batch, contracted, free), reshaped to the letters of
+    ``out``."""
     size = {}
     for x, t in ((a, ta), (b, tb)):
         for c, d in zip(t, x.type.shape):
