@@ -30,7 +30,8 @@ class VectorOpDef:
     name: str
     arity: int
     kind: str                 # "elementwise" | "reduction" | "compare"
-    fn: Callable              # numpy meaning, on f32 arrays (reductions also take axis, keepdims)
+    fn: Callable              # numpy meaning, on f32 arrays or, for `ints`, 64-bit integer ones
+                              # (reductions also take axis, keepdims)
     passes: int = 1           # [ASSUMPTION] vector-unit passes per element; transcendentals take 2
     flops: int = 1            # flops per element, for reports
     # integers in, integers out: on integer operands it runs on integer lanes ([ASSUMPTION] the
@@ -76,7 +77,7 @@ def _int(name, arity, fn, passes=1, flops=1):
     return _ew(name, arity, fn, passes, flops, ints=True)
 
 
-def _red(name, fn, ints=True):
+def _red(name, fn, ints):
     return VectorOpDef(name, 1, "reduction", fn, 1, 1, ints)
 
 
@@ -163,10 +164,10 @@ VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
     VectorOpDef("isnan", 1, "compare", np.isnan),
     VectorOpDef("isinf", 1, "compare", np.isinf),
     # reductions over `axis` (default -1), keepdims by default so results broadcast back
-    _red("sum", np.sum),
-    _red("max", np.max),
-    _red("min", np.min),
-    _red("mean", np.mean, ints=False),
+    _red("sum", np.sum, ints=True),
+    _red("max", np.max, ints=True),
+    _red("min", np.min, ints=True),
+    _red("mean", np.mean, ints=False)   # a mean of integers is a fraction,
 ]}
 
 
