@@ -56,7 +56,7 @@ class DType(enum.Enum):
 
     @property
     def is_signed(self) -> bool:
-        """A signed integer type (floats are signed too, but not integers)."""
+        """A signed integer type (a float is not one)."""
         return self in (DType.i64, DType.i32, DType.i16, DType.i8)
 
     @property

@@ -108,6 +108,7 @@ def _bind_letters(spec, la, lb, ta: Tile, tb: Tile, loc) -> tuple[dict, dict]:
 # ops on the bits of integers: a float operand has no bits to give them (the unit does not reinterpret)
 _BIT_OPS = {"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"}
 
+
 def vector(op: str, operands, *, dtype=None, out=None, axis=None, keepdims: bool = True) -> Tile:
     tr = current(op)
     loc, site = tr.where()
