@@ -326,3 +326,22 @@ def test_an_upgrade_that_changes_the_graph_inputs_is_refused_clearly():
               opset=8)
     with pytest.raises(FexploreError, match=r"FX411.*changed input 's0' from shape \[1, 2\] to \[2\]"):
         fexplore.compile(m, (np.zeros((1, 2), np.float32), np.ones((1, 3, 2), np.float32)))
+
+
+@pytest.mark.parametrize("size, output_shape", [((1, 2, 4, 6), False), ((2, 1, 5, 5), True)])
+def test_maxunpool_inverts_maxpool_with_indices(size, output_shape):
+    # MaxPool's values and flat indices back to the pooled input's size, zeros elsewhere; an odd
+    # size needs output_shape (pooling floors it away), as torch's max_unpool2d needs output_size
+    I64 = TensorProto.INT64
+    ins = ["p", "i"] + (["s"] if output_shape else [])
+    m = model([helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2]),
+               helper.make_node("MaxUnpool", ins, ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+              [vi("x", list(size))], [vi("y", None), vi("i", None, I64)],
+              [helper.make_tensor("s", I64, [4], list(size))] if output_shape else [])
+    x = np.random.default_rng(0).standard_normal(size).astype(np.float32)
+    got, want = fexplore.compile(m, (x,))(x), ort(m, [x])
+    np.testing.assert_array_equal(got[0], want[0])
+    n, c, h, w = size
+    kept = got[0] != 0
+    assert got[0].shape == size and kept.sum() == n * c * (h // 2) * (w // 2)   # one per window
+    np.testing.assert_array_equal(got[0][kept], x[kept])   # every kept value is the input's own
