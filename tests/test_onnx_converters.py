@@ -237,6 +237,7 @@ def test_unsigned_types_compute_in_their_own_width_on_the_chip():
         ["u32", "u32", "u64", "u64", "u16", "u64"]
     g = cm.stages[0].after
     assert fexplore.ir.parse(str(g), payloads=g.payloads) == g
+    assert not cm.lowering.host_ops   # every op a kernel of the chip's, unsigned tiles and all
     got, want = cm(*arrays), ort(m, arrays)
     for x, y in zip(got, want):
         assert x.dtype == y.dtype
