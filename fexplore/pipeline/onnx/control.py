@@ -169,9 +169,12 @@ def _loop(ctx: OnnxContext):
                        hint="export the model with a smaller trip count, or keep the loop "
                             "outside the model")
         prefix = f"{base}::iter{t}::"
-        imp.known[prefix + "iter"] = np.array(t, np.int64)
-        imp.known[prefix + "cond"] = np.array(True)
-        names = dict(zip(formal, [prefix + "iter", prefix + "cond", *carried]))
+        # the step number and the condition under the body's own input names (no value the body
+        # defines can have them)
+        step, going_in = prefix + formal[0], prefix + formal[1]
+        imp.known[step] = np.array(t, np.int64)
+        imp.known[going_in] = np.array(True)
+        names = dict(zip(formal, [step, going_in, *carried]))
         outs = _body_step(imp, body, prefix, names)
         # known from constants and the step number alone; a condition read from the data
         # (even data given as a graph input, which a shape-like operand would freeze) is refused
