@@ -529,6 +529,28 @@ def test_what_has_no_part_is_refused_with_the_op_named():
         codegen.generate(node, "tiny")
 
 
+def test_a_panel_contraction_loads_each_row_tile_once_per_panel():
+    """A PE's item is a row tile and a panel of columns: the row tile's K slabs are loaded by the
+    panel's first column tile and reused by the others, so the activations are read once per panel,
+    not once per output tile; sizes that divide nothing, on both targets, equal the IR interpreter."""
+    b = Body(3)
+    x = b.input("x", (1, 37, 45))
+    w = b.input("fc.weight", (70, 45))
+    bias = b.input("fc.bias", (70,))
+    node, arrays = b.region(b("gelu", b("linear", x, w, bias)), kind="contraction"), b.arrays
+    for target in ("tiny", "rngd"):
+        gk = _check(node, arrays, target)
+        assert "for ns in fl.range(fl.tiles(ps, tn)" in gk.source and "not in x_slabs" in gk.source
+    k = gk.kernel()
+    args = gk.arguments(arrays)
+    interpreted = k(*args, target="tiny", tm=16, tp=40, tn=8, tk=16)
+    result = k.simulate(*args, target="tiny", tm=16, tp=40, tn=8, tk=16)
+    np.testing.assert_allclose(k.last_trace.unpack(result.outputs), interpreted, rtol=1e-6)
+    np.testing.assert_allclose(interpreted, gk.run(arrays)[0].reshape(37, 70), rtol=1e-5, atol=1e-5)
+    x_loaded = sum(c.ref.size for c in result.program.commands if isinstance(c, Load) and c.ref.tensor.name == "x")
+    assert x_loaded == 37 * 45 * 2      # two panels of 40 columns, five column tiles each
+
+
 def _linear_region(M, K, N, norm):
     b = Body()
     x = b.input("x", (1, M, K), data=np.zeros((1, M, K)))

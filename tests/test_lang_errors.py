@@ -278,6 +278,22 @@ def test_FK170_builtin_outside_a_kernel():
     check(ei.value, E.TraceError, marked_line(test_FK170_builtin_outside_a_kernel))
 
 
+def test_FK170_tiles_of_a_stepped_span():
+    """fl.tiles tiles a span a loop is already over (a panel's columns), but only a step-1 slice."""
+    assert fl.tiles(slice(4, 10), 4) == [slice(4, 8), slice(8, 10)]
+
+    @fl.kernel
+    def k(x: fl.f32["R", "C"]):
+        Y = fl.output(fl.f32["R", "C"])
+        for cs in fl.tiles(slice(0, 8, 2), 4):  # <- here
+            fl.store(Y[:, cs], fl.load(x[:, cs]))
+        return Y
+
+    with pytest.raises(E.TraceError) as ei:
+        k(f32(4, 8))
+    check(ei.value, E.TraceError, marked_line(k))
+
+
 def test_FK180_output_partly_stored():
     @fl.kernel
     def k(x: fl.f32["R", "C"]):

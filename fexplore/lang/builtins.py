@@ -142,13 +142,18 @@ REDUCTIONS = {name: _reduction(name) for name, d in VECTOR_OPS.items() if d.kind
 # ---- loops --------------------------------------------------------------------------------------
 
 
-def tiles(n: int, size: int) -> list[slice]:
-    """Slices that tile ``[0, n)`` in steps of `size` (the last one may be shorter)."""
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (n, size)):
+def tiles(n: int | slice, size: int) -> list[slice]:
+    """Slices that tile ``[0, n)`` in steps of `size` (the last one may be shorter). Given a slice
+    (``fl.tiles(ps, 128)``: the column tiles of a panel `ps` a loop is already over), tile that span."""
+    span = n if isinstance(n, slice) else slice(0, n)
+    start, stop = span.start or 0, span.stop
+    if not (span.step in (None, 1) and all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, size))
+            and 0 <= start < stop and size > 0):
         tr = current("tiles")
-        raise TraceError("fl.tiles(n, size) takes two positive ints", given=f"n={n!r}, size={size!r}",
-                         loc=tr.where()[0])
-    return [slice(i, min(i + size, n)) for i in _py.range(0, n, size)]
+        raise TraceError("fl.tiles: bad extent or tile size",
+                         expected="fl.tiles(n, size) with two positive ints, or fl.tiles(span, size) with a "
+                                  "step-1 slice of ints", given=f"n={n!r}, size={size!r}", loc=tr.where()[0])
+    return [slice(i, min(i + size, stop)) for i in _py.range(start, stop, size)]
 
 
 def range(*args, stages: int = 1):  # noqa: A001 - fl.range, like tl.range / T.Pipelined

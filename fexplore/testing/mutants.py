@@ -179,14 +179,14 @@ MUTANTS: list[Mutant] = [
     Mutant("tile-bound-off-by-one", "kernel language: fl.tiles (every tiled loop)",
            "the last tile of fl.tiles(n, size) stops one element short",
            (Patch("fexplore.lang.builtins:tiles",
-                  "return [slice(i, min(i + size, n)) for i in _py.range(0, n, size)]",
-                  "return [slice(i, min(i + size, n) - (1 if i + size >= n > i + 1 else 0)) "
-                  "for i in _py.range(0, n, size)]"),)),
+                  "return [slice(i, min(i + size, stop)) for i in _py.range(start, stop, size)]",
+                  "return [slice(i, min(i + size, stop) - (1 if i + size >= stop > i + 1 else 0)) "
+                  "for i in _py.range(start, stop, size)]"),)),
     Mutant("k-accumulation-dropped", "lower: contraction codegen (the K-loop reduction)",
            "each K tile's partial product overwrites the accumulator instead of adding to it",
            (Patch(f"{_CG}.contraction:generate_contraction",
-                  """w(f'{accs[0]} = fl.contract("{spec}", {a}, {wb}, acc={accs[0]})')""",
-                  """w(f'{accs[0]} = fl.contract("{spec}", {a}, {wb})')"""),)),
+                  """w(f'{acc} = fl.contract("{spec}", {a}, {wb}, acc={acc})')""",
+                  """w(f'{acc} = fl.contract("{spec}", {a}, {wb})')"""),)),
     Mutant("reduction-tiles-mispaired", "lower: contraction codegen (the K-loop reduction)",
            "the K loop sums its tiles in another order for the weights than for the activations "
            "(weight tile K - ks for activation tile ks)",

@@ -7,7 +7,11 @@ The right operand is a region input read through free views: a cast (applied aft
 transpose of its last two axes (a tied lm_head, k^T: the same box, the contraction told n comes
 before k).
 
-Output tiles (tm x tn) go round-robin to the PEs; the K loop is double buffered. A norm prologue
+Plain rows of activations are a panel contraction: each PE's item is a row tile (tm) and a panel of
+columns (tp), split so the items fill the PEs in one round with the fewest operand bytes per PE
+(`panel_tiles`); the panel's first column tile (tn) loads the row tile's K slabs and the others
+reuse them, so the activations are read once per panel, not once per output tile. Otherwise
+output tiles (tm x tn) go round-robin to the PEs. The K loop is double buffered. A norm prologue
 needs whole rows of the activations: with one or two N tiles a K slab is the whole of K and the
 norm runs per tile; with more, the rows are normalized once (a row tile per PE) into a DRAM
 scratch that a plain K loop then reads, rather than once per N tile. Heads merged into K
@@ -18,7 +22,9 @@ vector unit straight off the accumulators, one line per IR node (`vector.VectorE
 from __future__ import annotations
 
 from fexplore.ir import Node
-from fexplore.lang.examples._tiling import matmul_tiles
+import contextlib
+
+from fexplore.lang.examples._tiling import matmul_tiles, panel_tiles
 
 from . import vector
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
@@ -189,12 +195,21 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     staged = norm is not None and -(-N // tn) > 2
     if staged:
         tk = min(tk0, K)
+    # a panel per PE when a row tile's whole K fits: its K slabs are loaded once and reused by the
+    # panel's column tiles (see `panel_tiles`); a norm that is not staged runs per output tile, on
+    # whole rows, and keeps the plain grid
+    panel, norm_rows = None, tm     # (the normed rows of a staged norm fit SRAM at tm, whole K)
+    if not batched_b and (norm is None or staged):
+        x_item = max(op_dt.itemsize, 1) if staged else max(x_in.type.dtype.itemsize, op_dt.itemsize, 1)
+        panel = panel_tiles(M, N, K, x_item, cfg, dt.name, STAGES, siblings=nb, extra_tile_bytes=4 * len(epilogue))
+        if panel is not None:
+            tm, tp, tn, tk = panel
     if permuted is not None:
         permuted.whole_heads = len(permuted.k_names) == 2 and tk >= permuted.inner
         tk = tk // permuted.inner * permuted.inner if permuted.whole_heads else min(tk, permuted.inner)
 
     # -- parameters ------------------------------------------------------------------------------------
-    names = Names({"tm", "tn", "tk", "stages", "rows", "ms", "ns", "ks", "ds", "h", "hs", "itertools", "b",
+    names = Names({"tm", "tp", "tn", "tk", "ps", "stages", "rows", "ms", "ns", "ks", "ds", "h", "hs", "itertools", "b",
                    *(f"b{i}" for i in range(8)), *(f"h{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
@@ -276,8 +291,8 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         w("import itertools")
         w()
     w(f'@fl.kernel(target="{cfg.name}")')
-    w(f"def {fname}({', '.join(sig.annotations)}, *, tm: int = {tm}, tn: int = {tn}, tk: int = {tk}, "
-      f"stages: int = {STAGES}):")
+    tiling = f"tm: int = {tm}, " + (f"tp: int = {tp}, " if panel else "") + f"tn: int = {tn}, tk: int = {tk}"
+    w(f"def {fname}({', '.join(sig.annotations)}, *, {tiling}, stages: int = {STAGES}):")
     with w.indent():
         w(f"{', '.join(axis_names + ['N', 'K'])} = {', '.join(str(s) for s in sizes + (N, K))}")
         out_vals = list(body.outputs)
@@ -293,7 +308,7 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             xn = names.new(x_in.name + "_normed").upper()
             w(f"# the {norm.op.name} once per row tile, into DRAM: each of the N tiles reads it back")
             w(f'{xn} = fl.scratch(({", ".join(axis_names)}, K), {fl_dtype(op_dt)}, axes="{" ".join(axis_names)} K")')
-            w("rows = min(tm, -(-M // fl.num_pes()))   # a row tile per PE: the norm is vector work")
+            w(f"rows = min({norm_rows}, -(-M // fl.num_pes()))   # a row tile per PE: the norm is vector work")
             w(f"for {', '.join(loop_vars)} in fl.parallel({', '.join(outer_grid + ['fl.tiles(M, rows)'])}, "
               f"stages=stages):")
             with w.indent():
@@ -305,9 +320,14 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             x_dt = op_dt
         else:
             x_dt = x_in.type.dtype
-        grid = ", ".join(outer_grid + ["fl.tiles(M, tm)", "fl.tiles(N, tn)"])
-        w(f"for {', '.join(loop_vars + ['ns'])} in fl.parallel({grid}, stages=stages):")
-        with w.indent():
+        grid = ", ".join(outer_grid + ["fl.tiles(M, tm)", f"fl.tiles(N, {'tp' if panel else 'tn'})"])
+        w(f"for {', '.join(loop_vars + ['ps' if panel else 'ns'])} in fl.parallel({grid}, stages=stages):")
+        with w.indent(), contextlib.ExitStack() as column_loop:
+            if panel:
+                slabs = names.new(x_in.name + "_slabs")
+                w(f"{slabs} = {{}}   # the row tile's K slabs: each loaded once, reused by every column tile")
+                w("for ns in fl.range(fl.tiles(ps, tn), stages=stages):")
+                column_loop.enter_context(w.indent())
             tiles: dict[str, str] = dict(inputs.literals)
             accs = [names.new("acc") for _ in cons]
             emit = vector.VectorEmitter(w, names, label, axis='"K"')
@@ -336,15 +356,19 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                 else:
                     w("for ks in fl.range(fl.tiles(K, tk), stages=stages):")
                 with w.indent():
-                    if len(cons) == 1:
-                        wb, spec = w_boxes[0]
+                    if panel:
+                        key = _slab_key(permuted)
+                        w(f"if {key} not in {slabs}:   # the first column tile loads it")
+                        with w.indent():
+                            w(f"{slabs}[{key}] = {cast_to(f'fl.load({x_box})', x_dt, op_dt)}")
+                        a = f"{slabs}[{key}]"
+                    elif len(cons) == 1:
                         a = cast_to(f"fl.load({x_box})", x_dt, op_dt)
-                        w(f'{accs[0]} = fl.contract("{spec}", {a}, {wb}, acc={accs[0]})')
-                    else:
-                        xt = names.new(x_in.name + "_t")
-                        w(f"{xt} = {cast_to(f'fl.load({x_box})', x_dt, op_dt)}")
-                        for acc, (wb, spec) in zip(accs, w_boxes):
-                            w(f'{acc} = fl.contract("{spec}", {xt}, {wb}, acc={acc})')
+                    else:   # siblings share one load of the activations
+                        a = names.new(x_in.name + "_t")
+                        w(f"{a} = {cast_to(f'fl.load({x_box})', x_dt, op_dt)}")
+                    for acc, (wb, spec) in zip(accs, w_boxes):
+                        w(f'{acc} = fl.contract("{spec}", {a}, {wb}, acc={acc})')
             # the contractions' values (+ bias), then the epilogue
             emit.axis = '"N"'
             for c, acc, bn in zip(cons, accs, b_names):
@@ -372,6 +396,16 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     parts = (["view"] if any(n.op.name in _VIEWS for n in chain) else []) + \
         (["norm"] if norm is not None else []) + ["contraction"] + (["epilogue"] if epilogue else [])
     return GeneratedKernel(fname, "contraction", w.text(), cfg, tuple(sig.params), tuple(results), tuple(parts))
+
+
+def _slab_key(permuted) -> str:
+    """How a panel kernel names a K slab of its row tile: the K loop's variables (a slice's start)."""
+    if permuted is None:
+        return "ks.start"
+    if permuted.whole_heads:
+        return "hs.start"
+    loop_vars = permuted.k_loop_vars().split(", ")
+    return f"({', '.join(loop_vars[:-1])}, ds.start)" if len(loop_vars) > 1 else "ds.start"
 
 
 def _normed_rows(w, names, emit, norm, norm_params, x_in, x_box: str, note: str) -> str:

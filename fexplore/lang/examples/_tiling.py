@@ -56,3 +56,69 @@ def row_tiles(R: int, bytes_per_row: int, cfg, stages: int) -> int:
     while rows > 1 and math.ceil(R / rows) < 2 * cfg.num_pes:
         rows = max(1, rows // 2)
     return rows
+
+
+def panel_tiles(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, stages: int,
+                siblings: int = 1, extra_tile_bytes: int = 0) -> tuple[int, int, int, int] | None:
+    """(tm, tp, tn, tk) for a panel contraction, or None when a row tile's whole K does not fit.
+
+    A panel kernel gives each PE a row tile (tm rows) and a panel of columns (tp): the row tile's K
+    slabs are loaded once and reused by every column tile (tn) of the panel, so the activations are
+    read once per panel instead of once per output tile, and the items number a multiple of the
+    PEs when the shape allows (one round, no PE idle in a second one). Each PE's DMA engine
+    delivers its own operands, so operand bytes per PE, not DRAM bytes, are what a small GEMM
+    waits on. `extra_tile_bytes`: bytes per output element the epilogue keeps besides the
+    accumulator; `siblings`: contractions sharing the activations (each its weights and accumulator)."""
+    nm, nn, nk = cfg.native_tile(dtype)
+    tm, tp = _split_over_pes(M, N, K, itemsize, cfg, dtype, (nm, nn))
+    # column tiles: a narrow panel is one; a wide one is cut short, so the first epilogue starts
+    # early; a row tile of a few rows (a decode step's GEMV streams the weights) takes wide ones,
+    # whose big DMA commands amortize their start-up
+    big = big_tile(cfg)
+    tn = tp if tp <= big // 2 or tm <= nm else max(nn, big // 4)
+    # whole-K weight tiles when K is short (fewest DMA commands); slabs of a big tile when it is
+    # long, so the first contraction does not wait for a whole row tile of activations
+    tk = K if K <= 2 * big_tile(cfg) else big_tile(cfg)
+    budget = cfg.sram_bytes_per_pe // 2
+
+    def fits(tm, tn, tk):   # the row tile's slabs, weight tiles double buffered, accumulators
+        return 2 * tm * K * itemsize + 2 * stages * siblings * tk * tn * itemsize + \
+            2 * tm * tn * (4 * siblings + 4 + extra_tile_bytes) <= budget
+
+    tm, tn, tk = shrink([tm, tn, tk], fits, [min(M, nm), min(N, nn), min(K, nk)])
+    return (tm, tp, tn, tk) if fits(tm, tn, tk) else None
+
+
+def _split_over_pes(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, native) -> tuple[int, int]:
+    """(tm, tp): the rows and the column panel of one PE's item, the split of the output over the
+    PEs that finishes first by a simple per-PE model: each PE's DMA engine brings its row tile's and
+    its panel's K slabs once per item (the operand bytes), the tensor unit does its items' MACs, and
+    a PE with one item more than another makes the others wait (rounds). As in `matmul_tiles`, no
+    edge is split below twice the tensor unit's tile: such an item is all DMA start-up, and each
+    extra PE re-reads its operands from DRAM."""
+    nm, nn = native
+    pes = cfg.num_pes
+    floor = 2 * max(nm, nn)
+    macs = cfg.macs_per_cycle(dtype)
+
+    def ceil_to(n, unit):
+        return -(-n // unit) * unit
+
+    best = None
+    for rows in range(1, -(-M // nm) + 1):
+        tm = min(M, ceil_to(-(-M // rows), nm))
+        if tm < min(M, floor):
+            break
+        if best is not None and tm == best[1]:
+            continue
+        for panels in range(1, -(-N // nn) + 1):
+            tp = min(N, ceil_to(-(-N // panels), nn))
+            if tp < min(N, floor):
+                break
+            rounds = -(-(-(-M // tm) * -(-N // tp)) // pes)
+            dma = rounds * ((tm + tp) * K * itemsize / cfg.dma_bytes_per_cycle + 2 * cfg.dma_startup_cycles)
+            tensor = rounds * ceil_to(tm, nm) * ceil_to(tp, nn) * K / macs
+            cost = (max(dma, tensor), -tm)    # ties: taller row tiles (fewer, longer panels)
+            if best is None or cost < best[0]:
+                best = (cost, tm, tp)
+    return best[1], best[2]
