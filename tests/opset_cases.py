@@ -897,5 +897,14 @@ case("erfc", "tails", [arr([-30.0, -5.0, -0.6, -0.4, 0.0, 0.3, 0.49, 0.51, 2.0, 
      torch.erfc, rtol=1e-5)
 case("erfc", "i64-0d", [scalar(1, np.int64)], torch.erfc)
 
+# bitcast: the same bits read as another type (torch's Tensor.view(dtype) between equal widths)
+case("bitcast", "f32-i32", [arr([[1.0, -0.0, INF], [NAN, 1e-45, -3.5]])],
+     lambda x: x.view(torch.int32), dtype=DType.i32)
+case("bitcast", "i64-f64-0d", [scalar(4614253070214989087, np.int64)],
+     lambda x: x.view(torch.float64), dtype=DType.f64)
+case("bitcast", "u8-i8", [arr([0, 127, 128, 255], np.uint8)], lambda x: x.view(torch.int8),
+     dtype=DType.i8)
+case("bitcast", "bf16-i16", [arr([1.0, -2.5, 0.0], bf16)], lambda x: x.view(torch.int16),
+     dtype=DType.i16)
 
 COVERED = {c.op for c in CASES}

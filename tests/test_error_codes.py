@@ -411,25 +411,25 @@ def test_FX001_registering_what_cannot_be_registered(register, message, hint):
 
 # ---- FX410-FX412: the ONNX door -------------------------------------------------------------------
 
-def _onnx_model(node, inputs, outputs):
+def _onnx_model(node, inputs, outputs, opset=18):
     from onnx import TensorProto, helper
 
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
                           [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def test_FX410_an_onnx_node_used_in_a_way_not_compiled():
-    from onnx import helper
+    from onnx import TensorProto, helper
 
     from fexplore.pipeline.onnx.registry import OnnxConversionError
 
-    model = _onnx_model(helper.make_node("Einsum", ["x"], ["y"], name="diag", equation="ii->i"),
-                        [("x", [3, 3])], [("y", [3])])
+    model = _onnx_model(helper.make_node("BitCast", ["x"], ["y"], name="bits", to=TensorProto.INT64),
+                        [("x", [4])], [("y", [4])], opset=26)
     with pytest.raises(OnnxConversionError) as e:
-        fexplore.compile(model, [np.ones((3, 3), np.float32)])
-    assert str(e.value).startswith("[FX410] ") and "Einsum node 'diag'" in e.value.message
-    assert "repeated index" in e.value.message
+        fexplore.compile(model, [np.ones(4, np.float32)])
+    assert str(e.value).startswith("[FX410] ") and "BitCast node 'bits'" in e.value.message
+    assert "f32 to i64: the bit widths differ" in e.value.message
 
 
 def test_FX411_example_inputs_that_do_not_fit_the_onnx_graph():

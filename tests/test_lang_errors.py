@@ -150,6 +150,19 @@ def test_FK120_store_without_cast():
     assert "acc.astype(fl.bf16)" in str(ei.value)
 
 
+def test_FK120_bit_operation_on_a_float_tile():
+    @fl.kernel
+    def k(a: fl.f32["M", "N"]):
+        C = fl.output(fl.i32["M", "N"])
+        fl.store(C, fl.bitwise_and(fl.load(a), 255, dtype=fl.i32))  # <- here
+        return C
+
+    with pytest.raises(E.DTypeError) as ei:
+        k(f32(16, 16))
+    check(ei.value, E.DTypeError, marked_line(k))
+    assert "x.astype(fl.i32)" in str(ei.value)
+
+
 def test_FK130_contracting_a_dram_tensor():
     @fl.kernel
     def k(a: fl.f32["M", "K"], b: fl.f32["K", "N"]):

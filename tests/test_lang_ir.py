@@ -283,3 +283,21 @@ def test_headless_use_imports_no_plotting_or_widgets():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_integer_tiles_keep_every_bit_in_the_interpreter_and_the_simulator():
+    # values above 2^24, where an f32 datapath would round them; an immediate too wide for f32
+    @fl.kernel
+    def k(a: fl.i32["M", "N"], b: fl.i32["M", "N"]):
+        C = fl.output(fl.i32["M", "N"])
+        x, y = fl.load(a), fl.load(b)
+        mixed = fl.bitwise_xor(fl.bitwise_and(x, y, dtype=fl.i32), 0x1234567, dtype=fl.i32)
+        fl.store(C, fl.add(mixed, fl.bitwise_left_shift(y, 3, dtype=fl.i32), dtype=fl.i32))
+        return C
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(-2**31, 2**31, (16, 16)).astype(np.int32) for _ in range(2))
+    with np.errstate(over="ignore"):
+        want = ((a & b) ^ 0x1234567) + (b << 3)
+    np.testing.assert_array_equal(k(a, b), want)
+    np.testing.assert_array_equal(k.simulate(a, b, target="tiny").outputs["C"], want)

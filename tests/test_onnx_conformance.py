@@ -27,9 +27,10 @@ def test_most_counted_cases_pass(outcomes):
     counted = [o for o in outcomes if o.status != "skip"]
     passed = [o for o in counted if o.status == "pass"]
     assert len(counted) >= 40
-    # the full run's figure is in bench/results/onnx_conformance.md; the subset must not fall far
-    # below it
-    assert len(passed) / len(counted) >= 0.85, [(o.name, o.detail) for o in counted
+    # the full run's figure is in bench/results/onnx_conformance.md (95.7%); the subset (64 of
+    # its 67 counted cases pass, the three refused are strings and data-dependent sizes) must
+    # not fall far below it
+    assert len(passed) / len(counted) >= 0.92, [(o.name, o.detail) for o in counted
                                                if o.status != "pass"]
 
 

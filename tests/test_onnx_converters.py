@@ -101,6 +101,14 @@ def test_if_on_a_known_condition_keeps_only_its_branch():
     ("ij->ji", [(3, 4)]), ("i,i->", [(5,), (5,)]), ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),
     ("ij,jk", [(3, 4), (4, 5)]), ("bi,bj->bij", [(2, 3), (2, 4)]), ("ijk->i", [(2, 3, 4)]),
     ("bn,anm->bam", [(2, 3), (4, 3, 5)]),
+    # a repeated letter takes a diagonal: alone, batched, as a trace, thrice, before a product
+    ("ii->i", [(4, 4)]), ("bii->bi", [(2, 3, 3)]), ("ii", [(4, 4)]), ("iji->j", [(3, 2, 3)]),
+    ("iii->i", [(3, 3, 3)]), ("ij,jj->i", [(3, 4), (4, 4)]),
+    # three and four operands, two at a time: a chain, a shared batch letter, a letter summed
+    # that only the first and last have, a broadcast ellipsis
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]), ("bij,bjk,bk->bi", [(2, 3, 4), (2, 4, 5), (2, 5)]),
+    ("ai,ij,ja->", [(3, 4), (4, 5), (5, 3)]), ("i,j,k,l->ijkl", [(2,), (3,), (1,), (2,)]),
+    ("...i,...i,i", [(2, 1, 3), (4, 3), (3,)]),
 ])
 def test_einsum_matches_numpy(eq, shapes):
     rng = np.random.default_rng(0)
@@ -201,3 +209,140 @@ def test_quantize_dequantize_match_onnx_runtime(zp_type, per_axis):
     want = ort(m, [x])
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
+
+
+def test_unsigned_types_compute_in_their_own_width_on_the_chip():
+    # u16/u32/u64 are IR dtypes: wraparound, shifts into the top bit and values above i64's
+    # range come out as ONNX Runtime computes them, through every stage and on the chip
+    U16, U32, U64 = TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64
+    nodes = [helper.make_node("Add", ["a", "b"], ["wrapped"]),
+             helper.make_node("BitShift", ["w", "s"], ["shifted"], direction="LEFT"),
+             helper.make_node("BitwiseNot", ["a"], ["flipped"]),
+             helper.make_node("Mul", ["h", "h"], ["squared"]),
+             helper.make_node("Greater", ["w", "v"], ["above"])]
+    m = model(nodes, [vi("a", [8], U32), vi("b", [8], U32), vi("w", [8], U64), vi("s", [8], U64),
+                      vi("h", [8], U16), vi("v", [8], U64)],
+              [vi("wrapped", [8], U32), vi("shifted", [8], U64), vi("flipped", [8], U32),
+               vi("squared", [8], U16), vi("above", [8], TensorProto.BOOL)])
+    rng = np.random.default_rng(0)
+    a = rng.integers(2**31, 2**32, 8, dtype=np.uint32)
+    b = rng.integers(2**31, 2**32, 8, dtype=np.uint32)            # a + b overflows u32
+    w = rng.integers(2**62, 2**64 - 1, 8, dtype=np.uint64)        # above i64's range
+    s = np.arange(8, dtype=np.uint64)
+    h = rng.integers(300, 2**16, 8, dtype=np.uint16)
+    v = w ^ np.uint64(1)                                           # differs in the lowest bit
+    arrays = [a, b, w, s, h, v]
+    cm = fexplore.compile(m, arrays)
+    assert [i.type.dtype.value for i in cm.stages[0].after.inputs] == \
+        ["u32", "u32", "u64", "u64", "u16", "u64"]
+    g = cm.stages[0].after
+    assert fexplore.ir.parse(str(g), payloads=g.payloads) == g
+    assert not cm.lowering.host_ops   # every op a kernel of the chip's, unsigned tiles and all
+    got, want = cm(*arrays), ort(m, arrays)
+    for x, y in zip(got, want):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+    assert (got[0] < a).all()   # it did wrap
+
+
+def test_bitcast_keeps_the_bits_and_refuses_unequal_widths():
+    m = model([helper.make_node("BitCast", ["x"], ["bits"], to=TensorProto.INT32),
+               helper.make_node("BitCast", ["u"], ["signed"], to=TensorProto.INT16)],
+              [vi("x", [5]), vi("u", [3], TensorProto.UINT16)],
+              [vi("bits", [5], TensorProto.INT32), vi("signed", [3], TensorProto.INT16)],
+              opset=26)
+    x = np.array([1.0, -0.0, np.inf, np.nan, 1e-45], np.float32)
+    u = np.array([0, 32768, 65535], np.uint16)
+    got = fexplore.compile(m, (x, u))(x, u)
+    for g, w in zip(got, ort(m, [x, u])):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    assert got[0][0] == 0x3F800000 and list(got[1]) == [0, -32768, -1]
+    wide = model([helper.make_node("BitCast", ["x"], ["y"], to=TensorProto.INT64)],
+                 [vi("x", [5])], [vi("y", [5], TensorProto.INT64)], opset=26)
+    with pytest.raises(FexploreError, match=r"FX410.*f32 to i64: the bit widths differ"):
+        fexplore.compile(wide, (x,))
+
+
+@pytest.mark.parametrize("batch_dims, data, index", [
+    (1, (2, 3, 4), (2, 5, 1)), (1, (2, 3, 4), (2, 2)), (1, (3, 4, 5, 2), (3, 2, 2)),
+    (2, (2, 3, 4, 5), (2, 3, 6, 2)), (0, (4, 5), (3, 2)),
+])
+def test_gathernd_with_batch_dims_matches_onnx_runtime(batch_dims, data, index):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(data).astype(np.float32)
+    k = index[-1]
+    sizes = np.array(data[batch_dims:batch_dims + k])
+    idx = rng.integers(-sizes, sizes, size=index).astype(np.int64)   # negatives count from the end
+    m = model([helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=batch_dims)],
+              [vi("x", list(data)), vi("i", list(index), TensorProto.INT64)], [vi("y", None)])
+    got = fexplore.compile(m, (x, idx))(x, idx)[0]
+    np.testing.assert_array_equal(got, ort(m, [x, idx])[0])
+
+
+def _loop_model(cond_out_node, trip=10):
+    """y, ys = Loop(trip, true, y0): y += x[iter] each step; ``cond_out_node`` makes cond_out."""
+    I64, B = TensorProto.INT64, TensorProto.BOOL
+    one = helper.make_tensor("one", I64, [1], [1])
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["iter", "zero"], ["start"]),
+         helper.make_node("Add", ["start", "one"], ["end"]),
+         helper.make_node("Slice", ["x", "start", "end"], ["row"]),
+         helper.make_node("Add", ["y_in", "row"], ["y_out"]),
+         helper.make_node("Identity", ["y_out"], ["scan_out"]), cond_out_node],
+        "body", [vi("iter", [], I64), vi("cond_in", [], B), vi("y_in", [1])],
+        [vi("cond_out", [], B), vi("y_out", [1]), vi("scan_out", [1])],
+        [one, helper.make_tensor("zero", I64, [1], [0]), helper.make_tensor("three", I64, [], [3])])
+    nodes = [helper.make_node("Loop", ["trip", "go", "y0"], ["y", "ys"], body=body, name="loop")]
+    inits = [helper.make_tensor("trip", I64, [], [trip]), helper.make_tensor("go", B, [], [True])]
+    return model(nodes, [vi("x", [10]), vi("y0", [1])], [vi("y", [1]), vi("ys", None)], inits,
+                 opset=13)
+
+
+def test_loop_with_a_known_trip_count_and_condition_unrolls():
+    x = np.arange(10, dtype=np.float32) + 1
+    y0 = np.array([-2.0], np.float32)
+    for cond_out, steps in [(helper.make_node("Identity", ["cond_in"], ["cond_out"]), 10),
+                            (helper.make_node("Less", ["iter", "three"], ["cond_out"]), 4)]:
+        m = _loop_model(cond_out)
+        cm = fexplore.compile(m, (x, y0))
+        got, want = cm(x, y0), ort(m, [x, y0])
+        assert got[1].shape == (steps, 1) and want[1].shape == (steps, 1)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+    # a condition computed from the data: the number of steps is not known when compiling
+    m = _loop_model(helper.make_node("Less", ["y_out", "y_in"], ["cond_out"]))
+    with pytest.raises(FexploreError, match=r"FX410.*loop condition"):
+        fexplore.compile(m, (x, y0))
+
+
+def test_an_upgrade_that_changes_the_graph_inputs_is_refused_clearly():
+    # Scan at opset 8 has a batch axis; the version converter's adapter drops it from the graph's
+    # inputs, which the example inputs (shaped for the exported model) then no longer fit
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+                              helper.make_node("Identity", ["s_out"], ["y_t"])], "body",
+                             [vi("s_in", [2]), vi("x_t", [2])], [vi("s_out", [2]), vi("y_t", [2])])
+    node = helper.make_node("Scan", ["", "s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1)
+    m = model([node], [vi("s0", [1, 2]), vi("xs", [1, 3, 2])], [vi("s", [1, 2]), vi("ys", [1, 3, 2])],
+              opset=8)
+    with pytest.raises(FexploreError, match=r"FX411.*changed input 's0' from shape \[1, 2\] to \[2\]"):
+        fexplore.compile(m, (np.zeros((1, 2), np.float32), np.ones((1, 3, 2), np.float32)))
+
+
+@pytest.mark.parametrize("size, output_shape", [((1, 2, 4, 6), False), ((2, 1, 5, 5), True)])
+def test_maxunpool_inverts_maxpool_with_indices(size, output_shape):
+    # MaxPool's values and flat indices back to the pooled input's size, zeros elsewhere; an odd
+    # size needs output_shape (pooling floors it away), as torch's max_unpool2d needs output_size
+    I64 = TensorProto.INT64
+    ins = ["p", "i"] + (["s"] if output_shape else [])
+    m = model([helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2]),
+               helper.make_node("MaxUnpool", ins, ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+              [vi("x", list(size))], [vi("y", None), vi("i", None, I64)],
+              [helper.make_tensor("s", I64, [4], list(size))] if output_shape else [])
+    x = np.random.default_rng(0).standard_normal(size).astype(np.float32)
+    got, want = fexplore.compile(m, (x,))(x), ort(m, [x])
+    np.testing.assert_array_equal(got[0], want[0])
+    n, c, h, w = size
+    kept = got[0] != 0
+    assert got[0].shape == size and kept.sum() == n * c * (h // 2) * (w // 2)   # one per window
+    np.testing.assert_array_equal(got[0][kept], x[kept])   # every kept value is the input's own

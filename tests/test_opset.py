@@ -197,6 +197,8 @@ BAD = [
      {}),
     ("attention-batch", "attention", [f32((2, 2, 3, 8)), f32((3, 2, 5, 8)), f32((3, 2, 5, 8))],
      {}),
+    ("bitcast-width", "bitcast", [np.zeros((4,), np.float32)], {"dtype": DType.i64}),
+    ("bitcast-to-bool", "bitcast", [np.zeros((4,), np.uint8)], {"dtype": DType.bool}),
     ("arange-step0", "arange", [], {"end": 5, "step": 0}),
     ("attr-kind", "softmax", [f32((4, 5))], {"axis": 1.0}),
     ("attr-unknown", "softmax", [f32((4, 5))], {"axis": 1, "dim": 1}),

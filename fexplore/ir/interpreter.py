@@ -23,7 +23,7 @@ NodeHook = Callable[[Node, Sequence[np.ndarray]], None]
 # torch's names for the IR's dtypes, for a hint a user can paste
 _TORCH_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
                 "fp8": "float8_e4m3fn", "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8",
-                "u8": "uint8", "bool": "bool"}
+                "u64": "uint64", "u32": "uint32", "u16": "uint16", "u8": "uint8", "bool": "bool"}
 _SIZES_HINT = ("pass inputs of the shapes it was compiled with; for sizes that vary, compile with "
                "dynamic_shapes= (torch.export.Dim)")
 
@@ -110,7 +110,8 @@ def evaluate_node(node: Node, inputs: Sequence[np.ndarray], bindings: Mapping | 
         raw = op.run_regions(list(inputs), attrs, node.regions, runner)
     else:
         with np.errstate(all="ignore"):  # inf/NaN propagate as in torch, without warnings
-            raw = op.reference([_compute_form(x) for x in inputs], attrs)
+            raw = op.reference(list(inputs) if op.stored_inputs else
+                               [_compute_form(x) for x in inputs], attrs)
     if len(raw) != len(node.outputs):
         raise AssertionError(f"{op.name} reference returned {len(raw)} outputs, "
                              f"declared {len(node.outputs)}")

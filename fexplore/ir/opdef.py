@@ -109,6 +109,9 @@ class OpDef:
     doc: str = ""
     run_regions: Callable | None = None
     num_regions: int = 0
+    # the reference reads its inputs' stored bits (bitcast), so the interpreter hands it the
+    # arrays as they are instead of widening f16/bf16/fp8 to f32 first
+    stored_inputs: bool = False
 
     def infer_types(self, ins: Sequence[TensorType], attrs, regions=()) -> list[TensorType]:
         """The type rule; region ops' rules also see their bodies."""

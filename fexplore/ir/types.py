@@ -27,6 +27,9 @@ class DType(enum.Enum):
     i32 = "i32"
     i16 = "i16"
     i8 = "i8"
+    u64 = "u64"
+    u32 = "u32"
+    u16 = "u16"
     u8 = "u8"
     bool = "bool"
 
@@ -49,7 +52,16 @@ class DType(enum.Enum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.i64, DType.i32, DType.i16, DType.i8, DType.u8)
+        return self.is_signed or self.is_unsigned
+
+    @property
+    def is_signed(self) -> bool:
+        """A signed integer type (a float is not one)."""
+        return self in (DType.i64, DType.i32, DType.i16, DType.i8)
+
+    @property
+    def is_unsigned(self) -> bool:
+        return self in (DType.u64, DType.u32, DType.u16, DType.u8)
 
     @staticmethod
     def from_numpy(dt) -> "DType":
@@ -70,13 +82,19 @@ _NUMPY = {
     DType.i32: np.dtype(np.int32),
     DType.i16: np.dtype(np.int16),
     DType.i8: np.dtype(np.int8),
+    DType.u64: np.dtype(np.uint64),
+    DType.u32: np.dtype(np.uint32),
+    DType.u16: np.dtype(np.uint16),
     DType.u8: np.dtype(np.uint8),
     DType.bool: np.dtype(np.bool_),
 }
 
 # Promotion order inside one category (torch's lattice, restricted to our dtypes).
 _FLOAT_RANK = {DType.fp8: 0, DType.bf16: 1, DType.f16: 1, DType.f32: 3, DType.f64: 4}
-_INT_RANK = {DType.bool: 0, DType.u8: 1, DType.i8: 1, DType.i16: 2, DType.i32: 3, DType.i64: 4}
+_INT_RANK = {DType.bool: 0, DType.u8: 1, DType.i8: 1, DType.u16: 2, DType.i16: 2, DType.u32: 3,
+             DType.i32: 3, DType.u64: 4, DType.i64: 4}
+# A signed type that holds every value of an unsigned one and of a signed one of its width.
+_SIGNED_ABOVE = {DType.u8: DType.i16, DType.u16: DType.i32, DType.u32: DType.i64}
 
 
 def _category(d: DType) -> int:
@@ -94,8 +112,14 @@ def promote_pair(a: DType, b: DType) -> DType:
         if {a, b} == {DType.bf16, DType.f16}:
             return DType.f32
         return a if _FLOAT_RANK[a] >= _FLOAT_RANK[b] else b
-    if {a, b} == {DType.u8, DType.i8}:  # neither holds the other's range
-        return DType.i16
+    if a.is_unsigned != b.is_unsigned and a != DType.bool and b != DType.bool:
+        u, i = (a, b) if a.is_unsigned else (b, a)
+        if _INT_RANK[i] > _INT_RANK[u]:
+            return i
+        if u in _SIGNED_ABOVE:   # neither holds the other's range: u8 with i8 is i16, as torch
+            return _SIGNED_ABOVE[u]
+        raise TypeError(f"no integer type holds both {u} and {i} (numpy makes them f64, torch "
+                        "refuses): cast one of them first")
     return a if _INT_RANK[a] >= _INT_RANK[b] else b
 
 

@@ -33,7 +33,7 @@ from fexplore.lang.errors import KernelError
 from fexplore.lang.ir import KernelTrace
 from fexplore.lang.kernel import ArgSpec, Kernel, PipelineCheck, kernel, spec
 from fexplore.lang.types import (ACC, DRAM, SRAM, DType, Tensor, TensorSpec, bf16, bool_, f16, f32, fp8, i8,
-                                 i32, i64)
+                                 i16, i32, i64, u8, u16, u32, u64)
 from fexplore.lang.values import DMA, DramSlice, DramTensor, Tile
 
 globals().update(ELEMENTWISE)   # fl.exp, fl.add, fl.maximum, fl.gt, ... (the vector unit's op table)
@@ -51,7 +51,7 @@ def __getattr__(name):
 # `from fexplore.lang import *` leaves Python's range/sum/max/min/abs/round alone; write fl.range etc.
 __all__ = ["ACC", "DRAM", "SRAM", "ArgSpec", "DMA", "DType", "DramSlice", "DramTensor", "Kernel", "KernelError",
            "KernelTrace", "PipelineCheck", "Tensor", "TensorSpec", "Tile", "bf16", "bool_", "broadcast_to",
-           "cast", "contract", "copy", "empty", "errors", "f16", "f32", "fp8", "full", "gather", "i8", "i32",
-           "i64", "kernel", "load", "num_pes", "output", "parallel", "pe", "scatter", "scratch", "spec", "store",
+           "cast", "contract", "copy", "empty", "errors", "f16", "f32", "fp8", "full", "gather", "i8", "i16",
+           "i32", "i64", "u8", "u16", "u32", "u64", "kernel", "load", "num_pes", "output", "parallel", "pe", "scatter", "scratch", "spec", "store",
            "target", "tiles", "transpose", "wait", "where", "zeros",
            *(n for n in (*ELEMENTWISE, *REDUCTIONS) if n not in ("sum", "max", "min", "abs", "round"))]

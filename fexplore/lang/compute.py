@@ -5,7 +5,7 @@ reductions along named axes, where, cast, broadcast). Checked and recorded like 
 from __future__ import annotations
 
 import re
-from numbers import Number
+from numbers import Integral, Number
 
 import numpy as np
 
@@ -105,6 +105,10 @@ def _bind_letters(spec, la, lb, ta: Tile, tb: Tile, loc) -> tuple[dict, dict]:
 
 
 # ---- vector unit ----------------------------------------------------------------------------------
+# ops on the bits of integers: a float operand has no bits to give them (the unit does not reinterpret)
+_BIT_OPS = {"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"}
+
+
 def vector(op: str, operands, *, dtype=None, out=None, axis=None, keepdims: bool = True) -> Tile:
     tr = current(op)
     loc, site = tr.where()
@@ -117,8 +121,8 @@ def vector(op: str, operands, *, dtype=None, out=None, axis=None, keepdims: bool
         if isinstance(x, bool) or not isinstance(x, (Number, Tile, DramTensor, DramSlice)):
             raise TraceError(f"fl.{op}: an operand is neither a tile nor a number",
                              expected="tiles and Python numbers", given=describe(x), loc=loc)
-        if isinstance(x, Number):
-            args.append(float(x))
+        if isinstance(x, Number):   # an integer stays one: the unit's integer lanes take it whole
+            args.append(int(x) if isinstance(x, Integral) else float(x))
         else:
             t = operand_tile(tr, x, f"fl.{op}", loc)
             args.append(t)
@@ -143,6 +147,10 @@ def vector(op: str, operands, *, dtype=None, out=None, axis=None, keepdims: bool
     if op == "where" and not (isinstance(args[0], Tile) and args[0].dtype == bool_):
         raise DTypeError("fl.where: the condition must be a mask", expected="a bool tile (from a comparison, "
                          "e.g. x > 0)", given=describe(args[0]), loc=loc)
+    if op in _BIT_OPS and any(isinstance(a, float) or isinstance(a, Tile) and a.dtype.is_float for a in args):
+        raise DTypeError(f"fl.{op} acts on the bits of integers", expected="integer or bool tiles and int immediates",
+                         given=", ".join(describe(a) if isinstance(a, Tile) else repr(a) for a in args), loc=loc,
+                         hint="cast a float tile first: x.astype(fl.i32)")
     default = bool_ if opdef.kind == "compare" else tiles[0].dtype if op == "copy" else f32
     dt = parse_dtype(dtype, f"fl.{op}", loc) if dtype is not None else None
     if out is not None:

@@ -68,7 +68,7 @@ class Interpreter:
             axis = op.axis if op.axis is not None else -1
             self._write(op.out, apply(VECTOR_OPS[op.op], args, axis, op.keepdims))
         elif isinstance(op, ir.Fill):
-            self._write(op.out, np.float32(op.value))
+            self._write(op.out, op.value if isinstance(op.value, int) else np.float32(op.value))
         elif isinstance(op, ir.Broadcast):
             self._write(op.out, np.broadcast_to(self.value(op.src), op.out.shape))
         # Wait: an ordering point for the chip; nothing to compute

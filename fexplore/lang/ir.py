@@ -190,7 +190,7 @@ class Fill(Op):
     __slots__ = ("out", "value")
     kind, engine = "fill", "vector"
 
-    def __init__(self, out: Tile, value: float, pe, loc):
+    def __init__(self, out: Tile, value: float | int, pe, loc):
         self._base(pe, loc)
         self.out, self.value = out, value
 

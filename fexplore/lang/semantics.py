@@ -420,7 +420,9 @@ def fill(shape, value, dtype, axes, space: str, *, what: str) -> Tile:
     t = empty(shape, dtype, axes, space, what=what, _where=(loc, site))
     if not isinstance(value, Number) or isinstance(value, bool):
         raise TraceError(f"fl.{what}: the fill value is not a number", given=describe(value), loc=loc)
-    tr.record(ir.Fill(t, float(value), tr.pe, loc))
+    # an integer tile keeps an integer value whole (as a float, 2^24 + 1 would lose its last bit)
+    exact = int(value) if not t.dtype.is_float and float(value).is_integer() else float(value)
+    tr.record(ir.Fill(t, exact, tr.pe, loc))
     return mark_written(t)
 
 

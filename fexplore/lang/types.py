@@ -64,7 +64,8 @@ class DType:
 
 DTYPES = {name: DType(name) for name in npu_dtypes.NUMPY}
 bf16, f16, f32, fp8 = DTYPES["bf16"], DTYPES["f16"], DTYPES["f32"], DTYPES["fp8"]
-i8, i32, i64, bool_ = DTYPES["i8"], DTYPES["i32"], DTYPES["i64"], DTYPES["bool"]
+i8, i16, i32, i64, bool_ = DTYPES["i8"], DTYPES["i16"], DTYPES["i32"], DTYPES["i64"], DTYPES["bool"]
+u8, u16, u32, u64 = DTYPES["u8"], DTYPES["u16"], DTYPES["u32"], DTYPES["u64"]
 
 
 def as_dtype(dt) -> DType:

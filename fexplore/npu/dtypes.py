@@ -21,6 +21,9 @@ NUMPY = {
     "i32": np.dtype(np.int32),
     "i16": np.dtype(np.int16),
     "i8": np.dtype(np.int8),
+    "u64": np.dtype(np.uint64),
+    "u32": np.dtype(np.uint32),
+    "u16": np.dtype(np.uint16),
     "u8": np.dtype(np.uint8),
     "bool": np.dtype(np.bool_),
 }

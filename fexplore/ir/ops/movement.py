@@ -322,6 +322,30 @@ register(OpDef("arange", Category.broadcast, _arange_type, _arange_ref, _creatio
                arity=0))
 
 
+# -- bitcast --------------------------------------------------------------------------------
+
+def _bitcast_type(ins, a):
+    (t,) = ins
+    to = a["dtype"]
+    if to.itemsize != t.dtype.itemsize:
+        raise TypeRuleError(f"bitcast: {t.dtype} has {8 * t.dtype.itemsize} bits, {to} has "
+                            f"{8 * to.itemsize}; the bits are reinterpreted, so the widths match")
+    if DType.bool in (t.dtype, to) and to != t.dtype:
+        raise TypeRuleError(f"bitcast {t.dtype} to {to}: a bool holds 0 or 1, not any bit pattern")
+    return [TensorType(t.shape, to)]
+
+
+def _bitcast_ref(xs, a):
+    # the same bytes read as another type (little-endian, as numpy on every host we run on)
+    return [np.array(xs[0], order="C").view(a["dtype"].numpy)]
+
+
+register(OpDef("bitcast", Category.movement, _bitcast_type, _bitcast_ref, movement_cost,
+               attrs=(AttrSpec("dtype", "dtype"),), arity=1, stored_inputs=True,
+               doc="the same bits read as another dtype of the same width (cast converts values; "
+                   "bitcast keeps the bit pattern)"))
+
+
 # -- layout ---------------------------------------------------------------------------------
 
 def _relayout_type(ins, a):

@@ -36,6 +36,17 @@ def _reshape(ctx):
     return _reshape_to(ctx, ctx.args[0], ctx.out_type().shape)
 
 
+@converter("aten.view.dtype")
+def _view_dtype(ctx):
+    x, dt = ctx.args[0], ir_dtype(ctx.args[1])
+    if dt == x.type.dtype:
+        return x
+    if dt.itemsize != x.type.dtype.itemsize or DType.bool in (dt, x.type.dtype):
+        raise NotImplementedError("view(dtype) between types of different widths (it changes the "
+                                  "last dim's size) or to or from bool")
+    return ctx.emit("bitcast", [x], {"dtype": dt})
+
+
 @converter("aten.permute.default", "aten.permute_copy.default")
 def _permute(ctx):
     x = ctx.args[0]

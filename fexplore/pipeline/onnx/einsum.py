@@ -1,10 +1,13 @@
 """ONNX Einsum as the IR's permute/reshape/sum/matmul: one operand is summed and permuted; two
 are brought to (batch, free, contracted) x (batch, contracted, free) and multiplied, the way a
-contraction reaches the chip's tensor unit."""
+contraction reaches the chip's tensor unit; more multiply two at a time; a letter repeated in one
+operand takes a diagonal."""
 
 from __future__ import annotations
 
 import string
+
+import numpy as np
 
 from .movement import _reshape_to, product
 from .registry import OnnxContext, onnx_converter
@@ -30,11 +33,30 @@ def _parse(eq: str, ranks):
     return terms, out
 
 
+def _diagonals(ctx, x, term: str):
+    """Take the diagonal of every letter ``term`` repeats (``ii`` in ``bii->bi``): the two dims
+    go last and an index with equal row and column numbers picks the diagonal out of them, which
+    then carries the letter once, last."""
+    while len(set(term)) != len(term):
+        c = next(c for c in term if term.count(c) > 1)
+        p = term.index(c)
+        q = term.index(c, p + 1)
+        n = x.type.shape[p]
+        if not isinstance(n, int):
+            ctx.refuse(f"Einsum diagonal of a symbolic dim ({c!r})")
+        r = x.type.rank
+        perm = tuple(i for i in range(r) if i not in (p, q)) + (p, q)
+        if perm != tuple(range(r)):
+            x = ctx.emit("permute", [x], {"perm": perm})
+        at = ctx.b.literal(np.arange(n, dtype=np.int64), f"{ctx.node.name}.diag_{c}")
+        x = ctx.emit("index", [x, at, at], {"axes": (r - 2, r - 1)})
+        term = "".join(t for i, t in enumerate(term) if i not in (p, q)) + c
+    return x, term
+
+
 def _reduce_to(ctx, x, term: str, keep: set):
-    """Sum away the letters of ``term`` not in ``keep``; a repeated letter (a diagonal) is
-    refused."""
-    if len(set(term)) != len(term):
-        ctx.refuse("Einsum with a repeated index in one operand (a diagonal)")
+    """Take the diagonals ``term`` asks for, then sum away its letters not in ``keep``."""
+    x, term = _diagonals(ctx, x, term)
     axes = tuple(i for i, c in enumerate(term) if c not in keep)
     if axes:
         x = ctx.emit("sum", [x], {"axes": axes, "keepdim": False})
@@ -53,13 +75,24 @@ def _permute(ctx, x, term: str, order: str):
 def _einsum(ctx: OnnxContext):
     xs = [x for x in ctx.inputs() if x is not None]
     terms, out = _parse(ctx.attr("equation"), [x.type.rank for x in xs])
-    if len(xs) == 1:
-        x, t = _reduce_to(ctx, xs[0], terms[0], set(out))
-        return _permute(ctx, x, t, out)
-    if len(xs) != 2:
-        ctx.refuse("Einsum of more than two operands")
-    (a, ta), (b, tb) = (_reduce_to(ctx, x, t, set(out) | set(terms[1 - i]))
-                        for i, (x, t) in enumerate(zip(xs, terms)))
+    # each operand first takes its diagonals and sums away the letters only it has
+    ops = [_reduce_to(ctx, x, t, set(out).union(*(u for j, u in enumerate(terms) if j != i)))
+           for i, (x, t) in enumerate(zip(xs, terms))]
+    # then the operands multiply in order, two at a time, each product keeping the letters the
+    # output or a later operand still needs (numpy's einsum without path optimization)
+    y, ty = ops[0]
+    for i in range(1, len(ops)):
+        keep = set(out).union(*(t for _, t in ops[i + 1:]))
+        b, tb = ops[i]
+        pair = "".join(c for c in dict.fromkeys(ty + tb) if c in keep)
+        y, ty = _product(ctx, y, ty, b, tb, pair), pair
+    return _permute(ctx, y, ty, out)
+
+
+def _product(ctx, a, ta: str, b, tb: str, out: str):
+    """Two operands (no letter left that only one of them has and ``out`` lacks) as a batched
+    matmul: (batch, free, contracted) x (batch, contracted, free), reshaped to the letters of
+    ``out``."""
     size = {}
     for x, t in ((a, ta), (b, tb)):
         for c, d in zip(t, x.type.shape):

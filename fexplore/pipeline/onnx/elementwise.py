@@ -213,6 +213,19 @@ def _cast_like(ctx):
     return cast(ctx, ctx.input(0), ctx.input(1).type.dtype)
 
 
+@onnx_converter("BitCast", since=26)
+def _bitcast(ctx):
+    x = ctx.input(0)
+    dt = onnx_dtype(ctx.attr("to"))
+    if dt == x.type.dtype:
+        return x
+    if dt.itemsize != x.type.dtype.itemsize or DType.bool in (dt, x.type.dtype):
+        ctx.refuse(f"BitCast from {x.type.dtype} to {dt}: the bit widths differ or one is bool",
+                   hint="BitCast keeps the bit pattern, so both types need the same width; "
+                        "Cast converts values instead")
+    return ctx.emit("bitcast", [x], {"dtype": dt})
+
+
 @onnx_converter("Clip")
 def _clip(ctx):
     x = ctx.input(0)

@@ -46,8 +46,8 @@ def onnx_dtype(elem_type: int) -> DType:
 
     table = {T.FLOAT: DType.f32, T.DOUBLE: DType.f64, T.FLOAT16: DType.f16,
              T.BFLOAT16: DType.bf16, T.FLOAT8E4M3FN: DType.fp8, T.INT64: DType.i64,
-             T.INT32: DType.i32, T.INT16: DType.i16, T.INT8: DType.i8, T.UINT8: DType.u8,
-             T.BOOL: DType.bool}
+             T.INT32: DType.i32, T.INT16: DType.i16, T.INT8: DType.i8, T.UINT64: DType.u64,
+             T.UINT32: DType.u32, T.UINT16: DType.u16, T.UINT8: DType.u8, T.BOOL: DType.bool}
     if elem_type not in table:
         from onnx import helper
 
@@ -62,7 +62,8 @@ def ir_to_onnx_dtype(dt: DType) -> int:
 
     return {DType.f32: T.FLOAT, DType.f64: T.DOUBLE, DType.f16: T.FLOAT16, DType.bf16: T.BFLOAT16,
             DType.fp8: T.FLOAT8E4M3FN, DType.i64: T.INT64, DType.i32: T.INT32, DType.i16: T.INT16,
-            DType.i8: T.INT8, DType.u8: T.UINT8, DType.bool: T.BOOL}[dt]
+            DType.i8: T.INT8, DType.u64: T.UINT64, DType.u32: T.UINT32, DType.u16: T.UINT16,
+            DType.u8: T.UINT8, DType.bool: T.BOOL}[dt]
 
 
 def is_onnx_model(model) -> bool:
@@ -119,7 +120,23 @@ def upgraded(proto):
             f"the model is at opset {opset}; fexplore reads opsets {MIN_OPSET} and newer and "
             f"onnx's version converter could not upgrade it ({str(e).splitlines()[0][:200]})",
             hint=f"re-export the model at opset {MIN_OPSET} or newer") from None
+    # an adapter may change the graph's own inputs (Scan-8's batch axis is dropped): the
+    # example inputs, made for the model as exported, would no longer fit it
+    for before, after in zip(proto.graph.input, new.graph.input):
+        if _declared_shape(before) != _declared_shape(after):
+            raise OnnxModelError(
+                f"the model is at opset {opset}; upgrading it to opset {MIN_OPSET} with onnx's "
+                f"version converter changed input {before.name!r} from shape "
+                f"{_declared_shape(before)} to {_declared_shape(after)}",
+                hint=f"re-export the model at opset {MIN_OPSET} or newer")
     return new, f"upgraded from opset {opset} to {MIN_OPSET} by onnx.version_converter"
+
+
+def _declared_shape(value_info) -> list | None:
+    tt = value_info.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in tt.shape.dim]
 
 
 @dataclass

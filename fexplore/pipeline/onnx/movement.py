@@ -219,17 +219,26 @@ def _gather_elements(ctx):
 
 @onnx_converter("GatherND")
 def _gather_nd(ctx):
+    """x[b..., idx[b..., i..., 0], ..., idx[b..., i..., k-1]]: the last index dim's k columns
+    index x's axes after the ``batch_dims`` leading ones, which pair up with idx's (each batch
+    axis indexed by its own position, an arange broadcast along the others)."""
     x, idx = ctx.input(0), ctx.input(1)
-    if ctx.attr("batch_dims", 0):
-        ctx.refuse("GatherND with batch_dims > 0")
+    b = ctx.attr("batch_dims", 0)
     k = idx.type.shape[-1]
     if not isinstance(k, int):
         raise NotImplementedError("GatherND with a symbolic index depth")
+    batch = idx.type.shape[:b]
+    if not all(isinstance(n, int) for n in batch):
+        ctx.refuse(f"GatherND with batch_dims={b} over a symbolic dim")
     parts = ctx.emit("split", [idx], {"axis": idx.type.rank - 1, "sizes": (1,) * k},
                      n_results=k) if k > 1 else (idx,)
     cols = [_reshape_to(ctx, p, p.type.shape[:-1]) for p in parts]
-    cols = [_wrap(ctx, c, x.type.shape[i]) for i, c in enumerate(cols)]
-    return ctx.emit("index", [x, *cols], {"axes": tuple(range(k))})
+    cols = [_wrap(ctx, c, x.type.shape[b + i]) for i, c in enumerate(cols)]
+    depth = idx.type.rank - 1
+    positions = [ctx.b.literal(np.arange(n, dtype=np.int64).reshape(
+        (1,) * j + (n,) + (1,) * (depth - j - 1)), f"{ctx.node.name}.batch{j}")
+        for j, n in enumerate(batch)]
+    return ctx.emit("index", [x, *positions, *cols], {"axes": tuple(range(b + k))})
 
 
 def _wrap(ctx, idx, size):

@@ -272,6 +272,31 @@ def _max_pool_indices(ctx, x, one_d, kernel, strides, dilations, pads):
     return (y, idx)
 
 
+@onnx_converter("MaxUnpool")
+def _max_unpool(ctx):
+    """MaxPool's partial inverse: each value of X written at its flat index (MaxPool's Indices,
+    into the whole tensor) of a zero tensor of the output's size: output_shape when given (the
+    size of the input the indices were taken from), else the one kernel, strides and pads give.
+    With output_shape, ONNX Runtime and torch's max_unpool do this; the ONNX reference instead
+    unpools to the second size and pads it to the first, which moves every value of a row."""
+    x, idx = ctx.input(0), ctx.input(1)
+    if not all(isinstance(d, int) for d in x.type.shape):
+        ctx.refuse("MaxUnpool of symbolic dims")
+    kernel = tuple(ctx.attr("kernel_shape"))
+    k = len(kernel)
+    strides = tuple(ctx.attr("strides") or (1,) * k)
+    pads = tuple(ctx.attr("pads") or (0,) * (2 * k))
+    want = ctx.const_ints(2, "output shape")
+    shape = tuple(want) if want is not None else x.type.shape[:2] + tuple(
+        (d - 1) * s - (pads[i] + pads[k + i]) + kernel[i]
+        for i, (d, s) in enumerate(zip(x.type.shape[2:], strides)))
+    flat = ctx.emit("full", [], {"shape": (math.prod(shape),), "value": 0, "dtype": x.type.dtype})
+    flat = ctx.emit("index_put", [flat, _reshape_to(ctx, x, (math.prod(x.type.shape),)),
+                                  _reshape_to(ctx, idx, (math.prod(idx.type.shape),))],
+                    {"axes": (0,), "accumulate": False})
+    return _reshape_to(ctx, flat, shape)
+
+
 @onnx_converter("LRN")
 def _lrn(ctx):
     """x / (bias + alpha/size * sum of squares over a window of channels)^beta."""

@@ -91,8 +91,9 @@ def _like(a: np.ndarray, rng) -> np.ndarray:
         std = float(finite.std()) if finite.size > 1 else 1.0
         mean = float(finite.mean()) if finite.size else 0.0
         return np.asarray(rng.standard_normal(a.shape) * (std or 1.0) + mean).astype(a.dtype)
-    lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 1)
-    return np.asarray(rng.integers(lo, hi + 1, size=a.shape)).astype(a.dtype)
+    lo, hi = (a.min(), a.max()) if a.size else (0, 1)
+    # drawn in the input's own dtype: a u64 value above i64's range is a valid bound
+    return np.asarray(rng.integers(lo, hi, size=a.shape, dtype=a.dtype, endpoint=True))
 
 
 def _noise(twin, names, arrays, outs) -> list[float]:

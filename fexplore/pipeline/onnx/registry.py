@@ -93,11 +93,13 @@ class OnnxConversionError(FexploreError):
     code = "FX410"
     doc = ErrorDoc(
         when="An ONNX node uses an op fexplore converts, in a way it does not compile: an attribute "
-             "value, a dtype or an operand form the converter declines (Einsum with a repeated "
-             "index in one operand, GatherND with batch_dims, a data-dependent output size).",
-        example="onnx.helper.make_node(\"Einsum\", [\"x\"], [\"y\"], equation=\"ii->i\")   # a diagonal",
-        fix="Rewrite that node in the exporting model (a diagonal as a gather, say), or register a "
-            "converter of your own for the op with onnx_converter(..., replace=True).")
+             "value, a dtype or an operand form the converter declines (BitCast between types of "
+             "different widths, Cast to float8 without saturation, a Loop whose condition is "
+             "computed from the data).",
+        example="onnx.helper.make_node(\"BitCast\", [\"x\"], [\"y\"], to=onnx.TensorProto.INT64)"
+                "   # x is float32: 32 bits, not 64",
+        fix="Rewrite that node in the exporting model (a Cast, if values were meant), or register "
+            "a converter of your own for the op with onnx_converter(..., replace=True).")
 
 
 class _NodeRef:
