@@ -86,3 +86,13 @@ def test_fp32_compiles_keep_the_dtype_tolerance():
     assert oracle.policy_noise is None
     cm = fexplore.compile(model, inputs)
     assert tolerance_of(cm.graph, oracle) == TOLERANCES[DType.f32]
+
+
+def test_only_graphs_the_policy_narrowed_get_its_allowance():
+    model, inputs = _narrow_norm()
+    cm = fexplore.compile(model, inputs, precision="bf16")
+    described = {r.name: r.verification.numeric.tolerance for r in cm.stages
+                 if r.verification is not None and r.verification.numeric is not None}
+    assert "bf16 error" in described["precision"]
+    for before in ("ingest", "fold", "simplify"):
+        assert "bf16 error" not in described[before], (before, described[before])

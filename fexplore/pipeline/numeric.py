@@ -273,7 +273,7 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
     ok, detail = True, None
     for k, (inputs, want, noise) in enumerate(zip(oracle.input_sets, oracle.expected, oracle.noise)):
         got = accept_tie_order(g, inputs, run(g, inputs), want)
-        a, r, good, d = compare(got, want, tol, noise, policy_noise_of(oracle, k),
+        a, r, good, d = compare(got, want, tol, noise, policy_noise_of(oracle, k, g),
                                 getattr(oracle, "precision", ""))
         worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
         if not good and ok:
@@ -284,7 +284,7 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
     worst_noise = max((n for ns in oracle.noise for n in ns), default=0.0)
     described = str(tol) + (f" + {NOISE_MULTIPLE:g}x eager's f32 noise (up to {worst_noise:.1e})"
                              if worst_noise else "")
-    if policy_noise_of(oracle, 0) is not None:
+    if policy_noise_of(oracle, 0, g) is not None:
         worst_policy = max((n for ns in oracle.policy_noise for n in ns), default=0.0)
         described += (f" + {POLICY_MULTIPLE:g}x eager's {oracle.precision} error "
                       f"(up to {worst_policy:.1e})")
@@ -297,23 +297,35 @@ def tolerance_of(g: Graph, oracle) -> Tolerance:
     computes in; under a policy whose error the oracle measured, that of the model's own
     narrowest float (the policy's casts are allowed their measured error instead,
     ``POLICY_MULTIPLE`` x ``policy_noise``). An ONNX oracle measures no policy."""
-    if policy_noise_of(oracle, 0) is not None and oracle.model_dtype is not None:
+    if _narrowed_by_policy(g, oracle):
         return TOLERANCES[oracle.model_dtype]
     return TOLERANCES[compute_dtype(g)]
 
 
-def policy_noise_of(oracle, k: int) -> list[float] | None:
+def _narrowed_by_policy(g: Graph, oracle) -> bool:
+    """Whether ``g`` computes in a narrower float than the model does by itself, which only the
+    precision stage's casts make: the graphs of the stages before it are held to the model's
+    own tolerance, with no allowance for the policy."""
+    if getattr(oracle, "policy_noise", None) is None or oracle.model_dtype is None:
+        return False
+    order = list(TOLERANCES)[::-1]   # fp8, bf16, f16, f32
+    return order.index(compute_dtype(g)) < order.index(oracle.model_dtype)
+
+
+def policy_noise_of(oracle, k: int, g: Graph | None = None) -> list[float] | None:
     """Eager's error under the compile's reduced-precision policy on input set ``k``, per
-    output (None: no policy, or not measured)."""
+    output (None: no policy, not measured, or ``g`` not narrowed by it)."""
     noise = getattr(oracle, "policy_noise", None)
-    return noise[k] if noise else None
+    if not noise or (g is not None and not _narrowed_by_policy(g, oracle)):
+        return None
+    return noise[k]
 
 
 def compare_with_oracle(g: Graph, oracle, k: int, got: Sequence[np.ndarray]):
     """``compare`` of outputs ``got`` of (a lowering or schedule of) ``g`` with eager's on input
     set ``k``, at the oracle's tolerance for ``g``."""
     return compare(got, oracle.expected[k], tolerance_of(g, oracle), oracle.noise[k],
-                   policy_noise_of(oracle, k), getattr(oracle, "precision", ""))
+                   policy_noise_of(oracle, k, g), getattr(oracle, "precision", ""))
 
 
 # Ops whose index result torch leaves unspecified among equal values: its sort is unstable by

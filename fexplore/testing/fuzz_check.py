@@ -219,7 +219,7 @@ def compare_with_eager(got: list, oracle, cm) -> str | None:
     # with the precision stage's casts allowed eager's measured error under the same policy
     # when the oracle measured it, else at that policy's fixed tolerance
     order = list(TOLERANCES)[::-1]  # fp8, bf16, f16, f32
-    policy = policy_noise_of(oracle, 0)
+    policy = policy_noise_of(oracle, 0, cm.graph)
     dtypes = {compute_dtype(cm.stages[0].after)} | \
         {ir_dtype(g.dtype) for g in got if g.dtype.is_floating_point}
     if policy is None:
