@@ -8,9 +8,11 @@ results, timeouts (and invalid modules, a generator bug); with ``--shrink``, eve
 shrunk to a minimal module and printed as Python source (``--regressions DIR`` also writes each
 one there as a regression test).
 
-    .venv/bin/python bench/fuzz.py --minutes 5 [--seed 0] [--jobs 1] [--timeout 60] [--shrink]
+    .venv/bin/python bench/fuzz.py --minutes 5 [--count N] [--seed 0] [--jobs 1] [--timeout 60] [--shrink]
 
-Writes bench/results/fuzz.md. No assertion: a benchmark reports; tests/test_fuzz.py asserts on a
+``--json FILE`` also keeps every case's outcome; ``--combine A.json B.json [--recheck]`` then
+writes one table of several runs (a campaign at fp32 and one at bf16, say), with each failure's
+outcome on the current code when rechecked. Writes bench/results/fuzz.md (``--out``). No assertion: a benchmark reports; tests/test_fuzz.py asserts on a
 seeded batch.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime
+import json
 import os
 import platform
 import sys
@@ -71,16 +74,18 @@ def campaign(args) -> tuple[list[dict], float]:
             print(f"  {len(results)} cases, {time.perf_counter() - t0:.0f} s", flush=True)
 
     seed = args.seed
+    stop = args.seed + args.count if args.count else float("inf")
     if args.jobs <= 1:
         _init_worker()
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < deadline and seed < stop:
             note(run_seed(seed, args.max_ops, args.timeout, args.target, args.precision))
             seed += 1
         return results, time.perf_counter() - t0
     with cf.ProcessPoolExecutor(args.jobs, initializer=_init_worker) as pool:
         pending = set()
         while True:
-            while time.perf_counter() < deadline and len(pending) < 2 * args.jobs:
+            while (time.perf_counter() < deadline and seed < stop
+                   and len(pending) < 2 * args.jobs):
                 pending.add(pool.submit(run_seed, seed, args.max_ops, args.timeout,
                                         args.target, args.precision))
                 seed += 1
@@ -122,21 +127,18 @@ def shrink_failures(results: list[dict], args) -> list[tuple[dict, str]]:
     return shrunk
 
 
-def report(results: list[dict], elapsed: float, args, shrunk) -> str:
-    counts = Counter(r["outcome"] for r in results)
-    n = len(results)
-    per_min = n / (elapsed / 60) if elapsed else 0.0
-    kinds = Counter(k for r in results for k in r["kinds"])
+def report(runs: list[dict]) -> str:
+    """The results table of one or more campaigns (each ``{"args", "elapsed", "results",
+    "shrunk"}``, as ``--json`` writes them): counts per run and in total, then the op kinds,
+    refusals and failures over all of them. With ``"now"`` on a failure (``--recheck``), its
+    outcome on the code that writes the report."""
+    everything = [r for run in runs for r in run["results"]]
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    cmd = (f"`.venv/bin/python bench/fuzz.py --minutes {args.minutes:g} --seed {args.seed} "
-           f"--jobs {args.jobs} --timeout {args.timeout:g} --max-ops {args.max_ops} "
-           f"--target {args.target} --precision {args.precision}`")
     lines = [
         "# Differential fuzzing: random modules through every stage, against eager",
         "",
-        f"Run {stamp}; {os.cpu_count()} cores (shared), torch {torch.__version__}, "
-        f"Python {platform.python_version()}. Command: {cmd}: seeds {args.seed} to "
-        f"{args.seed + n - 1}, {elapsed / 60:.1f} min.",
+        f"Written {stamp}; {os.cpu_count()} cores (shared), torch {torch.__version__}, "
+        f"Python {platform.python_version()}.",
         "",
         "Each seed is a random module (`fexplore.testing.fuzz`: broadcasting, branching DAGs, views "
         "and strided slices, reductions, matmul/linear, conv and pools, attention with and without "
@@ -145,19 +147,31 @@ def report(results: list[dict], elapsed: float, args, shrunk) -> str:
         "simulated NPU on its example inputs and on a second input set, compared with eager "
         "(`fexplore.testing.fuzz_check`; refusal codes and tolerances there).",
         "",
-        "| | cases |",
-        "|---|---:|",
-        f"| modules run | {n} |",
-        f"| cases per minute | {per_min:.1f} ({args.jobs} process{'es' if args.jobs > 1 else ''}) |",
+        "Commands:",
+        "",
     ]
+    for k, run in enumerate(runs, 1):
+        a, n = run["args"], len(run["results"])
+        lines.append(f"{k}. {_command(a)}: seeds {a['seed']} to {a['seed'] + n - 1}, "
+                     f"{run['elapsed'] / 60:.1f} min")
+    head = " | ".join(f"run {k} ({run['args']['precision']})" for k, run in enumerate(runs, 1))
+    total = "" if len(runs) == 1 else " total |"
+    lines += ["", f"| | {head} |{total}", "|---|" + "---:|" * (len(runs) + (len(runs) > 1))]
+    columns = [run["results"] for run in runs] + ([everything] if len(runs) > 1 else [])
+    elapsed = [run["elapsed"] for run in runs] + ([sum(r["elapsed"] for r in runs)] if len(runs) > 1 else [])
+    lines.append("| modules run | " + " | ".join(str(len(c)) for c in columns) + " |")
+    lines.append("| cases per minute (1 process) | " + " | ".join(
+        f"{len(c) / (e / 60):.1f}" if e else "0" for c, e in zip(columns, elapsed)) + " |")
     for o in ("pass", "refused", "crash", "wrong", "timeout", "invalid"):
-        lines.append(f"| {o} | {counts[o]} |")
+        lines.append(f"| {o} | " + " | ".join(
+            str(sum(r["outcome"] == o for r in c)) for c in columns) + " |")
+    kinds = Counter(k for r in everything for k in r["kinds"])
     lines += ["", "## Op kinds covered", "", "| kind | modules using it | of which not passing |",
               "|---|---:|---:|"]
     for k, c in sorted(kinds.items(), key=lambda kv: -kv[1]):
-        bad = sum(1 for r in results if k in r["kinds"] and r["outcome"] != "pass")
+        bad = sum(1 for r in everything if k in r["kinds"] and r["outcome"] != "pass")
         lines.append(f"| {k} | {c} | {bad} |")
-    refusals = Counter((r["code"], r["detail"][:100]) for r in results if r["outcome"] == "refused")
+    refusals = Counter((r["code"], r["detail"][:100]) for r in everything if r["outcome"] == "refused")
     lines += ["", "## Refusals", ""]
     if refusals:
         lines += ["| code | reason | cases |", "|---|---|---:|"]
@@ -165,16 +179,40 @@ def report(results: list[dict], elapsed: float, args, shrunk) -> str:
     else:
         lines.append("None.")
     lines += ["", "## Failures", ""]
-    failures = [r for r in results if r["outcome"] in FAILURES]
+    failures = [(run["args"]["precision"], r) for run in runs for r in run["results"]
+                if r["outcome"] in FAILURES]
     if failures:
-        lines += ["| seed | outcome | stage | code | detail |", "|---:|---|---|---|---|"]
-        lines += [f"| {r['seed']} | {r['outcome']} | {r['stage']} | {r['code']} | "
-                  f"{_cell(r['detail'])} |" for r in failures]
+        now = any("now" in r for _, r in failures)
+        lines += ["| seed | precision | outcome | stage | code | detail |" + (" now |" if now else ""),
+                  "|---:|---|---|---|---|---|" + ("---|" if now else "")]
+        lines += [f"| {r['seed']} | {p} | {r['outcome']} | {r['stage']} | {r['code']} | "
+                  f"{_cell(r['detail'])} |" + (f" {r.get('now', '')} |" if now else "")
+                  for p, r in failures]
     else:
         lines.append("None.")
-    for r, src in shrunk:
-        lines += ["", f"### seed {r['seed']}, shrunk", "", "```python", src.rstrip(), "```"]
+    for run in runs:
+        for r, src in run["shrunk"]:
+            lines += ["", f"### seed {r['seed']} ({run['args']['precision']}), shrunk", "",
+                      "```python", src.rstrip(), "```"]
     return "\n".join(lines) + "\n"
+
+
+def _command(a: dict) -> str:
+    count = f" --count {a['count']}" if a.get("count") else ""
+    return (f"`.venv/bin/python bench/fuzz.py --minutes {a['minutes']:g}{count} --seed {a['seed']} "
+            f"--jobs {a['jobs']} --timeout {a['timeout']:g} --max-ops {a['max_ops']} "
+            f"--target {a['target']} --precision {a['precision']}`")
+
+
+def recheck(runs: list[dict]) -> None:
+    """Each failure's seed checked again on this code: its outcome goes in ``"now"``."""
+    for run in runs:
+        a = run["args"]
+        for r in run["results"]:
+            if r["outcome"] in FAILURES:
+                r["now"] = run_seed(r["seed"], a["max_ops"], a["timeout"], a["target"],
+                                    a["precision"])["outcome"]
+                print(f"  seed {r['seed']} ({a['precision']}): {r['outcome']} -> {r['now']}")
 
 
 def _cell(s: str) -> str:
@@ -187,6 +225,8 @@ def _cell(s: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--count", type=int, default=0,
+                    help="stop after this many modules (0: only --minutes bounds the run)")
     ap.add_argument("--seed", type=int, default=0, help="first seed")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
@@ -197,11 +237,26 @@ def main() -> None:
     ap.add_argument("--shrink", action="store_true", help="shrink each distinct failure")
     ap.add_argument("--shrink-budget", type=float, default=120.0, help="seconds per failure")
     ap.add_argument("--regressions", default="", help="folder to write shrunk failures to")
+    ap.add_argument("--json", default="",
+                    help="also write every case's outcome as JSON (to combine runs)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "fuzz.md"))
+    ap.add_argument("--combine", nargs="+", default=[], metavar="JSON",
+                    help="write one table of these runs (files --json wrote) instead of running")
+    ap.add_argument("--recheck", action="store_true",
+                    help="with --combine: check each failure's seed again on this code")
     args = ap.parse_args()
-    results, elapsed = campaign(args)
-    shrunk = shrink_failures(results, args) if args.shrink else []
-    text = report(results, elapsed, args, shrunk)
+    if args.combine:
+        runs = [json.loads(Path(p).read_text()) for p in args.combine]
+        if args.recheck:
+            _init_worker()
+            recheck(runs)
+    else:
+        results, elapsed = campaign(args)
+        shrunk = shrink_failures(results, args) if args.shrink else []
+        runs = [{"args": vars(args), "elapsed": elapsed, "results": results, "shrunk": shrunk}]
+        if args.json:
+            Path(args.json).write_text(json.dumps(runs[0], indent=0))
+    text = report(runs)
     Path(args.out).write_text(text)
     print(text.split("\n## ")[0])
     print(f"wrote {args.out}")

@@ -18,6 +18,8 @@ REPRESENTATIVE = {
     "hazard-write-ignored": (["mlp"], "simulator hazard check (schedule)"),
     "sram-offset-wrong": (["mlp"], "simulator hazard check (schedule)"),
     "broadcast-axes-merged": (["broadcasts"], "lower stage: codegen bug behind the host fallback"),
+    "layout-transpose-forgotten": (["conv-bn"], "structural verifier after layout"),
+    "precision-weights-at-fp8": (["gpt-bf16"], "numeric check of precision"),
 }
 CASES = sorted({c for cases, _ in REPRESENTATIVE.values() for c in cases})
 

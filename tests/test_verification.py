@@ -166,3 +166,24 @@ def test_a_random_input_set_the_model_itself_refuses_is_dropped_not_a_crash():
     assert oracle.dropped_sets and all("the model raised" in d for d in oracle.dropped_sets)
     assert len(oracle.input_sets) == 4 - len(oracle.dropped_sets)
     torch.testing.assert_close(cm(ids, feats), model(ids, feats))
+
+
+def test_an_op_reads_its_operands_in_the_layout_it_computes_in():
+    """Layouts live on the types and the interpreter ignores them, so a forgotten relayout can
+    change no number in a check; the verifier catches it on the types."""
+    nhwc = ir.Layout((0, 2, 3, 1))
+    x = Value("x", f32(1, 2, 3, 3))
+    xn = Value("xn", f32(1, 2, 3, 3).with_layout(nhwc))
+    y = Value("y", f32(1, 2, 3, 3).with_layout(nhwc))
+    back = Value("back", f32(1, 2, 3, 3))
+    relayout = Node("relayout", [x], {"order": (0, 2, 3, 1), "tile": ()}, [xn])
+    to_rows = Node("relayout", [y], {"order": (0, 1, 2, 3), "tile": ()}, [back])
+    ir.verify(Graph("ok", [x], [], [relayout, Node("relu", [xn], {}, [y]), to_rows], [back]))
+    with pytest.raises(VerificationError, match="relu computes in layout .* but reads %x in layout "
+                                                "row-major") as info:
+        ir.verify(Graph("bad", [x], [], [Node("relu", [x], {}, [y]), to_rows], [back]))
+    assert "relayout is missing" in str(info.value)
+    flat = Value("flat", f32(1, 18))   # a reshape reads row-major: channels-last first goes back
+    with pytest.raises(VerificationError, match="reshape computes in layout row-major but reads %y"):
+        ir.verify(Graph("bad", [x], [], [relayout, Node("relu", [xn], {}, [y]),
+                                         Node("reshape", [y], {"shape": (1, 18)}, [flat])], [flat]))

@@ -102,6 +102,31 @@ def _verify_node(top, g, idx, node: Node, defined, symbols, stage):
         if stored != t and not stored.same_as(t):
             _fail(top, g, idx, f"%{v.name} is typed {v.type} but {op.name} gives {t}", stage,
                   "a pass changed operands without updating result types")
+    _check_layouts(top, g, idx, node, stage)
+
+
+# Contractions read their operands after the first (a weight, a bias) as stored: a weight laid
+# out at compile time for its consumer (a conv's OHWI, a tiled matrix) carries its own layout.
+_WEIGHT_READERS = ("conv2d", "linear", "matmul")
+
+
+def _check_layouts(top, g, idx, node: Node, stage):
+    """An op reads its operands in the layout it computes in: every operand of its result's rank
+    in its result's layout, every other one row-major. Only a relayout converts. A conv claiming
+    channels-last results from a row-major activation (a relayout forgotten) would read the
+    wrong elements on the chip, though the interpreter, which ignores layouts, gives the right
+    numbers; so this is checked on the types, where the layout stage writes it."""
+    if node.op.name == "relayout" or node.regions or not node.outputs:
+        return
+    out = node.outputs[0].type
+    for i, v in enumerate(node.inputs):
+        if i > 0 and node.op.name in _WEIGHT_READERS:
+            continue
+        want = out.layout if v.type.rank == out.rank else None
+        if v.type.layout != want:
+            _fail(top, g, idx, f"{node.op.name} computes in layout {out.layout or 'row-major'} but "
+                  f"reads %{v.name} in layout {v.type.layout or 'row-major'}", stage,
+                  "a relayout is missing: an op reads its operands in its result's layout")
 
 
 def _check_symbols(top, g, idx, t, symbols, stage):

@@ -210,7 +210,8 @@ class Exploration:
                               random_sets=self.options.random_input_sets, seed=self.options.seed)
         with _model_untouched(self.model):
             return Oracle(self.model, self.example_inputs,
-                          random_sets=self.options.random_input_sets, seed=self.options.seed)
+                          random_sets=self.options.random_input_sets, seed=self.options.seed,
+                          precision=self.options.precision)
 
     def _verify_hook(self, rec: StageRecord) -> None:
         if not self.options.verify:

@@ -22,6 +22,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from fexplore.errors import ErrorDoc, ExportError, FexploreError, SourceLoc, UnsupportedOperatorError
 from fexplore.ir import Constant, Graph, TensorType, Value
 from fexplore.ir.graph import unique_name
+from fexplore.ir.types import dims_equal
 
 from .convert import COMPLEX_CONVERTERS, CONVERTERS, ConvertContext, fake_type, ir_dtype, is_complex
 from .symbols import SymbolTable, build_symbol_table
@@ -273,7 +274,29 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
         raise IngestionError(f"cannot convert {target}: {e}", loc=loc,
                              hint="this use of the op is not supported yet") from None
     _check_result(ctx, result, target)
-    return result
+    return _pin_guarded_dims(ctx, result, symbols)
+
+
+def _pin_guarded_dims(ctx: ConvertContext, result, symbols: SymbolTable):
+    """A result dim torch knows to be one size (it made it static, or keeps it as an expression
+    but pins it by a guard) becomes that size (a reshape, the identity wherever the program
+    runs), so the ops reading it see what torch saw: a conv whose input channels are
+    ``floor(s/2)``, pinned to its weight's 2."""
+    fake = ctx.meta
+    if not isinstance(result, Value) or not isinstance(fake, torch.Tensor) or is_complex(fake):
+        return result
+    shape = list(result.type.shape)
+    for i, d in enumerate(fake.shape):
+        if isinstance(shape[i], int):
+            continue
+        # a dim torch made static (the result check proved the IR's expression equal to it),
+        # or one it keeps as an expression but pins by a guard
+        size = int(d) if isinstance(d, int) else symbols.pinned(d)
+        if size is not None:
+            shape[i] = size
+    if shape == list(result.type.shape):
+        return result
+    return ctx.emit("reshape", [result], {"shape": tuple(shape)})
 
 
 def _touches_complex(n) -> bool:
@@ -333,6 +356,32 @@ def _map(x, env):
     return x
 
 
+def _same_type(got: TensorType, want: TensorType, fake: torch.Tensor, symbols: SymbolTable) -> bool:
+    """The converter's type equals torch's: the same dtype and layout, and each dim equal
+    symbolically or by a fact torch's guards pin (a dim torch keeps as an expression that the
+    program only runs with at one size). A dim torch cannot prove equal is a mismatch."""
+    if got.same_as(want):
+        return True
+    return (got.dtype == want.dtype and got.layout == want.layout and got.rank == want.rank
+            and all(dims_equal(g, w) or _pinned_equal(g, w, d, symbols)
+                    for g, w, d in zip(got.shape, want.shape, _torch_dims(fake))))
+
+
+def _pinned_equal(got, want, torch_dim, symbols: SymbolTable) -> bool:
+    """A static dim on one side and an expression on the other that torch's guards pin to it;
+    the expression's symbol is then held to the sizes where the guard holds."""
+    if isinstance(got, int) == isinstance(want, int):
+        return False
+    size, expr = (got, want) if isinstance(got, int) else (want, got)
+    return symbols.proves_equal(got, torch_dim) and symbols.rely_on(expr, size)
+
+
+def _torch_dims(fake: torch.Tensor) -> tuple:
+    """torch's dims of a fake result, as the IR lays it out (a complex tensor's real pairs add
+    a last dim of 2)."""
+    return tuple(fake.shape) + ((2,) if is_complex(fake) else ())
+
+
 def _check_result(ctx: ConvertContext, result, target: str) -> None:
     """Compare what the converter built with torch's fake-tensor result: same dtype, same dims."""
     meta = ctx.meta
@@ -344,7 +393,7 @@ def _check_result(ctx: ConvertContext, result, target: str) -> None:
                  isinstance(m, torch.Tensor)]
     for r, m in pairs:
         want = _fake_type(m, ctx.b.symbols)
-        if not isinstance(r, Value) or not r.type.same_as(want):
+        if not isinstance(r, Value) or not _same_type(r.type, want, m, ctx.b.symbols):
             got = r.type if isinstance(r, Value) else r
             raise IngestionError(f"converter for {target} produced {got}, torch computes {want}",
                                  loc=ctx.loc, hint="this is a bug in fexplore's converter")

@@ -26,6 +26,7 @@ from fexplore.ir import DType, Graph, run
 
 from .convert import ir_dtype
 from .ingest import tensor_payload
+from .policy_noise import POLICY_DTYPES, policy_error
 from .stage import NumericCheck
 
 
@@ -57,6 +58,11 @@ TOLERANCES = {
 # the same size as eager's, not smaller; a wrong rewrite is off by orders of magnitude more.
 NOISE_MULTIPLE = 8.0
 
+# A compile at a reduced precision may differ from eager f32 by this many times the error eager
+# itself makes under the same cast policy (``policy_noise``): the compile rounds the same
+# operands, so its error is of that size; rounding them coarser (fp8 for bf16) is 16x that.
+POLICY_MULTIPLE = 4.0
+
 # The f64 twin is a deep copy of the model: skipped above this many bytes of parameters.
 F64_TWIN_LIMIT_BYTES = 1 << 30
 
@@ -86,10 +92,19 @@ class Oracle:
     is dropped, and ``dropped_sets`` says why."""
 
     def __init__(self, model: torch.nn.Module, example_args: tuple, *, random_sets: int = 1,
-                 seed: int = 0):
+                 seed: int = 0, precision: str = "fp32"):
         self.input_sets: list[list[np.ndarray]] = []
         self.expected: list[list[np.ndarray]] = []
         self.noise: list[list[float]] = []
+        # Under a reduced-precision policy (``precision`` bf16 or fp8): per set and output, eager's
+        # own error under that policy (``fexplore.pipeline.policy_noise``), and the narrowest
+        # float the model computes in by itself. None when fp32, or when the model does not run
+        # under the policy (``policy_note`` says why): the fixed tolerance of the policy's dtype
+        # then applies.
+        self.precision = precision
+        self.policy_noise: list[list[float]] | None = [] if precision in POLICY_DTYPES else None
+        self.model_dtype: DType | None = None
+        self.policy_note: str | None = None
         flat, spec = pytree.tree_flatten(example_args)
         rng = np.random.default_rng(seed)
         sets = [flat] + [[_like(x, rng) for x in flat] for _ in range(random_sets)]
@@ -115,6 +130,21 @@ class Oracle:
                 noise, note = _f32_noise(twin, leaves, spec, outs)
                 self.f64_note = self.f64_note or note
             self.noise.append(noise)
+            if self.policy_noise is not None:
+                self._measure_policy(model, args, outs)
+
+    def _measure_policy(self, model, args, outs) -> None:
+        try:
+            errors, own = policy_error(model, args, outs, self.precision)
+        except Exception as e:  # a model that breaks under the dispatch mode: fixed tolerance
+            self.policy_noise, self.model_dtype = None, None
+            self.policy_note = (f"no {self.precision} reference: the model does not run under "
+                                f"the policy ({type(e).__name__})")
+            return
+        self.policy_noise.append(errors)
+        order = list(TOLERANCES)[::-1]   # fp8, bf16, f16, f32: the narrowest over every set
+        self.model_dtype = min((d for d in (self.model_dtype, own) if d is not None),
+                               key=order.index)
 
 
 def _f64_twin(model: torch.nn.Module):
@@ -191,9 +221,12 @@ def compute_dtype(g: Graph) -> DType:
 
 
 def compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: Tolerance,
-            noise: Sequence[float] | None = None):
+            noise: Sequence[float] | None = None, policy_noise: Sequence[float] | None = None,
+            policy: str = ""):
     """(max_abs, max_rel, ok, detail) over all outputs. ``noise[i]`` is eager's own f32 error on
-    output i; ``NOISE_MULTIPLE`` times it is allowed on top of the tolerance."""
+    output i; ``NOISE_MULTIPLE`` times it is allowed on top of the tolerance. ``policy_noise[i]``
+    is eager's error under the reduced-precision ``policy``; ``POLICY_MULTIPLE`` times it is
+    allowed too."""
     if len(got) != len(want):
         return np.inf, np.inf, False, f"{len(got)} outputs, eager gives {len(want)}"
     max_abs = max_rel = 0.0
@@ -220,11 +253,14 @@ def compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: Toleranc
         max_abs = max(max_abs, float(diff.max()))
         max_rel = max(max_rel, float(np.max(diff / np.maximum(mag, tol.atol))))
         slack = NOISE_MULTIPLE * noise[i] if noise else 0.0
-        limit = tol.atol * scale + tol.rtol * mag + slack
+        narrowed = POLICY_MULTIPLE * policy_noise[i] if policy_noise else 0.0
+        limit = tol.atol * scale + tol.rtol * mag + slack + narrowed
         if np.any(diff > limit):
             worst = int(np.argmax(diff - limit))
             ok = False
             extra = f" + {NOISE_MULTIPLE:g}x eager's f32 noise {noise[i]:.1e}" if slack else ""
+            if policy_noise is not None:
+                extra += f" + {POLICY_MULTIPLE:g}x eager's {policy} error {policy_noise[i]:.1e}"
             detail = detail or (f"output {i}: |diff| {diff[worst]:.3e} exceeds "
                                 f"{limit[worst]:.3e} ({tol}{extra})")
     return max_abs, max_rel, ok, detail
@@ -232,12 +268,13 @@ def compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: Toleranc
 
 def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
                 before: Graph | None = None) -> NumericCheck:
-    tol = tol or TOLERANCES[compute_dtype(g)]
+    tol = tol or tolerance_of(g, oracle)
     worst_abs = worst_rel = 0.0
     ok, detail = True, None
-    for inputs, want, noise in zip(oracle.input_sets, oracle.expected, oracle.noise):
+    for k, (inputs, want, noise) in enumerate(zip(oracle.input_sets, oracle.expected, oracle.noise)):
         got = accept_tie_order(g, inputs, run(g, inputs), want)
-        a, r, good, d = compare(got, want, tol, noise)
+        a, r, good, d = compare(got, want, tol, noise, policy_noise_of(oracle, k, g),
+                                getattr(oracle, "precision", ""))
         worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
         if not good and ok:
             ok, detail = False, d
@@ -247,8 +284,48 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
     worst_noise = max((n for ns in oracle.noise for n in ns), default=0.0)
     described = str(tol) + (f" + {NOISE_MULTIPLE:g}x eager's f32 noise (up to {worst_noise:.1e})"
                              if worst_noise else "")
+    if policy_noise_of(oracle, 0, g) is not None:
+        worst_policy = max((n for ns in oracle.policy_noise for n in ns), default=0.0)
+        described += (f" + {POLICY_MULTIPLE:g}x eager's {oracle.precision} error "
+                      f"(up to {worst_policy:.1e})")
     return NumericCheck(worst_abs, worst_rel, ok, len(oracle.input_sets), described, divergent,
                         detail, worst_noise)
+
+
+def tolerance_of(g: Graph, oracle) -> Tolerance:
+    """The fixed tolerance ``g`` is held to against the oracle: that of the narrowest float it
+    computes in; under a policy whose error the oracle measured, that of the model's own
+    narrowest float (the policy's casts are allowed their measured error instead,
+    ``POLICY_MULTIPLE`` x ``policy_noise``). An ONNX oracle measures no policy."""
+    if _narrowed_by_policy(g, oracle):
+        return TOLERANCES[oracle.model_dtype]
+    return TOLERANCES[compute_dtype(g)]
+
+
+def _narrowed_by_policy(g: Graph, oracle) -> bool:
+    """Whether ``g`` computes in a narrower float than the model does by itself, which only the
+    precision stage's casts make: the graphs of the stages before it are held to the model's
+    own tolerance, with no allowance for the policy."""
+    if getattr(oracle, "policy_noise", None) is None or oracle.model_dtype is None:
+        return False
+    order = list(TOLERANCES)[::-1]   # fp8, bf16, f16, f32
+    return order.index(compute_dtype(g)) < order.index(oracle.model_dtype)
+
+
+def policy_noise_of(oracle, k: int, g: Graph | None = None) -> list[float] | None:
+    """Eager's error under the compile's reduced-precision policy on input set ``k``, per
+    output (None: no policy, not measured, or ``g`` not narrowed by it)."""
+    noise = getattr(oracle, "policy_noise", None)
+    if not noise or (g is not None and not _narrowed_by_policy(g, oracle)):
+        return None
+    return noise[k]
+
+
+def compare_with_oracle(g: Graph, oracle, k: int, got: Sequence[np.ndarray]):
+    """``compare`` of outputs ``got`` of (a lowering or schedule of) ``g`` with eager's on input
+    set ``k``, at the oracle's tolerance for ``g``."""
+    return compare(got, oracle.expected[k], tolerance_of(g, oracle), oracle.noise[k],
+                   policy_noise_of(oracle, k, g), getattr(oracle, "precision", ""))
 
 
 # Ops whose index result torch leaves unspecified among equal values: its sort is unstable by

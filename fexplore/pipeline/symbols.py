@@ -16,12 +16,18 @@ import torch
 from fexplore.ir.types import canon_dim, symbol
 
 
+# How far ``SymbolTable.rely_on`` looks either side of the example size for where a guard holds.
+_GUARD_SCAN = 4096
+
+
 class SymbolTable:
     """Maps torch's symbols to IR symbols and carries their ranges."""
 
-    def __init__(self):
+    def __init__(self, shape_env=None):
         self.to_ir: dict[sympy.Symbol, sympy.Symbol] = {}
         self.ranges: dict[str, tuple[int, int | None]] = {}
+        # torch's ShapeEnv of the export: the facts its guards established about the symbols
+        self.shape_env = shape_env
 
     def add(self, torch_sym: sympy.Symbol, name: str, lo: int, hi: int | None) -> None:
         taken = {s.name for s in self.to_ir.values()}
@@ -40,6 +46,65 @@ class SymbolTable:
         else:
             expr = d
         return canon_dim(sympy.sympify(self.expr(expr)))
+
+    def proves_equal(self, ir_dim, torch_dim) -> bool:
+        """Whether torch's shape environment proves an IR dim equal to a torch dim from the
+        facts tracing established (its guards): a chunk of a dynamic batch broadcast against a
+        static 2 is torch's ``s - ceil(s/2)`` but pinned to 2 wherever the program runs. An
+        equality torch cannot prove, or an IR dim in symbols torch does not know, is False."""
+        if self.shape_env is None:
+            return False
+        want = torch_dim.node.expr if isinstance(torch_dim, torch.SymInt) else sympy.Integer(torch_dim)
+        to_torch = {v: k for k, v in self.to_ir.items()}
+        got = sympy.sympify(ir_dim)
+        if not got.free_symbols <= set(to_torch):
+            return False
+        try:
+            fact = self.shape_env._maybe_evaluate_static(sympy.Eq(want, got.xreplace(to_torch)))
+        except Exception:  # torch's symbolic reasoning gave up on this expression: no proof
+            return False
+        return fact is not None and bool(fact is sympy.true)
+
+    def pinned(self, torch_dim) -> int | None:
+        """The one size a symbolic torch dim can have where the program runs, when torch's
+        guards pin it (``floor(s/2)`` fed to a conv's 2 input channels), else None. The
+        symbol's range is narrowed to where the guard holds (``rely_on``)."""
+        if not isinstance(torch_dim, torch.SymInt) or torch_dim.node.expr.is_Symbol:
+            return None  # an input's own size symbol is dynamic: torch would have specialized it
+        hint = torch_dim.node.hint
+        if not isinstance(hint, int) or not self.proves_equal(hint, torch_dim) or \
+                not self.rely_on(self.dim(torch_dim), hint):
+            return None
+        return hint
+
+    def rely_on(self, ir_dim, size: int) -> bool:
+        """Narrow the range of the one symbol of ``ir_dim`` to the sizes around the example's
+        where ``ir_dim`` equals ``size``: a compile that relies on a guard torch recorded
+        (``floor(s/2) == 1``) then refuses inputs where it fails, as torch's exported program
+        does, instead of computing with a wrong size. False (nothing narrowed) when ``ir_dim``
+        has another number of symbols, or the example itself does not satisfy it."""
+        free = sympy.sympify(ir_dim).free_symbols
+        to_torch = {v: k for k, v in self.to_ir.items()}
+        if len(free) != 1 or self.shape_env is None:
+            return False
+        (n,) = free
+        example = self.shape_env.var_to_val.get(to_torch.get(n))
+        if example is None:
+            return False
+        value = sympy.lambdify(n, ir_dim, "math")
+        v0 = int(example)
+        if value(v0) != size:
+            return False
+        lo, hi = self.ranges[n.name]
+        a = v0
+        while a - 1 >= lo and v0 - a < _GUARD_SCAN and value(a - 1) == size:
+            a -= 1
+        b = v0
+        while (hi is None or b + 1 <= hi) and b - v0 < _GUARD_SCAN and value(b + 1) == size:
+            b += 1
+        # equal that far up (a Min with a constant): taken as equal for every larger size
+        self.ranges[n.name] = (a, hi if b - v0 >= _GUARD_SCAN else b)
+        return True
 
     def expr(self, e):
         if isinstance(e, (int, float)):
@@ -74,7 +139,7 @@ class SymbolTable:
 def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
     """Name torch's symbols after the user's Dims, matching the dynamic_shapes spec against the
     example inputs' dims; ranges come from the ExportedProgram's range constraints."""
-    table = SymbolTable()
+    table = SymbolTable(_shape_env(user_inputs))
     names = _dim_names(user_inputs, dynamic_shapes, forward)
     for sym, vr in ep.range_constraints.items():
         # an unbounded end is sympy's oo or torch's int_oo (which calls itself finite); a size
@@ -83,6 +148,15 @@ def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
         hi = int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None
         table.add(sym, names.get(sym, sym.name), lo, hi)
     return table
+
+
+def _shape_env(fakes):
+    """The ShapeEnv behind the export's symbolic input sizes (None when every size is static)."""
+    for fake in fakes:
+        for d in getattr(fake, "shape", ()):
+            if isinstance(d, torch.SymInt):
+                return d.node.shape_env
+    return None
 
 
 def _dim_names(user_inputs, dynamic_shapes, forward) -> dict:

@@ -114,7 +114,7 @@ def check_model(model: torch.nn.Module, input_sets, resize=None, *,
         try:
             with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                oracles.append(Oracle(model, tuple(inputs), random_sets=0))
+                oracles.append(Oracle(model, tuple(inputs), random_sets=0, precision=precision))
         except Exception as e:
             return CaseResult("invalid", f"eager raises: {type(e).__name__}: {_line(str(e))}")
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -133,7 +133,7 @@ def check_model(model: torch.nn.Module, input_sets, resize=None, *,
             cm = ex.result
             stage = "run"
             if resize is not None:
-                input_sets, oracles = _resized(cm, model, input_sets, oracles, resize)
+                input_sets, oracles = _resized(cm, model, input_sets, oracles, resize, precision)
             outs = [pytree.tree_leaves(cm(*inputs)) for inputs in input_sets]
     except CaseTimeout as e:
         return CaseResult("timeout", str(e), stage=stage, seconds=time.perf_counter() - t0)
@@ -161,7 +161,7 @@ def check_model(model: torch.nn.Module, input_sets, resize=None, *,
     return CaseResult("pass", seconds=time.perf_counter() - t0)
 
 
-def _resized(cm, model, input_sets, oracles, resize):
+def _resized(cm, model, input_sets, oracles, resize, precision):
     """The sets with the second one at another batch size, if the compiled graph's first input
     has a symbolic dim 0 whose range (torch.export's) holds another size eager runs at."""
     from fexplore.pipeline.numeric import Oracle
@@ -183,7 +183,7 @@ def _resized(cm, model, input_sets, oracles, resize):
             other = tuple(resize(n))
             try:
                 with contextlib.redirect_stderr(io.StringIO()):
-                    oracle = Oracle(model, other, random_sets=0)
+                    oracle = Oracle(model, other, random_sets=0, precision=precision)
             except Exception:  # the module ties its batch to a size: not this one
                 continue
             return [input_sets[0], other], [oracles[0], oracle]
@@ -203,7 +203,7 @@ def _failed_stage(ex, running: str) -> str:
 def compare_with_eager(got: list, oracle, cm) -> str | None:
     """None when the compiled model's flat outputs equal eager's; else what differs."""
     from fexplore.pipeline.convert import ir_dtype
-    from fexplore.pipeline.numeric import TOLERANCES, compare, compute_dtype, to_numpy
+    from fexplore.pipeline.numeric import TOLERANCES, compare, compute_dtype, policy_noise_of, to_numpy
 
     want = oracle.expected[0]
     if len(got) != len(want):
@@ -215,13 +215,18 @@ def compare_with_eager(got: list, oracle, cm) -> str | None:
         if tuple(g.shape) != tuple(w.shape) or (eager and g.dtype != eager[i]):
             return (f"output {i} is {g.dtype}{list(g.shape)}, eager gives "
                     f"{eager[i] if eager else w.dtype}{list(w.shape)}")
-    # the tolerance of the lowest-precision float the model computes in, before and after the
-    # precision stage's cast policy, as its compile is held
+    # the tolerance of the lowest-precision float the model computes in, as its compile is held:
+    # with the precision stage's casts allowed eager's measured error under the same policy
+    # when the oracle measured it, else at that policy's fixed tolerance
     order = list(TOLERANCES)[::-1]  # fp8, bf16, f16, f32
-    dtypes = {compute_dtype(cm.stages[0].after), compute_dtype(cm.graph)} | \
+    policy = policy_noise_of(oracle, 0, cm.graph)
+    dtypes = {compute_dtype(cm.stages[0].after)} | \
         {ir_dtype(g.dtype) for g in got if g.dtype.is_floating_point}
+    if policy is None:
+        dtypes.add(compute_dtype(cm.graph))
     low = next((d for d in order if d in dtypes), order[-1])
-    _, _, ok, detail = compare([to_numpy(g) for g in got], want, TOLERANCES[low], oracle.noise[0])
+    _, _, ok, detail = compare([to_numpy(g) for g in got], want, TOLERANCES[low], oracle.noise[0],
+                               policy, oracle.precision)
     return None if ok else detail
 
 

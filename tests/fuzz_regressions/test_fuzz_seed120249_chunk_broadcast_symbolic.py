@@ -3,14 +3,13 @@
 Found failing: crash in stage 'ingest' [FX403]: converter for aten.minimum.default produced
 f32[2, 5, 6], torch computes f32[s6-floor(s6/2+1/2), 5, 6]
 
-Known open bug (xfail, strict): the last chunk of a dynamic batch (size s - ceil(s/2)) broadcast
-against a parameter of dim 2. The minimum converter gives dim 2 (the only size eager runs with
-besides 1, which broadcasts to 2); torch's fake tensor keeps the expression s - ceil(s/2), with a
-runtime guard that it is 2, under the range s >= 3. Ingestion's result check compares the two
-dims symbolically, finds them different and raises FX403 ("a bug in fexplore's converter").
+The last chunk of a dynamic batch (size s - ceil(s/2)) broadcast against a parameter of dim 2.
+The minimum converter gives dim 2 (the only size eager runs with besides 1, which broadcasts to
+2); torch's fake tensor keeps the expression s - ceil(s/2), with a guard that it is 2, under the
+range s >= 3. Ingestion's result check compared the two dims symbolically only and raised FX403;
+it now also accepts a dim torch's shape environment proves equal from its guards.
 """
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch.export import Dim
@@ -47,6 +46,5 @@ def make_inputs(seed=SEED, batch=BATCH):
     )
 
 
-@pytest.mark.xfail(strict=True, reason="ingestion's result check rejects minimum's static dim 2 against torch's symbolic s - ceil(s/2) for a chunk of a dynamic batch broadcast against a size-2 dim (equal wherever eager runs: torch guards the broadcast); the check needs to accept a dim torch pins by a guard")
 def test_compiles_and_matches_eager():
     assert_matches_eager(globals())

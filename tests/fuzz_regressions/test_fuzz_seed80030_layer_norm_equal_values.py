@@ -5,14 +5,13 @@ way is wrong: kernel v5_norm (generated, for layer_norm %layer_norm): max abs er
 the IR interpreter (2.67x the tolerance); first divergent: kernel v5_norm (generated, for
 layer_norm %layer_norm)
 
-Known open bug (xfail, strict): a LayerNorm over rows whose values are all equal (cummax makes
-them so). The generated norm kernel centres with x - x.mean(): in f32 the mean of equal values is
-an ulp off, and 1/sqrt(var + eps) (eps 1e-5) magnifies that ulp ~300x, to ~4e-5 where eager (and
-the IR interpreter) give exactly 0. A second centring pass (xc - xc.mean()) would fix it at the
-cost of one more row reduction in every layer norm.
+A LayerNorm over rows whose values are all equal (cummax makes them so). The generated norm
+kernel centred once, with x - x.mean(): in f32 the mean of equal values can be an ulp off, and
+1/sqrt(var + eps) (eps 1e-5) magnified that ulp ~300x, to ~4e-5 where eager (and the IR
+interpreter) give exactly 0. Fixed by a second centring pass in the generator
+(fexplore.lang.codegen.vector): xc - xc.mean() leaves only an ulp of that ulp.
 """
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -45,6 +44,5 @@ def make_inputs(seed=SEED):
     )
 
 
-@pytest.mark.xfail(strict=True, reason="the generated layer_norm kernel's f32 mean (sum / n) is off by an ulp on a row of equal values, and 1/sqrt(var + eps) magnifies that to ~4e-5 where torch and the IR interpreter give exactly 0; the kernel check (no eager-noise allowance) fails the lower stage")
 def test_compiles_and_matches_eager():
     assert_matches_eager(globals())

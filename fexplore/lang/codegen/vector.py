@@ -166,8 +166,15 @@ class VectorEmitter:
             w(f"{s} = {x} - {x}.max(axis={ax})")
             w(f"{name} = fl.sub({s}, fl.log(fl.exp({s}).sum(axis={ax})){kw})")
         elif op == "layer_norm":
+            # Two centring passes, as careful layer norms do: the f32 mean (sum / n) of a row of
+            # equal values can be an ulp off, leaving x - mean a constant ulp-sized row that
+            # 1/sqrt(var + eps) magnifies ~1/sqrt(eps) times where the exact answer is 0. The
+            # second pass subtracts the mean of that residue, so what is left is an ulp of an ulp.
+            # It costs one more row reduction per norm.
+            xc0 = self.names.new(name + "_centered_once")
             xc, rstd = self.names.new(name + "_centered"), self.names.new(name + "_rstd")
-            w(f"{xc} = {x} - {x}.mean(axis={ax})")
+            w(f"{xc0} = {x} - {x}.mean(axis={ax})")
+            w(f"{xc} = {xc0} - {xc0}.mean(axis={ax})")
             w(f"{rstd} = fl.rsqrt(({xc} * {xc}).mean(axis={ax}) + {literal(node.attrs['eps'])})")
             self._affine(name, f"{xc} * {rstd}", args[1:], kw)
         else:  # rms_norm

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from fexplore.ir import DType
+from fexplore.ir import DType, TensorType, Value
+from fexplore.ir.types import promote_types
 
 from .registry import ConvertContext, converter, ir_dtype
 
 _BINARY = {
     "mul": "mul", "maximum": "maximum", "minimum": "minimum", "pow": "pow",
-    "remainder": "remainder", "fmod": "fmod", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le",
-    "gt": "gt", "ge": "ge", "atan2": "atan2", "hypot": "hypot", "logical_and": "logical_and",
+    "remainder": "remainder", "fmod": "fmod", "atan2": "atan2", "hypot": "hypot", "logical_and": "logical_and",
     "logical_or": "logical_or",
     "logical_xor": "logical_xor", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
     "bitwise_xor": "bitwise_xor", "bitwise_left_shift": "bitwise_left_shift",
@@ -24,6 +24,41 @@ for _aten, _ir in _BINARY.items():
     converter(f"aten.{_aten}.Tensor", f"aten.{_aten}.Scalar", f"aten.{_aten}.default",
               f"aten.{_aten}.Tensor_Tensor", f"aten.{_aten}.Tensor_Scalar",
               f"aten.{_aten}.Scalar_Tensor")(_binary)
+
+
+def _compare(ctx: ConvertContext, _ir: str):
+    """torch compares in its operands' common dtype: a wider operand is rounded to it first, so
+    bf16 ``x <= 0.3`` compares with 0.30078125, not 0.3 (arithmetic, by contrast, keeps a
+    Python scalar's own precision in torch's CPU kernels, and the IR does the same)."""
+    a, b = ctx.args[0], ctx.args[1]
+    common = promote_types([_operand_type(a), _operand_type(b)])
+    return ctx.emit(_ir, [_rounded_to(ctx, x, common) for x in (a, b)])
+
+
+def _operand_type(x) -> TensorType:
+    """A Python number as the 0-d tensor of its weak type (bool, i64, f32), as ctx.value makes it."""
+    if isinstance(x, Value):
+        return x.type
+    dtype = DType.bool if isinstance(x, bool) else DType.f32 if isinstance(x, float) else DType.i64
+    return TensorType((), dtype)
+
+
+def _rounded_to(ctx: ConvertContext, x, common: DType):
+    if not common.is_float:
+        return x
+    if isinstance(x, Value):
+        wider = x.type.dtype.is_float and x.type.dtype.numpy.itemsize > common.numpy.itemsize
+        return ctx.emit("cast", [x], {"dtype": common}) if wider else x
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return ctx.value(x, common)
+    return x
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    def _comparison(ctx: ConvertContext, _ir=_name):
+        return _compare(ctx, _ir)
+
+    converter(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar", f"aten.{_name}.default")(_comparison)
 
 
 def _with_alpha(ctx: ConvertContext, op: str):

@@ -1,0 +1,98 @@
+"""A reduced-precision compile is held to eager's own error under the same cast policy
+(``fexplore.pipeline.policy_noise``), not to a fixed bf16 tolerance: an ill-conditioned output
+(a LayerNorm over three nearly equal values) passes with the policy's honest error, while weights
+rounded coarser than the policy says (fp8 for bf16) fail even where a fixed bound is loose."""
+
+import pytest
+import torch
+
+import fexplore
+from fexplore.errors import NumericMismatchError
+from fexplore.ir import DType
+from fexplore.pipeline.numeric import POLICY_MULTIPLE, TOLERANCES, Oracle, tolerance_of
+from fexplore.pipeline.policy_noise import policy_error
+from fexplore.testing.mutants import MUTANTS
+
+
+class NarrowSpreadNorm(torch.nn.Module):
+    """A linear whose three outputs are nearly equal (its weight rows differ by ~1%), normalized
+    over them: the LayerNorm divides the bf16 rounding of the weights by a tiny spread."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3, bias=False)
+        self.norm = torch.nn.LayerNorm(3)
+        with torch.no_grad():
+            self.fc.weight.copy_(0.3 + 0.002 * torch.randn(3, 8))
+
+    def forward(self, x):
+        return self.norm(self.fc(x))
+
+
+def _narrow_norm():
+    torch.manual_seed(0)
+    model = NarrowSpreadNorm().eval()
+    return model, (3.0 + 0.1 * torch.randn(4, 8),)
+
+
+def test_the_policy_error_is_eager_with_narrowed_contraction_operands():
+    model, (x,) = _narrow_norm()
+    with torch.no_grad():
+        want = model(x)
+    errors, own = policy_error(model, (x,), [want], "bf16")
+    with torch.no_grad():   # the same by hand: the linear's input and weight rounded to bf16
+        by_hand = model.norm(x.bfloat16().float() @ model.fc.weight.bfloat16().float().T)
+    assert errors[0] == pytest.approx(float((by_hand - want).abs().max()), rel=1e-6)
+    assert errors[0] > 10 * TOLERANCES[DType.bf16].atol   # ill-conditioned: far past a fixed bound
+    assert own == DType.f32
+
+
+def test_the_model_own_narrow_dtype_is_noted():
+    class CastsItself(torch.nn.Module):
+        def forward(self, x):
+            return (x.half() * 2).float()
+
+    errors, own = policy_error(CastsItself(), (torch.randn(4),), [torch.randn(4)], "bf16")
+    assert own == DType.f16
+
+
+def test_an_ill_conditioned_output_passes_at_the_policy_own_error():
+    model, inputs = _narrow_norm()
+    cm = fexplore.compile(model, inputs, precision="bf16")
+    precision = next(r for r in cm.stages if r.name == "precision")
+    assert precision.verification.numeric.ok
+    with torch.no_grad():
+        err = float((cm(*inputs) - model(*inputs)).abs().max())
+    assert err > 2 * TOLERANCES[DType.bf16].atol   # the fixed bf16 bound would have failed it
+    oracle = Oracle(model, inputs, random_sets=0, precision="bf16")
+    assert err <= POLICY_MULTIPLE * oracle.policy_noise[0][0]
+
+
+def test_weights_rounded_coarser_than_the_policy_fail_the_precision_check():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 32)).eval()
+    x = torch.randn(4, 64)
+    fexplore.compile(model, (x,), precision="bf16")   # the policy itself passes
+    mutant = next(m for m in MUTANTS if m.name == "precision-weights-at-fp8")
+    with mutant.active(), pytest.raises(NumericMismatchError) as e:
+        fexplore.compile(model, (x,), precision="bf16")
+    assert "precision" in e.value.message and "bf16 error" in e.value.message
+
+
+def test_fp32_compiles_keep_the_dtype_tolerance():
+    model, inputs = _narrow_norm()
+    oracle = Oracle(model, inputs, random_sets=0)
+    assert oracle.policy_noise is None
+    cm = fexplore.compile(model, inputs)
+    assert tolerance_of(cm.graph, oracle) == TOLERANCES[DType.f32]
+
+
+def test_only_graphs_the_policy_narrowed_get_its_allowance():
+    model, inputs = _narrow_norm()
+    cm = fexplore.compile(model, inputs, precision="bf16")
+    described = {r.name: r.verification.numeric.tolerance for r in cm.stages
+                 if r.verification is not None and r.verification.numeric is not None}
+    assert "bf16 error" in described["precision"]
+    for before in ("ingest", "fold", "simplify"):
+        assert "bf16 error" not in described[before], (before, described[before])
