@@ -96,3 +96,29 @@ def test_only_graphs_the_policy_narrowed_get_its_allowance():
     assert "bf16 error" in described["precision"]
     for before in ("ingest", "fold", "simplify"):
         assert "bf16 error" not in described[before], (before, described[before])
+
+
+class AppendsToItsState(torch.nn.Module):
+    """A decode step in miniature: it writes the new position into the state it is given."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, state):
+        state.add_(x)
+        return self.fc(state)
+
+
+def test_the_policy_run_sees_the_inputs_eager_saw_not_the_state_eager_left():
+    """The oracle runs eager, then eager under the policy: on the same argument objects, the
+    second run would see the state the first one wrote, and its difference would be the state's,
+    not the policy's (a decode step's cache one position longer: a zero or a huge allowance)."""
+    torch.manual_seed(0)
+    model = AppendsToItsState().eval()
+    x, state = torch.randn(4, 8), torch.randn(4, 8)
+    oracle = Oracle(model, (x, state.clone()), precision="bf16", random_sets=0)
+    (noise,) = oracle.policy_noise[0]
+    with torch.no_grad():
+        plain = model.fc(state + x)
+    assert 0 < noise < 0.05 * float(plain.abs().max()), noise   # bf16 operand rounding, not a step

@@ -112,6 +112,11 @@ class Oracle:
         twin, self.f64_note = _f64_twin(model)
         for i, leaves in enumerate(sets):
             args = pytree.tree_unflatten(leaves, spec)
+            # the policy run gets its own copy of the inputs: a decode step appends to the cache
+            # object it is given (and may write into its tensors), so a second run on the same
+            # arguments would see one more position
+            policy_leaves = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves] \
+                if self.policy_noise is not None else None
             try:
                 with torch.no_grad():
                     out = model(*args)
@@ -131,7 +136,7 @@ class Oracle:
                 self.f64_note = self.f64_note or note
             self.noise.append(noise)
             if self.policy_noise is not None:
-                self._measure_policy(model, args, outs)
+                self._measure_policy(model, pytree.tree_unflatten(policy_leaves, spec), outs)
 
     def _measure_policy(self, model, args, outs) -> None:
         try:
