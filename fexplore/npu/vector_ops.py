@@ -16,7 +16,6 @@ wraparound the narrower type computes itself.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 

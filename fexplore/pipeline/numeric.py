@@ -24,7 +24,6 @@ from fexplore.errors import ExportError
 
 from fexplore.ir import DType, Graph, run
 
-from .convert import ir_dtype
 from .ingest import tensor_payload
 from .policy_noise import POLICY_DTYPES, policy_error
 from .stage import NumericCheck

@@ -13,9 +13,9 @@ import numpy as np
 from fexplore.ir import DType
 
 from ..convert.nn import _conv_nd, _conv_transpose
-from .elementwise import cast, scalar_like
+from .elementwise import scalar_like
 from .movement import _reshape_to, axis
-from .registry import OnnxContext, onnx_converter
+from .registry import onnx_converter
 
 
 @onnx_converter("MatMul")
