@@ -88,7 +88,9 @@ class SymbolTable:
         if len(free) != 1 or self.shape_env is None:
             return False
         (n,) = free
-        example = self.shape_env.var_to_val.get(to_torch.get(n))
+        # (backed_var_to_val in newer torch, which deprecates var_to_val; older torch has only that)
+        known = getattr(self.shape_env, "backed_var_to_val", None)
+        example = (known if known is not None else self.shape_env.var_to_val).get(to_torch.get(n))
         if example is None:
             return False
         value = sympy.lambdify(n, ir_dim, "math")
