@@ -10,7 +10,6 @@ import sys
 
 import numpy as np
 import sympy
-import torch
 
 from fexplore.ir import DType, Value
 
@@ -74,16 +73,7 @@ def _transpose(ctx):
            "aten.broadcast_to.default")
 def _expand(ctx):
     x = ctx.args[0]
-    shape = list(ctx.out_type().shape)
-    # a static dim (not 1) "expanded" to a symbolic size: torch can only have traced it under a
-    # guard pinning that size to the dim (take_along_dim's index broadcast against a dynamic
-    # batch); the pinned size is the dim itself, so this axis is not expanded at all
-    fake, lead = ctx.meta, len(shape) - x.type.rank
-    for i, d in enumerate(x.type.shape):
-        if isinstance(d, int) and d != 1 and not isinstance(shape[lead + i], int) and \
-                isinstance(fake, torch.Tensor) and ctx.b.symbols.pinned(fake.shape[lead + i]) == d:
-            shape[lead + i] = d
-    shape = tuple(shape)
+    shape = ctx.out_type().shape
     if shape == x.type.shape:
         return x
     return ctx.emit("expand", [x], {"shape": shape})

@@ -122,9 +122,17 @@ class ConvertContext:
         return self.node.meta.get("val")
 
     def out_type(self, i: int | None = None) -> TensorType:
-        """The type torch computed for result i (or the only result)."""
+        """The type torch computed for result i (or the only result). A dim torch keeps as an
+        expression but pins to one size by a guard (take_along_dim's static index broadcast
+        against ``floor(s/2)``, guarded equal to 4) is that size, as ingestion gives the result
+        itself (``ingest._pin_guarded_dims``), so a converter building from this type agrees."""
         val = self.meta if i is None else self.meta[i]
-        return fake_type(val, self.b.symbols.dim)
+        t = fake_type(val, self.b.symbols.dim)
+        if not isinstance(val, torch.Tensor) or len(val.shape) != t.rank:
+            return t
+        shape = tuple(d if isinstance(d, int) else (self.b.symbols.pinned(v) or d)
+                      for d, v in zip(t.shape, val.shape))
+        return t if shape == t.shape else t.with_shape(shape)
 
     def arg(self, i: int, name: str | None = None, default=None):
         if i < len(self.args):
