@@ -73,6 +73,11 @@ class NPUConfig:
     # A host op (one the chip cannot run) also costs the host's compute: f32 flops per chip cycle.
     host_flops_per_cycle: float = 100.0
 
+    # PE fusion: `fused_pes` of the chip's PEs act as each PE of this config (1: unfused); the
+    # chip lets up to `max_fused_pes` fuse. See `fused`.
+    fused_pes: int = 1
+    max_fused_pes: int = 4
+
     def __post_init__(self):
         rates = self.tensor_dtype_rates
         if isinstance(rates, dict):
@@ -92,7 +97,7 @@ class NPUConfig:
     # ---- validation -----------------------------------------------------------------------
     def _validate(self) -> None:
         positive_ints = ("num_pes", "slices_per_pe", "vector_lanes", "transpose_elements_per_cycle",
-                         "sram_bytes_per_pe",
+                         "sram_bytes_per_pe", "fused_pes", "max_fused_pes",
                          "sram_alignment_bytes", "dram_bytes", "dram_min_transfer_bytes")
         for name in positive_ints:
             v = getattr(self, name)
@@ -140,6 +145,34 @@ class NPUConfig:
             what = ",".join(f"{k}={v}" for k, v in changes.items())
             changes["name"] = f"{self.name}[{what}]" if what else self.name
         return dataclasses.replace(self, **changes)
+
+    def fused(self, group: int) -> "NPUConfig":
+        """The chip with every `group` PEs fused into one: fewer, wider PEs with the same chip
+        totals (tensor peak, vector lanes, SRAM, DMA engines; DRAM bandwidth is the chip's).
+
+        A fused PE's slices work as one: its tensor unit's native tile is `group` times wider (n),
+        its SRAM one address space, and its `group` DMA engines move one transfer together
+        ([ASSUMPTION]: one start-up, `group` x the bandwidth). What fusion buys is that a tile is
+        delivered once to the fused PE instead of once to each PE that needs it; what it costs is
+        coarser tile quantization and fewer PEs to split work over."""
+        total = self.num_pes * self.fused_pes
+        ok = isinstance(group, int) and not isinstance(group, bool) and group >= 1
+        if not ok or self.num_pes % group or self.fused_pes * group > self.max_fused_pes:
+            raise ConfigError(f"config {self.name!r}: cannot fuse its PEs in groups of {group!r}",
+                              hint=f"a group divides its {self.num_pes} PEs and fuses at most "
+                                   f"{self.max_fused_pes} of the chip's {total} PEs")
+        if group == 1:
+            return self
+        m, n, k = self.tensor_tile
+        base = self.name.split("[fused")[0]
+        g = self.fused_pes * group
+        return dataclasses.replace(
+            self, name=f"{base}[fused {g}]", num_pes=self.num_pes // group, fused_pes=g,
+            slices_per_pe=self.slices_per_pe * group, tensor_tile=(m, n * group, k),
+            vector_lanes=self.vector_lanes * group,
+            transpose_elements_per_cycle=self.transpose_elements_per_cycle * group,
+            sram_bytes_per_pe=self.sram_bytes_per_pe * group,
+            dma_bytes_per_cycle=self.dma_bytes_per_cycle * group)
 
     def tensor_rate(self, dtype: str) -> float:
         for dt, rate in self.tensor_dtype_rates:
@@ -203,6 +236,8 @@ SOURCES = {
     "host_bytes_per_cycle": "[derived] PCIe Gen5 x16 [RNGD-docs], ~30 GB/s modeled / 1 GHz",
     "onchip_copy_startup_cycles": "[ASSUMPTION] SRAM-to-SRAM DMA start-up, no DRAM round trip",
     "host_flops_per_cycle": "[ASSUMPTION] a host CPU core's ~100 GFLOPS f32 / 1 GHz chip clock, for host ops",
+    "fused_pes": "unfused: each PE is one of the chip's (NPUConfig.fused makes wider ones)",
+    "max_fused_pes": "up to 4 PEs can fuse into one (DESIGN.md's chip figures)",
 }
 
 RNGD = NPUConfig(
@@ -252,17 +287,28 @@ TINY = NPUConfig(
     dma_bytes_per_cycle=64.0,
     dma_startup_cycles=20,
     host_bytes_per_cycle=4.0,
+    max_fused_pes=2,
 )
 
 PRESETS = {"rngd": RNGD, "tiny": TINY}
+# Configs a compile or a kernel was given, by name: a generated kernel's source names its target
+# (``@fl.kernel(target="rngd[num_pes=4]")``), so that name must resolve to the config it was made for.
+_USED: dict[str, NPUConfig] = {}
 
 
 def get_target(target: str | NPUConfig = "rngd") -> NPUConfig:
-    """A preset by name (``"rngd"``, ``"tiny"``), or an NPUConfig passed through unchanged."""
+    """A preset by name (``"rngd"``, ``"tiny"``), or an NPUConfig passed through unchanged (and
+    known by its name from then on, the latest config of a name winning)."""
     if isinstance(target, NPUConfig):
+        preset = PRESETS.get(target.name)
+        if preset is not None and preset != target:
+            raise ConfigError(f"config named {target.name!r} differs from the preset of that name",
+                              hint=f"name it apart, e.g. get_target({target.name!r}).replace(...) names "
+                                   "the result after its changes")
+        _USED[target.name] = target
         return target
     try:
-        return PRESETS[target]
+        return PRESETS[target] if target in PRESETS else _USED[target]
     except (KeyError, TypeError):
         raise ConfigError(f"unknown target {target!r}",
                           hint=f"presets are {', '.join(PRESETS)}; or pass an NPUConfig") from None

@@ -62,6 +62,11 @@ class Timeline:
         """Every (pe, engine) of the chip, in display order."""
         return [(pe, e) for pe in range(self.num_pes) for e in ENGINES]
 
+    def pe_label(self, pe: int) -> str:
+        """"PE 1", or on a fused chip the chip's PEs it is: "PE 1 (PEs 4-7 fused)"."""
+        g = self.program.target.fused_pes
+        return f"PE {pe}" if g == 1 else f"PE {pe} (PEs {pe * g}-{pe * g + g - 1} fused)"
+
     def window(self, start: float, end: float) -> list[TimelineEvent]:
         """Events overlapping the cycle window [start, end)."""
         return [e for e in self.events if e.end > start and e.start < end]
@@ -125,7 +130,7 @@ class Timeline:
         ev: list[dict] = []
         dram_pid = self.num_pes
         for pe in range(self.num_pes):
-            ev.append({"ph": "M", "name": "process_name", "pid": pe, "args": {"name": f"PE {pe}"}})
+            ev.append({"ph": "M", "name": "process_name", "pid": pe, "args": {"name": self.pe_label(pe)}})
             ev.append({"ph": "M", "name": "process_sort_index", "pid": pe, "args": {"sort_index": pe}})
             for tid, engine in enumerate(ENGINES):
                 ev.append({"ph": "M", "name": "thread_name", "pid": pe, "tid": tid,
