@@ -571,6 +571,20 @@ def _repeat_kv(x, producer, core_nodes):
     return v
 
 
+def _canonical_box(text: str) -> tuple:
+    """A box's index text in a form equal for equal boxes however its bounds are spelled
+    (``128 * g + 64:128 * g + 128`` and ``64 + 128 * g:64 + 128 * g + 64`` are one box, the half
+    of D a rotary embedding reads twice): each bound as a sympy expression; the text itself when a
+    bound does not parse."""
+    import sympy
+
+    try:
+        return tuple(tuple(sympy.sympify(b.replace(".", "__")) for b in part.split(":"))
+                     for part in text.split(", "))
+    except Exception:  # noqa: BLE001 - any text sympy cannot read is its own key
+        return (text,)
+
+
 def _cast_line(w, names, tile, src, dst) -> str:
     if src == dst:
         return tile
@@ -655,10 +669,11 @@ class _Pieces:
                 if order != sorted(order):
                     self.fail(self.producer.get(v.name), "a view whose D comes before its sequence axis")
                 src = f"{self.param(m.source)}[{text}]"
-                if src not in self.loaded:   # one load per box, however many views read it
-                    self.loaded[src] = self.names.new(v.name + "_t")
-                    self.w(f"{self.loaded[src]} = fl.load({src})")
-                out.append(self.loaded[src])
+                key = (m.source.name, _canonical_box(text))
+                if key not in self.loaded:   # one load per box, however many views read it
+                    self.loaded[key] = self.names.new(v.name + "_t")
+                    self.w(f"{self.loaded[key]} = fl.load({src})")
+                out.append(self.loaded[key])
             return out
         n = self.producer[v.name]
         op = n.op.name
