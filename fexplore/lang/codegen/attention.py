@@ -11,11 +11,13 @@ from the projection's output, one unit-stride box per block, with no copy.
 from __future__ import annotations
 
 import math
+import re
 
 from fexplore.ir import DType, Node
-from fexplore.lang.examples.attention import _blocks
+from fexplore.lang.examples.attention import _blocks, blocks_fit
 
 from . import scores, vector
+from .attention_blocks import Work, count_work, default_blocks
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .domain import aligned
 from .errors import UnsupportedRegionError
@@ -324,12 +326,15 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         hv, r = q_index[group[0]], group[1]
         heads = f"range({r} * g, {r} * g + {r})" if gvar == "g" else f"range({r})"
     with w.indent():
+        hoist = None
         if group:
             w("q_of, m_of, l_of, o_of = [], [], [], []   # per query head of the group")
+            hoist = _Hoist(w, hv)
             w(f"for {hv} in {heads}:   # the query heads sharing key head {gvar}")
             w.depth += 1
         if q.name in computed:
-            qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail)
+            qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail,
+                         hoist=hoist)
             q_tiles = qp.pieces(q, cuts)
             if scale is None and op_dt[q.name] != q.type.dtype:
                 for t in q_tiles:
@@ -485,6 +490,11 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             w.depth -= 1
     order = {result.name: out, **export_names}
     w(f"return {', '.join(order[o.name] for o in body.outputs)}")
+    # the defaults, from a per-PE model of the kernel as written (its loads per block and item)
+    g_heads = group[1] if group else 1
+    work = Work((math.prod(lead) or 1) // g_heads, g_heads, S, T, D, Dv, op_dt[k.name].itemsize,
+                op_dt[k.name].name, causal, positions=causal and not causal_mask, **count_work(w.lines, g_heads))
+    bq, bk = default_blocks(work, cfg, lambda a, b: blocks_fit(a, b, max(D, Dv), 4, cfg, STAGES, g_heads))
     text = Writer()
     header(text, node, body, "streaming attention", sig.header, inputs.literals)
     for helper in ((BANDS,) if cache else ()) + ((BALANCED,) if causal else ()):
@@ -627,13 +637,32 @@ def _concat_cuts(values, producer, D) -> set:
     return {c for c in cuts if 0 < c < D}
 
 
+class _Hoist:
+    """Lines written before a loop already written past: a load the loop's variable does not
+    index (the rotary tables of a query block, read by every query head of a group) is made once,
+    not once per iteration, each a DMA start-up."""
+
+    def __init__(self, w, var: str):
+        self.w, self.var = w, var
+        self.at, self.depth = len(w.lines), w.depth
+
+    def outside(self, text: str) -> bool:
+        return re.search(rf"\b{re.escape(self.var)}\b", text) is None
+
+    def __call__(self, line: str) -> None:
+        self.w.lines.insert(self.at, "    " * self.depth + line)
+        self.at += 1
+
+
 class _Pieces:
     """q or k computed in the region from views of its inputs (rotary embedding: halves of D
     swapped, negated, scaled by cos and sin tables), written piece by piece along D: a view is
     loaded per piece, an elementwise op runs per piece, a slice or concat of D only picks pieces."""
 
-    def __init__(self, w, names, label, producer, params_in, literals, param, lead, index, seq, fail, offset=0):
+    def __init__(self, w, names, label, producer, params_in, literals, param, lead, index, seq, fail, offset=0,
+                 hoist=None):
         self.offset = offset   # where this part starts along the sequence axis
+        self.hoist = hoist     # a `_Hoist`: loads that do not depend on its loop go before it
         self.w, self.names, self.label = w, names, label
         self.producer, self.params_in, self.literals = producer, params_in, literals
         self.param, self.lead, self.index, self.seq, self.fail = param, lead, index, seq, fail
@@ -672,7 +701,11 @@ class _Pieces:
                 key = (m.source.name, _canonical_box(text))
                 if key not in self.loaded:   # one load per box, however many views read it
                     self.loaded[key] = self.names.new(v.name + "_t")
-                    self.w(f"{self.loaded[key]} = fl.load({src})")
+                    line = f"{self.loaded[key]} = fl.load({src})"
+                    if self.hoist is not None and self.hoist.outside(src):
+                        self.hoist(line)
+                    else:
+                        self.w(line)
                 out.append(self.loaded[key])
             return out
         n = self.producer[v.name]
