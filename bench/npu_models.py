@@ -6,6 +6,10 @@ verification and simulated timing-only, as a person would look at them in a note
 
     .venv/bin/python bench/npu_models.py [--quick]
 
+The real sizes are measured twice: on the chip's own 8 PEs (pe_fusion=1) and with the PE fusion the
+cost model picks (pe_fusion="auto": up to 4 PEs fused into one, `fexplore.pipeline.arrangement`);
+the compile time of "auto" includes lowering and tile-searching every arrangement it tried.
+
 Goals (issue: whole models on the simulated NPU), all on rngd in bf16:
   - GPT-2-small shape (12 layers, width 768, 12 heads, seq 512): latency / roofline bound <= 1.3
   - Llama-3.1-8B shape, one decode step at context 2048: latency / (weight + KV bytes / DRAM
@@ -34,9 +38,9 @@ from fexplore.models.gpt import gpt  # noqa: E402
 from fexplore.models.llama import LlamaDecodeStep, _build  # noqa: E402
 
 
-def _measure(name, model, inputs, *, precision="bf16", bound="roofline", goal=None):
+def _measure(name, model, inputs, *, precision="bf16", bound="roofline", goal=None, pe_fusion=1):
     t0 = time.perf_counter()
-    ex = fexplore.explore(model, inputs, target="rngd", precision=precision)
+    ex = fexplore.explore(model, inputs, target="rngd", precision=precision, pe_fusion=pe_fusion)
     ex.run_all(progress=False)
     cm = ex.result
     t1 = time.perf_counter()
@@ -52,7 +56,7 @@ def _measure(name, model, inputs, *, precision="bf16", bound="roofline", goal=No
     compulsory = _compulsory(cm, inputs)
     low = cm.lowering
     util = res.utilization
-    return {"model": name, "latency_us": res.latency_s * 1e6, "bound_us": b / cfg.clock_hz * 1e6,
+    return {"model": name, "chip": cfg.name, "pe_fusion": pe_fusion, "latency_us": res.latency_s * 1e6, "bound_us": b / cfg.clock_hz * 1e6,
             "latency/bound": res.cycles / b if b else float("nan"), "goal": goal or "",
             "dram_MB": res.dram_bytes / 1e6, "compulsory_MB": compulsory / 1e6,
             "dram/compulsory": res.dram_bytes / compulsory if compulsory else float("nan"),
@@ -100,17 +104,20 @@ def main(argv=None) -> int:
         model, inputs = ZOO[name]()
         rows.append(_measure(f"zoo {name}", model, inputs, goal="dram/compulsory <= 1.1"))
         print(rows[-1]["model"], f"{rows[-1]['dram/compulsory']:.2f}", flush=True)
-    model, inputs = gpt2_small_meta()
-    if args.quick:
-        model, inputs = gpt(vocab=50257, layers=2, width=768, heads=12, seq_len=512, max_seq=1024)
-        model, inputs = model.to("meta"), (inputs[0].to("meta"),)
-    rows.append(_measure("GPT-2-small shape, seq 512" + (" (2 layers)" if args.quick else ""), model, inputs,
-                         goal="latency/bound <= 1.3, <= 30 s"))
-    print(rows[-1], flush=True)
-    model, inputs = llama8b_decode_meta(layers=2 if args.quick else 32)
-    rows.append(_measure("Llama-3.1-8B shape, decode @2048" + (" (2 layers)" if args.quick else ""), model, inputs,
-                         bound="weights+kv", goal="latency/bound <= 1.15, <= 120 s"))
-    print(rows[-1], flush=True)
+    # the real sizes: on the chip's own 8 PEs, and with the PE fusion the cost model picks
+    for pe_fusion in (1, "auto"):
+        model, inputs = gpt2_small_meta()
+        if args.quick:
+            model, inputs = gpt(vocab=50257, layers=2, width=768, heads=12, seq_len=512, max_seq=1024)
+            model, inputs = model.to("meta"), (inputs[0].to("meta"),)
+        rows.append(_measure("GPT-2-small shape, seq 512" + (" (2 layers)" if args.quick else ""), model, inputs,
+                             goal="latency/bound <= 1.3, <= 30 s", pe_fusion=pe_fusion))
+        print(rows[-1], flush=True)
+    for pe_fusion in (1, "auto"):
+        model, inputs = llama8b_decode_meta(layers=2 if args.quick else 32)
+        rows.append(_measure("Llama-3.1-8B shape, decode @2048" + (" (2 layers)" if args.quick else ""), model,
+                             inputs, bound="weights+kv", goal="latency/bound <= 1.15, <= 120 s", pe_fusion=pe_fusion))
+        print(rows[-1], flush=True)
 
     cols = list(rows[0])
     lines = ["# Whole models on the simulated NPU (rngd, bf16)", "",

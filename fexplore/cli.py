@@ -92,7 +92,7 @@ def compile_and_report(model, inputs, args):
     from fexplore.pipeline import CompiledModel
 
     ex = fexplore.explore(model, inputs, target=args.target, precision=args.precision,
-                          verify=not args.no_verify)
+                          verify=not args.no_verify, pe_fusion=args.pe_fusion)
     ex.run_all()
     status = 0
     try:
@@ -210,10 +210,22 @@ def cmd_kernel(args) -> int:
     return 0
 
 
+def _pe_fusion(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: 1, 2, 4 or auto") from None
+
+
 def _common(p: argparse.ArgumentParser, out_help: str) -> None:
     p.add_argument("--target", default="rngd", help="NPU preset: rngd (default) or tiny")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp8"),
                    help="compute precision (default fp32)")
+    p.add_argument("--pe-fusion", default=1, type=_pe_fusion, metavar="{1,2,4,auto}",
+                   help="fuse the chip's PEs in groups of 2 or 4, or let the cost model pick "
+                        "('auto'); default 1, the chip's own PEs")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=out_help)
     p.add_argument("--no-report", dest="out", action="store_const", const=None,
                    help="print the summary only; write nothing")

@@ -282,14 +282,14 @@ def graph_cost(graph, options) -> Cost:
     only. Before fusion every op is its own kernel, so the difference between stages is what
     each stage bought on the chip. Cached per graph and target."""
     from .stages.lower import lower
-    key = (id(graph), repr(options.target))
+    key = (id(graph), repr(options.target), getattr(options, "pe_fusion", 1))
     hit = _COSTS.get(key)
     if hit is not None and hit[0] is graph:
         return hit[1]
     low = lower(graph, options).lowering
     from .stages.schedule import schedule_with_fallbacks
 
-    sched, _ = schedule_with_fallbacks(graph, low, options.target)
+    sched, _ = schedule_with_fallbacks(graph, low, low.chip or options.target)
     res = sched.simulate()
     cost = Cost(res.cycles, res.latency_s * 1e6, res.dram_bytes,
                 sum(k.how in ("generated", "user") for k in sched.kernels),

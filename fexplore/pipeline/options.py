@@ -27,6 +27,9 @@ class CompileOptions:
     buckets: Any = None
     pad_safe: bool = False
     pad_value: Any = 0  # one number for every input, or one per input
+    # PE fusion (pipeline/arrangement.py): 1 keeps the chip's PEs, 2 or 4 fuses them, "auto"
+    # lowers for each arrangement the chip allows and keeps the one whose kernels are fastest
+    pe_fusion: Any = 1
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -34,6 +37,9 @@ class CompileOptions:
             raise ConfigError(f"unknown precision {self.precision!r}",
                               hint=f"one of {', '.join(PRECISIONS)}")
         get_target(self.target)  # raises ConfigError for an unknown preset
+        from .arrangement import check_pe_fusion
+
+        check_pe_fusion(self.pe_fusion, self.target)
         if not isinstance(self.verify, bool):
             raise ConfigError("verify must be True or False",
                               hint="verify=True checks every stage, verify=False skips the checks")

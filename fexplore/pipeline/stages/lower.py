@@ -193,6 +193,8 @@ class Lowering:
 
     target: str
     nodes: list[LoweredNode] = field(default_factory=list)
+    chip: Any = None          # the NPUConfig lowered for (a fused arrangement of the target's PEs)
+    arrangements: list = field(default_factory=list)   # what pe_fusion="auto" tried
     # generated kernels that failed for a reason other than a clear refusal (the generator raised,
     # or wrote a kernel the kernel language rejects): bugs of fexplore, which the fallback (split,
     # host op) keeps from breaking the compile but must not hide
@@ -238,12 +240,12 @@ def _free_view(node: Node) -> bool:
 
 
 def lower(graph: Graph, options) -> StageResult:
-    target = options.target
-    low = Lowering(target if isinstance(target, str) else getattr(target, "name", str(target)))
-    lowerer = _Lowerer(target)
-    for node in graph.nodes:
-        low.nodes.append(lowerer.node(node))
-    low.codegen_bugs = list(lowerer.bugs)
+    from ..arrangement import arranged_target
+
+    chip, tried, low = arranged_target(graph, options, lambda cfg: _lowered(graph, cfg))
+    if low is None:
+        low = _lowered(graph, chip)
+    low.arrangements = tried
     stats = lowering_stats(low)
     host = ", host ops: " + ", ".join(f"{k}×{v}" for k, v in stats["host_ops_by_op"].items()) \
         if low.host_ops else ""
@@ -252,7 +254,22 @@ def lower(graph: Graph, options) -> StageResult:
              if low.splits else "")
     summary = (f"{stats['kernels']} kernels ({stats['generated']} generated{user}), "
                f"{stats['free_views']} free views, {stats['host_ops']} host ops{host}{split}")
+    if tried:
+        summary += (f"; for {chip.name} (pe_fusion='auto', kernels timed alone: "
+                    + ", ".join(f"{a.target} {a.kernel_cycles:,}" for a in tried) + ")")
+    elif chip.fused_pes > 1:
+        summary += f"; for {chip.name}"
     return StageResult(graph, stats, [], summary, lowering=low)
+
+
+def _lowered(graph: Graph, chip) -> "Lowering":
+    """Every node of `graph` lowered for the chip arrangement `chip`."""
+    low = Lowering(chip.name, chip=chip)
+    lowerer = _Lowerer(chip)
+    for node in graph.nodes:
+        low.nodes.append(lowerer.node(node))
+    low.codegen_bugs = list(lowerer.bugs)
+    return low
 
 
 class _Lowerer:
@@ -476,7 +493,10 @@ def lowering_stats(low: Lowering) -> dict:
             "free_views": len(low.free_views), "host_ops": len(low.host_ops),
             "host_ops_by_op": host, "kernels_by_kind": by_kind,
             # only when there is one: a clean lowering's statistics read as they did
-            **({"codegen_bugs": list(low.codegen_bugs)} if low.codegen_bugs else {})}
+            **({"codegen_bugs": list(low.codegen_bugs)} if low.codegen_bugs else {}),
+            **({"chip": low.chip.name} if low.chip is not None and low.chip.fused_pes > 1 else {}),
+            **({"arrangements": {a.target: a.kernel_cycles for a in low.arrangements}}
+               if low.arrangements else {})}
 
 
 def _reason(e: Exception) -> str:

@@ -122,7 +122,7 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
         return _no_schedule(graph, lowering, "a tensor with no elements: nothing for the chip to "
                                              "move or compute; the interpreter runs the model")
     t0 = time.perf_counter()
-    sched, spills = schedule_with_fallbacks(graph, lowering, options.target)
+    sched, spills = schedule_with_fallbacks(graph, lowering, lowering.chip or options.target)
     sched.decisions[:0] = spills
     prog = sched.program
     timing = sched.simulate()
