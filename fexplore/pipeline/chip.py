@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fexplore.errors import InputError
 
 from .buckets import PaddedCalls, check_buckets, next_bucket, pad_inputs, padding_share, real_shapes, unpad
 
@@ -289,7 +288,7 @@ def graph_cost(graph, options) -> Cost:
     low = lower(graph, options).lowering
     from .stages.schedule import schedule_with_fallbacks
 
-    sched, _ = schedule_with_fallbacks(graph, low, low.chip or options.target)
+    sched, _ = low.made or schedule_with_fallbacks(graph, low, low.chip or options.target)
     res = sched.simulate()
     cost = Cost(res.cycles, res.latency_s * 1e6, res.dram_bytes,
                 sum(k.how in ("generated", "user") for k in sched.kernels),

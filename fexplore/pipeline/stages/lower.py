@@ -195,6 +195,7 @@ class Lowering:
     nodes: list[LoweredNode] = field(default_factory=list)
     chip: Any = None          # the NPUConfig lowered for (a fused arrangement of the target's PEs)
     arrangements: list = field(default_factory=list)   # what pe_fusion="auto" tried
+    made: Any = None   # (Schedule, spills) pe_fusion="auto" made and timed: the schedule stage's
     # generated kernels that failed for a reason other than a clear refusal (the generator raised,
     # or wrote a kernel the kernel language rejects): bugs of fexplore, which the fallback (split,
     # host op) keeps from breaking the compile but must not hide
@@ -255,8 +256,8 @@ def lower(graph: Graph, options) -> StageResult:
     summary = (f"{stats['kernels']} kernels ({stats['generated']} generated{user}), "
                f"{stats['free_views']} free views, {stats['host_ops']} host ops{host}{split}")
     if tried:
-        summary += (f"; for {chip.name} (pe_fusion='auto', kernels timed alone: "
-                    + ", ".join(f"{a.target} {a.kernel_cycles:,}" for a in tried) + ")")
+        summary += (f"; for {chip.name} (pe_fusion='auto', simulated cycles: "
+                    + ", ".join(f"{a.target} {a.cycles:,}" for a in tried) + ")")
     elif chip.fused_pes > 1:
         summary += f"; for {chip.name}"
     return StageResult(graph, stats, [], summary, lowering=low)
@@ -495,7 +496,7 @@ def lowering_stats(low: Lowering) -> dict:
             # only when there is one: a clean lowering's statistics read as they did
             **({"codegen_bugs": list(low.codegen_bugs)} if low.codegen_bugs else {}),
             **({"chip": low.chip.name} if low.chip is not None and low.chip.fused_pes > 1 else {}),
-            **({"arrangements": {a.target: a.kernel_cycles for a in low.arrangements}}
+            **({"arrangements": {a.target: a.cycles for a in low.arrangements}}
                if low.arrangements else {})}
 
 

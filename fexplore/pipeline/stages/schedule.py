@@ -122,7 +122,8 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
         return _no_schedule(graph, lowering, "a tensor with no elements: nothing for the chip to "
                                              "move or compute; the interpreter runs the model")
     t0 = time.perf_counter()
-    sched, spills = schedule_with_fallbacks(graph, lowering, lowering.chip or options.target)
+    sched, spills = lowering.made or schedule_with_fallbacks(graph, lowering, lowering.chip or options.target)
+    lowering.made = None   # taken: a stage run again builds its own
     sched.decisions[:0] = spills
     prog = sched.program
     timing = sched.simulate()
@@ -157,7 +158,11 @@ def _no_schedule(graph, lowering, why):
 def schedule_with_fallbacks(graph: Graph, lowering, target):
     """(Schedule, spills): interleaved with residency in half a PE's SRAM, then less, then none;
     then kernels in sequence; then every op in trace order. Each step back is recorded (what,
-    why); only an SRAM overflow makes the stage step back."""
+    why); only an SRAM overflow makes the stage step back.
+
+    Re-read inputs and weights are then staged on chip in a second build, kept only if it is
+    not slower (within STAGE_MAX_LOSS): staging saves DRAM traffic, but the copies take SRAM from
+    the intermediates and DMA time of their own, and which wins depends on the model."""
     spills = []
     attempts = [(True, share) for share in RESIDENT_SHARES] + [(True, 0.0), (False, 0.0), ("trace", 0.0)]
     for interleave, share in attempts:
@@ -166,13 +171,21 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
             reread = _reread(sched) if share else set()
             if reread:   # inputs and weights the kernels read many times: staged on chip once
                 try:
-                    return build_schedule(graph, lowering, target, interleave=interleave, resident=share,
-                                          stage=reread), spills
+                    staged = build_schedule(graph, lowering, target, interleave=interleave, resident=share,
+                                            stage=reread)
                 except Exception as e:  # noqa: BLE001 - staging overflows: the schedule without it
                     if "SRAM" not in type(e).__name__ + str(e):
                         raise
                     sched.decisions.append(("no staging", f"staging {len(reread)} re-read inputs and weights "
                                             f"overflows SRAM ({str(e).splitlines()[0][:100]})"))
+                    return sched, spills
+                plain, with_copies = sched.simulate(), staged.simulate()
+                if with_copies.cycles <= plain.cycles * (1 + STAGE_MAX_LOSS):
+                    return staged, spills
+                sched.decisions.append(("no staging", f"staging {len(reread)} re-read inputs and weights "
+                                        f"would save {(plain.dram_bytes - with_copies.dram_bytes) / 1e6:,.1f} MB "
+                                        f"of DRAM traffic but take {with_copies.cycles:,} cycles instead of "
+                                        f"{plain.cycles:,}"))
             return sched, spills
         except Exception as e:  # noqa: BLE001 - only an SRAM overflow falls through
             if interleave == "trace" or "SRAM" not in type(e).__name__ + str(e):
@@ -189,6 +202,8 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
 REREAD_FACTOR = 1.5
 # ... and staging is worth a second build when the re-reads are this share of what the loads move
 STAGE_MIN_SHARE = 0.01
+# ... and the staged program is kept unless it is slower than this fraction (it saves DRAM traffic)
+STAGE_MAX_LOSS = 0.02
 
 
 def _reread(sched: Schedule) -> set[str]:
@@ -225,7 +240,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     copy on chip once before their first reader, where they fit the resident share next to the
     intermediates (the kernels then read them by on-chip copies)."""
     tiles: list = []
-    from fexplore.lang.lowering import HostPart, KernelPart, StagePart, emit
+    from fexplore.lang.lowering import HostPart, StagePart, emit
     from fexplore.npu import ProgramBuilder, get_target
 
     cfg = get_target(target)
