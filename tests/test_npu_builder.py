@@ -168,3 +168,22 @@ def test_a_staged_tensor_is_read_from_dram_once_and_its_loads_wait_for_the_copy(
     res = simulate(prog, {"W": w, "X": x})
     np.testing.assert_allclose(res.outputs["Y"], x @ w, rtol=1e-5)
     assert res.dram_bytes == prog.compulsory_bytes() == (64 * 64 + 2 * 4 * 64 * 64) * 4
+
+
+def test_compulsory_bytes_count_inputs_and_results_not_scratch():
+    """An intermediate spilled to DRAM is traffic a schedule chose, not compulsory traffic; a
+    result the caller reads through a view of a computed tensor is."""
+    b = ProgramBuilder("tiny")
+    X = b.input("X", (64, 64))
+    T = b.scratch("T", (64, 64))          # spilled between two steps
+    U = b.scratch("U", (64, 64))          # computed, then returned as a view
+    R = b.view("R", U, (4096,), returned=True)
+    x, t = b.alloc("x", (64, 64)), b.alloc("t", (64, 64))
+    b.load(x, X)
+    b.store(T, x)
+    b.load(t, T)
+    b.store(U, t)
+    prog = b.build()
+    assert R.returned and not T.returned
+    assert prog.compulsory_bytes() == 2 * 64 * 64 * 4                        # X read, U (as R) written
+    assert prog.simulate().dram_bytes == 4 * 64 * 64 * 4                     # the spill moves T twice

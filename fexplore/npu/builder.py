@@ -65,10 +65,11 @@ class ProgramBuilder:
         """A DRAM tensor for intermediates (spills, results between kernels)."""
         return self._dram(name, shape, dtype, "scratch")
 
-    def view(self, name: str, base: DramTensor, shape) -> DramTensor:
+    def view(self, name: str, base: DramTensor, shape, *, returned: bool = False) -> DramTensor:
         """`base`'s bytes seen with another row-major `shape` (a reshape that moves no data).
         Declare views before the commands that use `base`: from then on, hazards on the storage
-        compare element ranges, whichever view a command goes through."""
+        compare element ranges, whichever view a command goes through. `returned`: the caller
+        reads this view as a result (its bytes are then compulsory traffic, as an output's)."""
         self._check_open()
         loc = self._loc(None)
         shape = _shape(shape, name, loc)
@@ -85,6 +86,7 @@ class ProgramBuilder:
         t.storage_shape = base.storage_shape
         t.backing = base.backing
         t.aliased = True
+        t.returned = returned
         self._tensors[base.storage].aliased = True
         base.aliased = True
         return t

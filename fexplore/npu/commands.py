@@ -46,7 +46,8 @@ NO_ENGINE = -1  # Sync
 class DramTensor:
     """A named row-major tensor in DRAM. Index it with slices to get a box for a DMA."""
 
-    __slots__ = ("name", "shape", "dtype", "kind", "nbytes", "storage", "storage_shape", "aliased", "backing")
+    __slots__ = ("name", "shape", "dtype", "kind", "nbytes", "storage", "storage_shape", "aliased", "backing",
+                 "returned")
 
     def __init__(self, name: str, shape: tuple[int, ...], dtype: str, kind: str, storage: str | None = None):
         self.name = name
@@ -58,6 +59,7 @@ class DramTensor:
         self.storage_shape = shape       # that tensor's shape (hazards compare boxes in it)
         self.aliased = False             # seen through a view: hazards then track whole byte ranges
         self.backing = None              # a resident tensor's SRAM buffer (it never reaches DRAM)
+        self.returned = kind == "output"  # the caller reads it as a result (an output, or a view of one)
 
     @property
     def resident(self) -> bool:

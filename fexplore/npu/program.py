@@ -98,8 +98,12 @@ class Program:
         """Each input the program reads, read once; each output it writes, written once. Scratch
         (an intermediate a schedule put in DRAM) is not compulsory: another schedule keeps it on
         chip, so counting it would flatter every ratio against the bound."""
+        # the storages of inputs and results (a result may be a view of a tensor the program
+        # computes under another name: a reshape that moves no data)
+        ends = {t.storage for t in self.tensors.values() if t.kind == "input" or t.returned}
+
         def kept(t) -> bool:
-            return not t.resident and self.tensors[t.storage].kind != "scratch"
+            return not t.resident and t.storage in ends
 
         read = {c.src.tensor.storage for c in self.commands if isinstance(c, Load) and kept(c.src.tensor)}
         written = {c.dst.tensor.storage for c in self.commands

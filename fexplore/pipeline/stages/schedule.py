@@ -290,7 +290,8 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
             if o.name in tensor_of:
                 continue
             if x is not None and x.how == "free view":
-                tensors[o.name] = b.view(o.name, tensors[tensor_of[node.inputs[0].name]], _shape(o))
+                tensors[o.name] = b.view(o.name, tensors[tensor_of[node.inputs[0].name]], _shape(o),
+                                         returned=o.name in outputs)
                 tensor_of[o.name] = o.name
                 if node.inputs[0].name in staged:   # a view of a staged tensor reads the copy too
                     staged[o.name] = b.view(f"{o.name}@sram", staged[node.inputs[0].name], _shape(o))
