@@ -511,6 +511,8 @@ def test_hf_model_compiles_verifies_and_round_trips(name):
     _assert_spread(want)
 
     cm = fexplore.compile(model, inputs)
+    # a generator that raises or writes a kernel the language rejects is a bug the fallbacks hide
+    assert not cm["lower"].stats.get("codegen_bugs"), cm["lower"].stats.get("codegen_bugs")
 
     table = cm.verification
     assert list(table["stage"]) == [r.name for r in cm.stages]
@@ -534,6 +536,7 @@ def test_hf_model_in_bf16(name):
     want = _eager(model, inputs)
     cm = fexplore.compile(model, inputs, precision="bf16")
     assert cm.verification["ok"].all(), cm.verification
+    assert not cm["lower"].stats.get("codegen_bugs"), cm["lower"].stats.get("codegen_bugs")
     got = cm(*inputs)
     errs = []
     for g, w in zip(_leaves(got), _leaves(want)):

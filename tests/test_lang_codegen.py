@@ -21,6 +21,7 @@ from fexplore.ir import Attrs, Constant, DType, Graph, Node, TensorType, Value, 
 from fexplore.lang import codegen
 from fexplore.lang.codegen import UnsupportedRegionError, check_kernel
 from fexplore.lang.codegen import vector as vector_mod
+from fexplore.lang.examples._tiling import amortizing_bytes, panel_tiles
 from fexplore.npu import get_target
 from fexplore.npu.commands import Load
 from fexplore.models import ZOO
@@ -550,6 +551,58 @@ def test_a_panel_contraction_loads_each_row_tile_once_per_panel():
     x_loaded = sum(c.ref.size for c in result.program.commands if isinstance(c, Load) and c.ref.tensor.name == "x")
     assert x_loaded == 37 * 45 * 2      # two panels of 40 columns, five column tiles each
 
+
+
+@pytest.mark.parametrize("M, N, K, siblings", [(512, 768, 3072, 1), (512, 512, 2048, 1), (512, 2048, 5472, 1),
+                                               (512, 5472, 2048, 2), (37, 70, 1100, 1), (64, 4096, 8192, 1)])
+def test_a_long_k_slab_moves_more_than_its_dma_start_up_costs(M, N, K, siblings):
+    """A K step loads one weight tile per sibling contraction: its slab grows until that load moves
+    at least twice what the DMA start-up costs (rngd: 500 cycles x 256 B/cycle), or is all of K;
+    a narrow panel's 512-deep slab of 192 columns spent as long starting as transferring."""
+    cfg = get_target("rngd")
+    tm, tp, tn, tk = panel_tiles(M, N, K, 2, cfg, "bf16", 2, siblings=siblings)
+    assert tk <= K
+    assert tk == K or siblings * tn * tk * 2 >= amortizing_bytes(cfg), (tm, tp, tn, tk)
+
+
+@pytest.mark.parametrize("target, M, N, K", [("rngd", 512, 2304, 768), ("rngd", 512, 3072, 768),
+                                             ("rngd", 512, 10944, 2048), ("rngd", 64, 1000, 512),
+                                             ("tiny", 37, 70, 45), ("tiny", 64, 300, 96)])
+def test_a_panel_is_cut_into_column_tiles_of_one_width(target, M, N, K):
+    """No sliver of a last column tile (a 288-column panel as 128 + 128 + 32 paid a whole DMA
+    start-up for 32 columns): the panel's tiles cover it with less than one native column tile
+    of slack per tile."""
+    cfg = get_target(target)
+    nn = cfg.native_tile("bf16")[1]
+    tm, tp, tn, tk = panel_tiles(M, N, K, 2, cfg, "bf16", 2)
+    columns = -(-tp // tn)
+    assert columns * tn - tp < max(1, columns - 1) * nn or columns == 1, (tp, tn)
+    if (target, N) == ("rngd", 2304):
+        assert (tp, tn) == (288, 96)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_long_k_contraction_simulates_to_what_it_interprets(target):
+    """Odd sizes with a K long enough to be cut into slabs (a short last one) under a residual
+    epilogue: the simulator's functional outputs equal the kernel-language interpreter's, which
+    equal the IR interpreter's."""
+    b = Body(5)
+    K = 1100 if target == "rngd" else 333
+    x = b.input("x", (1, 37, K))
+    w = b.input("fc.weight", (70, K))
+    bias = b.input("fc.bias", (70,))
+    res = b.input("res", (1, 37, 70))
+    node, arrays = b.region(b("add", b("linear", x, w, bias), res), kind="contraction"), b.arrays
+    gk = _check(node, arrays, target)
+    k = gk.kernel()
+    tk = k.__wrapped__.__kwdefaults__["tk"]
+    args = gk.arguments(arrays)
+    small = {} if K % tk else {"tk": 256 if target == "rngd" else 16}   # slabs with a short last one
+    assert K % small.get("tk", tk)
+    interpreted = k(*args, target=target, **small)
+    result = k.simulate(*args, target=target, **small)
+    np.testing.assert_allclose(k.last_trace.unpack(result.outputs), interpreted, rtol=1e-6)
+    np.testing.assert_allclose(interpreted, gk.run(arrays)[0].reshape(37, 70), rtol=1e-4, atol=1e-4)
 
 def _linear_region(M, K, N, norm):
     b = Body()

@@ -114,6 +114,8 @@ def test_auto_pe_fusion_schedules_every_arrangement_and_keeps_the_fastest():
     eligible = {k: v for k, v in tried.items() if k == "rngd" or v < (1 - MIN_GAIN) * tried["rngd"]}
     assert chosen == min(eligible, key=eligible.get)
     assert cm.simulate().cycles == tried[chosen]   # the program timed is the program kept
+    # what each stage bought is costed on the arrangement chosen, so the last row is the program
+    assert cm.costs()["cycles"].iloc[-1] == tried[chosen]
     assert all(f'target="{chosen}"' in k.source for k in cm.kernels)
     with torch.no_grad():
         want = model(x)

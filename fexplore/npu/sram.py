@@ -16,6 +16,7 @@ SRAM has room.
 from __future__ import annotations
 
 import bisect
+import heapq
 
 from fexplore.npu.commands import Buffer, Command
 from fexplore.npu.config import NPUConfig
@@ -44,15 +45,65 @@ OLDEST_STARTS = 16   # freed ranges whose starts are tried as a new buffer's pla
 
 
 class _PESpace:
-    """Free segments of one PE's SRAM (sorted by offset), plus who last occupied each freed range."""
+    """Free segments of one PE's SRAM (sorted by offset), plus who last occupied each freed range.
+
+    A long program frees thousands of ranges and `place` runs per buffer, so the freed ranges are
+    kept sorted by start, in two lists: the short ones (the tiles), where the ranges overlapping a
+    place are found by bisection looking back at most SHORT bytes, and the few long ones (tensors
+    kept on chip), scanned whole."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.free = [(0, capacity)]          # (offset, size), sorted, coalesced
         self.live: dict[int, Buffer] = {}    # buffer id -> buffer
         self.live_bytes = 0
+        self.short_limit = max(capacity // 64, 1)
         # freed ranges and who used them last: (start, end, final accessors, latest accessor)
-        self.vacated: list[tuple[int, int, tuple[int, ...], int]] = []
+        self.short: list[tuple[int, int, tuple[int, ...], int]] = []
+        self.long: list[tuple[int, int, tuple[int, ...], int]] = []
+
+    def vacate(self, start: int, end: int, accessors: tuple[int, ...]) -> None:
+        rec = (start, end, accessors, max(accessors, default=-1))
+        bisect.insort(self.short if end - start <= self.short_limit else self.long, rec)
+
+    def _overlapping(self, start: int, end: int):
+        """(list, index) of every freed range overlapping [start, end)."""
+        rs = self.short
+        hi = bisect.bisect_left(rs, (end,))
+        for i in range(bisect.bisect_left(rs, (start - self.short_limit,), 0, hi), hi):
+            if rs[i][1] > start:
+                yield rs, i
+        for i, r in enumerate(self.long):
+            if r[0] >= end:
+                break
+            if r[1] > start:
+                yield self.long, i
+
+    def _age(self, off: int, size: int) -> int:
+        """The latest accessor of the freed ranges [off, off + size) overlaps, or -1. (The hot
+        path of a long program's allocation: `_overlapping` inlined.)"""
+        end, best = off + size, -1
+        rs = self.short
+        hi = bisect.bisect_left(rs, (end,))
+        for r in rs[bisect.bisect_left(rs, (off - self.short_limit,), 0, hi):hi]:
+            if r[1] > off and r[3] > best:
+                best = r[3]
+        for r in self.long:
+            if r[0] >= end:
+                break
+            if r[1] > off and r[3] > best:
+                best = r[3]
+        return best
+
+    def _oldest_starts(self, off0: int, n: int, size: int) -> list[int]:
+        """The starts of the OLDEST_STARTS longest-vacated ranges beginning in the free segment
+        [off0, off0 + n) with room for `size` bytes from there."""
+        last = off0 + n - size
+        inside = []
+        for rs in (self.short, self.long):
+            lo, hi = bisect.bisect_left(rs, (off0,)), bisect.bisect_left(rs, (last + 1,))
+            inside.extend((r[3], r[0]) for r in rs[lo:hi])
+        return [s for _, s in heapq.nsmallest(OLDEST_STARTS, inside)]
 
     def place(self, size: int) -> int:
         """An offset for `size` bytes, or -1. Among the places that fit, prefer space never used, then
@@ -62,16 +113,15 @@ class _PESpace:
         for off0, n in self.free:
             if n < size:
                 continue
-            # the freed ranges inside this free segment; candidates are the segment's ends and the
-            # starts of its OLDEST_STARTS longest-vacated ranges (all of them made the allocator
-            # quadratic in the ranges a long program frees, for a choice among near-equals)
-            inside = [r for r in self.vacated if r[0] < off0 + n and off0 < r[1]]
-            starts = sorted((a, s) for s, _, _, a in inside if off0 <= s and s + size <= off0 + n)
-            candidates = {off0, off0 + n - size} | {s for _, s in starts[:OLDEST_STARTS]}
-            for off in candidates:
-                age = max((a for s, e, _, a in inside if s < off + size and off < e), default=-1)
-                if best is None or (age, off) < best:
-                    best = (age, off)
+            # candidates are the segment's ends and the starts of its OLDEST_STARTS longest-vacated
+            # ranges (all of them made the allocator quadratic in the ranges a long program frees,
+            # for a choice among near-equals)
+            for off in sorted({off0, off0 + n - size, *self._oldest_starts(off0, n, size)}):
+                key = (self._age(off, size), off)
+                if best is None or key < best:
+                    best = key
+            if best is not None and best[0] < 0:
+                break   # never-used space: no later place (at a higher offset) beats it
         if best is None:
             return -1
         off = best[1]
@@ -95,15 +145,14 @@ class _PESpace:
 
     def previous_occupants(self, start: int, end: int) -> list[int]:
         """Final accessors of buffers that used [start, end) before; forget ranges now covered."""
-        deps, keep = [], []
-        for rec in self.vacated:
-            s, e, accessors, _ = rec
-            if s < end and start < e:
-                deps.extend(accessors)
-                if start <= s and e <= end:
-                    continue  # fully re-occupied: the new buffer's own accessors come after these
-            keep.append(rec)
-        self.vacated = keep
+        deps, covered = [], []
+        for rs, i in self._overlapping(start, end):
+            s, e, accessors, _ = rs[i]
+            deps.extend(accessors)
+            if start <= s and e <= end:
+                covered.append((rs, i))  # fully re-occupied: the new buffer's own accessors come after these
+        for rs, i in reversed(covered):
+            del rs[i]
         return deps
 
 
@@ -156,7 +205,7 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
             # a resident tensor's buffer is freed by the DMAs that touched it, its on-chip copies
             accessors = tuple(dict.fromkeys([*final_accessors(buf), *resident_users.get(buf.id, ())])) \
                 or (alloc.last[buf.id],)
-            space.vacated.append((off, off + size, accessors, max(accessors, default=-1)))
+            space.vacate(off, off + size, accessors)
     return alloc
 
 

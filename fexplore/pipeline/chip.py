@@ -305,6 +305,10 @@ def stage_costs(records, options):
     import pandas as pd
 
     rows, prev = [], None
+    low = next((r.lowering for r in records if r.lowering is not None and r.lowering.chip is not None), None)
+    if low is not None and getattr(options, "pe_fusion", 1) == "auto":
+        # every stage on the arrangement the compile chose: a row's change is then the stage's
+        options = options.replace(pe_fusion=low.chip.fused_pes // options.chip.fused_pes)
     for r in records:
         if r.name == "schedule":   # its program is the lower stage's graph's: no new row
             continue

@@ -33,7 +33,13 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
                                                            "or last-axis reduction)", loc=n.loc, node=n)
     inputs = Inputs.of(node, body)
     shapes, dropped = _aligned_shapes(body, inputs, label)
-    domain = tuple(np.broadcast_shapes(*shapes.values()))
+    try:
+        domain = tuple(np.broadcast_shapes(*shapes.values()))
+    except ValueError:   # e.g. two independent casts of differently shaped tensors: two kernels
+        raise UnsupportedRegionError(body.nodes[-1].op.name, label, "its values do not broadcast to one "
+                                     "shape (one tile grid): " + ", ".join(
+                                         f"{k} {list(v)}" for k, v in shapes.items()),
+                                     loc=body.nodes[-1].loc, node=body.nodes[-1]) from None
     lead, C = domain[:-1], domain[-1]
 
     params = [v for v in body.inputs if v.name not in inputs.literals]

@@ -46,7 +46,7 @@ def literal(value) -> str:
     """A Python literal for a scalar (what a constant 0-d region input becomes)."""
     v = np.asarray(value).item()
     if isinstance(v, bool):
-        return "1.0" if v else "0.0"
+        return "1" if v else "0"   # an int: bit ops take it, and arithmetic promotes it
     if isinstance(v, int):
         return str(v)
     if math.isnan(v):

@@ -18,6 +18,10 @@ def round_to(n: int, unit: int) -> int:
     return max(unit, n // unit * unit)
 
 
+def ceil_to(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
 def shrink(sizes: list[int], fits, floors: list[int]) -> list[int]:
     """Halve the largest size still above its floor until `fits(*sizes)` (or nothing can shrink)."""
     sizes = list(sizes)
@@ -49,6 +53,13 @@ def matmul_tiles(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, stages:
     return tm, tn, tk
 
 
+def amortizing_bytes(cfg) -> int:
+    """The bytes a DMA command should move so its transfer is at least twice its start-up: below
+    that, a PE's DMA engine spends a third or more of its time starting commands, while DRAM, which
+    the start-up does not use, idles whenever the PEs start theirs together."""
+    return int(2 * cfg.dma_startup_cycles * cfg.dma_bytes_per_cycle)
+
+
 def row_tiles(R: int, bytes_per_row: int, cfg, stages: int) -> int:
     """Rows per tile for a row-wise kernel: enough tiles for every PE (two each, so each PE's own
     loads and computes can overlap), as many rows as fit a quarter of SRAM."""
@@ -76,9 +87,18 @@ def panel_tiles(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, stages: 
     # whose big DMA commands amortize their start-up
     big = big_tile(cfg)
     tn = tp if tp <= big // 2 or tm <= nm else max(nn, big // 4)
+    # column tiles of one width across the panel: a short last one (288 as 128 + 128 + 32) costs a
+    # whole DMA start-up for a sliver of weights, while the epilogue tail after the last
+    # contraction shrinks with the tile width anyway
+    columns = -(-tp // tn)
+    tn = min(tp, ceil_to(-(-tp // columns), nn))
     # whole-K weight tiles when K is short (fewest DMA commands); slabs of a big tile when it is
-    # long, so the first contraction does not wait for a whole row tile of activations
-    tk = K if K <= 2 * big_tile(cfg) else big_tile(cfg)
+    # long, so the first contraction does not wait for a whole row tile of activations, but deep
+    # enough that a K step's weight load moves well over what its start-up costs (a narrow panel's
+    # slab of 128 columns would spend as long starting as transferring)
+    tk = K if K <= 2 * big else big
+    while tk < K and siblings * tn * tk * itemsize < amortizing_bytes(cfg):
+        tk = min(K, 2 * tk)
     budget = cfg.sram_bytes_per_pe // 2
 
     def fits(tm, tn, tk):   # the row tile's slabs, weight tiles double buffered, accumulators
@@ -100,9 +120,6 @@ def _split_over_pes(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, nati
     pes = cfg.num_pes
     floor = 2 * max(nm, nn)
     macs = cfg.macs_per_cycle(dtype)
-
-    def ceil_to(n, unit):
-        return -(-n // unit) * unit
 
     best = None
     for rows in range(1, -(-M // nm) + 1):
