@@ -40,6 +40,7 @@ class Work:
     kv_loads: int    # DMA commands per key block
     k_vector: int    # vector commands per key block making k and v (rotary, casts)
     score_ops: int   # vector passes per block of scores before the softmax (a scale, a mask)
+    score_loads: int  # loads of score operands per block (a mask), a block of scores each
     positions: bool  # the causal positions made by doubling in DRAM before the first diagonal block
 
 
@@ -53,7 +54,7 @@ def count_work(lines: list[str], group: int) -> dict:
     key = next(i for i, t in enumerate(lines) if t.lstrip().startswith("for ts in fl.range("))
     depth = _indent(lines[key])
     q_loads = sum(t.count("fl.load(") * (group if _indent(t) > depth else 1) for t in lines[par + 1:key])
-    kv_loads = k_vector = score_ops = 0
+    kv_loads = k_vector = score_ops = score_loads = 0
     scores = False
     for t in lines[key + 1:]:
         s = t.strip()
@@ -67,13 +68,15 @@ def count_work(lines: list[str], group: int) -> dict:
             scores = True
             continue
         kv_loads += s.count("fl.load(")
+        score_loads += s.count("fl.load(") if scores else 0
         vector_line = re.match(r"^\w+ = ", s) is not None and "fl.load(" not in s and \
             not s.startswith(("kt = [", "vt = ", "m, l, o = ")) and "q_of[j]" not in s
         if scores:
             score_ops += vector_line
         else:
             k_vector += s.count(".astype(") + vector_line
-    return {"q_loads": q_loads, "kv_loads": kv_loads, "k_vector": k_vector, "score_ops": score_ops}
+    return {"q_loads": q_loads, "kv_loads": kv_loads, "k_vector": k_vector, "score_ops": score_ops,
+            "score_loads": score_loads}
 
 
 def default_blocks(work: Work, cfg, fits) -> tuple[int, int]:
@@ -103,15 +106,15 @@ def pe_cycles(work: Work, cfg, bq: int, bk: int) -> float:
     g = work.group
     row_bytes = -(-work.D * work.itemsize // line) * line
 
-    def dma(c):
-        return work.kv_loads * start + 2 * c * row_bytes / rate
+    def dma(r, c):   # k and v; a score operand (a mask) as a block of (r, c), at least a byte each
+        return work.kv_loads * start + (2 * c * row_bytes + work.score_loads * r * max(line, c)) / rate
 
     def block(r, c, diagonal=False):   # a diagonal block of a causal kernel: one more pass, the mask
         vec = g * ((PASSES + work.score_ops + diagonal) * r * c / lanes + r * work.Dv / lanes + BLOCK_COMMANDS * lat) + \
             work.k_vector * (c * work.D / lanes + lat)
         ten = g * math.ceil(r / tm) * (math.ceil(c / tn) * math.ceil(work.D / tk) +
                                        math.ceil(c / tk) * (math.ceil(work.Dv / tn) + 1))
-        return max(vec, dma(c), ten)
+        return max(vec, dma(r, c), ten)
 
     items = []
     n_q = math.ceil(work.S / bq)
@@ -122,7 +125,7 @@ def pe_cycles(work: Work, cfg, bq: int, bk: int) -> float:
         fixed = work.q_loads * start + g * (start + r * work.Dv * work.itemsize / rate + 2 * (r * work.Dv / lanes + lat))
         # the first key block's loads come before any compute: double buffering hides the
         # loads of the next blocks only, so an item of few large blocks exposes its loads
-        items += [fixed + dma(min(bk, keys)) + blocks] * work.grid
+        items += [fixed + dma(r, min(bk, keys)) + blocks] * work.grid
     # the positions a causal mask is made from: log2(bq) load and store pairs on one PE, which
     # every PE's first diagonal block waits for
     setup = math.ceil(math.log2(max(2, bq))) * (2 * start + lat) if work.positions else 0.0
