@@ -11,11 +11,13 @@ from the projection's output, one unit-stride box per block, with no copy.
 from __future__ import annotations
 
 import math
+import re
 
 from fexplore.ir import DType, Node
-from fexplore.lang.examples.attention import _blocks
+from fexplore.lang.examples.attention import _blocks, blocks_fit
 
-from . import vector
+from . import scores, vector
+from .attention_blocks import Work, count_work, default_blocks
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .domain import aligned
 from .errors import UnsupportedRegionError
@@ -24,6 +26,10 @@ from .source import Names, Writer, cast_to, fl_dtype, literal
 from .views import VIEW_OPS, ViewMap
 
 STAGES = 2
+# the running row max starts at the lowest finite f32, not -inf: a row whose keys are all masked so
+# far then has exp(-inf - m) = 0 and exp(m - m_new) = 1, where -inf - -inf would be NaN, so no
+# per-block guard for such rows is needed (their o and l stay 0; the division at the end keeps 0)
+LOWEST = "-3.4028234663852886e+38"
 
 
 def generate_attention(node: Node, cfg) -> GeneratedKernel:
@@ -36,6 +42,9 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         for x in n.inputs:
             users.setdefault(x.name, []).append(n)
     params_in = {v.name: v for v in body.inputs if v.name not in inputs.literals}
+    constant = scores.constant_payload(node, inputs.index)
+    score_names: set[str] = set()
+    causal_mask = None   # (constant mask, how it masks) that the causal structure stands for
 
     def fail(n, why):
         raise UnsupportedRegionError(n.op.name if n is not None else "attention", label, why,
@@ -55,6 +64,11 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             expanded.append(producer[mask.name])
             mask = expanded[-1].inputs[0]
         scale = core.attrs["scale"] if core.attrs["scale"] is not None else 1.0 / math.sqrt(q.type.shape[-1])
+        if mask is not None and not causal and \
+                scores.is_causal_constant(constant(mask), q.type.shape[-2], k.type.shape[-2]):
+            # a constant causal triangle: the causal block structure instead, the diagonal
+            # blocks' mask read from the constant
+            causal_mask, mask, causal = (mask, scores.mask_how(constant(mask))), None, True
         gqa = core.attrs["gqa"]
         result = core.outputs[0]
         core_nodes = {id(core)} | {id(n) for n in expanded}
@@ -97,6 +111,12 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         op_dt = {x.name: x.type.dtype for x in (q, k, v)}
         swap_k, gqa = True, False
         score_ops, result = path, m2.outputs[0]
+        # the names the raw scores go by: the matmul's result, then a scale folded into q
+        score_names = {x.name}
+        scale, score_ops = scores.fold_scale(score_ops, score_names, constant)
+        causal_mask = scores.causal_mask_op(score_ops, score_names, constant, *x.type.shape[-2:])
+        if causal_mask:
+            score_ops, causal = score_ops[:-1], True
         core_nodes = {id(m1), id(sm), id(m2)} | {id(p) for p in path} | ({id(p_cast)} if p_cast else set())
         q_dt, k_dt, v_dt = q.type.dtype, k.type.dtype, v.type.dtype
         q, k, v = (_uncast(x, producer, core_nodes) for x in (q, k, v))
@@ -110,7 +130,6 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         if kr is not None and vr is not None:   # grouped-query heads, as in the attention op
             k, v, gqa = _uncast(kr, producer, core_nodes), _uncast(vr, producer, core_nodes), True
         op_dt = {q.name: q_dt, k.name: k_dt, v.name: v_dt}
-        scale = None
     # the result narrowed on its way out (the precision stage's cast for a narrow consumer): the
     # kernel writes it in that dtype
     out_names = {o.name for o in body.outputs}
@@ -160,8 +179,8 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     if Dk != D or any(not isinstance(d, int) for d in q_shape + k_shape + v_shape):
         fail(q and producer.get(q.name), "q and k of different depths, or symbolic sizes")
     lead, klead = tuple(lead), aligned(tuple(klead), len(lead))
-    names = Names({"qt", "kt", "vt", "s", "m", "l", "o", "p", "m_new", "m_safe", "alpha", "ts", "qs", "b", "h",
-                   "bq", "bk", "stages", "g", "j", "q_of", "m_of", "l_of", "o_of", *(f"i{i}" for i in range(8))})
+    names = Names({"qt", "kt", "vt", "s", "m", "l", "o", "p", "m_new", "ones", "alpha", "ts", "qs", "b", "h",
+                   "bq", "bk", "stages", "g", "j", "tri", "key", "grid", "item", "balanced", "q_of", "m_of", "l_of", "o_of", *(f"i{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
     lv = [("b" if i == 0 and len(lead) > 1 else "h" if i == len(lead) - 1 else f"i{i}") for i in range(len(lead))]
@@ -258,25 +277,27 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
 
     w = Writer()   # the body first: computed q and k add parameters as they are written
     w.depth = 1
-    if causal:
-        # from the positions of a block's queries and keys (a few doubling copies each), not row
-        # by row: a DMA store per row cost a start-up each, 2 x bq of them before any work
-        qpos, kpos, n, rs = (names.new(x) for x in ("QPOS", "KPOS", "n", "rs"))
-        w("# the mask of a block on the diagonal, key j <= query i, made once in DRAM from the")
-        w("# positions 0, 1, ..., bq - 1 of a block's queries and keys, by doubling: [n:2n] = [0:n] + n")
-        w(f"{qpos}, {kpos} = fl.scratch((bq, 1), fl.f32), fl.scratch((1, bq), fl.f32)")
-        w(f"fl.store({qpos}[0:1, :], fl.zeros((1, 1)))")
+    if causal_mask:
+        cm_value, cm_how = causal_mask
+        cm_lead = ", ".join(["0"] * (cm_value.type.rank - 2) + [""])
+        w("tri = {}   # (PE, queries, keys) -> a diagonal block's mask, in SRAM: the constant's first block")
+        tri_src = f"fl.load({param(cm_value)}[{cm_lead}0:key[1], 0:key[2]])" + \
+            (" == 0.0" if cm_how == "additive" else "")
+    elif causal:
+        # the positions 0, 1, ..., bq - 1 made once in DRAM by doubling ([n:2n] = [0:n] + n: a few
+        # DMAs, not one per position); each PE then makes the mask of a diagonal block from them
+        # once and keeps it in SRAM (`tri`), not a DMA per diagonal block
+        kpos, n = names.new("KPOS"), names.new("n")
+        w("# the positions 0, 1, ..., bq - 1 of a block's keys, by doubling: [n:2n] = [0:n] + n")
+        w(f"{kpos} = fl.scratch((1, bq), fl.f32)")
         w(f"fl.store({kpos}[:, 0:1], fl.zeros((1, 1)))")
         w(f"{n} = 1")
         w(f"while {n} < bq:")
         with w.indent():
-            w(f"fl.store({qpos}[{n}:min(2 * {n}, bq), :], fl.load({qpos}[0:min({n}, bq - {n}), :]) + {n})")
             w(f"fl.store({kpos}[:, {n}:min(2 * {n}, bq)], fl.load({kpos}[:, 0:min({n}, bq - {n})]) + {n})")
             w(f"{n} *= 2")
-        w("tri = fl.scratch((bq, bq), fl.bool_)")
-        w(f"for {rs} in fl.range(fl.tiles(bq, max(1, {cfg.sram_bytes_per_pe // 64} // bq))):")
-        with w.indent():
-            w(f"fl.store(tri[{rs}, :], fl.load({kpos}[:, :]) <= fl.load({qpos}[{rs}, :]))")
+        w("tri = {}   # (PE, queries, keys) -> the mask of a diagonal block, key j <= query i, in SRAM")
+        tri_src = f"fl.load({kpos}[:, 0:key[2]]) <= fl.transpose(fl.load({kpos}[:, 0:key[1]]), (1, 0))"
     w(f"S, T = {S}, {T}")
     out = names.new(result.name + "_out").upper()
     axes = " ".join(["_"] * len(lead) + ["S", "_"])
@@ -290,17 +311,30 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     grid_axes = [(group[2], "g") if group and i == group[0] else (d, e) for i, (d, e) in enumerate(zip(lead, lv))]
     grid = [f"range({d})" for d, e in grid_axes if d != 1] + ["fl.tiles(S, bq)"]
     gvars = [e for d, e in grid_axes if d != 1] + ["qs"]
-    w(f"for {', '.join(gvars)} in fl.parallel({', '.join(grid)}):")
+    w("ones = {}   # (PE, keys) -> a column of ones, for the row sums on the tensor unit")
+    if causal:
+        # a query block works on the key blocks up to its last query: the grid, heavy items
+        # first, dealt to the PEs back and forth, so each PE gets a like share of the key blocks
+        # (round-robin in grid order gave every late query block to the same PEs)
+        loops = " ".join(f"for {e} in {it}" for e, it in zip(gvars, grid))
+        item, last = (f"({', '.join(gvars)})", "item[-1]") if len(gvars) > 1 else (gvars[0], "item")
+        w(f"grid = balanced([{item} {loops}], lambda item: {last}.stop, fl.num_pes())")
+        w(f"for {', '.join(gvars)} in fl.parallel(grid):")
+    else:
+        w(f"for {', '.join(gvars)} in fl.parallel({', '.join(grid)}):")
     if group:
         hv, r = q_index[group[0]], group[1]
         heads = f"range({r} * g, {r} * g + {r})" if gvar == "g" else f"range({r})"
     with w.indent():
+        hoist = None
         if group:
             w("q_of, m_of, l_of, o_of = [], [], [], []   # per query head of the group")
+            hoist = _Hoist(w, hv)
             w(f"for {hv} in {heads}:   # the query heads sharing key head {gvar}")
             w.depth += 1
         if q.name in computed:
-            qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail)
+            qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail,
+                         hoist=hoist)
             q_tiles = qp.pieces(q, cuts)
             if scale is None and op_dt[q.name] != q.type.dtype:
                 for t in q_tiles:
@@ -315,12 +349,12 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         q_names = q_tiles if q.name in computed else ["qt"]
         if group:
             w(f"q_of.append({'(' + ', '.join(q_names) + ')' if len(q_names) > 1 else q_names[0]})")
-            w('m_of.append(fl.full((qs, 1), float("-inf")))   # running row max')
+            w(f'm_of.append(fl.full((qs, 1), {LOWEST}))   # running row max')
             w("l_of.append(None)                             # running row sum")
             w("o_of.append(None)                             # output (ACC)")
             w.depth -= 1
         else:
-            w('m = fl.full((qs, 1), float("-inf"))   # running row max')
+            w(f'm = fl.full((qs, 1), {LOWEST})   # running row max')
             w("l = o = None                         # running row sum, output (ACC)")
         t_cuts = tuple(b for _, b, _ in k_parts[:-1])
         keys = f"bands(T, {t_cuts}, bk)" if cache else "fl.tiles(T, bk)"
@@ -399,18 +433,22 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             if causal:
                 w("if ts.stop - 1 > qs.start:   # on the diagonal: keys after a query are masked")
                 with w.indent():
-                    w('s = fl.where(fl.load(tri[0:qs.stop - qs.start, 0:ts.stop - ts.start]), s, float("-inf"))')
+                    w("key = (fl.pe(), qs.stop - qs.start, ts.stop - ts.start)")
+                    w("if key not in tri:")
+                    with w.indent():
+                        w(f"tri[key] = {tri_src}")
+                    if causal_mask and causal_mask[1] == "drop":
+                        w('s = fl.where(tri[key], float("-inf"), s)   # the constant marks the masked keys')
+                    else:
+                        w('s = fl.where(tri[key], s, float("-inf"))')
             tiles = dict(inputs.literals)
             for name, b in operand_boxes.items():
                 t = names.new(name + "_t")
                 w(f"{t} = fl.load({b})")
                 tiles[name] = t
             cur = "s"
+            tiles.update({name: "s" for name in score_names})
             if score_ops:
-                tiles[score_ops[0].inputs[0].name] = "s"
-                for x in score_ops[0].inputs:
-                    if x.name in producer and producer[x.name].op.name == "matmul":
-                        tiles[x.name] = "s"
                 emit = vector.VectorEmitter(w, names, label)
                 for p in score_ops:
                     cur = emit.node(p, [tiles[x.name] for x in p.inputs], p.inputs[0].type.rank - 1)
@@ -420,17 +458,21 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                     w(f's = fl.where({tiles[mask.name]}, s, float("-inf"))   # the mask keeps True')
                 else:
                     w(f"s = s + {tiles[mask.name]}")
+            # the vector unit is attention's bottleneck: per block it makes only the row max, the
+            # shifted scores and their exp (4 passes over the block); the row sums are a
+            # contraction with a column of ones, on the tensor unit, which has time to spare
+            p_dt = fl_dtype(op_dt[v.name])
             w(f"m_new = fl.maximum(m, {cur}.max(axis=-1))")
-            w('m_safe = fl.where(m_new == float("-inf"), 0.0, m_new)   # rows masked so far stay 0')
-            w(f"p = fl.exp({cur} - m_safe, dtype={fl_dtype(op_dt[v.name])})")
+            w(f"p = fl.exp({cur} - m_new, dtype={p_dt})")
             w("if o is not None:")
             with w.indent():
-                w("alpha = fl.exp(m - m_safe)   # how much the old max shrinks by")
+                w("alpha = fl.exp(m - m_new)   # how much the old max shrinks by")
                 w("fl.mul(o, alpha, out=o)")
-                w("l = fl.add(l * alpha, p.sum(axis=-1))")
-            w("else:")
+                w("fl.mul(l, alpha, out=l)")
+            w("if (fl.pe(), ts.stop - ts.start) not in ones:")
             with w.indent():
-                w("l = p.sum(axis=-1)")
+                w(f"ones[fl.pe(), ts.stop - ts.start] = fl.full((ts, 1), 1.0, dtype={p_dt})")
+            w('l = fl.contract("st,tx->sx", p, ones[fl.pe(), ts.stop - ts.start], acc=l)   # row sums')
             w(f'o = fl.contract("st,{v_letters}->se", p, vt, acc=o)')
             w("m = m_new")
             if group:
@@ -448,10 +490,18 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             w.depth -= 1
     order = {result.name: out, **export_names}
     w(f"return {', '.join(order[o.name] for o in body.outputs)}")
+    # the defaults, from a per-PE model of the kernel as written (its loads per block and item)
+    g_heads = group[1] if group else 1
+    work = Work((math.prod(lead) or 1) // g_heads, g_heads, S, T, D, Dv, op_dt[k.name].itemsize,
+                op_dt[k.name].name, causal, positions=causal and not causal_mask, **count_work(w.lines, g_heads))
+    if causal:   # measured: the model's choice is the simulated best there; with a mask and no
+        # causal structure the fixed rule above was as good or better (the model misjudges the
+        # mask's loads), so it stays
+        bq, bk = default_blocks(work, cfg, lambda a, b: blocks_fit(a, b, max(D, Dv), 4, cfg, STAGES, g_heads))
     text = Writer()
     header(text, node, body, "streaming attention", sig.header, inputs.literals)
-    if cache:
-        for line in BANDS.splitlines():
+    for helper in ((BANDS,) if cache else ()) + ((BALANCED,) if causal else ()):
+        for line in helper.splitlines():
             text(line)
         text()
         text()
@@ -479,6 +529,14 @@ def bands(n, cuts, size):
     return [slice(i, min(i + size, hi)) for lo, hi in zip(edges, edges[1:]) for i in range(lo, hi, size)]
 '''
 
+BALANCED = '''\
+def balanced(items, work, pes):
+    """`items` reordered so that fl.parallel, dealing them round-robin, gives each of `pes` PEs a
+    like share of `work`: the heaviest first, every other round dealt in reverse."""
+    items = sorted(items, key=work, reverse=True)
+    rounds = [items[i:i + pes] for i in range(0, len(items), pes)]
+    return [x for r, chunk in enumerate(rounds) for x in (chunk if r % 2 == 0 else chunk[::-1])]
+'''
 
 def _seq_parts(v, producer) -> list:
     """(start, stop, value) of the parts `v` concatenates along its sequence axis (one part if none)."""
@@ -526,6 +584,20 @@ def _repeat_kv(x, producer, core_nodes):
     return v
 
 
+def _canonical_box(text: str) -> tuple:
+    """A box's index text in a form equal for equal boxes however its bounds are spelled
+    (``128 * g + 64:128 * g + 128`` and ``64 + 128 * g:64 + 128 * g + 64`` are one box, the half
+    of D a rotary embedding reads twice): each bound as a sympy expression; the text itself when a
+    bound does not parse."""
+    import sympy
+
+    try:
+        return tuple(tuple(sympy.sympify(b.replace(".", "__")) for b in part.split(":"))
+                     for part in text.split(", "))
+    except Exception:  # noqa: BLE001 - any text sympy cannot read is its own key
+        return (text,)
+
+
 def _cast_line(w, names, tile, src, dst) -> str:
     if src == dst:
         return tile
@@ -568,13 +640,32 @@ def _concat_cuts(values, producer, D) -> set:
     return {c for c in cuts if 0 < c < D}
 
 
+class _Hoist:
+    """Lines written before a loop already written past: a load the loop's variable does not
+    index (the rotary tables of a query block, read by every query head of a group) is made once,
+    not once per iteration, each a DMA start-up."""
+
+    def __init__(self, w, var: str):
+        self.w, self.var = w, var
+        self.at, self.depth = len(w.lines), w.depth
+
+    def outside(self, text: str) -> bool:
+        return re.search(rf"\b{re.escape(self.var)}\b", text) is None
+
+    def __call__(self, line: str) -> None:
+        self.w.lines.insert(self.at, "    " * self.depth + line)
+        self.at += 1
+
+
 class _Pieces:
     """q or k computed in the region from views of its inputs (rotary embedding: halves of D
     swapped, negated, scaled by cos and sin tables), written piece by piece along D: a view is
     loaded per piece, an elementwise op runs per piece, a slice or concat of D only picks pieces."""
 
-    def __init__(self, w, names, label, producer, params_in, literals, param, lead, index, seq, fail, offset=0):
+    def __init__(self, w, names, label, producer, params_in, literals, param, lead, index, seq, fail, offset=0,
+                 hoist=None):
         self.offset = offset   # where this part starts along the sequence axis
+        self.hoist = hoist     # a `_Hoist`: loads that do not depend on its loop go before it
         self.w, self.names, self.label = w, names, label
         self.producer, self.params_in, self.literals = producer, params_in, literals
         self.param, self.lead, self.index, self.seq, self.fail = param, lead, index, seq, fail
@@ -610,10 +701,15 @@ class _Pieces:
                 if order != sorted(order):
                     self.fail(self.producer.get(v.name), "a view whose D comes before its sequence axis")
                 src = f"{self.param(m.source)}[{text}]"
-                if src not in self.loaded:   # one load per box, however many views read it
-                    self.loaded[src] = self.names.new(v.name + "_t")
-                    self.w(f"{self.loaded[src]} = fl.load({src})")
-                out.append(self.loaded[src])
+                key = (m.source.name, _canonical_box(text))
+                if key not in self.loaded:   # one load per box, however many views read it
+                    self.loaded[key] = self.names.new(v.name + "_t")
+                    line = f"{self.loaded[key]} = fl.load({src})"
+                    if self.hoist is not None and self.hoist.outside(src):
+                        self.hoist(line)
+                    else:
+                        self.w(line)
+                out.append(self.loaded[key])
             return out
         n = self.producer[v.name]
         op = n.op.name

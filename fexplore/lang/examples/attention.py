@@ -23,13 +23,19 @@ def _blocks(H: int, S: int, T: int, D: int, itemsize: int, cfg, stages: int, gro
     while H * math.ceil(S / bq) < 2 * cfg.num_pes and bq > 16:   # two query blocks per PE at least
         bq //= 2
 
-    def fits(bq, bk):  # per stage: k, v, scores, shifted scores, p; plus q, o and row statistics
-        per_stage = 2 * bk * D * itemsize + group * bq * bk * (4 + 4 + itemsize)
-        held = group * (bq * D * (2 * itemsize + 8) + 64 * bq)
-        return stages * per_stage + held <= cfg.sram_bytes_per_pe // 2
+    def fits(bq, bk):
+        return blocks_fit(bq, bk, D, itemsize, cfg, stages, group)
 
     bq, bk = shrink([bq, bk], fits, [min(S, 4), min(T, 4)])
     return bq, bk
+
+
+def blocks_fit(bq: int, bk: int, D: int, itemsize: int, cfg, stages: int, group: int = 1) -> bool:
+    """Whether query and key blocks of these sizes fit half a PE's SRAM: per stage k, v, scores,
+    shifted scores and p; held across the keys q, o and the row statistics."""
+    per_stage = 2 * bk * D * itemsize + group * bq * bk * (4 + 4 + itemsize)
+    held = group * (bq * D * (2 * itemsize + 8) + 64 * bq)
+    return stages * per_stage + held <= cfg.sram_bytes_per_pe // 2
 
 
 @fl.kernel

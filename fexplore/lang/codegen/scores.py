@@ -1,0 +1,131 @@
+"""What the score ops of an attention region cost less as: a scalar scale of the scores folded
+into q once per query block, and a constant causal mask turned into the kernel's causal block
+structure (key blocks above the diagonal skipped, the mask applied on diagonal blocks only).
+
+On the chip the vector unit bounds attention, and each score op is a pass over every block of
+scores; a scale folded into q is a pass over a (bq, D) tile once instead, and a constant mask that
+is the causal triangle is a load and a pass per block that the causal structure does not need.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fexplore.ir import Constant, Node
+
+# an additive mask entry at or below this masks its key: exp of the shifted score underflows to 0
+# in f32 for any score a model can make (HF masks with the dtype's lowest finite value)
+MASKED_BELOW = -1e30
+
+
+def fold_scale(score_ops: list[Node], score_names: set[str], constant) -> tuple[float | None, list[Node]]:
+    """The scalar the first score op multiplies the raw scores by (``s * c``, ``c * s``, ``s / c``)
+    and the score ops left without it; (None, score_ops) when it is not such an op. `score_names`
+    gets the folded op's output, which is then the raw scores scaled. `constant(value)` is the
+    payload of a region input that is a constant, else None."""
+    if not score_ops:
+        return None, score_ops
+    first = score_ops[0]
+    if first.op.name not in ("mul", "div") or len(first.inputs) != 2:
+        return None, score_ops
+    a, b = first.inputs
+    if first.op.name == "mul" and b.name in score_names:
+        a, b = b, a
+    if a.name not in score_names:
+        return None, score_ops
+    c = _scalar(constant(b))
+    if c is None or c == 0.0 or not np.isfinite(c):
+        return None, score_ops
+    score_names.add(first.outputs[0].name)
+    return (c if first.op.name == "mul" else 1.0 / c), score_ops[1:]
+
+
+def causal_mask_op(score_ops: list[Node], score_names: set[str], constant, S: int, T: int):
+    """(mask, how) when the last score op masks the scores with a constant that is the causal
+    triangle (key j kept for query i iff j <= i), else None: ``where(keep, s, -inf)`` (how
+    "keep"), ``where(drop, -inf, s)`` ("drop") or ``s + mask`` ("additive"). Only the last op: an
+    op after the mask could map a masked -inf to something else."""
+    if not score_ops:
+        return None
+    last = score_ops[-1]
+    ins = last.inputs
+    scores = score_names | _chain(score_ops)
+    if last.op.name == "where" and len(ins) == 3:
+        cond, a, b = (constant(x) for x in ins)
+        if cond is None:
+            return None
+        if ins[1].name in scores and _masks(b) and is_causal(np.asarray(cond) != 0, S, T):
+            return ins[0], "keep"
+        if ins[2].name in scores and _masks(a) and is_causal(np.asarray(cond) == 0, S, T):
+            return ins[0], "drop"
+        return None
+    if last.op.name == "add" and len(ins) == 2:
+        for x, m in ((ins[0], ins[1]), (ins[1], ins[0])):
+            if x.name in scores and is_causal_additive(constant(m), S, T):
+                return m, "additive"
+    return None
+
+
+def mask_how(mask) -> str:
+    """How an SDPA mask (a constant payload) masks: a bool one keeps True, a float one is added."""
+    return "keep" if np.asarray(mask).dtype == np.bool_ else "additive"
+
+
+def is_causal_constant(mask, S: int, T: int) -> bool:
+    """A mask as SDPA takes it (a bool one keeps True, a float one is added) that is the causal
+    triangle; False for None (not a constant)."""
+    if mask is None:
+        return False
+    mask = np.asarray(mask)
+    return is_causal(mask, S, T) if mask.dtype == np.bool_ else is_causal_additive(mask, S, T)
+
+
+def is_causal_additive(mask, S: int, T: int) -> bool:
+    """An additive mask of 0 where a key is kept and -inf (or a huge negative) where it is not,
+    in the causal triangle."""
+    if mask is None:
+        return False
+    mask = np.asarray(mask)
+    if mask.dtype.kind != "f":
+        return False
+    kept, dropped = mask == 0, mask <= MASKED_BELOW
+    return bool((kept | dropped).all()) and is_causal(kept, S, T)
+
+
+def is_causal(keep, S: int, T: int) -> bool:
+    """`keep` (..., S, T), every leading slice the causal triangle: key j kept for query i iff
+    j <= i (torch's ``is_causal``, aligned at the top left)."""
+    keep = np.asarray(keep)
+    if keep.ndim < 2 or tuple(keep.shape[-2:]) != (S, T):
+        return False
+    return bool((keep.reshape(-1, S, T) == np.tri(S, T, dtype=bool)).all())
+
+
+def constant_payload(node: Node, index: dict[str, int]):
+    """`constant(value)` for a region `node`: the payload of the region input a body input stands
+    for when it is a constant, else None."""
+    def constant(v):
+        i = index.get(v.name)
+        outer = node.inputs[i] if i is not None else None
+        return outer.payload if isinstance(outer, Constant) and outer.payload is not None else None
+    return constant
+
+
+def _masks(payload) -> bool:
+    v = _scalar(payload)
+    return v is not None and v <= MASKED_BELOW
+
+
+def _scalar(payload) -> float | None:
+    if payload is None:
+        return None
+    arr = np.asarray(payload)
+    if arr.size != 1 or arr.dtype.kind not in "fiu":
+        return None
+    v = float(arr.reshape(()))
+    return v if not np.isnan(v) else None
+
+
+def _chain(score_ops: list[Node]) -> set[str]:
+    """The values the score ops make (the input of the last one, among them)."""
+    return {o.name for n in score_ops[:-1] for o in n.outputs}
