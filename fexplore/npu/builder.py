@@ -42,6 +42,9 @@ class ProgramBuilder:
         self.target = get_target(target)
         self.name = name
         self.capture_locs = capture_locs
+        # place buffers as in fresh SRAM whenever a PE empties (see sram.allocate): for programs of
+        # kernels one after another, which then fragment no more than each kernel alone
+        self.fresh_placement_when_empty = False
         self._commands: list[Command] = []
         self._buffers: list[Buffer] = []
         self._tensors: dict[str, DramTensor] = {}
@@ -276,7 +279,8 @@ class ProgramBuilder:
     def build(self) -> Program:
         """Fix SRAM addresses (raising SRAMOverflowError if the live buffers do not fit) and costs."""
         self._check_open()
-        allocation = allocate(self._commands, self._buffers, self._hazards.final_accessors, self.target)
+        allocation = allocate(self._commands, self._buffers, self._hazards.final_accessors, self.target,
+                              fresh_when_empty=self.fresh_placement_when_empty)
         for cid, extra in allocation.reuse_deps.items():
             c = self._commands[cid]
             c.deps = tuple(sorted(set(c.deps).union(extra) - {cid}))

@@ -61,6 +61,14 @@ class _PESpace:
         # freed ranges and who used them last: (start, end, final accessors, latest accessor)
         self.short: list[tuple[int, int, tuple[int, ...], int]] = []
         self.long: list[tuple[int, int, tuple[int, ...], int]] = []
+        # freed ranges that still order a reuse but no longer steer placement (`forget_placement`)
+        self.archive: list[tuple[int, int, tuple[int, ...], int]] = []
+
+    def forget_placement(self) -> None:
+        """The PE's SRAM is empty: place what comes next as in fresh SRAM (first fit), while the
+        ranges freed so far still give the new buffers their reuse dependencies."""
+        self.archive.extend(self.short + self.long)
+        self.short, self.long = [], []
 
     def vacate(self, start: int, end: int, accessors: tuple[int, ...]) -> None:
         rec = (start, end, accessors, max(accessors, default=-1))
@@ -153,12 +161,24 @@ class _PESpace:
                 covered.append((rs, i))  # fully re-occupied: the new buffer's own accessors come after these
         for rs, i in reversed(covered):
             del rs[i]
+        if self.archive:
+            keep = []
+            for rec in self.archive:
+                if rec[0] < end and start < rec[1]:
+                    deps.extend(rec[2])
+                    if start <= rec[0] and rec[1] <= end:
+                        continue
+                keep.append(rec)
+            self.archive = keep
         return deps
 
 
-def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cfg: NPUConfig) -> Allocation:
+def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cfg: NPUConfig,
+             *, fresh_when_empty: bool = False) -> Allocation:
     """Assign SRAM addresses. `final_accessors(buffer)` gives the commands whose completion frees it
-    (its last writer and the readers after it)."""
+    (its last writer and the readers after it). `fresh_when_empty`: whenever a PE's SRAM empties,
+    place the next buffers as in fresh SRAM (first fit), so a program of kernels one after another
+    fragments no more than each kernel alone (the reuse dependencies are kept all the same)."""
     alloc = Allocation(len(buffers), cfg.num_pes)
     align = cfg.sram_alignment_bytes
     # the DMAs that address a resident tensor use its buffer without naming it (they are DRAM-box
@@ -206,6 +226,8 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
             accessors = tuple(dict.fromkeys([*final_accessors(buf), *resident_users.get(buf.id, ())])) \
                 or (alloc.last[buf.id],)
             space.vacate(off, off + size, accessors)
+            if fresh_when_empty and not space.live:
+                space.forget_placement()
     return alloc
 
 

@@ -245,6 +245,9 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
 
     cfg = get_target(target)
     b = ProgramBuilder(cfg, name="model", capture_locs=False)
+    # the last resort, every op in trace order: each kernel's buffers placed as in the SRAM its
+    # own plan was checked in, not around what earlier kernels left
+    b.fresh_placement_when_empty = interleave == "trace"
     tensors: dict[str, Any] = {}   # DRAM tensor name -> DramTensor
     tensor_of: dict[str, str] = {}
     outputs = {v.name for v in graph.outputs}
