@@ -89,3 +89,28 @@ def test_buffers_are_aligned():
     b.vector(small[0], "add", small[1], small[2])
     alloc = b.build().allocation
     assert [alloc.offset[s.id] for s in small] == [0, 64, 128]
+
+
+def test_fresh_placement_after_a_pe_empties_still_orders_the_reuse():
+    """With `fresh_placement_when_empty`, a buffer made after every earlier one on its PE has died
+    is placed as in fresh SRAM (first fit, over the space the earlier ones used), and its first
+    writer still waits for the last reader of the buffer whose space it takes."""
+    placed = {}
+    for fresh in (False, True):
+        b = ProgramBuilder(TINY)
+        b.fresh_placement_when_empty = fresh
+        X, Y = b.input("X", (16, 64), "f32"), b.output("Y", (16, 64), "f32")
+        p, q = b.alloc("p", (16, 64), "f32"), b.alloc("q", (16, 64), "f32")
+        b.load(p, X)
+        last_reader = b.store(Y, p)         # p dies here: the PE's SRAM is empty
+        first_writer = b.load(q, X)
+        b.store(Y, q)
+        prog = b.build()
+        a = prog.allocation
+        placed[fresh] = a.offset[q.id]
+        overlaps = a.offset[q.id] < a.offset[p.id] + a.size[p.id] and a.offset[p.id] < a.offset[q.id] + a.size[q.id]
+        # an overlap is always ordered; without one there is nothing to wait for
+        assert (last_reader.id in prog.commands[first_writer.id].deps) == overlaps
+        np.testing.assert_array_equal(prog.simulate({"X": np.ones((16, 64), np.float32)}).outputs["Y"], 1.0)
+    assert placed[False] != 0      # by default: never-used space first, so no wait
+    assert placed[True] == 0       # fresh: first fit, over p, after p's reader
