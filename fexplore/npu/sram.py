@@ -75,7 +75,7 @@ class _PESpace:
         bisect.insort(self.short if end - start <= self.short_limit else self.long, rec)
 
     def _overlapping(self, start: int, end: int):
-        """(list, index) of every freed range overlapping [start, end)."""
+        """(list, index) of every freed range overlapping [start, end), archived ones included."""
         rs = self.short
         hi = bisect.bisect_left(rs, (end,))
         for i in range(bisect.bisect_left(rs, (start - self.short_limit,), 0, hi), hi):
@@ -86,10 +86,14 @@ class _PESpace:
                 break
             if r[1] > start:
                 yield self.long, i
+        for i, r in enumerate(self.archive):   # unsorted, and only once a PE has emptied
+            if r[0] < end and start < r[1]:
+                yield self.archive, i
 
     def _age(self, off: int, size: int) -> int:
-        """The latest accessor of the freed ranges [off, off + size) overlaps, or -1. (The hot
-        path of a long program's allocation: `_overlapping` inlined.)"""
+        """The latest accessor of the freed ranges [off, off + size) overlaps, or -1; archived
+        ranges do not steer placement. (The hot path of a long program's allocation:
+        `_overlapping` inlined.)"""
         end, best = off + size, -1
         rs = self.short
         hi = bisect.bisect_left(rs, (end,))
@@ -161,15 +165,6 @@ class _PESpace:
                 covered.append((rs, i))  # fully re-occupied: the new buffer's own accessors come after these
         for rs, i in reversed(covered):
             del rs[i]
-        if self.archive:
-            keep = []
-            for rec in self.archive:
-                if rec[0] < end and start < rec[1]:
-                    deps.extend(rec[2])
-                    if start <= rec[0] and rec[1] <= end:
-                        continue
-                keep.append(rec)
-            self.archive = keep
         return deps
 
 

@@ -70,13 +70,16 @@ def candidate_groups(chip: NPUConfig) -> list[int]:
 def arranged_target(graph, options, lower_for) -> tuple[NPUConfig, list[Arrangement], object]:
     """(the chip to lower for, the arrangements tried, the lowering made for it if one was).
     `lower_for(cfg)` lowers `graph` for one chip arrangement."""
+    from .stages.schedule import not_schedulable
+
     chip = get_target(options.target)
     pe_fusion = getattr(options, "pe_fusion", 1)   # options made by hand (tests) may lack it
     if pe_fusion != "auto":
         return chip.fused(pe_fusion), [], None
     groups = candidate_groups(chip)
-    if len(groups) == 1 or not _static(graph):
-        # symbolic sizes are scheduled per size on first call, each size choosing for itself
+    if len(groups) == 1 or not_schedulable(graph):
+        # no program to time (symbolic sizes are scheduled per size on first call, each size
+        # choosing for itself)
         return chip, [], None
     tried, made = [], []
     for g in groups:
@@ -98,10 +101,3 @@ def program_cycles(graph, lowering, cfg):
 
     made = schedule_with_fallbacks(graph, lowering, cfg)
     return made[0].simulate().cycles, made
-
-
-def _static(graph) -> bool:
-    """Every input dim a number and no tensor empty: a program can be built and timed."""
-    values = list(graph.inputs) + [o for n in graph.nodes for o in n.outputs]
-    return all(isinstance(d, int) for v in graph.inputs for d in v.type.shape) and \
-        not any(0 in tuple(v.type.shape) for v in values)

@@ -310,8 +310,6 @@ class _Lowerer:
         except Exception as e:  # a generator that fails is said to, not hidden
             return None, self.bug(node, f"codegen failed: {type(e).__name__}: {_first_line(e)}")
         traced, why = _traces(gk, node)
-        if isinstance(why, codegen.UnsupportedRegionError):   # too big for this chip as placed
-            return None, why
         if why:  # a generator that writes a kernel the kernel language rejects: a codegen bug
             return None, self.bug(node, f"generated kernel {gk.name} does not trace (a codegen bug): {why}")
         gk = _renamed(gk, _unique(gk.name, self.taken))
@@ -470,30 +468,14 @@ def _first_line(e: Exception) -> str:
 
 
 def _traces(gk, node: Node):
-    """(the traced kernel, None), or (None, why) when the kernel language rejects the source, or
-    (None, a refusal) when its tiles fit the SRAM by bytes but not as the allocator places them."""
+    """(the traced kernel, None), or (None, why) when the kernel language rejects the source."""
     try:
         zeros = [np.zeros(tuple(int(d) for d in v.type.shape), v.type.dtype.numpy) for v in node.inputs]
         k = gk.kernel()
-        t = k.trace(*gk.arguments(zeros), target=gk.target)
+        k.trace(*gk.arguments(zeros), target=gk.target)
+        return k, None
     except Exception as e:
         return None, f"{type(e).__name__}: {_first_line(e)}"
-    # The SRAM plan counts bytes live at once; placed buffers can fragment. Where the plan fills
-    # more than half a PE's SRAM (small chips), place them: a kernel that cannot be is refused,
-    # and the region is split into pieces that can (or the op runs on the host).
-    peak = max(t.plan.peak, default=0) if t.plan is not None else 0
-    if 2 * peak > t.target.sram_bytes_per_pe:
-        from fexplore.lang.errors import SRAMOverflowError
-
-        try:
-            t.program()
-        except SRAMOverflowError as e:
-            from fexplore.lang.codegen import UnsupportedRegionError
-
-            return None, UnsupportedRegionError(
-                node.op.name, gk.name, f"its tiles do not fit a PE's SRAM as placed ({_first_line(e)})",
-                loc=node.loc, node=node)
-    return k, None
 
 
 def lowering_stats(low: Lowering) -> dict:

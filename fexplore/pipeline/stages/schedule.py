@@ -111,16 +111,14 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
         from .lower import lower
 
         lowering = lower(graph, options).lowering
-    if any(not isinstance(d, int) for v in graph.inputs for d in v.type.shape):
+    why = not_schedulable(graph)
+    if why == SYMBOLIC:
         from ..buckets import check_buckets, pad_values
 
         check_buckets(graph, options.buckets)   # a wrong bucket is the compile's error, not a call's
         pad_values(options.pad_value, len(graph.inputs))
-        return _no_schedule(graph, lowering, "symbolic shapes: scheduled per size on first call")
-    values = list(graph.inputs) + list(graph.constants) + [o for n in graph.nodes for o in n.outputs]
-    if any(0 in tuple(v.type.shape) for v in values):
-        return _no_schedule(graph, lowering, "a tensor with no elements: nothing for the chip to "
-                                             "move or compute; the interpreter runs the model")
+    if why:
+        return _no_schedule(graph, lowering, why)
     t0 = time.perf_counter()
     sched, spills = lowering.made or schedule_with_fallbacks(graph, lowering, lowering.chip or options.target)
     lowering.made = None   # taken: a stage run again builds its own
@@ -143,6 +141,20 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
                f"{stats['vs_bound']:.2f}x its roofline bound ({stats['limiter']}), "
                f"DRAM {stats['dram_bytes'] / 1e6:.2f} MB")
     return StageResult(graph, stats, [], summary, lowering=lowering, schedule=sched)
+
+
+SYMBOLIC = "symbolic shapes: scheduled per size on first call"
+
+
+def not_schedulable(graph: Graph) -> str | None:
+    """Why `graph` gets no program of its own (it runs another way), or None."""
+    if any(not isinstance(d, int) for v in graph.inputs for d in v.type.shape):
+        return SYMBOLIC
+    values = list(graph.inputs) + list(graph.constants) + [o for n in graph.nodes for o in n.outputs]
+    if any(0 in tuple(v.type.shape) for v in values):
+        return ("a tensor with no elements: nothing for the chip to move or compute; the "
+                "interpreter runs the model")
+    return None
 
 
 def _vs_bound(res) -> float:
