@@ -17,6 +17,9 @@
     y = matmul(a, b)                          # numpy interpreter
     r = matmul.simulate(a, b, target="rngd")  # NPU commands on the cycle simulator: r.timeline ...
 
+A tile in SRAM can be sliced, ``a[:, ks]`` (ints and unit-stride slices): a read-only view of its
+buffer, no copy and no DMA, e.g. whole rows loaded once and fed to the tensor unit in K slabs.
+
 Layers: the builtins here -> `semantics` (checks, records ops with source lines) -> the kernel IR
 (`ir`) -> back ends: `interpreter` (numpy), `plan` + `lowering` + `schedule` (NPU commands, then
 `fexplore.npu`'s simulator). Errors: `fexplore.lang.errors` (codes FK1xx). In a notebook,

@@ -59,7 +59,7 @@ def operand_tile(tr: Tracer, x, what: str, loc, *, spaces=(SRAM, ACC), read: boo
             f"{what}: tile {x.name!r} lives in the SRAM of PE {x.pe}, but this code runs on PE {tr.pe}",
             expected=f"a tile on PE {tr.pe}", given=describe(x) + f" on PE {x.pe}", loc=loc,
             hint="each PE has its own SRAM: load the data inside the fl.parallel loop that uses it")
-    if read and not x.written:
+    if read and not x.storage.written:
         raise UninitializedReadError(
             f"{what} reads tile {x.name!r} before anything was written to it",
             expected="a tile that was loaded (fl.load), computed, or filled (fl.zeros / fl.full)",
@@ -70,7 +70,7 @@ def operand_tile(tr: Tracer, x, what: str, loc, *, spaces=(SRAM, ACC), read: boo
 
 def destination_tile(tr: Tracer, out, what: str, loc, shape, *, spaces=(SRAM, ACC)) -> Tile:
     """`out=` / `into=`: a tile of this trace and PE of exactly `shape` (it is written, not read)."""
-    t = operand_tile(tr, out, what, loc, spaces=spaces, read=False)
+    t = read_only(operand_tile(tr, out, what, loc, spaces=spaces, read=False), what, loc)
     if t.shape != tuple(shape):
         raise ShapeError(f"{what}: the result does not fit the destination tile {t.name!r}",
                          expected=f"a destination of shape {tuple(shape)}", given=describe(t), loc=loc)
@@ -101,10 +101,43 @@ def no_value(t: Tile, how: str):
         hint="pick values on the vector unit with fl.where(mask, a, b); loop bounds come from shapes")
 
 
-def no_sram_slicing(t: Tile):
-    raise TraceError(f"tile {t.name!r} is indexed, but tiles in SRAM cannot be sliced",
-                     expected="a box of a DRAM tensor, e.g. X[rows, cols]", given=describe(t) + "[...]",
-                     loc=user_loc(), hint="load the part you need from DRAM as its own tile")
+def sram_slice(t: Tile, index) -> Tile:
+    """``t[...]``: a view of a box of tile `t` (ints and unit-stride slices), read in place. A view
+    of a view is a view of the first tile; the view's axes are the kept axes' names."""
+    tr = current("tile[...]")
+    loc, site = tr.where()
+    operand_tile(tr, t, f"slicing tile {t.name!r}", loc)
+    offsets, sizes, kept = _box_index(t.name, t.shape, t.axes, index, loc)
+    own = [slice(o, o + n) if k else o for o, n, k in zip(offsets, sizes, kept)]
+    if t.base is None:
+        base, at = t, tuple(own)
+    else:   # narrow the base's slices; ints the outer view dropped stay
+        base, it, at = t.base, iter(own), []
+        for ix in t.index:
+            if isinstance(ix, int):
+                at.append(ix)
+            else:
+                inner = next(it)
+                at.append(ix.start + inner if isinstance(inner, int) else
+                          slice(ix.start + inner.start, ix.start + inner.stop))
+        at = tuple(at)
+    shape = tuple(n for n, k in zip(sizes, kept) if k)
+    axes = tuple(a for a, k in zip(t.axes, kept) if k)
+    view = Tile(tr.trace, len(tr.trace.tiles), shape, t.dtype, axes, t.space, t.pe, base.name, loc, base.site,
+                base.stamps, f"a slice of {base.origin}", base=base, index=at)
+    view.written = True   # reads are checked against the base (operand_tile)
+    tr.trace.tiles.append(view)
+    return view
+
+
+def read_only(t: Tile, what: str, loc) -> Tile:
+    """`t`, unless it is a slice: slices are read-only views."""
+    if t.base is not None:
+        raise MemorySpaceError(f"{what}: a slice of tile {t.base.name!r} is read-only",
+                               expected="a whole tile as the destination", given=describe(t), loc=loc,
+                               hint="write a tile of its own (e.g. leave out out=) and use it instead of "
+                                    "the slice")
+    return t
 
 
 # ---- DRAM -----------------------------------------------------------------------------------------
@@ -113,29 +146,36 @@ def dram_slice(tensor: DramTensor, index) -> DramSlice:
     loc = tr.where()[0]
     if tensor.trace is not tr.trace:
         raise TraceError(f"DRAM tensor {tensor.name!r} belongs to another trace", given=describe(tensor), loc=loc)
+    offsets, sizes, kept = _box_index(tensor.name, tensor.shape, tensor.axes, index, loc)
+    return DramSlice(tensor, offsets, sizes, kept)
+
+
+def _box_index(name: str, shape, axes, index, loc) -> tuple[list, list, list]:
+    """Per dim of `shape`: the offset, the extent, and whether the dim is kept (a slice) or dropped
+    (an int) by `index`, numpy's basic indexing with unit stride; trailing dims are whole."""
     if not isinstance(index, tuple):
         index = (index,)
-    if len(index) > tensor.ndim:
-        raise OutOfBoundsError(f"{tensor.name} has {tensor.ndim} axes but is indexed with {len(index)}",
-                               expected=f"at most {tensor.ndim} indices ({', '.join(map(str, tensor.axes))})",
+    if len(index) > len(shape):
+        raise OutOfBoundsError(f"{name} has {len(shape)} axes but is indexed with {len(index)}",
+                               expected=f"at most {len(shape)} indices ({', '.join(map(str, axes))})",
                                given=f"{len(index)} indices", loc=loc)
     offsets, sizes, kept = [], [], []
-    for dim in range(tensor.ndim):
+    for dim in range(len(shape)):
         ix = index[dim] if dim < len(index) else slice(None)
-        n = tensor.shape[dim]
-        axis = tensor.axes[dim] or f"dim {dim}"
+        n = shape[dim]
+        axis = axes[dim] or f"dim {dim}"
         if isinstance(ix, Tile):
-            raise TraceError(f"{tensor.name} is indexed by tile {ix.name!r}: DMA boxes are fixed at trace time",
+            raise TraceError(f"{name} is indexed by tile {ix.name!r}: boxes are fixed at trace time",
                              expected="ints or slices of ints", given=describe(ix), loc=loc)
         if isinstance(ix, slice):
             if ix.step not in (None, 1):
-                raise OutOfBoundsError(f"{tensor.name}: a DMA box has unit stride along {axis}",
+                raise OutOfBoundsError(f"{name}: a box has unit stride along {axis}",
                                        expected="a slice with step 1", given=f"step {ix.step}", loc=loc)
             start, stop = _int_or(ix.start, 0, loc), _int_or(ix.stop, n, loc)
             start, stop = start + n if start < 0 else start, stop + n if stop < 0 else stop
             if not 0 <= start < stop <= n:
                 raise OutOfBoundsError(
-                    f"{tensor.name}: the box {start}:{stop} leaves axis {axis} (size {n})",
+                    f"{name}: the box {start}:{stop} leaves axis {axis} (size {n})",
                     expected=f"0 <= start < stop <= {n} along {axis} (dim {dim})",
                     given=f"{ix.start}:{ix.stop}" + (f" (= {start}:{stop})" if (start, stop) !=
                                                       (ix.start, ix.stop) else ""), loc=loc)
@@ -143,14 +183,14 @@ def dram_slice(tensor: DramTensor, index) -> DramSlice:
         elif isinstance(ix, (int, np.integer)) and not isinstance(ix, bool):
             i = int(ix) + n if ix < 0 else int(ix)
             if not 0 <= i < n:
-                raise OutOfBoundsError(f"{tensor.name}: index {ix} is outside axis {axis} (size {n})",
+                raise OutOfBoundsError(f"{name}: index {ix} is outside axis {axis} (size {n})",
                                        expected=f"-{n} <= index < {n} along {axis} (dim {dim})",
                                        given=f"index {ix}", loc=loc)
             offsets.append(i), sizes.append(1), kept.append(False)
         else:
-            raise TraceError(f"{tensor.name} indexed with {ix!r}", expected="ints and slices",
+            raise TraceError(f"{name} indexed with {ix!r}", expected="ints and slices",
                              given=describe(ix), loc=loc, hint="fl.tiles(n, size) gives slices that tile an axis")
-    return DramSlice(tensor, offsets, sizes, kept)
+    return offsets, sizes, kept
 
 
 def _int_or(v, default: int, loc) -> int:

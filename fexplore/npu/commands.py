@@ -35,6 +35,7 @@ import math
 
 from fexplore.errors import SourceLoc
 from fexplore.npu import dtypes
+from fexplore.npu.errors import ProgramError
 from fexplore.npu.vector_ops import VectorOpDef
 
 ENGINES = ("dma", "tensor", "vector")
@@ -174,8 +175,72 @@ class Buffer:
     def size(self) -> int:
         return math.prod(self.shape)
 
+    def __getitem__(self, index) -> "BufferView":
+        """A box of the buffer, read in place (see `BufferView`)."""
+        return view_of(self, index)
+
     def __repr__(self) -> str:
         return f"pe{self.pe}.{self.name}<{_shape_str(self.shape)} {self.dtype}>"
+
+
+class BufferView(Buffer):
+    """A box of an SRAM buffer (``buf[0:64, 128:256]``; an int index drops its dim), read in place by
+    a command: a contraction's operand, a vector op's input, a store's source. Views are read-only
+    (nothing writes into part of a buffer), and a command reading one reads its whole buffer as far
+    as dependencies and lifetimes go: `id` is the buffer's, and commands list the buffer itself in
+    their reads."""
+
+    __slots__ = ("base", "index")
+
+    def __init__(self, base: Buffer, index: tuple):
+        shape = tuple(len(range(*ix.indices(n))) for ix, n in zip(index, base.shape) if isinstance(ix, slice))
+        super().__init__(f"{base.name}[{index_text(index)}]", shape, base.dtype, base.pe, base.id, base.loc)
+        self.base = base
+        self.index = index   # one int or unit-stride slice per dim of the buffer
+
+
+def view_of(buf: Buffer, index) -> BufferView:
+    """The box `index` (ints and unit-stride slices, as in numpy) of SRAM buffer `buf`; a view of a
+    view is a view of its buffer. Raises ProgramError for an index outside the buffer."""
+    index = index if isinstance(index, tuple) else (index,)
+    base, outer = (buf.base, buf.index) if isinstance(buf, BufferView) else (buf, None)
+    if len(index) > len(buf.shape):
+        raise ProgramError(f"{buf!r} has {len(buf.shape)} dims but is indexed with {len(index)}")
+    index = index + (slice(None),) * (len(buf.shape) - len(index))
+    own = []
+    for ix, n in zip(index, buf.shape):
+        if isinstance(ix, bool) or not isinstance(ix, (int, slice)):
+            raise ProgramError(f"{buf!r} is indexed with {ix!r}: ints and slices only")
+        if isinstance(ix, int):
+            if not -n <= ix < n:
+                raise ProgramError(f"index {ix} is outside a dim of {n} of {buf!r}")
+            own.append(ix % n)
+            continue
+        start, stop, step = ix.indices(n)
+        if step != 1 or stop <= start:
+            raise ProgramError(f"{buf!r} is indexed with {ix!r}: unit-stride, non-empty slices only")
+        own.append(slice(start, stop))
+    if outer is None:
+        return BufferView(base, tuple(own))
+    composed, it = [], iter(own)
+    for ix in outer:   # the buffer's dims: an int was dropped from the view, a slice is narrowed
+        if isinstance(ix, int):
+            composed.append(ix)
+            continue
+        inner = next(it)
+        composed.append(ix.start + inner if isinstance(inner, int)
+                        else slice(ix.start + inner.start, ix.start + inner.stop))
+    return BufferView(base, tuple(composed))
+
+
+def storage_of(buf: Buffer) -> Buffer:
+    """The buffer a view is of (a buffer is its own)."""
+    return buf.base if isinstance(buf, BufferView) else buf
+
+
+def index_text(index) -> str:
+    """``0:64, 3``: a box of a buffer (or tile), per dim an int or a slice(start, stop)."""
+    return ", ".join(str(ix) if isinstance(ix, int) else f"{ix.start}:{ix.stop}" for ix in index)
 
 
 def _shape_str(shape) -> str:
@@ -195,7 +260,7 @@ class Command:
         self.id = -1  # set by the builder: the index in the program
         self.pe = pe
         self.engine = engine
-        self.reads = tuple(reads)
+        self.reads = tuple(storage_of(b) for b in reads)   # views count as their whole buffer
         self.writes = tuple(writes)
         self.deps: tuple[int, ...] = ()
         self.loc = loc
