@@ -9,14 +9,18 @@ out[b, o, p, q] = sum over (kh, kw, c) of x[b, c, p*s + kh*d - pad, q*s + kw*d -
 
 For one kernel offset (kh, kw) and a band of output rows and columns, the input elements are one
 box of x: unit-stride after viewing x as (B, C, H/s, s, W/s, s) (a free reshape), where a row
-p*s + r is (p + r // s, r % s). Padding needs no padded copy: output rows and columns are cut into
-bands at the points where an offset starts or stops reading inside the image, so within a band
-each offset reads wholly inside (it contributes) or wholly in the zero padding (it is skipped).
+p*s + r is (p + r // s, r % s). The boxes of all the offsets of a band lie in one window of that
+view, so an item (a band and a tile of output channels) loads the window once, and its weights for
+every offset once, and each offset's contraction reads slices of them in SRAM (no copy): a 3x3
+convolution moves its input about once instead of nine times, in one DMA instead of nine. Padding
+needs no padded copy: output rows and columns are cut into bands at the points where an offset
+starts or stops reading inside the image, so within a band each offset reads wholly inside (it
+contributes) or wholly in the zero padding (it is skipped).
 
 A stride that does not divide the input (a 37-pixel image, stride 2: the last window is partial)
-has no such free view; along that axis the bands are one output row (or column) wide, so each
-offset reads a box of one row, x[..., p*s + r : p*s + r + 1, ...]: correct, and priced honestly
-(more, smaller DMA and tensor-unit commands).
+has no such free view; along that axis the bands are one output row (or column) wide, and the
+offsets read a unit-stride run of input rows, x[..., p*s + min r : p*s + max r + 1, ...]: correct,
+and priced honestly (more, smaller DMA and tensor-unit commands).
 
 Groups: output channels are tiled inside a group, and the tile reads its group's input channels.
 A depthwise convolution (one input channel per group, one output per group) would give the tensor
@@ -52,6 +56,15 @@ def taps(band, n, k, stride, dilation, pad):
     """The kernel offsets that read inside the input (size n) for every output row of `band`."""
     return [t for t in range(k)
             if band.start * stride + t * dilation - pad >= 0 and (band.stop - 1) * stride + t * dilation - pad < n]
+
+
+def reach(band, offsets, stride):
+    """The input window the output rows `band` read at input offsets `offsets` (input row p * stride
+    + offset), in the input seen as (rows // stride, stride): (first row, stop row, first phase,
+    stop phase); a stride of 1 has the one phase 0."""
+    rp = [divmod(o, stride) for o in offsets]
+    return (band.start + min(r for r, _ in rp), band.stop + max(r for r, _ in rp),
+            min(p for _, p in rp), max(p for _, p in rp) + 1)
 
 
 def group_tiles(groups, per_group, size):
@@ -173,22 +186,39 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     while Bo * math.ceil(P / rows) * groups * math.ceil(Og / to) < cfg.num_pes and rows > 1:
         rows //= 2
 
-    def footprint(r, t):
+    halo = max((sp.w.type.shape[2] - 1) * sp.dilation[0] + 1 for sp in specs), \
+        max((sp.w.type.shape[3] - 1) * sp.dilation[1] + 1 for sp in specs)
+    smax = max(sp.stride[0] for sp in specs), max(sp.stride[1] for sp in specs)
+    taps_max = max(sp.w.type.shape[2] * sp.w.type.shape[3] for sp in specs)
+
+    def footprint(r, t, window):
         x_rows = t if depthwise else Cmax   # a depthwise tap reads the tile's own channels
         w_cols = 1 if depthwise else Cmax
-        return (2 * STAGES * (x_rows * r * cols + t * w_cols) * len(specs) +
-                2 * t * r * cols * (len(specs) + 1 + len(epilogue))) * 4
+        if window:   # the input window and all the offsets' weights of an item, double buffered by items
+            operands = STAGES * (x_rows * (r * smax[0] + halo[0]) * (cols * smax[1] + halo[1]) +
+                                 t * w_cols * taps_max) * len(specs)
+        else:        # a patch and an offset's weights, double buffered by the offset loop, per item
+            operands = 2 * STAGES * (x_rows * r * cols + t * w_cols) * len(specs)
+        return (operands + 2 * t * r * cols * (len(specs) + 1 + len(epilogue))) * 4
 
-    while footprint(rows, to) > cfg.sram_bytes_per_pe // 2 and (rows > 1 or to > 4):
-        if rows > 1:
-            rows //= 2
-        else:
-            to = max(4, to // 2)
-    if footprint(rows, to) > cfg.sram_bytes_per_pe // 2:
+    def fit(window):
+        r, t = rows, to
+        while footprint(r, t, window) > cfg.sram_bytes_per_pe // 2 and (r > 1 or t > 4):
+            if r > 1:
+                r //= 2
+            else:
+                t = max(4, t // 2)
+        return r, t, footprint(r, t, window) <= cfg.sram_bytes_per_pe // 2
+
+    # a window per item when one fits (it moves the input about once, not once per offset); else
+    # (a small SRAM, many input channels) a load per offset
+    rows_w, to_w, window = fit(True)
+    rows, to, fits = (rows_w, to_w, True) if window else fit(False)
+    if not fits:
         fail(convs[0], f"one output row of {Q} columns does not fit one PE's SRAM on {cfg.name}")
 
-    names = Names({"bands", "taps", "group_tiles", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh", "kw", "r",
-                   "rp", "c", "cp", "c0", "xt", "wt"})
+    names = Names({"bands", "taps", "reach", "group_tiles", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh",
+                   "kw", "r", "rp", "c", "cp", "c0", "xt", "wt", "offsets", "rw", "cw", "xw", "ww"})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, inputs)
@@ -263,37 +293,9 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                 B, C, H, W = sp.x_shape
                 KH, KW = sp.w.type.shape[2:]
                 w_(f"{acc} = None")
-                w_(f"for kh, kw in fl.range([(kh, kw) for kh in taps(ps, {H}, {KH}, {sh}, {dh}, {ph}) "
-                   f"for kw in taps(qs, {W}, {KW}, {sw}, {dw}, {pw})], stages=stages):")
-                with w_.indent():
-                    boxes = []
-                    for var, band, s, d, pad, split in (("r", "ps", sh, dh, ph, sp.split[0]),
-                                                        ("c", "qs", sw, dw, pw, sp.split[1])):
-                        off = _offset("kh" if var == "r" else "kw", d, pad)
-                        if s == 1:
-                            w_(f"{var} = {off}")
-                            boxes.append(f"{band}.start + {var}:{band}.stop + {var}")
-                        elif split:
-                            what = "row" if var == "r" else "column"
-                            w_(f"{var}, {var}p = divmod({off}, {s})   # input {what} of output {what} p: "
-                               f"{s} * (p + {var}) + {var}p")
-                            boxes.append(f"{band}.start + {var}:{band}.stop + {var}, {var}p")
-                        else:   # the stride does not divide the input: a band is one row (column) wide
-                            w_(f"{var} = {band}.start * {s} + {off}")
-                            boxes.append(f"{var}:{var} + 1")
-                    channels = "os_" if depthwise else (":" if groups == 1 else f"c0:c0 + {C // groups}")
-                    box = f"{xn}[b, {channels}, {', '.join(boxes)}]"
-                    if depthwise:   # the vector unit: f32 multiply-accumulate over the window
-                        # operands rounded to the convolution's operand dtype first, as the tensor unit would
-                        xdt, wdt = c.inputs[0].type.dtype, c.inputs[1].type.dtype
-                        patch = cast_to(cast_to(f"fl.load({box})", sp.x.type.dtype, xdt), xdt, DType.f32)
-                        wt = cast_to(cast_to(f"fl.load({wn}[os_, kh, kw])", sp.w.type.dtype, wdt), wdt, DType.f32)
-                        w_(f"xt, wt = {patch}, {wt}")
-                        w_(f"{acc} = xt * wt if {acc} is None else {acc} + xt * wt")
-                    else:
-                        patch = cast_to(f"fl.load({box})", sp.x.type.dtype, c.inputs[0].type.dtype)
-                        wt = cast_to(f"fl.load({wn}[os_, :, kh, kw])", sp.w.type.dtype, c.inputs[1].type.dtype)
-                        w_(f'{acc} = fl.contract("cpq,oc->opq", {patch}, {wt}, acc={acc})')
+                channels = "os_" if depthwise else (":" if groups == 1 else f"c0:c0 + {C // groups}")
+                xdt, wdt = c.inputs[0].type.dtype, c.inputs[1].type.dtype
+                (_window_taps if window else _tap_loads)(w_, sp, xn, wn, acc, channels, depthwise, xdt, wdt)
                 w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
                 with w_.indent():
                     w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
@@ -331,3 +333,83 @@ def _offset(var: str, dilation: int, pad: int) -> str:
     """``kh * d - pad``, written without the terms that do nothing."""
     text = var if dilation == 1 else f"{var} * {dilation}"
     return text if pad == 0 else f"{text} - {pad}"
+
+
+def _operand_casts(load: str, stored, op_dt, depthwise: bool) -> str:
+    """A loaded operand in the convolution's operand dtype; a depthwise one then widened to f32 for
+    the vector unit (rounded to the operand dtype first, as the tensor unit would)."""
+    return cast_to(cast_to(load, stored, op_dt), op_dt, DType.f32) if depthwise else cast_to(load, stored, op_dt)
+
+
+def _accumulate(w_, acc: str, patch: str, wt: str, depthwise: bool) -> None:
+    if depthwise:   # the vector unit: f32 multiply-accumulate over the window
+        w_(f"xt, wt = {patch}, {wt}")
+        w_(f"{acc} = xt * wt if {acc} is None else {acc} + xt * wt")
+    else:
+        w_(f'{acc} = fl.contract("cpq,oc->opq", {patch}, {wt}, acc={acc})')
+
+
+def _window_taps(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwise: bool, xdt, wdt) -> None:
+    """One load of the input window all of the band's kernel offsets read, and one of the item's
+    weights; each offset's patch and weights are slices of them (views in SRAM, no copy). Along an
+    axis the stride divides, the window is read through the free view (rows // s, s); along one it
+    does not, the band is one output row, and its offsets read a unit-stride run of input rows."""
+    (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
+    B, C, H, W = sp.x_shape
+    KH, KW = sp.w.type.shape[2:]
+    w_(f"offsets = [(kh, kw) for kh in taps(ps, {H}, {KH}, {sh}, {dh}, {ph}) "
+       f"for kw in taps(qs, {W}, {KW}, {sw}, {dw}, {pw})]")
+    w_("if offsets:   # one load of the input window they read, sliced per offset")
+    with w_.indent():
+        box, idx, offs = [], [], []
+        axes = (("r", "rw", "ps", sh, dh, ph, sp.split[0], 0), ("c", "cw", "qs", sw, dw, pw, sp.split[1], 1))
+        for var, win, band, s, d, pad, split, k in axes:
+            if s > 1 and not split:   # the input rows of the band's one output row, unit stride
+                w_(f"{band}_in = slice({band}.start * {s}, {band}.start * {s} + 1)   # where output {band}.start reads from")
+                band, s = f"{band}_in", 1
+            w_(f"{win} = reach({band}, [{_offset(f'o[{k}]', d, pad)} for o in offsets], {s})")
+            box.append(f"{win}[0]:{win}[1]" + (f", {win}[2]:{win}[3]" if s > 1 else ""))
+            off = _offset("kh" if var == "r" else "kw", d, pad)
+            rows = f"{band}.start + {var} - {win}[0]:{band}.stop + {var} - {win}[0]"
+            offs.append(f"{var}, {var}p = divmod({off}, {s})" if s > 1 else f"{var} = {off}")
+            idx.append(f"{rows}, {var}p - {win}[2]" if s > 1 else rows)
+        xbox = f"{xn}[b, {channels}, {', '.join(box)}]"
+        w_(f"xw = {_operand_casts(f'fl.load({xbox})', sp.x.type.dtype, xdt, depthwise)}")
+        wbox = f"{wn}[os_, :, :]" if depthwise else f"{wn}[os_, :, :, :]"
+        w_(f"ww = {_operand_casts(f'fl.load({wbox})', sp.w.type.dtype, wdt, depthwise)}")
+        w_("for kh, kw in offsets:")
+        with w_.indent():
+            for line in offs:
+                w_(line)
+            wt = "ww[:, kh, kw]" if depthwise else "ww[:, :, kh, kw]"
+            _accumulate(w_, acc, f"xw[:, {', '.join(idx)}]", wt, depthwise)
+
+
+def _tap_loads(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwise: bool, xdt, wdt) -> None:
+    """Per kernel offset, a load of its patch and of its weights, double buffered by the offset loop
+    (when an item's window does not fit the SRAM)."""
+    (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
+    B, C, H, W = sp.x_shape
+    KH, KW = sp.w.type.shape[2:]
+    w_(f"for kh, kw in fl.range([(kh, kw) for kh in taps(ps, {H}, {KH}, {sh}, {dh}, {ph}) "
+       f"for kw in taps(qs, {W}, {KW}, {sw}, {dw}, {pw})], stages=stages):")
+    with w_.indent():
+        boxes = []
+        for var, band, s, d, pad, split in (("r", "ps", sh, dh, ph, sp.split[0]),
+                                            ("c", "qs", sw, dw, pw, sp.split[1])):
+            off = _offset("kh" if var == "r" else "kw", d, pad)
+            if s == 1:
+                w_(f"{var} = {off}")
+                boxes.append(f"{band}.start + {var}:{band}.stop + {var}")
+            elif split:
+                what = "row" if var == "r" else "column"
+                w_(f"{var}, {var}p = divmod({off}, {s})   # input {what} of output {what} p: "
+                   f"{s} * (p + {var}) + {var}p")
+                boxes.append(f"{band}.start + {var}:{band}.stop + {var}, {var}p")
+            else:   # the stride does not divide the input: a band is one row (column) wide
+                w_(f"{var} = {band}.start * {s} + {off}")
+                boxes.append(f"{var}:{var} + 1")
+        box = f"{xn}[b, {channels}, {', '.join(boxes)}]"
+        wbox = f"{wn}[os_, kh, kw]" if depthwise else f"{wn}[os_, :, kh, kw]"
+        _accumulate(w_, acc, _operand_casts(f"fl.load({box})", sp.x.type.dtype, xdt, depthwise),
+                    _operand_casts(f"fl.load({wbox})", sp.w.type.dtype, wdt, depthwise), depthwise)
