@@ -20,6 +20,7 @@ from fexplore.lang.errors import (AxisError, DTypeError, MemorySpaceError,
 from fexplore.lang.tracer import Tracer, current, user_loc
 from fexplore.lang.types import ACC, SRAM, DType, TensorSpec, as_dtype, f32, i32, shape_text
 from fexplore.lang.values import DMA, DramSlice, DramTensor, Tile
+from fexplore.npu.commands import compose_index
 
 
 def describe(x) -> str:
@@ -102,25 +103,14 @@ def no_value(t: Tile, how: str):
 
 
 def sram_slice(t: Tile, index) -> Tile:
-    """``t[...]``: a view of a box of tile `t` (ints and unit-stride slices), read in place. A view
+    """``t[...]``: a view of a box of tile `t` (ints, and slices with a positive step), read in place. A view
     of a view is a view of the first tile; the view's axes are the kept axes' names."""
     tr = current("tile[...]")
     loc, site = tr.where()
     operand_tile(tr, t, f"slicing tile {t.name!r}", loc)
-    offsets, sizes, kept = _box_index(t.name, t.shape, t.axes, index, loc)
-    own = [slice(o, o + n) if k else o for o, n, k in zip(offsets, sizes, kept)]
-    if t.base is None:
-        base, at = t, tuple(own)
-    else:   # narrow the base's slices; ints the outer view dropped stay
-        base, it, at = t.base, iter(own), []
-        for ix in t.index:
-            if isinstance(ix, int):
-                at.append(ix)
-            else:
-                inner = next(it)
-                at.append(ix.start + inner if isinstance(inner, int) else
-                          slice(ix.start + inner.start, ix.start + inner.stop))
-        at = tuple(at)
+    offsets, sizes, kept, steps = _box_index(t.name, t.shape, t.axes, index, loc, stepped=True)
+    own = [slice(o, o + (n - 1) * st + 1, st) if k else o for o, n, k, st in zip(offsets, sizes, kept, steps)]
+    base, at = (t, tuple(own)) if t.base is None else (t.base, compose_index(t.index, own))
     shape = tuple(n for n, k in zip(sizes, kept) if k)
     axes = tuple(a for a, k in zip(t.axes, kept) if k)
     view = Tile(tr.trace, len(tr.trace.tiles), shape, t.dtype, axes, t.space, t.pe, base.name, loc, base.site,
@@ -150,16 +140,17 @@ def dram_slice(tensor: DramTensor, index) -> DramSlice:
     return DramSlice(tensor, offsets, sizes, kept)
 
 
-def _box_index(name: str, shape, axes, index, loc) -> tuple[list, list, list]:
-    """Per dim of `shape`: the offset, the extent, and whether the dim is kept (a slice) or dropped
-    (an int) by `index`, numpy's basic indexing with unit stride; trailing dims are whole."""
+def _box_index(name: str, shape, axes, index, loc, *, stepped: bool = False):
+    """Per dim of `shape`: the offset, the extent, whether the dim is kept (a slice) or dropped (an
+    int) by `index`, numpy's basic indexing; trailing dims are whole. DMA boxes have unit stride;
+    with `stepped` (a tile's slice, read in SRAM) a slice may step, and its steps come back too."""
     if not isinstance(index, tuple):
         index = (index,)
     if len(index) > len(shape):
         raise OutOfBoundsError(f"{name} has {len(shape)} axes but is indexed with {len(index)}",
                                expected=f"at most {len(shape)} indices ({', '.join(map(str, axes))})",
                                given=f"{len(index)} indices", loc=loc)
-    offsets, sizes, kept = [], [], []
+    offsets, sizes, kept, steps = [], [], [], []
     for dim in range(len(shape)):
         ix = index[dim] if dim < len(index) else slice(None)
         n = shape[dim]
@@ -168,29 +159,36 @@ def _box_index(name: str, shape, axes, index, loc) -> tuple[list, list, list]:
             raise TraceError(f"{name} is indexed by tile {ix.name!r}: boxes are fixed at trace time",
                              expected="ints or slices of ints", given=describe(ix), loc=loc)
         if isinstance(ix, slice):
-            if ix.step not in (None, 1):
-                raise OutOfBoundsError(f"{name}: a box has unit stride along {axis}",
-                                       expected="a slice with step 1", given=f"step {ix.step}", loc=loc)
+            step = _int_or(ix.step, 1, loc)
+            if step != 1 and not (stepped and step > 1):
+                raise OutOfBoundsError(f"{name}: a {'slice' if stepped else 'box'} has a positive "
+                                       f"{'' if stepped else 'unit '}stride along {axis}",
+                                       expected="a slice with step 1" if not stepped else "a step of 1 or more",
+                                       given=f"step {ix.step}", loc=loc,
+                                       hint="a DMA moves unit-stride boxes: load the box, then slice the tile "
+                                            "with a step" if not stepped else None)
             start, stop = _int_or(ix.start, 0, loc), _int_or(ix.stop, n, loc)
             start, stop = start + n if start < 0 else start, stop + n if stop < 0 else stop
+            stop = min(stop, n) if stepped and step > 1 else stop   # numpy clips a stepped slice's end
             if not 0 <= start < stop <= n:
                 raise OutOfBoundsError(
                     f"{name}: the box {start}:{stop} leaves axis {axis} (size {n})",
                     expected=f"0 <= start < stop <= {n} along {axis} (dim {dim})",
                     given=f"{ix.start}:{ix.stop}" + (f" (= {start}:{stop})" if (start, stop) !=
                                                       (ix.start, ix.stop) else ""), loc=loc)
-            offsets.append(start), sizes.append(stop - start), kept.append(True)
+            offsets.append(start), sizes.append(len(range(start, stop, step))), kept.append(True)
+            steps.append(step)
         elif isinstance(ix, (int, np.integer)) and not isinstance(ix, bool):
             i = int(ix) + n if ix < 0 else int(ix)
             if not 0 <= i < n:
                 raise OutOfBoundsError(f"{name}: index {ix} is outside axis {axis} (size {n})",
                                        expected=f"-{n} <= index < {n} along {axis} (dim {dim})",
                                        given=f"index {ix}", loc=loc)
-            offsets.append(i), sizes.append(1), kept.append(False)
+            offsets.append(i), sizes.append(1), kept.append(False), steps.append(1)
         else:
             raise TraceError(f"{name} indexed with {ix!r}", expected="ints and slices",
                              given=describe(ix), loc=loc, hint="fl.tiles(n, size) gives slices that tile an axis")
-    return offsets, sizes, kept
+    return (offsets, sizes, kept, steps) if stepped else (offsets, sizes, kept)
 
 
 def _int_or(v, default: int, loc) -> int:

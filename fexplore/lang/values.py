@@ -207,7 +207,8 @@ class Tile:
 
     def __getitem__(self, index) -> "Tile":
         """``t[:, ks]``: a box of the tile, read in place (no copy, no DMA): an operand of a
-        contraction, a vector op or a store. An int drops its axis. Slices are read-only; a slice
+        contraction, a vector op or a store. An int drops its axis; a slice may step (``t[:, ::2]``,
+        SRAM is read with strides, DRAM boxes are not). Slices are read-only; a slice
         of a tile that is written later reads the new values (it is a view, not a copy)."""
         from fexplore.lang import semantics
 

@@ -200,10 +200,9 @@ class BufferView(Buffer):
 
 
 def view_of(buf: Buffer, index) -> BufferView:
-    """The box `index` (ints and unit-stride slices, as in numpy) of SRAM buffer `buf`; a view of a
-    view is a view of its buffer. Raises ProgramError for an index outside the buffer."""
+    """The box `index` (ints and slices with a step of 1 or more, as in numpy) of SRAM buffer `buf`;
+    a view of a view is a view of its buffer. Raises ProgramError for an index outside the buffer."""
     index = index if isinstance(index, tuple) else (index,)
-    base, outer = (buf.base, buf.index) if isinstance(buf, BufferView) else (buf, None)
     if len(index) > len(buf.shape):
         raise ProgramError(f"{buf!r} has {len(buf.shape)} dims but is indexed with {len(index)}")
     index = index + (slice(None),) * (len(buf.shape) - len(index))
@@ -217,20 +216,32 @@ def view_of(buf: Buffer, index) -> BufferView:
             own.append(ix % n)
             continue
         start, stop, step = ix.indices(n)
-        if step != 1 or stop <= start:
-            raise ProgramError(f"{buf!r} is indexed with {ix!r}: unit-stride, non-empty slices only")
-        own.append(slice(start, stop))
-    if outer is None:
-        return BufferView(base, tuple(own))
-    composed, it = [], iter(own)
-    for ix in outer:   # the buffer's dims: an int was dropped from the view, a slice is narrowed
+        if step < 1 or stop <= start:
+            raise ProgramError(f"{buf!r} is indexed with {ix!r}: non-empty slices with a positive step only")
+        own.append(slice(start, start + (len(range(start, stop, step)) - 1) * step + 1, step))
+    if isinstance(buf, BufferView):
+        return BufferView(buf.base, compose_index(buf.index, own))
+    return BufferView(buf, tuple(own))
+
+
+def compose_index(outer, inner) -> tuple:
+    """The index into a base of `inner` applied to the view `outer` of it: each int of `outer`
+    stays (it dropped that dim); each slice of `outer` is narrowed by the next item of `inner`.
+    Slices are (start, stop, step) with step >= 1 and stop one past the last element."""
+    at, it = [], iter(inner)
+    for ix in outer:
         if isinstance(ix, int):
-            composed.append(ix)
+            at.append(ix)
             continue
-        inner = next(it)
-        composed.append(ix.start + inner if isinstance(inner, int)
-                        else slice(ix.start + inner.start, ix.start + inner.stop))
-    return BufferView(base, tuple(composed))
+        sub = next(it)
+        step = ix.step or 1
+        if isinstance(sub, int):
+            at.append(ix.start + sub * step)
+        else:
+            sub_step = sub.step or 1
+            start, n = ix.start + sub.start * step, len(range(sub.start, sub.stop, sub_step))
+            at.append(slice(start, start + (n - 1) * step * sub_step + 1, step * sub_step))
+    return tuple(at)
 
 
 def storage_of(buf: Buffer) -> Buffer:
@@ -239,8 +250,9 @@ def storage_of(buf: Buffer) -> Buffer:
 
 
 def index_text(index) -> str:
-    """``0:64, 3``: a box of a buffer (or tile), per dim an int or a slice(start, stop)."""
-    return ", ".join(str(ix) if isinstance(ix, int) else f"{ix.start}:{ix.stop}" for ix in index)
+    """``0:64, 3, 1:9:2``: a box of a buffer (or tile), per dim an int or a slice."""
+    return ", ".join(str(ix) if isinstance(ix, int) else
+                     f"{ix.start}:{ix.stop}" + (f":{ix.step}" if (ix.step or 1) != 1 else "") for ix in index)
 
 
 def _shape_str(shape) -> str:
