@@ -700,5 +700,7 @@ def test_a_convolution_loads_each_items_input_window_once_and_slices_it_per_offs
     items = sum(1 for op in trace.ops if op.kind == "store")
     taps = sum(1 for op in trace.ops if op.kind in ("contract", "vector") and
                any(t.base is not None and t.base.name == "xw" for t in op.reads()))
-    assert 0 < loads[x_param] == loads[w_param] <= items      # one window and one weight load an item
+    # one window load per band of output rows (a band wholly in the padding loads none); the
+    # weights once per item (a tile of channels and a group of bands), before its bands
+    assert 0 < loads[w_param] <= loads[x_param] <= items
     assert taps >= loads[x_param] * (min(ws[2:]) if geometry != "1x1 stride 2" else 1)

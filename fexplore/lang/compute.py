@@ -13,7 +13,7 @@ from fexplore.errors import ConfigError
 from fexplore.lang import ir
 from fexplore.lang.errors import AxisError, ContractionError, DTypeError, ShapeError, TraceError
 from fexplore.lang.semantics import (describe, destination_tile, mark_written, operand_tile, parse_axes,
-                                     parse_dtype, parse_shape, read_only)
+                                     parse_dtype, parse_shape)
 from fexplore.lang.tracer import current
 from fexplore.lang.types import ACC, SRAM, bool_, f32, i32, shape_text
 from fexplore.lang.values import DramSlice, DramTensor, Tile
@@ -58,7 +58,7 @@ def contract(spec: str, a, b, acc=None) -> Tile:
                           name=tr.assigned_name(site, "acc"), origin=f"fl.contract at line {loc.line if loc else '?'}")
         accumulate = False
     else:
-        out = read_only(operand_tile(tr, acc, "fl.contract(acc=)", loc, spaces=(ACC,)), "fl.contract(acc=)", loc)
+        out = operand_tile(tr, acc, "fl.contract(acc=)", loc, spaces=(ACC,))
         if out.shape != shape:
             raise ContractionError(f"fl.contract {spec}: the accumulator does not fit the result",
                                    expected=f"an accumulator of shape {shape}", given=describe(out), loc=loc)

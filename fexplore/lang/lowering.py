@@ -288,10 +288,10 @@ def _fresh_accumulators(ops: list[ir.Op]) -> tuple[set[int], set[int]]:
         for t in op.tiles():
             fill = pending.pop(t.storage.id, None)
             if fill is not None and isinstance(op, ir.Contract) and op.accumulate and op.out is t \
-                    and op.a is not t and op.b is not t:
+                    and t.base is None and op.a.storage is not t and op.b.storage is not t:
                 dropped.add(fill.index)
                 overwrite.add(op.index)
-        if isinstance(op, ir.Fill) and op.value == 0.0:
+        if isinstance(op, ir.Fill) and op.value == 0.0 and op.out.base is None:
             pending[op.out.id] = op
     return dropped, overwrite
 

@@ -71,7 +71,7 @@ def operand_tile(tr: Tracer, x, what: str, loc, *, spaces=(SRAM, ACC), read: boo
 
 def destination_tile(tr: Tracer, out, what: str, loc, shape, *, spaces=(SRAM, ACC)) -> Tile:
     """`out=` / `into=`: a tile of this trace and PE of exactly `shape` (it is written, not read)."""
-    t = read_only(operand_tile(tr, out, what, loc, spaces=spaces, read=False), what, loc)
+    t = operand_tile(tr, out, what, loc, spaces=spaces, read=False)
     if t.shape != tuple(shape):
         raise ShapeError(f"{what}: the result does not fit the destination tile {t.name!r}",
                          expected=f"a destination of shape {tuple(shape)}", given=describe(t), loc=loc)
@@ -79,7 +79,7 @@ def destination_tile(tr: Tracer, out, what: str, loc, shape, *, spaces=(SRAM, AC
 
 
 def mark_written(t: Tile) -> Tile:
-    t.written = True
+    t.storage.written = True   # a write into a slice writes its base
     return t
 
 
@@ -103,7 +103,7 @@ def no_value(t: Tile, how: str):
 
 
 def sram_slice(t: Tile, index) -> Tile:
-    """``t[...]``: a view of a box of tile `t` (ints, and slices with a positive step), read in place. A view
+    """``t[...]``: a view of a box of tile `t` (ints, and slices with a positive step), read and written in place. A view
     of a view is a view of the first tile; the view's axes are the kept axes' names."""
     tr = current("tile[...]")
     loc, site = tr.where()
@@ -118,16 +118,6 @@ def sram_slice(t: Tile, index) -> Tile:
     view.written = True   # reads are checked against the base (operand_tile)
     tr.trace.tiles.append(view)
     return view
-
-
-def read_only(t: Tile, what: str, loc) -> Tile:
-    """`t`, unless it is a slice: slices are read-only views."""
-    if t.base is not None:
-        raise MemorySpaceError(f"{what}: a slice of tile {t.base.name!r} is read-only",
-                               expected="a whole tile as the destination", given=describe(t), loc=loc,
-                               hint="write a tile of its own (e.g. leave out out=) and use it instead of "
-                                    "the slice")
-    return t
 
 
 # ---- DRAM -----------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ class Tile:
         self.stamps = stamps    # (loop key, iteration) of each enclosing pipelined loop
         self.written = False    # anything stored into it yet? (reads before that are FK150)
         self.origin = origin    # what made it, for error messages ("fl.empty at line 4")
-        self.base = base        # a slice (``t[:, ks]``) is a read-only view of this tile's buffer
+        self.base = base        # a slice (``t[:, ks]``) is a view of this tile's buffer
         self.index = index      # ... at these indices of the base: an int or a slice per base dim
 
     @property
@@ -206,10 +206,11 @@ class Tile:
     __int__ = __index__ = __float__
 
     def __getitem__(self, index) -> "Tile":
-        """``t[:, ks]``: a box of the tile, read in place (no copy, no DMA): an operand of a
-        contraction, a vector op or a store. An int drops its axis; a slice may step (``t[:, ::2]``,
-        SRAM is read with strides, DRAM boxes are not). Slices are read-only; a slice
-        of a tile that is written later reads the new values (it is a view, not a copy)."""
+        """``t[:, ks]``: a box of the tile, in place (no copy, no DMA): an operand of a contraction,
+        a vector op or a store, or a destination (``acc=``, ``out=``, ``into=``: e.g. a contraction
+        accumulating into part of an accumulator). An int drops its axis; a slice may step
+        (``t[:, ::2]``: SRAM is read with strides, DRAM boxes are not). It is a view, not a copy:
+        it reads what its tile holds when it is used."""
         from fexplore.lang import semantics
 
         return semantics.sram_slice(self, index)

@@ -24,7 +24,7 @@ from numbers import Number
 
 from fexplore.errors import ConfigError, SourceLoc
 from fexplore.npu import dtypes
-from fexplore.npu.commands import (ENGINES, NO_ENGINE, Buffer, BufferView, Command, Contract, DramRef, DramTensor,
+from fexplore.npu.commands import (ENGINES, NO_ENGINE, Buffer, Command, Contract, DramRef, DramTensor,
                                    Gather, Host, Load, Stage, Scatter, Store, Sync, Transpose, Vector, _squeeze,
                                    storage_of)
 from fexplore.npu.config import NPUConfig, get_target
@@ -130,7 +130,7 @@ class ProgramBuilder:
         """DMA: DRAM box `src` (e.g. ``A[0:64, 128:256]``) into SRAM buffer `dst`."""
         loc = self._loc(loc)
         ref = self._ref(src, loc)
-        self._check_buffer(dst, loc, written=True)
+        self._check_buffer(dst, loc)
         self._check_transfer(dst, ref, loc)
         return self._add(Load(dst, ref, loc), deps, dram=((ref, False),))
 
@@ -164,7 +164,7 @@ class ProgramBuilder:
         loc = self._loc(loc)
         ref = self._ref(src, loc)
         index = tuple(index) if isinstance(index, (tuple, list)) else (index,)
-        self._check_buffer(dst, loc, written=True)
+        self._check_buffer(dst, loc)
         for buf in index:
             self._check_buffer(buf, loc)
         self._check_indexed(ref, index, dst, axis, mode, "gather", loc)
@@ -187,7 +187,7 @@ class ProgramBuilder:
     def transpose(self, out: Buffer, src: Buffer, perm, *, deps=(), loc=None) -> Transpose:
         """Transpose engine: ``out = src.transpose(perm)``, both buffers on one PE."""
         loc = self._loc(loc)
-        self._check_buffer(out, loc, written=True)
+        self._check_buffer(out, loc)
         self._check_buffer(src, loc)
         perm = tuple(int(p) for p in perm)
         if sorted(perm) != list(range(len(src.shape))):
@@ -201,7 +201,7 @@ class ProgramBuilder:
         """Tensor unit: ``out = einsum(spec, a, b)`` (or ``+=`` with accumulate), f32 accumulation."""
         loc = self._loc(loc)
         spec = spec.replace(" ", "")
-        self._check_buffer(out, loc, written=True)
+        self._check_buffer(out, loc)
         for buf in (a, b):
             self._check_buffer(buf, loc)
         if not (a.pe == b.pe == out.pe):
@@ -232,7 +232,7 @@ class ProgramBuilder:
                                hint=f"vector ops: {', '.join(sorted(VECTOR_OPS))}")
         if len(operands) != opdef.arity:
             raise ProgramError(f"vector op {op} takes {opdef.arity} operand(s), got {len(operands)}", loc=loc)
-        self._check_buffer(out, loc, written=True)
+        self._check_buffer(out, loc)
         shapes = []
         for x in operands:
             if isinstance(x, Buffer):
@@ -349,10 +349,7 @@ class ProgramBuilder:
                                hint="declare it with builder.input/output/scratch and index it: A[0:64, :]")
         return x
 
-    def _check_buffer(self, buf, loc, *, written: bool = False) -> None:
-        if written and isinstance(buf, BufferView):
-            raise ProgramError(f"{buf!r} is a view of a buffer, and views are read-only", loc=loc,
-                               hint="write the whole buffer, or give the result a buffer of its own")
+    def _check_buffer(self, buf, loc) -> None:
         base = storage_of(buf) if isinstance(buf, Buffer) else buf
         if not isinstance(buf, Buffer) or base.id >= len(self._buffers) or self._buffers[base.id] is not base:
             raise ProgramError(f"{buf!r} is not an SRAM buffer of this program", loc=loc,

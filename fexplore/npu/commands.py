@@ -184,11 +184,12 @@ class Buffer:
 
 
 class BufferView(Buffer):
-    """A box of an SRAM buffer (``buf[0:64, 128:256]``; an int index drops its dim), read in place by
-    a command: a contraction's operand, a vector op's input, a store's source. Views are read-only
-    (nothing writes into part of a buffer), and a command reading one reads its whole buffer as far
-    as dependencies and lifetimes go: `id` is the buffer's, and commands list the buffer itself in
-    their reads."""
+    """A box of an SRAM buffer (``buf[0:64, 128:256]``; an int index drops its dim; slices may step),
+    read or written in place by a command: a contraction's operand or the part of an accumulator it
+    adds into, a vector op's input or output, a DMA's source or destination. A command using one
+    uses its whole buffer as far as dependencies and lifetimes go: `id` is the buffer's, and
+    commands list the buffer itself in their reads and writes (conservative: two writes into
+    disjoint parts of one buffer are ordered)."""
 
     __slots__ = ("base", "index")
 
@@ -273,7 +274,7 @@ class Command:
         self.pe = pe
         self.engine = engine
         self.reads = tuple(storage_of(b) for b in reads)   # views count as their whole buffer
-        self.writes = tuple(writes)
+        self.writes = tuple(storage_of(b) for b in writes)
         self.deps: tuple[int, ...] = ()
         self.loc = loc
 

@@ -30,6 +30,7 @@ a multiply-accumulate of the window, `to` channels at a time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -46,9 +47,10 @@ from .source import Names, Writer, cast_to, fl_dtype
 STAGES = 2
 
 HELPERS = '''\
-def bands(n, cuts, size):
-    """[0, n) in tiles of at most `size` rows that do not straddle any of `cuts`."""
-    edges = sorted({0, n, *(c for c in cuts if 0 < c < n)})
+def bands(span, cuts, size):
+    """`span` (a slice, or n for [0, n)) in tiles of at most `size` rows that do not straddle any of `cuts`."""
+    first, last = (0, span) if isinstance(span, int) else (span.start, span.stop)
+    edges = sorted({first, last, *(c for c in cuts if first < c < last)})
     return [slice(i, min(i + size, hi)) for lo, hi in zip(edges, edges[1:]) for i in range(lo, hi, size)]
 
 
@@ -216,9 +218,14 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     rows, to, fits = (rows_w, to_w, True) if window else fit(False)
     if not fits:
         fail(convs[0], f"one output row of {Q} columns does not fit one PE's SRAM on {cfg.name}")
+    if window and not one_row:
+        split = _split_over_pes(specs, out_shape, rcuts, cols, depthwise, cfg,
+                                lambda r, t: footprint(r, t, True) <= cfg.sram_bytes_per_pe // 2)
+        if split is not None:
+            rows, to = split
 
     names = Names({"bands", "taps", "reach", "group_tiles", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh",
-                   "kw", "r", "rp", "c", "cp", "c0", "xt", "wt", "offsets", "rw", "cw", "xw", "ww"})
+                   "kw", "r", "rp", "c", "cp", "c0", "xt", "wt", "offsets", "rw", "cw", "xw", "pg", "o"})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, inputs)
@@ -276,34 +283,58 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             onames.append(on)
             results.append(Result(i, tuple(node.outputs[i].type.shape)))
             w_(f'{on} = fl.output((B, O, P, Q), {fl_dtype(o.type.dtype)}, axes="B O P Q")')
-        w_(f"# output rows and columns in bands: in each, a kernel offset reads all inside the input or "
-           f"all in the padding")
         otiles = "fl.tiles(O, to)" if groups == 1 or depthwise else f"group_tiles({groups}, {Og}, to)"
-        w_(f"for b, ps, qs, os_ in fl.parallel(range(B), bands(P, {tuple(rcuts)}, {'1' if one_row else 'rows'}), "
-           f"bands(Q, {tuple(ccuts)}, {'1' if one_col else 'Q'}), {otiles}, stages=stages):")
-        with w_.indent():
+        col_bands = f"bands(Q, {tuple(ccuts)}, {'1' if one_col else 'Q'})"
+        band_loop = contextlib.ExitStack()
+        if window:
+            w_("# an item: a tile of output channels and a group of output rows; its weights load once, and its")
+            w_("# rows go in bands in which each kernel offset reads all inside the input or all in the padding")
+            w_(f"for b, pg, os_ in fl.parallel(range(B), fl.tiles(P, {'1' if one_row else 'rows'}), {otiles}, "
+               f"stages=stages):")
+        else:
+            w_(f"# output rows and columns in bands: in each, a kernel offset reads all inside the input or "
+               f"all in the padding")
+            w_(f"for b, ps, qs, os_ in fl.parallel(range(B), bands(P, {tuple(rcuts)}, {'1' if one_row else 'rows'}), "
+               f"{col_bands}, {otiles}, stages=stages):")
+        with w_.indent(), band_loop:
             tiles = dict(inputs.literals)
             if groups > 1 and not depthwise:
                 Cg = specs[0].w.type.shape[1]
                 w_(f"c0 = os_.start // {Og} * {Cg}   # the group's first input channel")
+            weights, biases = [], []
             for sp, xn, wn, bn in conv_params:
+                wt = None
+                if window:
+                    wt = names.new("ww")
+                    wbox = f"{wn}[os_, :, :]" if depthwise else f"{wn}[os_, :, :, :]"
+                    w_(f"{wt} = {_operand_casts(f'fl.load({wbox})', sp.w.type.dtype, sp.node.inputs[1].type.dtype, depthwise)}")
+                weights.append(wt)
+                bt = None
+                if bn is not None:
+                    bt = names.new(bn + "_t")
+                    w_(f"{bt} = fl.load({bn}[os_, :, :])")
+                biases.append(bt)
+            if window:
+                w_(f"for ps, qs in fl.range([(ps, qs) for ps in bands(pg, {tuple(rcuts)}, P) "
+                   f"for qs in {col_bands}], stages=stages):")
+                band_loop.enter_context(w_.indent())
+            for (sp, xn, wn, bn), wt, bt in zip(conv_params, weights, biases):
                 c = sp.node
                 acc = names.new("acc")
-                (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
                 B, C, H, W = sp.x_shape
-                KH, KW = sp.w.type.shape[2:]
                 w_(f"{acc} = None")
                 channels = "os_" if depthwise else (":" if groups == 1 else f"c0:c0 + {C // groups}")
                 xdt, wdt = c.inputs[0].type.dtype, c.inputs[1].type.dtype
-                (_window_taps if window else _tap_loads)(w_, sp, xn, wn, acc, channels, depthwise, xdt, wdt)
+                if window:
+                    _window_taps(w_, sp, xn, wt, acc, channels, depthwise, xdt)
+                else:
+                    _tap_loads(w_, sp, xn, wn, acc, channels, depthwise, xdt, wdt)
                 w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
                 with w_.indent():
                     w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
                 val = acc
-                if bn is not None:
-                    bt = names.new(bn + "_t")
+                if bt is not None:
                     val = names.new(c.outputs[0].name)
-                    w_(f"{bt} = fl.load({bn}[os_, :, :])")
                     w_(f"{val} = {acc} + {bt}")
                 if c.outputs[0].type.dtype.name != "f32":
                     cast = names.new(val + "_c")
@@ -349,11 +380,12 @@ def _accumulate(w_, acc: str, patch: str, wt: str, depthwise: bool) -> None:
         w_(f'{acc} = fl.contract("cpq,oc->opq", {patch}, {wt}, acc={acc})')
 
 
-def _window_taps(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwise: bool, xdt, wdt) -> None:
-    """One load of the input window all of the band's kernel offsets read, and one of the item's
-    weights; each offset's patch and weights are slices of them (views in SRAM, no copy). Along an
-    axis the stride divides, the window is read through the free view (rows // s, s); along one it
-    does not, the band is one output row, and its offsets read a unit-stride run of input rows."""
+def _window_taps(w_, sp: _Conv, xn: str, ww: str, acc: str, channels: str, depthwise: bool, xdt) -> None:
+    """One load of the input window all of the band's kernel offsets read; each offset's patch, and
+    its weights in the item's weight tile `ww`, are slices (views in SRAM, no copy). Along an axis
+    the stride divides, the window is read through the free view (rows // s, s), all of a column's
+    phases (so a row of the window is one contiguous run in DRAM, not an element every s); along
+    one it does not, the band is one output row, and its offsets read a unit-stride run of rows."""
     (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
     B, C, H, W = sp.x_shape
     KH, KW = sp.w.type.shape[2:]
@@ -368,20 +400,19 @@ def _window_taps(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depth
                 w_(f"{band}_in = slice({band}.start * {s}, {band}.start * {s} + 1)   # where output {band}.start reads from")
                 band, s = f"{band}_in", 1
             w_(f"{win} = reach({band}, [{_offset(f'o[{k}]', d, pad)} for o in offsets], {s})")
-            box.append(f"{win}[0]:{win}[1]" + (f", {win}[2]:{win}[3]" if s > 1 else ""))
+            whole_phases = var == "c"   # a window row stays one contiguous run
+            box.append(f"{win}[0]:{win}[1]" + ("" if s == 1 else ", :" if whole_phases else f", {win}[2]:{win}[3]"))
             off = _offset("kh" if var == "r" else "kw", d, pad)
             rows = f"{band}.start + {var} - {win}[0]:{band}.stop + {var} - {win}[0]"
             offs.append(f"{var}, {var}p = divmod({off}, {s})" if s > 1 else f"{var} = {off}")
-            idx.append(f"{rows}, {var}p - {win}[2]" if s > 1 else rows)
+            idx.append(rows if s == 1 else f"{rows}, {var}p" if whole_phases else f"{rows}, {var}p - {win}[2]")
         xbox = f"{xn}[b, {channels}, {', '.join(box)}]"
         w_(f"xw = {_operand_casts(f'fl.load({xbox})', sp.x.type.dtype, xdt, depthwise)}")
-        wbox = f"{wn}[os_, :, :]" if depthwise else f"{wn}[os_, :, :, :]"
-        w_(f"ww = {_operand_casts(f'fl.load({wbox})', sp.w.type.dtype, wdt, depthwise)}")
         w_("for kh, kw in offsets:")
         with w_.indent():
             for line in offs:
                 w_(line)
-            wt = "ww[:, kh, kw]" if depthwise else "ww[:, :, kh, kw]"
+            wt = f"{ww}[:, kh, kw]" if depthwise else f"{ww}[:, :, kh, kw]"
             _accumulate(w_, acc, f"xw[:, {', '.join(idx)}]", wt, depthwise)
 
 
@@ -413,3 +444,48 @@ def _tap_loads(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwi
         wbox = f"{wn}[os_, kh, kw]" if depthwise else f"{wn}[os_, :, kh, kw]"
         _accumulate(w_, acc, _operand_casts(f"fl.load({box})", sp.x.type.dtype, xdt, depthwise),
                     _operand_casts(f"fl.load({wbox})", sp.w.type.dtype, wdt, depthwise), depthwise)
+
+
+def _split_over_pes(specs, out_shape, rcuts, cols: int, depthwise: bool, cfg, fits):
+    """(rows, to): the band of output rows and the tile of output channels of one item that
+    finishes first by a per-PE model, or None if no candidate fits. Each PE's DMA engine brings an
+    item's input window and its weights for every offset (so the weights are re-read once per band
+    of rows: a late layer of few pixels and many channels wants whole images and few channels per
+    item, an early one the reverse); the tensor unit (the vector unit, depthwise) does its MACs; and
+    a PE with one item more than another makes the others wait (rounds)."""
+    Bo, O, P, Q = out_shape
+    groups = specs[0].groups
+    per_group = O if depthwise else O // groups
+    edges = [0, *rcuts, P]
+    candidates_rows = sorted({min(P, 1 << i) for i in range(P.bit_length() + 1)} | {P})
+    candidates_to, t = [], per_group
+    while True:
+        candidates_to.append(t)
+        if t <= 8:
+            break
+        t = -(-t // 2)
+    best = None
+    for r in candidates_rows:
+        bands = sum(-(-(hi - lo) // r) for lo, hi in zip(edges, edges[1:]) if hi > lo)
+        for t in candidates_to:
+            if not fits(r, t):
+                continue
+            items = Bo * bands * (-(-Q // cols)) * (1 if depthwise else groups) * -(-per_group // t)
+            rounds = -(-items // cfg.num_pes)
+            nbytes, work = 0, 0.0
+            for sp in specs:
+                (sh, sw), (dh, dw) = sp.stride, sp.dilation
+                KH, KW = sp.w.type.shape[2:]
+                cin = t if depthwise else sp.x_shape[1] // groups
+                window = cin * ((r - 1) * sh + (KH - 1) * dh + 1) * ((cols - 1) * sw + (KW - 1) * dw + 1)
+                nbytes += window * max(sp.x.type.dtype.itemsize, 1) + \
+                    t * (1 if depthwise else cin) * KH * KW * max(sp.w.type.dtype.itemsize, 1)
+                dt = sp.node.inputs[0].type.dtype.name
+                work += (2 * KH * KW * t * r * cols / cfg.vector_lanes if depthwise else
+                         KH * KW * t * r * cols * cin / cfg.macs_per_cycle(dt))
+            nbytes += t * r * cols * 4
+            dma = rounds * (nbytes / cfg.dma_bytes_per_cycle + (len(specs) + 2) * cfg.dma_startup_cycles)
+            cost = (max(dma, rounds * work), -r)   # ties: taller bands (fewer weight re-reads)
+            if best is None or cost < best[0]:
+                best = (cost, r, t)
+    return None if best is None else best[1:]
