@@ -691,7 +691,7 @@ def test_a_convolution_loads_each_items_input_window_once_and_slices_it_per_offs
     y = b("conv2d", b.input("x", xs), b.input("conv.weight", ws), b.input("conv.bias", (ws[0],)), **attrs)
     node, arrays = b.region(b("relu", y), kind="contraction"), b.arrays
     gk = _check(node, arrays, target)   # equals the IR interpreter, interpreted and simulated
-    assert "for kh, kw in offsets:" in gk.source
+    assert "for kh, p0, p1 in rows_in:" in gk.source
     k = gk.kernel()
     k(*gk.arguments(arrays))
     trace = k.last_trace

@@ -60,13 +60,25 @@ def taps(band, n, k, stride, dilation, pad):
             if band.start * stride + t * dilation - pad >= 0 and (band.stop - 1) * stride + t * dilation - pad < n]
 
 
-def reach(band, offsets, stride):
-    """The input window the output rows `band` read at input offsets `offsets` (input row p * stride
-    + offset), in the input seen as (rows // stride, stride): (first row, stop row, first phase,
-    stop phase); a stride of 1 has the one phase 0."""
-    rp = [divmod(o, stride) for o in offsets]
-    return (band.start + min(r for r, _ in rp), band.stop + max(r for r, _ in rp),
-            min(p for _, p in rp), max(p for _, p in rp) + 1)
+def covered(band, n, k, stride, dilation, pad):
+    """Per kernel offset t that reads inside the input (size n) for some output row of `band`:
+    (t, first, stop), the output rows p of the band whose input row p * stride + t * dilation - pad
+    is inside; the others read the zero padding and add nothing."""
+    out = []
+    for t in range(k):
+        off = t * dilation - pad
+        first, stop = max(band.start, -(off // stride)), min(band.stop, -((off - n) // stride))
+        if first < stop:
+            out.append((t, first, stop))
+    return out
+
+
+def reach(offsets, stride, dilation, pad):
+    """The input window the `covered` offsets read, in the input seen as (rows // stride, stride):
+    (first row, stop row, first phase, stop phase); a stride of 1 has the one phase 0."""
+    spans = [(first + r, stop + r, p) for t, first, stop in offsets for r, p in [divmod(t * dilation - pad, stride)]]
+    return (min(a for a, _, _ in spans), max(b for _, b, _ in spans),
+            min(p for _, _, p in spans), max(p for _, _, p in spans) + 1)
 
 
 def group_tiles(groups, per_group, size):
@@ -218,14 +230,15 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     rows, to, fits = (rows_w, to_w, True) if window else fit(False)
     if not fits:
         fail(convs[0], f"one output row of {Q} columns does not fit one PE's SRAM on {cfg.name}")
-    if window and not one_row:
-        split = _split_over_pes(specs, out_shape, rcuts, cols, depthwise, cfg,
+    if window:
+        split = _split_over_pes(specs, out_shape, one_row, one_col, depthwise, cfg,
                                 lambda r, t: footprint(r, t, True) <= cfg.sram_bytes_per_pe // 2)
         if split is not None:
             rows, to = split
 
     names = Names({"bands", "taps", "reach", "group_tiles", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh",
-                   "kw", "r", "rp", "c", "cp", "c0", "xt", "wt", "offsets", "rw", "cw", "xw", "pg", "o"})
+                   "kw", "r", "rp", "c", "cp", "c0", "xt", "wt", "offsets", "rw", "cw", "xw", "pg", "o", "covered", "rows_in",
+                   "cols_in", "p0", "p1", "q0", "q1", "part"})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, inputs)
@@ -272,7 +285,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     w_(f'@fl.kernel(target="{cfg.name}")')
     # a stride that does not divide the height reads one input row per band: `rows` is fixed at 1
     # then, not a tiling parameter the schedule's search may change
-    row_param = "" if one_row else f"rows: int = {rows}, "
+    row_param = f"rows: int = {rows}, " if window or not one_row else ""
     w_(f"def {fname}({', '.join(sig.annotations)}, *, {row_param}to: int = {to}, stages: int = {STAGES}):")
     with w_.indent():
         w_(f"B, O, P, Q = {Bo}, {O}, {P}, {Q}")
@@ -287,10 +300,9 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
         col_bands = f"bands(Q, {tuple(ccuts)}, {'1' if one_col else 'Q'})"
         band_loop = contextlib.ExitStack()
         if window:
-            w_("# an item: a tile of output channels and a group of output rows; its weights load once, and its")
-            w_("# rows go in bands in which each kernel offset reads all inside the input or all in the padding")
-            w_(f"for b, pg, os_ in fl.parallel(range(B), fl.tiles(P, {'1' if one_row else 'rows'}), {otiles}, "
-               f"stages=stages):")
+            w_("# an item: a tile of output channels and a group of output rows, whose weights load once")
+            w_("for b, pg, os_ in fl.parallel(range(B), fl.tiles(P, rows), {otiles}, stages=stages):".replace(
+                "{otiles}", otiles))
         else:
             w_(f"# output rows and columns in bands: in each, a kernel offset reads all inside the input or "
                f"all in the padding")
@@ -315,23 +327,26 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                     w_(f"{bt} = fl.load({bn}[os_, :, :])")
                 biases.append(bt)
             if window:
-                w_(f"for ps, qs in fl.range([(ps, qs) for ps in bands(pg, {tuple(rcuts)}, P) "
-                   f"for qs in {col_bands}], stages=stages):")
+                if one_row or one_col:
+                    w_("# bands of one output row (column) where the stride does not divide the input")
+                w_(f"for ps, qs in fl.range([(ps, qs) for ps in bands(pg, (), {'1' if one_row else 'P'}) "
+                   f"for qs in bands(Q, (), {'1' if one_col else 'Q'})], stages=stages):")
                 band_loop.enter_context(w_.indent())
             for (sp, xn, wn, bn), wt, bt in zip(conv_params, weights, biases):
                 c = sp.node
                 acc = names.new("acc")
                 B, C, H, W = sp.x_shape
-                w_(f"{acc} = None")
                 channels = "os_" if depthwise else (":" if groups == 1 else f"c0:c0 + {C // groups}")
                 xdt, wdt = c.inputs[0].type.dtype, c.inputs[1].type.dtype
                 if window:
+                    w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
                     _window_taps(w_, sp, xn, wt, acc, channels, depthwise, xdt)
                 else:
+                    w_(f"{acc} = None")
                     _tap_loads(w_, sp, xn, wn, acc, channels, depthwise, xdt, wdt)
-                w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
-                with w_.indent():
-                    w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
+                    w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
+                    with w_.indent():
+                        w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
                 val = acc
                 if bt is not None:
                     val = names.new(c.outputs[0].name)
@@ -381,39 +396,51 @@ def _accumulate(w_, acc: str, patch: str, wt: str, depthwise: bool) -> None:
 
 
 def _window_taps(w_, sp: _Conv, xn: str, ww: str, acc: str, channels: str, depthwise: bool, xdt) -> None:
-    """One load of the input window all of the band's kernel offsets read; each offset's patch, and
-    its weights in the item's weight tile `ww`, are slices (views in SRAM, no copy). Along an axis
-    the stride divides, the window is read through the free view (rows // s, s), all of a column's
-    phases (so a row of the window is one contiguous run in DRAM, not an element every s); along
-    one it does not, the band is one output row, and its offsets read a unit-stride run of rows."""
+    """One load of the input window the band's kernel offsets read; each offset's patch, and its
+    weights in the item's weight tile `ww`, are slices (views in SRAM, no copy), and it adds into
+    the part of the accumulator whose inputs lie inside the image (near a border, an offset reads
+    the zero padding for some output rows: they get nothing from it, and no padded copy is made).
+    Along an axis the stride divides, the window is read through the free view (rows // s, s), all
+    of a column's phases (so a window row is one contiguous run in DRAM, not an element every s);
+    along one it does not, the band is one output row, whose offsets read a unit-stride run."""
     (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
     B, C, H, W = sp.x_shape
     KH, KW = sp.w.type.shape[2:]
-    w_(f"offsets = [(kh, kw) for kh in taps(ps, {H}, {KH}, {sh}, {dh}, {ph}) "
-       f"for kw in taps(qs, {W}, {KW}, {sw}, {dw}, {pw})]")
-    w_("if offsets:   # one load of the input window they read, sliced per offset")
+    axes = []
+    for var, cov, win, band, n, k, s, d, pad, split in (("r", "rows_in", "rw", "ps", H, KH, sh, dh, ph, sp.split[0]),
+                                                        ("c", "cols_in", "cw", "qs", W, KW, sw, dw, pw, sp.split[1])):
+        if s > 1 and not split:   # the input rows of the band's one output row, unit stride
+            w_(f"{band}_in = slice({band}.start * {s}, {band}.start * {s} + 1)   # where output {band}.start reads from")
+            band, s = f"{band}_in", 1
+        w_(f"{cov} = covered({band}, {n}, {k}, {s}, {d}, {pad})   # (offset, first, stop output row) inside the input")
+        axes.append((var, cov, win, band, s, d, pad))
+    w_(f"if {axes[0][1]} and {axes[1][1]}:   # one load of the input window they read, sliced per offset")
     with w_.indent():
-        box, idx, offs = [], [], []
-        axes = (("r", "rw", "ps", sh, dh, ph, sp.split[0], 0), ("c", "cw", "qs", sw, dw, pw, sp.split[1], 1))
-        for var, win, band, s, d, pad, split, k in axes:
-            if s > 1 and not split:   # the input rows of the band's one output row, unit stride
-                w_(f"{band}_in = slice({band}.start * {s}, {band}.start * {s} + 1)   # where output {band}.start reads from")
-                band, s = f"{band}_in", 1
-            w_(f"{win} = reach({band}, [{_offset(f'o[{k}]', d, pad)} for o in offsets], {s})")
-            whole_phases = var == "c"   # a window row stays one contiguous run
-            box.append(f"{win}[0]:{win}[1]" + ("" if s == 1 else ", :" if whole_phases else f", {win}[2]:{win}[3]"))
-            off = _offset("kh" if var == "r" else "kw", d, pad)
-            rows = f"{band}.start + {var} - {win}[0]:{band}.stop + {var} - {win}[0]"
-            offs.append(f"{var}, {var}p = divmod({off}, {s})" if s > 1 else f"{var} = {off}")
-            idx.append(rows if s == 1 else f"{rows}, {var}p" if whole_phases else f"{rows}, {var}p - {win}[2]")
+        box = []
+        for var, cov, win, band, s, d, pad in axes:
+            w_(f"{win} = reach({cov}, {s}, {d}, {pad})")
+            box.append(f"{win}[0]:{win}[1]" + ("" if s == 1 else ", :" if var == "c" else f", {win}[2]:{win}[3]"))
         xbox = f"{xn}[b, {channels}, {', '.join(box)}]"
         w_(f"xw = {_operand_casts(f'fl.load({xbox})', sp.x.type.dtype, xdt, depthwise)}")
-        w_("for kh, kw in offsets:")
+        (_, rcov, rw, rband, rs, _, _), (_, ccov, cw, cband, cs, _, _) = axes
+        w_(f"for kh, p0, p1 in {rcov}:")
         with w_.indent():
-            for line in offs:
-                w_(line)
-            wt = f"{ww}[:, kh, kw]" if depthwise else f"{ww}[:, :, kh, kw]"
-            _accumulate(w_, acc, f"xw[:, {', '.join(idx)}]", wt, depthwise)
+            w_(f"for kw, q0, q1 in {ccov}:")
+            with w_.indent():
+                idx = []
+                for var, cov, win, band, s, d, pad in axes:
+                    lo, hi = ("p0", "p1") if var == "r" else ("q0", "q1")
+                    off = _offset("kh" if var == "r" else "kw", d, pad)
+                    w_(f"{var}, {var}p = divmod({off}, {s})" if s > 1 else f"{var} = {off}")
+                    rows = f"{lo} + {var} - {win}[0]:{hi} + {var} - {win}[0]"
+                    idx.append(rows if s == 1 else f"{rows}, {var}p" if var == "c" else f"{rows}, {var}p - {win}[2]")
+                part = f"{acc}[:, p0 - {rband}.start:p1 - {rband}.start, q0 - {cband}.start:q1 - {cband}.start]"
+                patch = f"xw[:, {', '.join(idx)}]"
+                if depthwise:   # the vector unit: f32 multiply-accumulate over the window
+                    w_(f"part = {part}")
+                    w_(f"fl.add(part, {patch} * {ww}[:, kh, kw], out=part)")
+                else:
+                    w_(f'fl.contract("cpq,oc->opq", {patch}, {ww}[:, :, kh, kw], acc={part})')
 
 
 def _tap_loads(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwise: bool, xdt, wdt) -> None:
@@ -446,17 +473,17 @@ def _tap_loads(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwi
                     _operand_casts(f"fl.load({wbox})", sp.w.type.dtype, wdt, depthwise), depthwise)
 
 
-def _split_over_pes(specs, out_shape, rcuts, cols: int, depthwise: bool, cfg, fits):
-    """(rows, to): the band of output rows and the tile of output channels of one item that
+def _split_over_pes(specs, out_shape, one_row: bool, one_col: bool, depthwise: bool, cfg, fits):
+    """(rows, to): the group of output rows and the tile of output channels of one item that
     finishes first by a per-PE model, or None if no candidate fits. Each PE's DMA engine brings an
-    item's input window and its weights for every offset (so the weights are re-read once per band
-    of rows: a late layer of few pixels and many channels wants whole images and few channels per
-    item, an early one the reverse); the tensor unit (the vector unit, depthwise) does its MACs; and
-    a PE with one item more than another makes the others wait (rounds)."""
+    item's weights for every offset once and the input window of each of its bands (the whole
+    group, or one row or column per band where the stride does not divide the input): a late layer
+    of few pixels and many channels wants whole images and few channels per item, an early one the
+    reverse; the tensor unit (the vector unit, depthwise) does its MACs; and a PE with one item
+    more than another makes the others wait (rounds)."""
     Bo, O, P, Q = out_shape
     groups = specs[0].groups
     per_group = O if depthwise else O // groups
-    edges = [0, *rcuts, P]
     candidates_rows = sorted({min(P, 1 << i) for i in range(P.bit_length() + 1)} | {P})
     candidates_to, t = [], per_group
     while True:
@@ -464,28 +491,30 @@ def _split_over_pes(specs, out_shape, rcuts, cols: int, depthwise: bool, cfg, fi
         if t <= 8:
             break
         t = -(-t // 2)
+    band_cols = 1 if one_col else Q
     best = None
     for r in candidates_rows:
-        bands = sum(-(-(hi - lo) // r) for lo, hi in zip(edges, edges[1:]) if hi > lo)
+        band_rows = 1 if one_row else r
+        bands = (r if one_row else 1) * (Q if one_col else 1)   # per item
         for t in candidates_to:
-            if not fits(r, t):
+            if not fits(r if not one_row else 1, t):
                 continue
-            items = Bo * bands * (-(-Q // cols)) * (1 if depthwise else groups) * -(-per_group // t)
+            items = Bo * -(-P // r) * (1 if depthwise else groups) * -(-per_group // t)
             rounds = -(-items // cfg.num_pes)
             nbytes, work = 0, 0.0
             for sp in specs:
                 (sh, sw), (dh, dw) = sp.stride, sp.dilation
                 KH, KW = sp.w.type.shape[2:]
                 cin = t if depthwise else sp.x_shape[1] // groups
-                window = cin * ((r - 1) * sh + (KH - 1) * dh + 1) * ((cols - 1) * sw + (KW - 1) * dw + 1)
-                nbytes += window * max(sp.x.type.dtype.itemsize, 1) + \
+                window = cin * ((band_rows - 1) * sh + (KH - 1) * dh + 1) * (band_cols * sw + (KW - 1) * dw)
+                nbytes += bands * window * max(sp.x.type.dtype.itemsize, 1) + \
                     t * (1 if depthwise else cin) * KH * KW * max(sp.w.type.dtype.itemsize, 1)
                 dt = sp.node.inputs[0].type.dtype.name
-                work += (2 * KH * KW * t * r * cols / cfg.vector_lanes if depthwise else
-                         KH * KW * t * r * cols * cin / cfg.macs_per_cycle(dt))
-            nbytes += t * r * cols * 4
-            dma = rounds * (nbytes / cfg.dma_bytes_per_cycle + (len(specs) + 2) * cfg.dma_startup_cycles)
-            cost = (max(dma, rounds * work), -r)   # ties: taller bands (fewer weight re-reads)
+                work += (2 * KH * KW * t * r * Q / cfg.vector_lanes if depthwise else
+                         KH * KW * t * r * Q * cin / cfg.macs_per_cycle(dt))
+            nbytes += t * r * Q * 4
+            dma = rounds * (nbytes / cfg.dma_bytes_per_cycle + (len(specs) * (1 + bands) + 1) * cfg.dma_startup_cycles)
+            cost = (max(dma, rounds * work), -r)   # ties: taller groups (fewer weight re-reads)
             if best is None or cost < best[0]:
                 best = (cost, r, t)
     return None if best is None else best[1:]
