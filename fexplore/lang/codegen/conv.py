@@ -46,7 +46,22 @@ from .source import Names, Writer, cast_to, fl_dtype
 
 STAGES = 2
 
-HELPERS = '''\
+COVERED = '''\
+def covered(band, n, k, stride, dilation, pad):
+    """Per kernel offset t that reads inside the input (size n) for some output row of `band`:
+    (t, first, stop), the output rows p of the band whose input row p * stride + t * dilation - pad
+    is inside; the others read the padding, which adds nothing."""
+    out = []
+    for t in range(k):
+        off = t * dilation - pad
+        first, stop = max(band.start, -(off // stride)), min(band.stop, -((off - n) // stride))
+        if first < stop:
+            out.append((t, first, stop))
+    return out
+'''
+
+HELPERS = COVERED + '''
+
 def bands(span, cuts, size):
     """`span` (a slice, or n for [0, n)) in tiles of at most `size` rows that do not straddle any of `cuts`."""
     first, last = (0, span) if isinstance(span, int) else (span.start, span.stop)
@@ -58,19 +73,6 @@ def taps(band, n, k, stride, dilation, pad):
     """The kernel offsets that read inside the input (size n) for every output row of `band`."""
     return [t for t in range(k)
             if band.start * stride + t * dilation - pad >= 0 and (band.stop - 1) * stride + t * dilation - pad < n]
-
-
-def covered(band, n, k, stride, dilation, pad):
-    """Per kernel offset t that reads inside the input (size n) for some output row of `band`:
-    (t, first, stop), the output rows p of the band whose input row p * stride + t * dilation - pad
-    is inside; the others read the zero padding and add nothing."""
-    out = []
-    for t in range(k):
-        off = t * dilation - pad
-        first, stop = max(band.start, -(off // stride)), min(band.stop, -((off - n) // stride))
-        if first < stop:
-            out.append((t, first, stop))
-    return out
 
 
 def reach(offsets, stride, dilation, pad):

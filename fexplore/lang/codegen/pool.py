@@ -6,8 +6,9 @@ output rows; it loads the input rows the band's windows cover, whole (one unit-s
 plane), and each of the KH * KW window offsets is a stepped slice of that tile in SRAM
 (``win[:, kh * DH :: SH, kw * DW :: SW]``, no copy), maxed (or summed) into the band's accumulator.
 So the input is read about once (the windows' overlap of rows between bands aside), in one DMA
-per item. Padding, and the overhang of ceil_mode's last window, come from a padded copy of the
-input in DRAM scratch (filled with -inf or 0, then the input's rows copied into its middle).
+per item. Padding, and the overhang of ceil_mode's last window, are never copied: an offset that
+reads outside the input for some output cells reduces only into the part of the accumulator whose
+cells it reaches inside (the accumulator starts at -inf for max, 0 for a sum).
 Global average pooling (an output of 1 x 1) is a mean over H and W: the reduction part writes it.
 """
 
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 from fexplore.ir import DType, Node
 
-from .boxes import STAGES, Loops, spec, tile_sizes
+from .boxes import STAGES, spec, tile_sizes
+from .conv import COVERED
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
@@ -45,7 +47,6 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
         (KH, KW), (SH, SW), (PH, PW) = n.attrs["kernel"], n.attrs["stride"], n.attrs["padding"]
         DH, DW = n.attrs["dilation"] if op == "max_pool2d" else (1, 1)
     need_h, need_w = (OH - 1) * SH + DH * (KH - 1) + 1, (OW - 1) * SW + DW * (KW - 1) + 1
-    padded = PH or PW or need_h > H or need_w > W
     divisor = None
     if op != "max_pool2d":
         divisor = n.attrs["divisor"] if op == "avg_pool2d" else None
@@ -58,17 +59,17 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
                                              loc=n.loc)
             divisor = KH * KW
     P = N * Cc
-    HP, WP = (max(H + 2 * PH, need_h), max(W + 2 * PW, need_w)) if padded else (H, W)
-    # an item's window rows per output row (SH, plus the window's height once) and its columns
-    # (WP for OW outputs): how many accumulator-sized tiles it takes
-    window = -(-((SH + DH * (KH - 1)) * WP) // OW)
+    # an item's window rows per output row (SH, plus the window's height once) and its columns (W
+    # for OW outputs): how many accumulator-sized tiles it takes
+    window = -(-((SH + DH * (KH - 1)) * W) // OW)
     planes, rows, cols = tile_sizes((P, OH, OW), cfg, live=3 + window)
     if cols < OW:
         raise UnsupportedRegionError(op, label, f"an output row of {OW} does not fit one tile on {cfg.name}",
                                      loc=n.loc)
     while -(-P // planes) * -(-OH // rows) < cfg.num_pes and rows > 1:   # an item for every PE
         rows = -(-rows // 2)
-    names = Names({"stages", "XP", "win", "acc", "ps", "hs", "ws", "hps", "wps", "ohs", "kh", "kw", "n", "rows", "planes"})
+    names = Names({"stages", "win", "acc", "part", "ps", "ohs", "kh", "kw", "p0", "p1", "q0", "q1", "r", "c",
+                   "top", "bottom", "rows", "planes", "rows_in", "cols_in", "covered"})
     fname = kernel_name(node)
     names.taken.add(fname)
     inputs = Inputs.of(node, body)
@@ -76,49 +77,40 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
     xname = sig.add(x, (P, H, W), spec(["P", "H", "W"], (P, H, W), {"P", "H", "W"}))
     w = Writer()
     header(w, node, body, "pooling", sig.header, inputs.literals)
+    for line in COVERED.splitlines():
+        w(line)
+    w()
+    w()
     w(f'@fl.kernel(target="{cfg.name}")')
     w(f"def {fname}({', '.join(sig.annotations)}, *, planes: int = {planes}, rows: int = {rows}, "
       f"stages: int = {STAGES}):")
     maxing = op == "max_pool2d"
     fill = 'float("-inf")' if maxing else "0.0"
-    dt = fl_dtype(x.type.dtype)
     with w.indent():
         w(f"P, H, W, OH, OW = {P}, {H}, {W}, {OH}, {OW}")
-        w(f"KH, KW, SH, SW, DH, DW = {KH}, {KW}, {SH}, {SW}, {DH}, {DW}")
+        w(f"KH, KW, SH, SW, DH, DW, PH, PW = {KH}, {KW}, {SH}, {SW}, {DH}, {DW}, {PH}, {PW}")
         w(f'OUT = fl.output((P, OH, OW), {fl_dtype(y.type.dtype)}, axes="P _ _")')
-        src = xname
-        if padded:
-            src = "XP"
-            w(f"# the input padded (rows {PH}, columns {PW}, and room for the last window) with {fill}")
-            w(f"XP = fl.scratch((P, {HP}, {WP}), {dt})")
-            fill_tiles = tile_sizes((P, HP, WP), cfg)
-            loops = Loops(["P", "HP", "WP"], (P, HP, WP), fill_tiles, {"P"})
-            w(loops.header())
-            with w.indent():
-                shape = ", ".join(loops.extent(i) for i in range(3))
-                idx = ", ".join(loops.index(i, 0, e) for i, e in enumerate((P, HP, WP)))
-                w(f"fl.store(XP[{idx}], fl.full(({shape}), {fill}, {dt}))")
-            w("# the input's rows into its middle")
-            copy = tile_sizes((P, H, W), cfg)
-            loops = Loops(["P", "H", "W"], (P, H, W), copy, {"P", "H", "W"})
-            w(loops.header())
-            with w.indent():
-                pi, hi, wi = loops.index(0, 0, P), loops.index(1, 0, H), loops.index(2, 0, W)
-                w(f"fl.store(XP[{pi}, {loops.index(1, PH, None)}, {loops.index(2, PW, None)}], "
-                  f"fl.load({xname}[{pi}, {hi}, {wi}]))")
         w("# a band of output rows per item: the input rows its windows cover, loaded whole; each window")
-        w("# offset is a stepped slice of them (rows SH apart, columns SW apart)")
+        w("# offset is a stepped slice of them (rows SH apart, columns SW apart), reduced into the part of")
+        w("# the band whose windows it reaches inside the input (the padding adds nothing)")
         w("for ps, ohs in fl.parallel(fl.tiles(P, planes), fl.tiles(OH, rows), stages=stages):")
         with w.indent():
-            w("n = ohs.stop - ohs.start")
-            w(f"win = fl.load({src}[ps, ohs.start * SH:(ohs.stop - 1) * SH + (KH - 1) * DH + 1, :])")
+            w("rows_in = covered(ohs, H, KH, SH, DH, PH)   # (offset, first, stop output row) inside the input")
+            w("cols_in = covered(slice(0, OW), W, KW, SW, DW, PW)")
             w(f"acc = fl.full((ps, ohs, OW), {fill})")
-            w("for kh in range(KH):")
+            w("if rows_in and cols_in:")
             with w.indent():
-                w("for kw in range(KW):")
+                w("top = min(p0 * SH + kh * DH - PH for kh, p0, p1 in rows_in)")
+                w("bottom = max((p1 - 1) * SH + kh * DH - PH + 1 for kh, p0, p1 in rows_in)")
+                w(f"win = fl.load({xname}[ps, top:bottom, :])")
+                w("for kh, p0, p1 in rows_in:")
                 with w.indent():
-                    w(f"fl.{'maximum' if maxing else 'add'}(acc, win[:, kh * DH:kh * DH + (n - 1) * SH + 1:SH, "
-                      f"kw * DW:kw * DW + (OW - 1) * SW + 1:SW], out=acc)")
+                    w("for kw, q0, q1 in cols_in:")
+                    with w.indent():
+                        w("r, c = p0 * SH + kh * DH - PH - top, q0 * SW + kw * DW - PW   # the first input cell")
+                        w("part = acc[:, p0 - ohs.start:p1 - ohs.start, q0:q1]")
+                        w(f"fl.{'maximum' if maxing else 'add'}(part, win[:, r:r + (p1 - p0 - 1) * SH + 1:SH, "
+                          f"c:c + (q1 - q0 - 1) * SW + 1:SW], out=part)")
             result = "acc" if maxing else f"acc / {divisor}"
             if y.type.dtype != DType.f32:
                 result = f"({result}).astype({fl_dtype(y.type.dtype)})" if not maxing else \
