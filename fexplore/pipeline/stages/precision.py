@@ -165,10 +165,7 @@ def narrow_through_exact_ops(graph: Graph, dtype: DType) -> tuple[Graph, list]:
     outputs = {v.name for v in graph.outputs}
     rewrites = []
     while True:
-        uses: dict[str, list[tuple[Node, int]]] = {}
-        for n in graph.nodes:
-            for i, v in enumerate(n.inputs):
-                uses.setdefault(v.name, []).append((n, i))
+        uses = _uses(graph)
         picked = {}
         for n in graph.nodes:
             if n.op.name not in _EXACT_UNDER_ROUNDING or n.regions or len(n.outputs) != 1:
@@ -212,10 +209,7 @@ def narrow_at_producers(graph: Graph, dtype: DType) -> tuple[Graph, list]:
     contraction reads its left operand once per column tile) no longer casts it each time. The
     model's own outputs keep their dtype."""
     outputs = {v.name for v in graph.outputs}
-    uses: dict[str, list[tuple[Node, int]]] = {}
-    for n in graph.nodes:
-        for i, v in enumerate(n.inputs):
-            uses.setdefault(v.name, []).append((n, i))
+    uses = _uses(graph)
     narrowed = {}
     for n in graph.nodes:
         if n.op.name != "region":
@@ -247,6 +241,15 @@ def narrow_at_producers(graph: Graph, dtype: DType) -> tuple[Graph, list]:
     for name, n in narrowed.items():
         rw.record(f"narrow-at-producer-{dtype.value}", [n.name], [name])
     return rw.finish(), rw.rewrites
+
+
+def _uses(graph: Graph) -> dict[str, list[tuple[Node, int]]]:
+    """Each value's readers: (node, input index)."""
+    uses: dict[str, list[tuple[Node, int]]] = {}
+    for n in graph.nodes:
+        for i, v in enumerate(n.inputs):
+            uses.setdefault(v.name, []).append((n, i))
+    return uses
 
 
 def _narrows_on_entry(user: Node, i: int, dtype: DType) -> bool:
