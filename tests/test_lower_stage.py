@@ -176,3 +176,18 @@ def test_an_epilogue_that_broadcasts_the_result_is_its_own_kernel(target):
     cm = fexplore.compile(m, (x,), target=target)
     assert cm["lower"].stats["host_ops"] == 0 and cm["lower"].stats["split_regions"] == 1
     np.testing.assert_allclose(cm(x).numpy(), m(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_cnn_on_the_meta_device_folds_its_batch_norms_and_runs_no_host_op():
+    """Without weights the batch norms still fold into their convolutions (on structure alone),
+    as they do with weights; before, every batch norm of a meta-device ResNet was a host op."""
+    import torch
+
+    from fexplore.models.cnn import resnet_cnn
+
+    model, (x,) = resnet_cnn(channels=8, blocks=2, image_size=32, batch=1)
+    with_weights = fexplore.compile(model, (x,), precision="bf16", verify=False)
+    meta = fexplore.compile(model.to("meta"), (x.to("meta"),), precision="bf16")
+    assert meta["fold"].stats["conv_batchnorm_folded"] == with_weights["fold"].stats["conv_batchnorm_folded"] > 0
+    assert meta["lower"].stats["host_ops"] == 0
+    assert meta.simulate().cycles > 0 and torch.device("meta") == next(model.parameters()).device
