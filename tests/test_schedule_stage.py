@@ -345,7 +345,7 @@ def test_the_lowered_graph_view_marks_kernels_and_host_ops():
 
 
 def test_tile_search_keeps_the_fastest_tiling_it_traced():
-    from fexplore.pipeline.stages.tiles import tile_params
+    from fexplore.pipeline.stages.tiles import MIN_GAIN, tile_params
 
     torch.manual_seed(0)
     model, inputs = ZOO["cnn"]()
@@ -356,8 +356,9 @@ def test_tile_search_keeps_the_fastest_tiling_it_traced():
     assert searched and any(t.changed for t in searched)
     for t in searched:
         timed = [c for _, c in t.candidates if c is not None]
-        assert t.cycles == min(timed) or t.cycles <= t.default_cycles
-        assert t.cycles <= t.default_cycles
+        # the fastest, or one as fast (within MIN_GAIN) that moves fewer DRAM bytes
+        assert t.cycles <= min(timed) * (1 + MIN_GAIN) ** 2
+        assert t.cycles <= t.default_cycles * (1 + MIN_GAIN)
         assert set(t.chosen) == set(t.default)
     # the program uses the chosen tiles: each retiled kernel's source default is not what ran
     k = next(x for x in cm.lowering.kernels if any(t.kernel == x.name and t.changed for t in tiles))
