@@ -16,7 +16,6 @@ SRAM has room.
 from __future__ import annotations
 
 import bisect
-import heapq
 
 from fexplore.npu.commands import Buffer, Command
 from fexplore.npu.config import NPUConfig
@@ -63,11 +62,11 @@ class _PESpace:
         self.long: list[tuple[int, int, tuple[int, ...], int]] = []
         # freed ranges that still order a reuse but no longer steer placement (`forget_placement`)
         self.archive: list[tuple[int, int, tuple[int, ...], int]] = []
-        # per free segment (offset, size), per buffer size: the segment's best place (`_best_in`).
-        # What decides it (the segment and the freed ranges overlapping it) changes only when the
-        # segment does: an entry is dropped when its segment is split or merged, and a range is
-        # vacated only into a segment its release just made (no entry yet)
-        self._best: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
+        # per free segment (offset, size): its freed ranges and, per buffer size, its best place
+        # (`_best_in`). What decides them (the segment and the freed ranges overlapping it) changes
+        # only when the segment does: an entry is dropped when its segment is split or merged, and
+        # a range is vacated only into a segment its release just made (no entry yet)
+        self._best: dict[tuple[int, int], _Segment] = {}
 
     def forget_placement(self) -> None:
         """The PE's SRAM is empty: place what comes next as in fresh SRAM (first fit), while the
@@ -113,16 +112,6 @@ class _PESpace:
                 best = r[3]
         return best
 
-    def _oldest_starts(self, off0: int, n: int, size: int) -> list[tuple[int, int]]:
-        """(latest accessor, start) of the OLDEST_STARTS longest-vacated ranges beginning in the
-        free segment [off0, off0 + n) with room for `size` bytes from there, oldest first."""
-        last = off0 + n - size
-        inside = []
-        for rs in (self.short, self.long):
-            lo, hi = bisect.bisect_left(rs, (off0,)), bisect.bisect_left(rs, (last + 1,))
-            inside.extend((r[3], r[0]) for r in rs[lo:hi])
-        return heapq.nsmallest(OLDEST_STARTS, inside)
-
     def place(self, size: int) -> int:
         """An offset for `size` bytes, or -1. Among the places that fit, prefer space never used, then
         space whose last occupant finished longest ago (program order): reusing just-freed space
@@ -149,28 +138,26 @@ class _PESpace:
 
     def _best_in(self, seg: tuple[int, int], size: int) -> tuple[int, int]:
         """(age, offset) of the best place for `size` bytes in the free segment `seg`: the lowest
-        `_age`, then the lowest offset, among the segment's ends and the starts of its
-        OLDEST_STARTS longest-vacated ranges (all of them made the allocator quadratic in the
-        ranges a long program frees, for a choice among near-equals)."""
-        memo = self._best.get(seg)
-        if memo is None:
-            memo = self._best[seg] = {}
-        key = memo.get(size)
+        `_age`, then the lowest offset, among the segment's ends and the starts of the
+        OLDEST_STARTS longest-vacated ranges beginning in it with room for `size` from there (all
+        of them made the allocator quadratic in the ranges a long program frees, for a choice
+        among near-equals)."""
+        known = self._best.get(seg)
+        if known is None:
+            known = self._best[seg] = _Segment(self, *seg)
+        key = known.best.get(size)
         if key is None:
             off0, n = seg
-            end = off0 + n
-            long = []   # the long ranges overlapping the segment: every candidate lies in it
-            for r in self.long:
-                if r[0] >= end:
-                    break
-                if r[1] > off0:
-                    long.append(r)
-            key = min((self._age(off, size, long), off) for off in {off0, end - size})
-            for latest, off in self._oldest_starts(off0, n, size):
-                if latest > key[0]:
+            last, long = off0 + n - size, known.long
+            key = min((self._age(off, size, long), off) for off in {off0, last})
+            tried = 0
+            for latest, off in known.starts:   # oldest first
+                if latest > key[0] or tried == OLDEST_STARTS:
                     break   # a place is as old as the range starting there at best: none beats `key`
-                key = min(key, (self._age(off, size, long), off))
-            memo[size] = key
+                if off <= last:
+                    tried += 1
+                    key = min(key, (self._age(off, size, long), off))
+            known.best[size] = key
         return key
 
     def release(self, off: int, size: int) -> None:
@@ -197,6 +184,30 @@ class _PESpace:
         for rs, i in reversed(covered):
             del rs[i]
         return deps
+
+
+class _Segment:
+    """What `_PESpace._best_in` knows of one free segment: the long ranges overlapping it (sorted
+    by start), (latest accessor, start) of the ranges beginning in it (oldest first), and the best
+    place found per buffer size."""
+
+    __slots__ = ("long", "starts", "best")
+
+    def __init__(self, space: _PESpace, off0: int, n: int):
+        end = off0 + n
+        self.long = []   # every candidate place lies in the segment: only these can overlap it
+        for r in space.long:
+            if r[0] >= end:
+                break
+            if r[1] > off0:
+                self.long.append(r)
+        starts = []
+        for rs in (space.short, space.long):
+            lo, hi = bisect.bisect_left(rs, (off0,)), bisect.bisect_left(rs, (end,))
+            starts.extend((r[3], r[0]) for r in rs[lo:hi])
+        starts.sort()
+        self.starts = starts
+        self.best: dict[int, tuple[int, int]] = {}
 
 
 def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cfg: NPUConfig,
