@@ -95,23 +95,6 @@ class _PESpace:
             if r[0] < end and start < r[1]:
                 yield self.archive, i
 
-    def _age(self, off: int, size: int, long: list) -> int:
-        """The latest accessor of the freed ranges [off, off + size) overlaps, or -1; archived
-        ranges do not steer placement. `long`: the long ranges that may overlap (sorted). (The
-        hot path of a long program's allocation: `_overlapping` inlined.)"""
-        end, best = off + size, -1
-        rs = self.short
-        hi = bisect.bisect_left(rs, (end,))
-        for r in rs[bisect.bisect_left(rs, (off - self.short_limit,), 0, hi):hi]:
-            if r[1] > off and r[3] > best:
-                best = r[3]
-        for r in long:
-            if r[0] >= end:
-                break
-            if r[1] > off and r[3] > best:
-                best = r[3]
-        return best
-
     def place(self, size: int) -> int:
         """An offset for `size` bytes, or -1. Among the places that fit, prefer space never used, then
         space whose last occupant finished longest ago (program order): reusing just-freed space
@@ -148,15 +131,20 @@ class _PESpace:
         key = known.best.get(size)
         if key is None:
             off0, n = seg
-            last, long = off0 + n - size, known.long
-            key = min((self._age(off, size, long), off) for off in {off0, last})
-            tried = 0
+            last, age = off0 + n - size, known.age
+            key, tried = None, 0
             for latest, off in known.starts:   # oldest first
-                if latest > key[0] or tried == OLDEST_STARTS:
+                if tried == OLDEST_STARTS or (key is not None and latest > key[0]):
                     break   # a place is as old as the range starting there at best: none beats `key`
                 if off <= last:
                     tried += 1
-                    key = min(key, (self._age(off, size, long), off))
+                    k = (age(off, size), off)
+                    if key is None or k < key:
+                        key = k
+            for off in (off0, last):   # the segment's ends: no bound on their age, always tried
+                k = (age(off, size), off)
+                if key is None or k < key:
+                    key = k
             known.best[size] = key
         return key
 
@@ -187,20 +175,27 @@ class _PESpace:
 
 
 class _Segment:
-    """What `_PESpace._best_in` knows of one free segment: the long ranges overlapping it (sorted
-    by start), (latest accessor, start) of the ranges beginning in it (oldest first), and the best
-    place found per buffer size."""
+    """What `_PESpace._best_in` knows of one free segment: the freed ranges overlapping it (every
+    candidate place lies in it, so no other range can overlap one), the short ones with the
+    longest of their lengths (how far back from a place a range overlapping it may start), the
+    (latest accessor, start) of the ranges beginning in it (oldest first), and the best place found
+    per buffer size."""
 
-    __slots__ = ("long", "starts", "best")
+    __slots__ = ("near", "reach", "long", "long_reach", "starts", "best")
 
     def __init__(self, space: _PESpace, off0: int, n: int):
         end = off0 + n
-        self.long = []   # every candidate place lies in the segment: only these can overlap it
+        rs = space.short
+        hi = bisect.bisect_left(rs, (end,))
+        self.near = [r for r in rs[bisect.bisect_left(rs, (off0 - space.short_limit,), 0, hi):hi] if r[1] > off0]
+        self.reach = max((r[1] - r[0] for r in self.near), default=0)
+        self.long = []
         for r in space.long:
             if r[0] >= end:
                 break
             if r[1] > off0:
                 self.long.append(r)
+        self.long_reach = max((r[1] - r[0] for r in self.long), default=0)
         starts = []
         for rs in (space.short, space.long):
             lo, hi = bisect.bisect_left(rs, (off0,)), bisect.bisect_left(rs, (end,))
@@ -208,6 +203,22 @@ class _Segment:
         starts.sort()
         self.starts = starts
         self.best: dict[int, tuple[int, int]] = {}
+
+    def age(self, off: int, size: int) -> int:
+        """The latest accessor of the freed ranges [off, off + size) overlaps, or -1 (archived
+        ranges do not steer placement). The hot path of a long program's allocation."""
+        end, best = off + size, -1
+        rs = self.near
+        hi = bisect.bisect_left(rs, (end,))
+        for r in rs[bisect.bisect_left(rs, (off - self.reach,), 0, hi):hi]:
+            if r[1] > off and r[3] > best:
+                best = r[3]
+        rs = self.long
+        hi = bisect.bisect_left(rs, (end,))
+        for r in rs[bisect.bisect_left(rs, (off - self.long_reach,), 0, hi):hi]:
+            if r[1] > off and r[3] > best:
+                best = r[3]
+        return best
 
 
 def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cfg: NPUConfig,
