@@ -16,6 +16,7 @@ Goals (issue: whole models on the simulated NPU), all on rngd in bf16:
     bandwidth) <= 1.15 (of the embedding table, the one row gathered)
   - DRAM traffic / compulsory <= 1.1 for every zoo model
   - wall time of compile + schedule + simulate: GPT-2-small <= 30 s, the 8B decode step <= 120 s
+A ResNet-shaped CNN at 224x224 (no goal) shows the convolution and pooling kernels at real size.
 Prints a table and writes bench/results/npu_models.md. A benchmark reports; it never fails.
 """
 
@@ -34,6 +35,7 @@ import torch  # noqa: E402
 
 import fexplore  # noqa: E402
 from fexplore.models import ZOO  # noqa: E402
+from fexplore.models.cnn import resnet_cnn  # noqa: E402
 from fexplore.models.gpt import gpt  # noqa: E402
 from fexplore.models.llama import LlamaDecodeStep, _build  # noqa: E402
 
@@ -93,6 +95,12 @@ def llama8b_decode_meta(context=2048, layers=32):
     return step, (ids, pos, k, v)
 
 
+def resnet_meta(image=224):
+    """ResNet-style basic blocks (the zoo's `resnet_cnn`) at ImageNet size, on the meta device."""
+    model, (x,) = resnet_cnn(channels=64, blocks=4, image_size=image, num_classes=1000, batch=1)
+    return model.to("meta"), (x.to("meta"),)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller real-size models (2 layers each)")
@@ -118,6 +126,12 @@ def main(argv=None) -> int:
         rows.append(_measure("Llama-3.1-8B shape, decode @2048" + (" (2 layers)" if args.quick else ""), model,
                              inputs, bound="weights+kv", goal="latency/bound <= 1.15, <= 120 s", pe_fusion=pe_fusion))
         print(rows[-1], flush=True)
+
+    # a CNN at real size: convolution and pooling kernels, no goal in the issue (reported)
+    model, inputs = resnet_meta(image=112 if args.quick else 224)
+    rows.append(_measure(f"ResNet-shaped CNN, {inputs[0].shape[-1]}x{inputs[0].shape[-1]}, width 64, 4 stages",
+                         model, inputs, goal=""))
+    print(rows[-1], flush=True)
 
     cols = list(rows[0])
     lines = ["# Whole models on the simulated NPU (rngd, bf16)", "",

@@ -670,3 +670,37 @@ def test_every_same_name_elementwise_op_as_a_kernel_equals_the_ir(name):
     node = b.region(b(name, *ins), kind="elementwise")
     for target in ("rngd", "tiny"):
         _check(node, b.arrays, get_target(target))
+
+
+CONV_GEOMETRIES = {   # (x shape, weight shape, attrs): every way an offset's rows can be read
+    "3x3 pad 1": ((2, 6, 9, 11), (5, 6, 3, 3), dict(padding=(1, 1))),
+    "stride 2 divides": ((1, 4, 12, 10), (6, 4, 3, 3), dict(stride=(2, 2), padding=(1, 1))),
+    "stride 2 leaves a partial window": ((1, 3, 15, 13), (4, 3, 3, 3), dict(stride=(2, 2), padding=(1, 0))),
+    "dilated": ((1, 5, 14, 18), (7, 5, 3, 3), dict(stride=(2, 2), padding=(2, 1), dilation=(2, 1))),
+    "grouped": ((1, 8, 7, 9), (6, 4, 3, 3), dict(padding=(1, 1), groups=2)),
+    "depthwise": ((1, 6, 8, 10), (6, 1, 3, 3), dict(padding=(2, 2), dilation=(2, 2), groups=6)),
+    "1x1 stride 2": ((1, 4, 10, 10), (6, 4, 1, 1), dict(stride=(2, 2))),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("geometry", sorted(CONV_GEOMETRIES))
+def test_a_convolution_loads_each_items_input_window_once_and_slices_it_per_offset(geometry, target):
+    xs, ws, attrs = CONV_GEOMETRIES[geometry]
+    b = Body(20)
+    y = b("conv2d", b.input("x", xs), b.input("conv.weight", ws), b.input("conv.bias", (ws[0],)), **attrs)
+    node, arrays = b.region(b("relu", y), kind="contraction"), b.arrays
+    gk = _check(node, arrays, target)   # equals the IR interpreter, interpreted and simulated
+    assert "for kh, p0, p1 in rows_in:" in gk.source
+    k = gk.kernel()
+    k(*gk.arguments(arrays))
+    trace = k.last_trace
+    x_param, w_param = gk.params[0].name, gk.params[1].name
+    loads = collections.Counter(op.src.tensor.name for op in trace.ops if op.kind == "load")
+    items = sum(1 for op in trace.ops if op.kind == "store")
+    taps = sum(1 for op in trace.ops if op.kind in ("contract", "vector") and
+               any(t.base is not None and t.base.name == "xw" for t in op.reads()))
+    # one window load per band of output rows (a band wholly in the padding loads none); the
+    # weights once per item (a tile of channels and a group of bands), before its bands
+    assert 0 < loads[w_param] <= loads[x_param] <= items
+    assert taps >= loads[x_param] * (min(ws[2:]) if geometry != "1x1 stride 2" else 1)

@@ -17,6 +17,11 @@
     y = matmul(a, b)                          # numpy interpreter
     r = matmul.simulate(a, b, target="rngd")  # NPU commands on the cycle simulator: r.timeline ...
 
+A tile in SRAM can be sliced, ``a[:, ks]`` or ``w[:, 0::2]`` (ints, and slices with a step): a
+view of its buffer, no copy and no DMA, e.g. whole rows loaded once and fed to the tensor unit in
+K slabs, a pooling window's columns picked from rows loaded whole, or the part of an accumulator a
+contraction adds into (``fl.contract(..., acc=acc[:, 1:])``).
+
 Layers: the builtins here -> `semantics` (checks, records ops with source lines) -> the kernel IR
 (`ir`) -> back ends: `interpreter` (numpy), `plan` + `lowering` + `schedule` (NPU commands, then
 `fexplore.npu`'s simulator). Errors: `fexplore.lang.errors` (codes FK1xx). In a notebook,

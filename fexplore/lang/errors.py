@@ -166,13 +166,13 @@ class MemorySpaceError(KernelError):
 
 
 class OutOfBoundsError(KernelError):
-    """A DRAM tile slice leaves its tensor, or is not a unit-stride box; or (when the kernel runs)
-    a gather/scatter index leaves its box."""
+    """A box of a DRAM tensor or a slice of a tile leaves it, or is not a unit-stride box; or (when
+    the kernel runs) a gather/scatter index leaves its box."""
 
     code = "FK140"
     doc = ErrorDoc(
-        when="A DRAM slice leaves its tensor or is not a unit-stride box; or, when the kernel "
-             "runs, a gather/scatter index leaves its box.",
+        when="A box of a DRAM tensor or a slice of a tile leaves it, or is not a unit-stride box; or, "
+             "when the kernel runs, a gather/scatter index leaves its box.",
         example="fl.load(X[0:256, :])   # X has 128 rows",
         fix="Tile with fl.tiles(M, t), whose last tile is clipped to the tensor, and check index "
             "data.")

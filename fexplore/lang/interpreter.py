@@ -32,6 +32,8 @@ class Interpreter:
         return arr
 
     def value(self, t: Tile) -> np.ndarray:
+        if t.base is not None:   # a slice: a numpy view of its base's value (read, never written)
+            return self.value(t.base)[t.index]
         arr = self.tiles.get(t.id)
         if arr is None:
             arr = self.tiles[t.id] = _fresh(t.shape, t.dtype.name)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from fexplore.errors import SourceLoc
 from fexplore.lang.types import shape_text
+from fexplore.npu.commands import index_text
 from fexplore.lang.values import DramSlice, DramTensor, Tile
 
 
@@ -304,6 +305,8 @@ class KernelTrace:
         seen: dict[str, int] = {}
         names = {}
         for t in self.tiles:
+            if t.base is not None:   # a slice is shown as its base indexed: %x.0[0:64, 128:256]
+                continue
             k = seen.get(t.name, 0)
             seen[t.name] = k + 1
             names[t.id] = f"%{t.name}.{k}"
@@ -311,8 +314,7 @@ class KernelTrace:
 
     def format(self, max_ops: int | None = None, *, with_source: bool = True) -> str:
         names = self.tile_names()
-        name = names.__getitem__
-        show = lambda t: name(t.id)  # noqa: E731
+        show = lambda t: names[t.id] if t.base is None else f"{names[t.base.id]}[{index_text(t.index)}]"  # noqa: E731
         lines = [f"kernel {self.name} on {self.target.name}"
                  + ("" if self.pipelining else " (pipelining off)")]
         for t in self.tensors:

@@ -23,7 +23,7 @@ from fexplore.lang import ir
 from fexplore.lang.errors import SRAMOverflowError
 from fexplore.lang.schedule import list_schedule
 from fexplore.npu import ProgramBuilder, cost, dtypes
-from fexplore.npu.commands import DMA, TENSOR, VECTOR
+from fexplore.npu.commands import DMA, TENSOR, VECTOR, view_of
 from fexplore.npu.errors import SRAMOverflowError as NPUSRAMOverflowError
 from fexplore.npu.hazards import HazardTracker
 from fexplore.npu.vector_ops import VECTOR_OPS
@@ -129,6 +129,8 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
 
     def buf(pi, t):
         plan, bufs = meta[pi][0], meta[pi][1]
+        if t.base is not None:   # a slice of a tile: a view of its buffer (hazards: the whole buffer)
+            return view_of(bufs[plan.buffer_of[t.base.id].id], t.index)
         return bufs[plan.buffer_of[t.id].id]
 
     def ref(pi, box):
@@ -284,12 +286,12 @@ def _fresh_accumulators(ops: list[ir.Op]) -> tuple[set[int], set[int]]:
     dropped, overwrite = set(), set()
     for op in ops:
         for t in op.tiles():
-            fill = pending.pop(t.id, None)
+            fill = pending.pop(t.storage.id, None)
             if fill is not None and isinstance(op, ir.Contract) and op.accumulate and op.out is t \
-                    and op.a is not t and op.b is not t:
+                    and t.base is None and op.a.storage is not t and op.b.storage is not t:
                 dropped.add(fill.index)
                 overwrite.add(op.index)
-        if isinstance(op, ir.Fill) and op.value == 0.0:
+        if isinstance(op, ir.Fill) and op.value == 0.0 and op.out.base is None:
             pending[op.out.id] = op
     return dropped, overwrite
 

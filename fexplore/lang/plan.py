@@ -12,6 +12,8 @@ reuse, by allocation site (the line that makes the tile, see `tracer.py`):
     never takes a buffer used by one of the previous s-1 iterations, so the DMA of the next tile
     overlaps the compute on this one (double buffering for s=2).
   - An elementwise vector op may write its result over an operand that dies there (in place).
+  - A slice (``t[:, ks]``) is a view of its tile's buffer: it takes no buffer of its own, and its
+    uses keep that buffer alive.
 
 A buffer lives from its first tile's first use to its last tile's last use. If the buffers live at
 some point on a PE exceed its SRAM, tracing fails with FK160 on the line that needed the space.
@@ -102,12 +104,12 @@ def make_plan(trace: ir.KernelTrace) -> SramPlan:
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for op in trace.ops:
-        for t in op.tiles():
-            first.setdefault(t.id, op.index)
-            last[t.id] = op.index
+        for t in op.tiles():   # a slice keeps its base's buffer alive
+            first.setdefault(t.storage.id, op.index)
+            last[t.storage.id] = op.index
     born: dict[int, list[Tile]] = {}
     for t in trace.tiles:
-        if t.id in first:  # a tile no op touches (an unused fl.empty) takes no space
+        if t.base is None and t.id in first:  # a tile no op touches (an unused fl.empty) takes no space
             born.setdefault(first[t.id], []).append(t)
 
     pools: dict[tuple, list[PlanBuffer]] = {}

@@ -20,6 +20,7 @@ from fexplore.lang.errors import (AxisError, DTypeError, MemorySpaceError,
 from fexplore.lang.tracer import Tracer, current, user_loc
 from fexplore.lang.types import ACC, SRAM, DType, TensorSpec, as_dtype, f32, i32, shape_text
 from fexplore.lang.values import DMA, DramSlice, DramTensor, Tile
+from fexplore.npu.commands import compose_index
 
 
 def describe(x) -> str:
@@ -59,7 +60,7 @@ def operand_tile(tr: Tracer, x, what: str, loc, *, spaces=(SRAM, ACC), read: boo
             f"{what}: tile {x.name!r} lives in the SRAM of PE {x.pe}, but this code runs on PE {tr.pe}",
             expected=f"a tile on PE {tr.pe}", given=describe(x) + f" on PE {x.pe}", loc=loc,
             hint="each PE has its own SRAM: load the data inside the fl.parallel loop that uses it")
-    if read and not x.written:
+    if read and not x.storage.written:
         raise UninitializedReadError(
             f"{what} reads tile {x.name!r} before anything was written to it",
             expected="a tile that was loaded (fl.load), computed, or filled (fl.zeros / fl.full)",
@@ -78,7 +79,7 @@ def destination_tile(tr: Tracer, out, what: str, loc, shape, *, spaces=(SRAM, AC
 
 
 def mark_written(t: Tile) -> Tile:
-    t.written = True
+    t.storage.written = True   # a write into a slice writes its base
     return t
 
 
@@ -101,10 +102,22 @@ def no_value(t: Tile, how: str):
         hint="pick values on the vector unit with fl.where(mask, a, b); loop bounds come from shapes")
 
 
-def no_sram_slicing(t: Tile):
-    raise TraceError(f"tile {t.name!r} is indexed, but tiles in SRAM cannot be sliced",
-                     expected="a box of a DRAM tensor, e.g. X[rows, cols]", given=describe(t) + "[...]",
-                     loc=user_loc(), hint="load the part you need from DRAM as its own tile")
+def sram_slice(t: Tile, index) -> Tile:
+    """``t[...]``: a view of a box of tile `t` (ints, and slices with a positive step), read and written in place. A view
+    of a view is a view of the first tile; the view's axes are the kept axes' names."""
+    tr = current("tile[...]")
+    loc, site = tr.where()
+    operand_tile(tr, t, f"slicing tile {t.name!r}", loc)
+    offsets, sizes, kept, steps = _box_index(t.name, t.shape, t.axes, index, loc, stepped=True)
+    own = [slice(o, o + (n - 1) * st + 1, st) if k else o for o, n, k, st in zip(offsets, sizes, kept, steps)]
+    base, at = (t, tuple(own)) if t.base is None else (t.base, compose_index(t.index, own))
+    shape = tuple(n for n, k in zip(sizes, kept) if k)
+    axes = tuple(a for a, k in zip(t.axes, kept) if k)
+    view = Tile(tr.trace, len(tr.trace.tiles), shape, t.dtype, axes, t.space, t.pe, base.name, loc, base.site,
+                base.stamps, f"a slice of {base.origin}", base=base, index=at)
+    view.written = True   # reads are checked against the base (operand_tile)
+    tr.trace.tiles.append(view)
+    return view
 
 
 # ---- DRAM -----------------------------------------------------------------------------------------
@@ -113,44 +126,59 @@ def dram_slice(tensor: DramTensor, index) -> DramSlice:
     loc = tr.where()[0]
     if tensor.trace is not tr.trace:
         raise TraceError(f"DRAM tensor {tensor.name!r} belongs to another trace", given=describe(tensor), loc=loc)
+    offsets, sizes, kept = _box_index(tensor.name, tensor.shape, tensor.axes, index, loc)
+    return DramSlice(tensor, offsets, sizes, kept)
+
+
+def _box_index(name: str, shape, axes, index, loc, *, stepped: bool = False):
+    """Per dim of `shape`: the offset, the extent, whether the dim is kept (a slice) or dropped (an
+    int) by `index`, numpy's basic indexing; trailing dims are whole. DMA boxes have unit stride;
+    with `stepped` (a tile's slice, read in SRAM) a slice may step, and its steps come back too."""
     if not isinstance(index, tuple):
         index = (index,)
-    if len(index) > tensor.ndim:
-        raise OutOfBoundsError(f"{tensor.name} has {tensor.ndim} axes but is indexed with {len(index)}",
-                               expected=f"at most {tensor.ndim} indices ({', '.join(map(str, tensor.axes))})",
+    if len(index) > len(shape):
+        raise OutOfBoundsError(f"{name} has {len(shape)} axes but is indexed with {len(index)}",
+                               expected=f"at most {len(shape)} indices ({', '.join(map(str, axes))})",
                                given=f"{len(index)} indices", loc=loc)
-    offsets, sizes, kept = [], [], []
-    for dim in range(tensor.ndim):
+    offsets, sizes, kept, steps = [], [], [], []
+    for dim in range(len(shape)):
         ix = index[dim] if dim < len(index) else slice(None)
-        n = tensor.shape[dim]
-        axis = tensor.axes[dim] or f"dim {dim}"
+        n = shape[dim]
+        axis = axes[dim] or f"dim {dim}"
         if isinstance(ix, Tile):
-            raise TraceError(f"{tensor.name} is indexed by tile {ix.name!r}: DMA boxes are fixed at trace time",
+            raise TraceError(f"{name} is indexed by tile {ix.name!r}: boxes are fixed at trace time",
                              expected="ints or slices of ints", given=describe(ix), loc=loc)
         if isinstance(ix, slice):
-            if ix.step not in (None, 1):
-                raise OutOfBoundsError(f"{tensor.name}: a DMA box has unit stride along {axis}",
-                                       expected="a slice with step 1", given=f"step {ix.step}", loc=loc)
+            step = _int_or(ix.step, 1, loc)
+            if step != 1 and not (stepped and step > 1):
+                raise OutOfBoundsError(f"{name}: a {'slice' if stepped else 'box'} has a positive "
+                                       f"{'' if stepped else 'unit '}stride along {axis}",
+                                       expected="a slice with step 1" if not stepped else "a step of 1 or more",
+                                       given=f"step {ix.step}", loc=loc,
+                                       hint="a DMA moves unit-stride boxes: load the box, then slice the tile "
+                                            "with a step" if not stepped else None)
             start, stop = _int_or(ix.start, 0, loc), _int_or(ix.stop, n, loc)
             start, stop = start + n if start < 0 else start, stop + n if stop < 0 else stop
+            stop = min(stop, n) if stepped and step > 1 else stop   # numpy clips a stepped slice's end
             if not 0 <= start < stop <= n:
                 raise OutOfBoundsError(
-                    f"{tensor.name}: the box {start}:{stop} leaves axis {axis} (size {n})",
+                    f"{name}: the box {start}:{stop} leaves axis {axis} (size {n})",
                     expected=f"0 <= start < stop <= {n} along {axis} (dim {dim})",
                     given=f"{ix.start}:{ix.stop}" + (f" (= {start}:{stop})" if (start, stop) !=
                                                       (ix.start, ix.stop) else ""), loc=loc)
-            offsets.append(start), sizes.append(stop - start), kept.append(True)
+            offsets.append(start), sizes.append(len(range(start, stop, step))), kept.append(True)
+            steps.append(step)
         elif isinstance(ix, (int, np.integer)) and not isinstance(ix, bool):
             i = int(ix) + n if ix < 0 else int(ix)
             if not 0 <= i < n:
-                raise OutOfBoundsError(f"{tensor.name}: index {ix} is outside axis {axis} (size {n})",
+                raise OutOfBoundsError(f"{name}: index {ix} is outside axis {axis} (size {n})",
                                        expected=f"-{n} <= index < {n} along {axis} (dim {dim})",
                                        given=f"index {ix}", loc=loc)
-            offsets.append(i), sizes.append(1), kept.append(False)
+            offsets.append(i), sizes.append(1), kept.append(False), steps.append(1)
         else:
-            raise TraceError(f"{tensor.name} indexed with {ix!r}", expected="ints and slices",
+            raise TraceError(f"{name} indexed with {ix!r}", expected="ints and slices",
                              given=describe(ix), loc=loc, hint="fl.tiles(n, size) gives slices that tile an axis")
-    return DramSlice(tensor, offsets, sizes, kept)
+    return (offsets, sizes, kept, steps) if stepped else (offsets, sizes, kept)
 
 
 def _int_or(v, default: int, loc) -> int:

@@ -93,10 +93,10 @@ class Tile:
     """A tile in one PE's SRAM (space ``sram``) or in the tensor unit's accumulator (``acc``)."""
 
     __slots__ = ("trace", "id", "shape", "dtype", "axes", "space", "pe", "name", "loc", "site", "stamps",
-                 "written", "origin")
+                 "written", "origin", "base", "index")
 
     def __init__(self, trace, id: int, shape, dtype: DType, axes, space: str, pe: int, name: str,
-                 loc, site, stamps, origin: str):
+                 loc, site, stamps, origin: str, base: "Tile | None" = None, index: tuple | None = None):
         self.trace = trace
         self.id = id
         self.shape = tuple(shape)
@@ -110,6 +110,13 @@ class Tile:
         self.stamps = stamps    # (loop key, iteration) of each enclosing pipelined loop
         self.written = False    # anything stored into it yet? (reads before that are FK150)
         self.origin = origin    # what made it, for error messages ("fl.empty at line 4")
+        self.base = base        # a slice (``t[:, ks]``) is a view of this tile's buffer
+        self.index = index      # ... at these indices of the base: an int or a slice per base dim
+
+    @property
+    def storage(self) -> "Tile":
+        """The tile whose buffer holds this one's elements: its base for a slice, else itself."""
+        return self if self.base is None else self.base
 
     @property
     def ndim(self) -> int:
@@ -198,10 +205,15 @@ class Tile:
 
     __int__ = __index__ = __float__
 
-    def __getitem__(self, index):
-        from fexplore.lang import compute, semantics
+    def __getitem__(self, index) -> "Tile":
+        """``t[:, ks]``: a box of the tile, in place (no copy, no DMA): an operand of a contraction,
+        a vector op or a store, or a destination (``acc=``, ``out=``, ``into=``: e.g. a contraction
+        accumulating into part of an accumulator). An int drops its axis; a slice may step
+        (``t[:, ::2]``: SRAM is read with strides, DRAM boxes are not). It is a view, not a copy:
+        it reads what its tile holds when it is used."""
+        from fexplore.lang import semantics
 
-        semantics.no_sram_slicing(self)
+        return semantics.sram_slice(self, index)
 
     def __len__(self) -> int:
         return self.shape[0] if self.shape else 0

@@ -10,7 +10,7 @@ Headless: nothing here imports matplotlib or pandas until a view or a table is a
 """
 
 from fexplore.npu.builder import ProgramBuilder
-from fexplore.npu.commands import (ENGINES, Buffer, Command, Contract, DramRef, DramTensor, Gather, Load,
+from fexplore.npu.commands import (ENGINES, Buffer, BufferView, Command, Contract, DramRef, DramTensor, Gather, Load,
                                    Scatter, Stage, Store, Sync, Transpose, Vector)
 from fexplore.npu.config import PRESETS, NPUConfig, get_target
 from fexplore.npu.errors import HazardError, IndexOutOfRangeError, ProgramError, SRAMOverflowError
@@ -23,7 +23,7 @@ from fexplore.npu.vector_ops import VECTOR_OPS
 __all__ = [
     "NPUConfig", "get_target", "PRESETS",
     "ProgramBuilder", "Program", "simulate", "SimResult", "Roofline", "Timeline", "TimelineEvent",
-    "Buffer", "DramTensor", "DramRef", "Command", "Load", "Stage", "Store", "Contract", "Vector", "Sync",
+    "Buffer", "BufferView", "DramTensor", "DramRef", "Command", "Load", "Stage", "Store", "Contract", "Vector", "Sync",
     "Gather", "Scatter", "Transpose", "IndexOutOfRangeError",
     "ENGINES", "VECTOR_OPS", "HazardError", "ProgramError", "SRAMOverflowError",
 ]

@@ -25,7 +25,8 @@ from numbers import Number
 from fexplore.errors import ConfigError, SourceLoc
 from fexplore.npu import dtypes
 from fexplore.npu.commands import (ENGINES, NO_ENGINE, Buffer, Command, Contract, DramRef, DramTensor,
-                                   Gather, Host, Load, Stage, Scatter, Store, Sync, Transpose, Vector, _squeeze)
+                                   Gather, Host, Load, Stage, Scatter, Store, Sync, Transpose, Vector, _squeeze,
+                                   storage_of)
 from fexplore.npu.config import NPUConfig, get_target
 from fexplore.npu.errors import ProgramError, SRAMOverflowError
 from fexplore.npu.hazards import HazardTracker
@@ -163,7 +164,8 @@ class ProgramBuilder:
         loc = self._loc(loc)
         ref = self._ref(src, loc)
         index = tuple(index) if isinstance(index, (tuple, list)) else (index,)
-        for buf in (dst, *index):
+        self._check_buffer(dst, loc)
+        for buf in index:
             self._check_buffer(buf, loc)
         self._check_indexed(ref, index, dst, axis, mode, "gather", loc)
         return self._add(Gather(dst, ref, index, axis, mode, loc), deps, dram=((ref, False),))
@@ -185,8 +187,8 @@ class ProgramBuilder:
     def transpose(self, out: Buffer, src: Buffer, perm, *, deps=(), loc=None) -> Transpose:
         """Transpose engine: ``out = src.transpose(perm)``, both buffers on one PE."""
         loc = self._loc(loc)
-        for buf in (out, src):
-            self._check_buffer(buf, loc)
+        self._check_buffer(out, loc)
+        self._check_buffer(src, loc)
         perm = tuple(int(p) for p in perm)
         if sorted(perm) != list(range(len(src.shape))):
             raise ProgramError(f"transpose: {list(perm)} is not a permutation of {src!r}'s axes", loc=loc)
@@ -199,7 +201,8 @@ class ProgramBuilder:
         """Tensor unit: ``out = einsum(spec, a, b)`` (or ``+=`` with accumulate), f32 accumulation."""
         loc = self._loc(loc)
         spec = spec.replace(" ", "")
-        for buf in (out, a, b):
+        self._check_buffer(out, loc)
+        for buf in (a, b):
             self._check_buffer(buf, loc)
         if not (a.pe == b.pe == out.pe):
             raise ProgramError(f"contract {spec}: operands on different PEs ({a!r}, {b!r}, {out!r})",
@@ -347,7 +350,8 @@ class ProgramBuilder:
         return x
 
     def _check_buffer(self, buf, loc) -> None:
-        if not isinstance(buf, Buffer) or buf.id >= len(self._buffers) or self._buffers[buf.id] is not buf:
+        base = storage_of(buf) if isinstance(buf, Buffer) else buf
+        if not isinstance(buf, Buffer) or base.id >= len(self._buffers) or self._buffers[base.id] is not base:
             raise ProgramError(f"{buf!r} is not an SRAM buffer of this program", loc=loc,
                                hint="allocate it with builder.alloc(name, shape, dtype, pe=...)")
 

@@ -35,6 +35,7 @@ import math
 
 from fexplore.errors import SourceLoc
 from fexplore.npu import dtypes
+from fexplore.npu.errors import ProgramError
 from fexplore.npu.vector_ops import VectorOpDef
 
 ENGINES = ("dma", "tensor", "vector")
@@ -174,8 +175,85 @@ class Buffer:
     def size(self) -> int:
         return math.prod(self.shape)
 
+    def __getitem__(self, index) -> "BufferView":
+        """A box of the buffer, read in place (see `BufferView`)."""
+        return view_of(self, index)
+
     def __repr__(self) -> str:
         return f"pe{self.pe}.{self.name}<{_shape_str(self.shape)} {self.dtype}>"
+
+
+class BufferView(Buffer):
+    """A box of an SRAM buffer (``buf[0:64, 128:256]``; an int index drops its dim; slices may step),
+    read or written in place by a command: a contraction's operand or the part of an accumulator it
+    adds into, a vector op's input or output, a DMA's source or destination. A command using one
+    uses its whole buffer as far as dependencies and lifetimes go: `id` is the buffer's, and
+    commands list the buffer itself in their reads and writes (conservative: two writes into
+    disjoint parts of one buffer are ordered)."""
+
+    __slots__ = ("base", "index")
+
+    def __init__(self, base: Buffer, index: tuple):
+        shape = tuple(len(range(*ix.indices(n))) for ix, n in zip(index, base.shape) if isinstance(ix, slice))
+        super().__init__(f"{base.name}[{index_text(index)}]", shape, base.dtype, base.pe, base.id, base.loc)
+        self.base = base
+        self.index = index   # one int or unit-stride slice per dim of the buffer
+
+
+def view_of(buf: Buffer, index) -> BufferView:
+    """The box `index` (ints and slices with a step of 1 or more, as in numpy) of SRAM buffer `buf`;
+    a view of a view is a view of its buffer. Raises ProgramError for an index outside the buffer."""
+    index = index if isinstance(index, tuple) else (index,)
+    if len(index) > len(buf.shape):
+        raise ProgramError(f"{buf!r} has {len(buf.shape)} dims but is indexed with {len(index)}")
+    index = index + (slice(None),) * (len(buf.shape) - len(index))
+    own = []
+    for ix, n in zip(index, buf.shape):
+        if isinstance(ix, bool) or not isinstance(ix, (int, slice)):
+            raise ProgramError(f"{buf!r} is indexed with {ix!r}: ints and slices only")
+        if isinstance(ix, int):
+            if not -n <= ix < n:
+                raise ProgramError(f"index {ix} is outside a dim of {n} of {buf!r}")
+            own.append(ix % n)
+            continue
+        start, stop, step = ix.indices(n)
+        if step < 1 or stop <= start:
+            raise ProgramError(f"{buf!r} is indexed with {ix!r}: non-empty slices with a positive step only")
+        own.append(slice(start, start + (len(range(start, stop, step)) - 1) * step + 1, step))
+    if isinstance(buf, BufferView):
+        return BufferView(buf.base, compose_index(buf.index, own))
+    return BufferView(buf, tuple(own))
+
+
+def compose_index(outer, inner) -> tuple:
+    """The index into a base of `inner` applied to the view `outer` of it: each int of `outer`
+    stays (it dropped that dim); each slice of `outer` is narrowed by the next item of `inner`.
+    Slices are (start, stop, step) with step >= 1 and stop one past the last element."""
+    at, it = [], iter(inner)
+    for ix in outer:
+        if isinstance(ix, int):
+            at.append(ix)
+            continue
+        sub = next(it)
+        step = ix.step or 1
+        if isinstance(sub, int):
+            at.append(ix.start + sub * step)
+        else:
+            sub_step = sub.step or 1
+            start, n = ix.start + sub.start * step, len(range(sub.start, sub.stop, sub_step))
+            at.append(slice(start, start + (n - 1) * step * sub_step + 1, step * sub_step))
+    return tuple(at)
+
+
+def storage_of(buf: Buffer) -> Buffer:
+    """The buffer a view is of (a buffer is its own)."""
+    return buf.base if isinstance(buf, BufferView) else buf
+
+
+def index_text(index) -> str:
+    """``0:64, 3, 1:9:2``: a box of a buffer (or tile), per dim an int or a slice."""
+    return ", ".join(str(ix) if isinstance(ix, int) else
+                     f"{ix.start}:{ix.stop}" + (f":{ix.step}" if (ix.step or 1) != 1 else "") for ix in index)
 
 
 def _shape_str(shape) -> str:
@@ -195,8 +273,8 @@ class Command:
         self.id = -1  # set by the builder: the index in the program
         self.pe = pe
         self.engine = engine
-        self.reads = tuple(reads)
-        self.writes = tuple(writes)
+        self.reads = tuple(storage_of(b) for b in reads)   # views count as their whole buffer
+        self.writes = tuple(storage_of(b) for b in writes)
         self.deps: tuple[int, ...] = ()
         self.loc = loc
 

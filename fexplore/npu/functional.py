@@ -13,7 +13,8 @@ import numpy as np
 
 from fexplore.errors import InputError
 from fexplore.npu import dtypes
-from fexplore.npu.commands import Buffer, Contract, Gather, Host, Load, Scatter, Stage, Store, Transpose, Vector
+from fexplore.npu.commands import (Buffer, BufferView, Contract, Gather, Host, Load, Scatter, Stage, Store,
+                                    Transpose, Vector)
 from fexplore.npu.errors import IndexOutOfRangeError
 from fexplore.npu.program import Program
 from fexplore.npu.vector_ops import apply
@@ -61,6 +62,8 @@ def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
     sram: dict[int, np.ndarray] = {}
 
     def buf(b):
+        if isinstance(b, BufferView):   # a numpy view of its buffer's array: read in place
+            return buf(b.base)[b.index]
         arr = sram.get(b.id)
         if arr is None:
             arr = sram[b.id] = _fresh(b.shape, b.dtype)

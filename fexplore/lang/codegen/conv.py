@@ -9,14 +9,18 @@ out[b, o, p, q] = sum over (kh, kw, c) of x[b, c, p*s + kh*d - pad, q*s + kw*d -
 
 For one kernel offset (kh, kw) and a band of output rows and columns, the input elements are one
 box of x: unit-stride after viewing x as (B, C, H/s, s, W/s, s) (a free reshape), where a row
-p*s + r is (p + r // s, r % s). Padding needs no padded copy: output rows and columns are cut into
-bands at the points where an offset starts or stops reading inside the image, so within a band
-each offset reads wholly inside (it contributes) or wholly in the zero padding (it is skipped).
+p*s + r is (p + r // s, r % s). The boxes of all the offsets of a band lie in one window of that
+view, so an item (a band and a tile of output channels) loads the window once, and its weights for
+every offset once, and each offset's contraction reads slices of them in SRAM (no copy): a 3x3
+convolution moves its input about once instead of nine times, in one DMA instead of nine. Padding
+needs no padded copy: output rows and columns are cut into bands at the points where an offset
+starts or stops reading inside the image, so within a band each offset reads wholly inside (it
+contributes) or wholly in the zero padding (it is skipped).
 
 A stride that does not divide the input (a 37-pixel image, stride 2: the last window is partial)
-has no such free view; along that axis the bands are one output row (or column) wide, so each
-offset reads a box of one row, x[..., p*s + r : p*s + r + 1, ...]: correct, and priced honestly
-(more, smaller DMA and tensor-unit commands).
+has no such free view; along that axis the bands are one output row (or column) wide, and the
+offsets read a unit-stride run of input rows, x[..., p*s + min r : p*s + max r + 1, ...]: correct,
+and priced honestly (more, smaller DMA and tensor-unit commands).
 
 Groups: output channels are tiled inside a group, and the tile reads its group's input channels.
 A depthwise convolution (one input channel per group, one output per group) would give the tensor
@@ -26,6 +30,7 @@ a multiply-accumulate of the window, `to` channels at a time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -41,10 +46,26 @@ from .source import Names, Writer, cast_to, fl_dtype
 
 STAGES = 2
 
-HELPERS = '''\
-def bands(n, cuts, size):
-    """[0, n) in tiles of at most `size` rows that do not straddle any of `cuts`."""
-    edges = sorted({0, n, *(c for c in cuts if 0 < c < n)})
+COVERED = '''\
+def covered(band, n, k, stride, dilation, pad):
+    """Per kernel offset t that reads inside the input (size n) for some output row of `band`:
+    (t, first, stop), the output rows p of the band whose input row p * stride + t * dilation - pad
+    is inside; the others read the padding, which adds nothing."""
+    out = []
+    for t in range(k):
+        off = t * dilation - pad
+        first, stop = max(band.start, -(off // stride)), min(band.stop, -((off - n) // stride))
+        if first < stop:
+            out.append((t, first, stop))
+    return out
+'''
+
+HELPERS = COVERED + '''
+
+def bands(span, cuts, size):
+    """`span` (a slice, or n for [0, n)) in tiles of at most `size` rows that do not straddle any of `cuts`."""
+    first, last = (0, span) if isinstance(span, int) else (span.start, span.stop)
+    edges = sorted({first, last, *(c for c in cuts if first < c < last)})
     return [slice(i, min(i + size, hi)) for lo, hi in zip(edges, edges[1:]) for i in range(lo, hi, size)]
 
 
@@ -52,6 +73,14 @@ def taps(band, n, k, stride, dilation, pad):
     """The kernel offsets that read inside the input (size n) for every output row of `band`."""
     return [t for t in range(k)
             if band.start * stride + t * dilation - pad >= 0 and (band.stop - 1) * stride + t * dilation - pad < n]
+
+
+def reach(offsets, stride, dilation, pad):
+    """The input window the `covered` offsets read, in the input seen as (rows // stride, stride):
+    (first row, stop row, first phase, stop phase); a stride of 1 has the one phase 0."""
+    spans = [(first + r, stop + r, p) for t, first, stop in offsets for r, p in [divmod(t * dilation - pad, stride)]]
+    return (min(a for a, _, _ in spans), max(b for _, b, _ in spans),
+            min(p for _, _, p in spans), max(p for _, _, p in spans) + 1)
 
 
 def group_tiles(groups, per_group, size):
@@ -173,22 +202,45 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     while Bo * math.ceil(P / rows) * groups * math.ceil(Og / to) < cfg.num_pes and rows > 1:
         rows //= 2
 
-    def footprint(r, t):
+    halo = max((sp.w.type.shape[2] - 1) * sp.dilation[0] + 1 for sp in specs), \
+        max((sp.w.type.shape[3] - 1) * sp.dilation[1] + 1 for sp in specs)
+    smax = max(sp.stride[0] for sp in specs), max(sp.stride[1] for sp in specs)
+    taps_max = max(sp.w.type.shape[2] * sp.w.type.shape[3] for sp in specs)
+
+    def footprint(r, t, window):
         x_rows = t if depthwise else Cmax   # a depthwise tap reads the tile's own channels
         w_cols = 1 if depthwise else Cmax
-        return (2 * STAGES * (x_rows * r * cols + t * w_cols) * len(specs) +
-                2 * t * r * cols * (len(specs) + 1 + len(epilogue))) * 4
+        if window:   # the input window and all the offsets' weights of an item, double buffered by items
+            operands = STAGES * (x_rows * (r * smax[0] + halo[0]) * (cols * smax[1] + halo[1]) +
+                                 t * w_cols * taps_max) * len(specs)
+        else:        # a patch and an offset's weights, double buffered by the offset loop, per item
+            operands = 2 * STAGES * (x_rows * r * cols + t * w_cols) * len(specs)
+        return (operands + 2 * t * r * cols * (len(specs) + 1 + len(epilogue))) * 4
 
-    while footprint(rows, to) > cfg.sram_bytes_per_pe // 2 and (rows > 1 or to > 4):
-        if rows > 1:
-            rows //= 2
-        else:
-            to = max(4, to // 2)
-    if footprint(rows, to) > cfg.sram_bytes_per_pe // 2:
+    def fit(window):
+        r, t = rows, to
+        while footprint(r, t, window) > cfg.sram_bytes_per_pe // 2 and (r > 1 or t > 4):
+            if r > 1:
+                r //= 2
+            else:
+                t = max(4, t // 2)
+        return r, t, footprint(r, t, window) <= cfg.sram_bytes_per_pe // 2
+
+    # a window per item when one fits (it moves the input about once, not once per offset); else
+    # (a small SRAM, many input channels) a load per offset
+    rows_w, to_w, window = fit(True)
+    rows, to, fits = (rows_w, to_w, True) if window else fit(False)
+    if not fits:
         fail(convs[0], f"one output row of {Q} columns does not fit one PE's SRAM on {cfg.name}")
+    if window:
+        split = _split_over_pes(specs, out_shape, one_row, one_col, depthwise, cfg,
+                                lambda r, t: footprint(r, t, True) <= cfg.sram_bytes_per_pe // 2)
+        if split is not None:
+            rows, to = split
 
-    names = Names({"bands", "taps", "group_tiles", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh", "kw", "r",
-                   "rp", "c", "cp", "c0", "xt", "wt"})
+    names = Names({"bands", "taps", "reach", "group_tiles", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh",
+                   "kw", "r", "rp", "c", "cp", "c0", "xt", "wt", "offsets", "rw", "cw", "xw", "pg", "o", "covered", "rows_in",
+                   "cols_in", "p0", "p1", "q0", "q1", "part"})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, inputs)
@@ -235,7 +287,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     w_(f'@fl.kernel(target="{cfg.name}")')
     # a stride that does not divide the height reads one input row per band: `rows` is fixed at 1
     # then, not a tiling parameter the schedule's search may change
-    row_param = "" if one_row else f"rows: int = {rows}, "
+    row_param = f"rows: int = {rows}, " if window or not one_row else ""
     w_(f"def {fname}({', '.join(sig.annotations)}, *, {row_param}to: int = {to}, stages: int = {STAGES}):")
     with w_.indent():
         w_(f"B, O, P, Q = {Bo}, {O}, {P}, {Q}")
@@ -246,62 +298,60 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             onames.append(on)
             results.append(Result(i, tuple(node.outputs[i].type.shape)))
             w_(f'{on} = fl.output((B, O, P, Q), {fl_dtype(o.type.dtype)}, axes="B O P Q")')
-        w_(f"# output rows and columns in bands: in each, a kernel offset reads all inside the input or "
-           f"all in the padding")
         otiles = "fl.tiles(O, to)" if groups == 1 or depthwise else f"group_tiles({groups}, {Og}, to)"
-        w_(f"for b, ps, qs, os_ in fl.parallel(range(B), bands(P, {tuple(rcuts)}, {'1' if one_row else 'rows'}), "
-           f"bands(Q, {tuple(ccuts)}, {'1' if one_col else 'Q'}), {otiles}, stages=stages):")
-        with w_.indent():
+        col_bands = f"bands(Q, {tuple(ccuts)}, {'1' if one_col else 'Q'})"
+        band_loop = contextlib.ExitStack()
+        if window:
+            w_("# an item: a tile of output channels and a group of output rows, whose weights load once")
+            w_("for b, pg, os_ in fl.parallel(range(B), fl.tiles(P, rows), {otiles}, stages=stages):".replace(
+                "{otiles}", otiles))
+        else:
+            w_(f"# output rows and columns in bands: in each, a kernel offset reads all inside the input or "
+               f"all in the padding")
+            w_(f"for b, ps, qs, os_ in fl.parallel(range(B), bands(P, {tuple(rcuts)}, {'1' if one_row else 'rows'}), "
+               f"{col_bands}, {otiles}, stages=stages):")
+        with w_.indent(), band_loop:
             tiles = dict(inputs.literals)
             if groups > 1 and not depthwise:
                 Cg = specs[0].w.type.shape[1]
                 w_(f"c0 = os_.start // {Og} * {Cg}   # the group's first input channel")
+            weights, biases = [], []
             for sp, xn, wn, bn in conv_params:
-                c = sp.node
-                acc = names.new("acc")
-                (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
-                B, C, H, W = sp.x_shape
-                KH, KW = sp.w.type.shape[2:]
-                w_(f"{acc} = None")
-                w_(f"for kh, kw in fl.range([(kh, kw) for kh in taps(ps, {H}, {KH}, {sh}, {dh}, {ph}) "
-                   f"for kw in taps(qs, {W}, {KW}, {sw}, {dw}, {pw})], stages=stages):")
-                with w_.indent():
-                    boxes = []
-                    for var, band, s, d, pad, split in (("r", "ps", sh, dh, ph, sp.split[0]),
-                                                        ("c", "qs", sw, dw, pw, sp.split[1])):
-                        off = _offset("kh" if var == "r" else "kw", d, pad)
-                        if s == 1:
-                            w_(f"{var} = {off}")
-                            boxes.append(f"{band}.start + {var}:{band}.stop + {var}")
-                        elif split:
-                            what = "row" if var == "r" else "column"
-                            w_(f"{var}, {var}p = divmod({off}, {s})   # input {what} of output {what} p: "
-                               f"{s} * (p + {var}) + {var}p")
-                            boxes.append(f"{band}.start + {var}:{band}.stop + {var}, {var}p")
-                        else:   # the stride does not divide the input: a band is one row (column) wide
-                            w_(f"{var} = {band}.start * {s} + {off}")
-                            boxes.append(f"{var}:{var} + 1")
-                    channels = "os_" if depthwise else (":" if groups == 1 else f"c0:c0 + {C // groups}")
-                    box = f"{xn}[b, {channels}, {', '.join(boxes)}]"
-                    if depthwise:   # the vector unit: f32 multiply-accumulate over the window
-                        # operands rounded to the convolution's operand dtype first, as the tensor unit would
-                        xdt, wdt = c.inputs[0].type.dtype, c.inputs[1].type.dtype
-                        patch = cast_to(cast_to(f"fl.load({box})", sp.x.type.dtype, xdt), xdt, DType.f32)
-                        wt = cast_to(cast_to(f"fl.load({wn}[os_, kh, kw])", sp.w.type.dtype, wdt), wdt, DType.f32)
-                        w_(f"xt, wt = {patch}, {wt}")
-                        w_(f"{acc} = xt * wt if {acc} is None else {acc} + xt * wt")
-                    else:
-                        patch = cast_to(f"fl.load({box})", sp.x.type.dtype, c.inputs[0].type.dtype)
-                        wt = cast_to(f"fl.load({wn}[os_, :, kh, kw])", sp.w.type.dtype, c.inputs[1].type.dtype)
-                        w_(f'{acc} = fl.contract("cpq,oc->opq", {patch}, {wt}, acc={acc})')
-                w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
-                with w_.indent():
-                    w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
-                val = acc
+                wt = None
+                if window:
+                    wt = names.new("ww")
+                    wbox = f"{wn}[os_, :, :]" if depthwise else f"{wn}[os_, :, :, :]"
+                    w_(f"{wt} = {_operand_casts(f'fl.load({wbox})', sp.w.type.dtype, sp.node.inputs[1].type.dtype, depthwise)}")
+                weights.append(wt)
+                bt = None
                 if bn is not None:
                     bt = names.new(bn + "_t")
-                    val = names.new(c.outputs[0].name)
                     w_(f"{bt} = fl.load({bn}[os_, :, :])")
+                biases.append(bt)
+            if window:
+                if one_row or one_col:
+                    w_("# bands of one output row (column) where the stride does not divide the input")
+                w_(f"for ps, qs in fl.range([(ps, qs) for ps in bands(pg, (), {'1' if one_row else 'P'}) "
+                   f"for qs in bands(Q, (), {'1' if one_col else 'Q'})], stages=stages):")
+                band_loop.enter_context(w_.indent())
+            for (sp, xn, wn, bn), wt, bt in zip(conv_params, weights, biases):
+                c = sp.node
+                acc = names.new("acc")
+                B, C, H, W = sp.x_shape
+                channels = "os_" if depthwise else (":" if groups == 1 else f"c0:c0 + {C // groups}")
+                xdt, wdt = c.inputs[0].type.dtype, c.inputs[1].type.dtype
+                if window:
+                    w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
+                    _window_taps(w_, sp, xn, wt, acc, channels, depthwise, xdt)
+                else:
+                    w_(f"{acc} = None")
+                    _tap_loads(w_, sp, xn, wn, acc, channels, depthwise, xdt, wdt)
+                    w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
+                    with w_.indent():
+                        w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
+                val = acc
+                if bt is not None:
+                    val = names.new(c.outputs[0].name)
                     w_(f"{val} = {acc} + {bt}")
                 if c.outputs[0].type.dtype.name != "f32":
                     cast = names.new(val + "_c")
@@ -331,3 +381,142 @@ def _offset(var: str, dilation: int, pad: int) -> str:
     """``kh * d - pad``, written without the terms that do nothing."""
     text = var if dilation == 1 else f"{var} * {dilation}"
     return text if pad == 0 else f"{text} - {pad}"
+
+
+def _operand_casts(load: str, stored, op_dt, depthwise: bool) -> str:
+    """A loaded operand in the convolution's operand dtype; a depthwise one then widened to f32 for
+    the vector unit (rounded to the operand dtype first, as the tensor unit would)."""
+    return cast_to(cast_to(load, stored, op_dt), op_dt, DType.f32) if depthwise else cast_to(load, stored, op_dt)
+
+
+def _accumulate(w_, acc: str, patch: str, wt: str, depthwise: bool) -> None:
+    if depthwise:   # the vector unit: f32 multiply-accumulate over the window
+        w_(f"xt, wt = {patch}, {wt}")
+        w_(f"{acc} = xt * wt if {acc} is None else {acc} + xt * wt")
+    else:
+        w_(f'{acc} = fl.contract("cpq,oc->opq", {patch}, {wt}, acc={acc})')
+
+
+def _window_taps(w_, sp: _Conv, xn: str, ww: str, acc: str, channels: str, depthwise: bool, xdt) -> None:
+    """One load of the input window the band's kernel offsets read; each offset's patch, and its
+    weights in the item's weight tile `ww`, are slices (views in SRAM, no copy), and it adds into
+    the part of the accumulator whose inputs lie inside the image (near a border, an offset reads
+    the zero padding for some output rows: they get nothing from it, and no padded copy is made).
+    Along an axis the stride divides, the window is read through the free view (rows // s, s), all
+    of a column's phases (so a window row is one contiguous run in DRAM, not an element every s);
+    along one it does not, the band is one output row, whose offsets read a unit-stride run."""
+    (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
+    B, C, H, W = sp.x_shape
+    KH, KW = sp.w.type.shape[2:]
+    axes = []
+    for var, cov, win, band, n, k, s, d, pad, split in (("r", "rows_in", "rw", "ps", H, KH, sh, dh, ph, sp.split[0]),
+                                                        ("c", "cols_in", "cw", "qs", W, KW, sw, dw, pw, sp.split[1])):
+        if s > 1 and not split:   # the input rows of the band's one output row, unit stride
+            w_(f"{band}_in = slice({band}.start * {s}, {band}.start * {s} + 1)   # where output {band}.start reads from")
+            band, s = f"{band}_in", 1
+        w_(f"{cov} = covered({band}, {n}, {k}, {s}, {d}, {pad})   # (offset, first, stop output row) inside the input")
+        axes.append((var, cov, win, band, s, d, pad))
+    w_(f"if {axes[0][1]} and {axes[1][1]}:   # one load of the input window they read, sliced per offset")
+    with w_.indent():
+        box = []
+        for var, cov, win, band, s, d, pad in axes:
+            w_(f"{win} = reach({cov}, {s}, {d}, {pad})")
+            box.append(f"{win}[0]:{win}[1]" + ("" if s == 1 else ", :" if var == "c" else f", {win}[2]:{win}[3]"))
+        xbox = f"{xn}[b, {channels}, {', '.join(box)}]"
+        w_(f"xw = {_operand_casts(f'fl.load({xbox})', sp.x.type.dtype, xdt, depthwise)}")
+        (_, rcov, rw, rband, rs, _, _), (_, ccov, cw, cband, cs, _, _) = axes
+        w_(f"for kh, p0, p1 in {rcov}:")
+        with w_.indent():
+            w_(f"for kw, q0, q1 in {ccov}:")
+            with w_.indent():
+                idx = []
+                for var, cov, win, band, s, d, pad in axes:
+                    lo, hi = ("p0", "p1") if var == "r" else ("q0", "q1")
+                    off = _offset("kh" if var == "r" else "kw", d, pad)
+                    w_(f"{var}, {var}p = divmod({off}, {s})" if s > 1 else f"{var} = {off}")
+                    rows = f"{lo} + {var} - {win}[0]:{hi} + {var} - {win}[0]"
+                    idx.append(rows if s == 1 else f"{rows}, {var}p" if var == "c" else f"{rows}, {var}p - {win}[2]")
+                part = f"{acc}[:, p0 - {rband}.start:p1 - {rband}.start, q0 - {cband}.start:q1 - {cband}.start]"
+                patch = f"xw[:, {', '.join(idx)}]"
+                if depthwise:   # the vector unit: f32 multiply-accumulate over the window
+                    w_(f"part = {part}")
+                    w_(f"fl.add(part, {patch} * {ww}[:, kh, kw], out=part)")
+                else:
+                    w_(f'fl.contract("cpq,oc->opq", {patch}, {ww}[:, :, kh, kw], acc={part})')
+
+
+def _tap_loads(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwise: bool, xdt, wdt) -> None:
+    """Per kernel offset, a load of its patch and of its weights, double buffered by the offset loop
+    (when an item's window does not fit the SRAM)."""
+    (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
+    B, C, H, W = sp.x_shape
+    KH, KW = sp.w.type.shape[2:]
+    w_(f"for kh, kw in fl.range([(kh, kw) for kh in taps(ps, {H}, {KH}, {sh}, {dh}, {ph}) "
+       f"for kw in taps(qs, {W}, {KW}, {sw}, {dw}, {pw})], stages=stages):")
+    with w_.indent():
+        boxes = []
+        for var, band, s, d, pad, split in (("r", "ps", sh, dh, ph, sp.split[0]),
+                                            ("c", "qs", sw, dw, pw, sp.split[1])):
+            off = _offset("kh" if var == "r" else "kw", d, pad)
+            if s == 1:
+                w_(f"{var} = {off}")
+                boxes.append(f"{band}.start + {var}:{band}.stop + {var}")
+            elif split:
+                what = "row" if var == "r" else "column"
+                w_(f"{var}, {var}p = divmod({off}, {s})   # input {what} of output {what} p: "
+                   f"{s} * (p + {var}) + {var}p")
+                boxes.append(f"{band}.start + {var}:{band}.stop + {var}, {var}p")
+            else:   # the stride does not divide the input: a band is one row (column) wide
+                w_(f"{var} = {band}.start * {s} + {off}")
+                boxes.append(f"{var}:{var} + 1")
+        box = f"{xn}[b, {channels}, {', '.join(boxes)}]"
+        wbox = f"{wn}[os_, kh, kw]" if depthwise else f"{wn}[os_, :, kh, kw]"
+        _accumulate(w_, acc, _operand_casts(f"fl.load({box})", sp.x.type.dtype, xdt, depthwise),
+                    _operand_casts(f"fl.load({wbox})", sp.w.type.dtype, wdt, depthwise), depthwise)
+
+
+def _split_over_pes(specs, out_shape, one_row: bool, one_col: bool, depthwise: bool, cfg, fits):
+    """(rows, to): the group of output rows and the tile of output channels of one item that
+    finishes first by a per-PE model, or None if no candidate fits. Each PE's DMA engine brings an
+    item's weights for every offset once and the input window of each of its bands (the whole
+    group, or one row or column per band where the stride does not divide the input): a late layer
+    of few pixels and many channels wants whole images and few channels per item, an early one the
+    reverse; the tensor unit (the vector unit, depthwise) does its MACs; and a PE with one item
+    more than another makes the others wait (rounds)."""
+    Bo, O, P, Q = out_shape
+    groups = specs[0].groups
+    per_group = O if depthwise else O // groups
+    candidates_rows = sorted({min(P, 1 << i) for i in range(P.bit_length() + 1)} | {P})
+    candidates_to, t = [], per_group
+    while True:
+        candidates_to.append(t)
+        if t <= 8:
+            break
+        t = -(-t // 2)
+    band_cols = 1 if one_col else Q
+    best = None
+    for r in candidates_rows:
+        band_rows = 1 if one_row else r
+        bands = (r if one_row else 1) * (Q if one_col else 1)   # per item
+        for t in candidates_to:
+            if not fits(r if not one_row else 1, t):
+                continue
+            items = Bo * -(-P // r) * (1 if depthwise else groups) * -(-per_group // t)
+            rounds = -(-items // cfg.num_pes)
+            nbytes, work = 0, 0.0
+            for sp in specs:
+                (sh, sw), (dh, dw) = sp.stride, sp.dilation
+                KH, KW = sp.w.type.shape[2:]
+                cin = t if depthwise else sp.x_shape[1] // groups
+                window = cin * ((band_rows - 1) * sh + (KH - 1) * dh + 1) * (band_cols * sw + (KW - 1) * dw)
+                nbytes += bands * window * max(sp.x.type.dtype.itemsize, 1) + \
+                    t * (1 if depthwise else cin) * KH * KW * max(sp.w.type.dtype.itemsize, 1)
+                dt = sp.node.inputs[0].type.dtype.name
+                work += (2 * KH * KW * t * r * Q / cfg.vector_lanes if depthwise else
+                         KH * KW * t * r * Q * cin / cfg.macs_per_cycle(dt))
+            nbytes += t * r * Q * 4
+            dma = rounds * (nbytes / cfg.dma_bytes_per_cycle + (len(specs) * (1 + bands) + 1) * cfg.dma_startup_cycles)
+            cost = (max(dma, rounds * work), -r)   # ties: taller groups (fewer weight re-reads)
+            if best is None or cost < best[0]:
+                best = (cost, r, t)
+    return None if best is None else best[1:]

@@ -1,12 +1,14 @@
 """The pooling kernel: max_pool2d, avg_pool2d and adaptive_avg_pool2d (equal bins) as windowed
 reductions on the vector unit.
 
-The NCHW input is seen as planes (P = N * C) of rows; its width as (W / SW, SW), so that the
-columns one window position reads across a whole output row (``kw * DW + SW * ow``) are one
-unit-stride box: ``[q + ow, r]`` with ``q, r = divmod(kw * DW, SW)``. Each output row is a loop
-over the window's KH * KW boxes of (planes, OW), maxed (or summed) into an accumulator. Padding,
-and the overhang of ceil_mode's last window, come from a padded copy of the input in DRAM scratch
-(filled with -inf or 0, then the input copied into its middle one column phase at a time).
+The NCHW input is seen as planes (P = N * C) of rows. An item is a tile of planes and a band of
+output rows; it loads the input rows the band's windows cover, whole (one unit-stride box per
+plane), and each of the KH * KW window offsets is a stepped slice of that tile in SRAM
+(``win[:, kh * DH :: SH, kw * DW :: SW]``, no copy), maxed (or summed) into the band's accumulator.
+So the input is read about once (the windows' overlap of rows between bands aside), in one DMA
+per item. Padding, and the overhang of ceil_mode's last window, are never copied: an offset that
+reads outside the input for some output cells reduces only into the part of the accumulator whose
+cells it reaches inside (the accumulator starts at -inf for max, 0 for a sum).
 Global average pooling (an output of 1 x 1) is a mean over H and W: the reduction part writes it.
 """
 
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 from fexplore.ir import DType, Node
 
-from .boxes import STAGES, Loops, spec, tile_sizes
+from .boxes import STAGES, spec, tile_sizes
+from .conv import COVERED
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
@@ -44,10 +47,6 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
         (KH, KW), (SH, SW), (PH, PW) = n.attrs["kernel"], n.attrs["stride"], n.attrs["padding"]
         DH, DW = n.attrs["dilation"] if op == "max_pool2d" else (1, 1)
     need_h, need_w = (OH - 1) * SH + DH * (KH - 1) + 1, (OW - 1) * SW + DW * (KW - 1) + 1
-    if W % SW:
-        raise UnsupportedRegionError(op, label, f"a column stride {SW} that does not divide the width {W}: the "
-                                                f"columns of a window row are not one unit-stride box", loc=n.loc)
-    padded = PH or PW or need_h > H or need_w > W
     divisor = None
     if op != "max_pool2d":
         divisor = n.attrs["divisor"] if op == "avg_pool2d" else None
@@ -60,71 +59,63 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
                                              loc=n.loc)
             divisor = KH * KW
     P = N * Cc
-    tiles = tile_sizes((P, OW), cfg, live=3)
-    if tiles[1] < OW:
+    # an item's window rows per output row (SH, plus the window's height once) and its columns (W
+    # for OW outputs): how many accumulator-sized tiles it takes
+    window = -(-((SH + DH * (KH - 1)) * W) // OW)
+    planes, rows, cols = tile_sizes((P, OH, OW), cfg, live=3 + window)
+    if cols < OW:
         raise UnsupportedRegionError(op, label, f"an output row of {OW} does not fit one tile on {cfg.name}",
                                      loc=n.loc)
-    names = Names({"stages", "XP"})
+    while -(-P // planes) * -(-OH // rows) < cfg.num_pes and rows > 1:   # an item for every PE
+        rows = -(-rows // 2)
+    names = Names({"stages", "win", "acc", "part", "ps", "ohs", "kh", "kw", "p0", "p1", "q0", "q1", "r", "c",
+                   "top", "bottom", "rows", "planes", "rows_in", "cols_in", "covered"})
     fname = kernel_name(node)
     names.taken.add(fname)
     inputs = Inputs.of(node, body)
     sig = Signature(names, inputs)
-    WQ = W // SW
-    xname = sig.add(x, (P, H, WQ, SW), spec(["P", "H", "WQ", "SW"], (P, H, WQ, SW), {"P", "H"}))
+    xname = sig.add(x, (P, H, W), spec(["P", "H", "W"], (P, H, W), {"P", "H", "W"}))
     w = Writer()
     header(w, node, body, "pooling", sig.header, inputs.literals)
+    for line in COVERED.splitlines():
+        w(line)
+    w()
+    w()
     w(f'@fl.kernel(target="{cfg.name}")')
-    w(f"def {fname}({', '.join(sig.annotations)}, *, stages: int = {STAGES}):")
+    w(f"def {fname}({', '.join(sig.annotations)}, *, planes: int = {planes}, rows: int = {rows}, "
+      f"stages: int = {STAGES}):")
     maxing = op == "max_pool2d"
     fill = 'float("-inf")' if maxing else "0.0"
-    dt = fl_dtype(x.type.dtype)
     with w.indent():
-        w(f"P, H, OH, OW = {P}, {H}, {OH}, {OW}")
-        w(f"KH, KW, SH, SW, DH, DW = {KH}, {KW}, {SH}, {SW}, {DH}, {DW}")
+        w(f"P, H, W, OH, OW = {P}, {H}, {W}, {OH}, {OW}")
+        w(f"KH, KW, SH, SW, DH, DW, PH, PW = {KH}, {KW}, {SH}, {SW}, {DH}, {DW}, {PH}, {PW}")
         w(f'OUT = fl.output((P, OH, OW), {fl_dtype(y.type.dtype)}, axes="P _ _")')
-        src = xname
-        if padded:
-            src = "XP"
-            HP = max(H + 2 * PH, need_h)
-            WP = max(W + 2 * PW, need_w)
-            WPQ = -(-WP // SW)
-            w(f"# the input padded (rows {PH}, columns {PW}, and room for the last window) with {fill}")
-            w(f"XP = fl.scratch((P, {HP}, {WPQ}, SW), {dt})")
-            fl_tiles = tile_sizes((P, HP, WPQ, SW), cfg)
-            loops = Loops(["P", "HP", "WPQ", "SW"], (P, HP, WPQ, SW), fl_tiles, {"P", "SW"})
-            w(loops.header())
-            with w.indent():
-                shape = ", ".join(loops.extent(i) for i in range(4))
-                idx = ", ".join(loops.index(i, 0, e) for i, e in enumerate((P, HP, WPQ, SW)))
-                w(f"fl.store(XP[{idx}], fl.full(({shape}), {fill}, {dt}))")
-            w(f"for r in range(SW):   # input column q * SW + r is padded column q * SW + r + {PW}: "
-              f"[q + (r + {PW}) // SW, (r + {PW}) % SW]")
-            with w.indent():
-                cp = tile_sizes((P, H, WQ), cfg)
-                loops = Loops(["P", "H", "WQ"], (P, H, WQ), cp, {"P", "H"})
-                w(loops.header())
-                with w.indent():
-                    w(f"q, c = divmod(r + {PW}, SW)")
-                    pi, hi, wi = loops.index(0, 0, P), loops.index(1, 0, H), loops.index(2, 0, WQ)
-                    hrow = loops.index(1, PH, None)
-                    wcol = f"q + {loops.vars[2]}.start:q + {loops.vars[2]}.stop" if 2 in loops.vars else f"q:q + {WQ}"
-                    w(f"fl.store(XP[{pi}, {hrow}, {wcol}, c], fl.load({xname}[{pi}, {hi}, {wi}, r]))")
-        grid = f"fl.tiles(P, {tiles[0]}), range(OH)"
-        w(f"for ps, oh in fl.parallel({grid}, stages=stages):")
+        w("# a band of output rows per item: the input rows its windows cover, loaded whole; each window")
+        w("# offset is a stepped slice of them (rows SH apart, columns SW apart), reduced into the part of")
+        w("# the band whose windows it reaches inside the input (the padding adds nothing)")
+        w("for ps, ohs in fl.parallel(fl.tiles(P, planes), fl.tiles(OH, rows), stages=stages):")
         with w.indent():
-            w(f"acc = fl.full((ps, OW), {fill})")
-            w("for kh in fl.range(KH):")
+            w("rows_in = covered(ohs, H, KH, SH, DH, PH)   # (offset, first, stop output row) inside the input")
+            w("cols_in = covered(slice(0, OW), W, KW, SW, DW, PW)")
+            w(f"acc = fl.full((ps, ohs, OW), {fill})")
+            w("if rows_in and cols_in:")
             with w.indent():
-                w("for kw in fl.range(KW):")
+                w("top = min(p0 * SH + kh * DH - PH for kh, p0, p1 in rows_in)")
+                w("bottom = max((p1 - 1) * SH + kh * DH - PH + 1 for kh, p0, p1 in rows_in)")
+                w(f"win = fl.load({xname}[ps, top:bottom, :])")
+                w("for kh, p0, p1 in rows_in:")
                 with w.indent():
-                    w("q, r = divmod(kw * DW, SW)   # the window's column kw in every output column: [q + ow, r]")
-                    w(f"t = fl.load({src}[ps, oh * SH + kh * DH, q:q + OW, r])")
-                    w(f"fl.{'maximum' if maxing else 'add'}(acc, t, out=acc)")
+                    w("for kw, q0, q1 in cols_in:")
+                    with w.indent():
+                        w("r, c = p0 * SH + kh * DH - PH - top, q0 * SW + kw * DW - PW   # the first input cell")
+                        w("part = acc[:, p0 - ohs.start:p1 - ohs.start, q0:q1]")
+                        w(f"fl.{'maximum' if maxing else 'add'}(part, win[:, r:r + (p1 - p0 - 1) * SH + 1:SH, "
+                          f"c:c + (q1 - q0 - 1) * SW + 1:SW], out=part)")
             result = "acc" if maxing else f"acc / {divisor}"
             if y.type.dtype != DType.f32:
                 result = f"({result}).astype({fl_dtype(y.type.dtype)})" if not maxing else \
                     f"acc.astype({fl_dtype(y.type.dtype)})"
-            w(f"fl.store(OUT[ps, oh, :], {result})")
+            w(f"fl.store(OUT[ps, ohs, :], {result})")
         w("return OUT")
     return GeneratedKernel(fname, "pooling", w.text(), cfg, tuple(sig.params),
                            (Result(0, tuple(y.type.shape)),), (op,))

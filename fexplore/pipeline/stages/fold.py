@@ -2,7 +2,10 @@
 
 Everything computed from constants alone becomes a constant: masks, position ids, aranges,
 transposed or reshaped weights, rotary tables. A batch norm after a convolution with constant
-weights folds into the convolution's weight and bias. The fold size limit (an option) keeps huge
+weights folds into the convolution's weight and bias; any other batch norm with constant
+statistics (inference) becomes a per-channel scale and shift, two elementwise ops that fuse with
+their neighbours. On the meta device both rewrites are made on structure alone (the folded
+constants have no values), so a real-size model reaches the graph it would with weights. The fold size limit (an option) keeps huge
 results from being materialized, and broadcasts stay lazy (an expanded constant is cheaper to
 regenerate than to store).
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fexplore.ir import Constant, Graph, Node, evaluate_node
+from fexplore.ir import Constant, Graph, Node, TensorType, evaluate_node
 
 from ..stage import StageResult
 from .rewrite import Rewriter
@@ -26,6 +29,7 @@ def fold(graph: Graph, options) -> StageResult:
     folded = skipped_for_size = 0
     folded_bytes = 0
     absorbed: set[str] = set()  # conv outputs whose batch norm folds into them
+    scale_shift = 0             # other batch norms, become a per-channel scale and shift
 
     producers = graph.producers()
     for node in graph.nodes:
@@ -34,6 +38,11 @@ def fold(graph: Graph, options) -> StageResult:
             continue
         if node.op.name == "batch_norm" and node.inputs[0].name in absorbed:
             _fold_conv_bn(rw, producers[node.inputs[0].name], node)
+            continue
+        if node.op.name == "batch_norm" and node.inputs[0].type.dtype.is_float and \
+                all(_is_const(rw, v) for v in node.inputs[1:]):
+            _batch_norm_as_scale_and_shift(rw, node)
+            scale_shift += 1
             continue
         ins = [rw.lookup(v) for v in node.inputs]
         if not _foldable(node, ins):
@@ -60,9 +69,10 @@ def fold(graph: Graph, options) -> StageResult:
         rw.record("fold-constant", [v.name for v in node.outputs])
     g = rw.finish()
     stats = {"constants_folded": folded, "folded_bytes": folded_bytes,
-             "conv_batchnorm_folded": len(absorbed),
+             "conv_batchnorm_folded": len(absorbed), "batchnorm_as_scale_shift": scale_shift,
              "not_folded_over_size_limit": skipped_for_size}
-    summary = f"{folded} values folded ({folded_bytes:,} B), {len(absorbed)} conv+batch-norm pairs"
+    summary = f"{folded} values folded ({folded_bytes:,} B), {len(absorbed)} conv+batch-norm pairs" + \
+        (f", {scale_shift} batch norms as scale and shift" if scale_shift else "")
     return StageResult(g, stats, rw.rewrites, summary)
 
 
@@ -83,8 +93,8 @@ def _symbolic(v) -> bool:
 
 
 def _is_const(rw: Rewriter, v) -> bool:
-    v = rw.lookup(v)
-    return isinstance(v, Constant) and v.payload is not None
+    """A constant, with values or (a meta-device weight) without."""
+    return isinstance(rw.lookup(v), Constant)
 
 
 def _conv_bn_pair(conv: Node, users, rw: Rewriter) -> bool:
@@ -97,16 +107,65 @@ def _conv_bn_pair(conv: Node, users, rw: Rewriter) -> bool:
         all(_is_const(rw, v) for v in us[0].inputs[1:])
 
 
+def _folded(rw: Rewriter, name: str, compute, type: TensorType) -> Constant:
+    """A constant computed from others by `compute()` (float64 arrays), or, when any of them is a
+    meta-device weight without values, the same constant by structure alone."""
+    try:
+        payload = compute()
+    except _NoValues:
+        return rw.constant(name, None, type=type, digest=f"meta-folded-{name}")
+    return rw.constant(name, np.asarray(payload).astype(type.dtype.numpy).reshape(type.shape), type=type)
+
+
+class _NoValues(Exception):
+    pass
+
+
+def _values(rw: Rewriter, v) -> np.ndarray:
+    payload = rw.lookup(v).payload
+    if payload is None:
+        raise _NoValues
+    return payload.astype(np.float64)
+
+
 def _fold_conv_bn(rw: Rewriter, conv: Node, bn: Node) -> None:
-    w = rw.lookup(conv.inputs[1]).payload.astype(np.float64)
-    b = rw.lookup(conv.inputs[2]).payload.astype(np.float64) if len(conv.inputs) == 3 else 0.0
-    gamma, beta, mean, var = (rw.lookup(v).payload.astype(np.float64) for v in bn.inputs[1:])
-    scale = gamma / np.sqrt(var + bn.attrs["eps"])
-    dt = conv.inputs[1].type.dtype.numpy
-    new_w = rw.constant(f"{bn.output.name}.weight", (w * scale.reshape(-1, 1, 1, 1)).astype(dt))
-    new_b = rw.constant(f"{bn.output.name}.bias", ((b - mean) * scale + beta).astype(dt))
+    def scale():
+        gamma, var = _values(rw, bn.inputs[1]), _values(rw, bn.inputs[4])
+        return gamma / np.sqrt(var + bn.attrs["eps"])
+
+    def weight():
+        return _values(rw, conv.inputs[1]) * scale().reshape(-1, 1, 1, 1)
+
+    def bias():
+        b = _values(rw, conv.inputs[2]) if len(conv.inputs) == 3 else 0.0
+        return (b - _values(rw, bn.inputs[3])) * scale() + _values(rw, bn.inputs[2])
+
+    wt = conv.inputs[1].type
+    new_w = _folded(rw, f"{bn.output.name}.weight", weight, TensorType(wt.shape, wt.dtype))
+    new_b = _folded(rw, f"{bn.output.name}.bias", bias, TensorType((wt.shape[0],), wt.dtype))
     x = rw.lookup(conv.inputs[0])
     out = rw.emit("conv2d", [x, new_w, new_b], dict(conv.attrs), name=bn.output.name,
                   loc=conv.loc)
     rw.replace(bn.output, out)
     rw.record("fold-conv-batchnorm", [conv.output.name, bn.output.name], [out.name])
+
+
+def _batch_norm_as_scale_and_shift(rw: Rewriter, bn: Node) -> None:
+    """y = x * scale + shift, scale = weight / sqrt(var + eps), shift = bias - mean * scale, both
+    shaped (C, 1, ...) to broadcast along the channel axis (axis 1) of x."""
+    x = rw.lookup(bn.inputs[0])
+    C = bn.inputs[1].type.shape[0]
+    t = TensorType((C,) + (1,) * (x.type.rank - 2), x.type.dtype)
+
+    def scale():
+        return _values(rw, bn.inputs[1]) / np.sqrt(_values(rw, bn.inputs[4]) + bn.attrs["eps"])
+
+    def shift():
+        return _values(rw, bn.inputs[2]) - _values(rw, bn.inputs[3]) * scale()
+
+    name = bn.output.name
+    scaled = rw.emit("mul", [x, _folded(rw, f"{name}.scale", scale, t)], name=rw.fresh_name(f"{name}_scaled"),
+                     loc=bn.loc)
+    out = rw.emit("add", [scaled, _folded(rw, f"{name}.shift", shift, t)], name=name, loc=bn.loc)
+    rw.replace(bn.output, out)
+    rw.record("batchnorm-as-scale-shift", [name], [scaled.name, out.name])

@@ -211,7 +211,8 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
 
 
 # An input or weight whose loads move more than this many times its size is worth staging on chip
-REREAD_FACTOR = 1.5
+# (a convolution's or pool's bands of rows re-read their windows' halo rows: a few tens of percent)
+REREAD_FACTOR = 1.1
 # ... and staging is worth a second build when the re-reads are this share of what the loads move
 STAGE_MIN_SHARE = 0.01
 # ... and the staged program is kept unless it is slower than this fraction (it saves DRAM traffic)
