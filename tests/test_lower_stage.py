@@ -142,3 +142,52 @@ def test_the_lower_stage_view_lists_every_kernel_with_its_source(zoo_compiled):
     assert "free view" in html or not cm.lowering.free_views
     # gpt's embedding is a DMA gather kernel now; what is left on the host is marked as such
     assert ('<span class="bad">host</span>' in html) == bool(cm.lowering.host_ops)
+
+
+class _SqueezeExcite(__import__("torch").nn.Module):
+    """A convolution whose result scales a larger tensor (squeeze-and-excitation, as in RegNet and
+    EfficientNet): a pooled [1, C, 1, 1] attention broadcast over the [1, C, H, W] features."""
+
+    def __init__(self):
+        import torch
+
+        super().__init__()
+        self.features = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.squeeze = torch.nn.Conv2d(8, 4, 1)
+        self.excite = torch.nn.Conv2d(4, 8, 1)
+
+    def forward(self, x):
+        import torch
+
+        h = torch.relu(self.features(x))   # features in the convolutions' layout: the mul fuses
+        a = torch.sigmoid(self.excite(torch.relu(self.squeeze(torch.nn.functional.adaptive_avg_pool2d(h, 1)))))
+        return h * a
+
+
+@pytest.mark.parametrize("target", ["rngd", "tiny"])
+def test_an_epilogue_that_broadcasts_the_result_is_its_own_kernel(target):
+    """The fused region (excite conv -> sigmoid -> mul with the features) has an epilogue larger
+    than the convolution's output: the generator refuses it with the reason, the region is split,
+    and every piece runs on the chip (before: a kernel whose output was the conv's size)."""
+    import torch
+
+    torch.manual_seed(0)
+    m, x = _SqueezeExcite().eval(), torch.randn(1, 3, 6, 5)
+    cm = fexplore.compile(m, (x,), target=target)
+    assert cm["lower"].stats["host_ops"] == 0 and cm["lower"].stats["split_regions"] == 1
+    np.testing.assert_allclose(cm(x).numpy(), m(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_cnn_on_the_meta_device_folds_its_batch_norms_and_runs_no_host_op():
+    """Without weights the batch norms still fold into their convolutions (on structure alone),
+    as they do with weights; before, every batch norm of a meta-device ResNet was a host op."""
+    import torch
+
+    from fexplore.models.cnn import resnet_cnn
+
+    model, (x,) = resnet_cnn(channels=8, blocks=2, image_size=32, batch=1)
+    with_weights = fexplore.compile(model, (x,), precision="bf16", verify=False)
+    meta = fexplore.compile(model.to("meta"), (x.to("meta"),), precision="bf16")
+    assert meta["fold"].stats["conv_batchnorm_folded"] == with_weights["fold"].stats["conv_batchnorm_folded"] > 0
+    assert meta["lower"].stats["host_ops"] == 0
+    assert meta.simulate().cycles > 0 and torch.device("meta") == next(model.parameters()).device

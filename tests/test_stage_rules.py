@@ -258,6 +258,95 @@ graph @g(%x: f32[2, 4]) {
 """)
 
 
+# A batch norm no convolution absorbs (inference statistics) is a per-channel scale and shift.
+CASES['fold-batchnorm-as-scale-shift'] = dict(
+    stage='fold', options={}, rules=['batchnorm-as-scale-shift'],
+    before="""\
+graph @g(%x: f32[1, 2, 2, 2]) {
+  const %w: f32[2] = dense [1.5, -1.0]
+  const %b: f32[2] = dense [0.0, 0.25]
+  const %mean: f32[2] = dense [0.5, -0.25]
+  const %var: f32[2] = dense [2.0, 0.5]
+  %y: f32[1, 2, 2, 2] = batch_norm(%x, %w, %b, %mean, %var) {eps=1e-05}
+  %z: f32[1, 2, 2, 2] = relu(%y)
+  return %z
+}
+""",
+    after="""\
+graph @g(%x: f32[1, 2, 2, 2]) {
+  const %y.scale: f32[2, 1, 1] = dense [1.0606575, -1.4141995]
+  const %y.shift: f32[2, 1, 1] = dense [-0.53032875, -0.10354985]
+  %y_scaled: f32[1, 2, 2, 2] = mul(%x, %y.scale)
+  %y: f32[1, 2, 2, 2] = add(%y_scaled, %y.shift)
+  %z: f32[1, 2, 2, 2] = relu(%y)
+  return %z
+}
+""")
+
+# A max pool between two convolutions that narrows nothing itself: its consumer's cast moves in
+# front of it (a max commutes with rounding), and from there into the region that makes its input.
+CASES['precision-bf16-narrow-through-max-pool'] = dict(
+    stage='precision', options={'precision': 'bf16'},
+    rules=['narrow-at-producer-bf16', 'narrow-through-max_pool2d-bf16', 'narrow-to-bf16'],
+    before="""\
+graph @g(%x: f32[1, 2, 4, 4]) {
+  const %w1: f32[3, 2, 1, 1] = dense [0.1, -0.2, 0.3, 0.4, -0.5, 0.6]
+  const %w2: f32[2, 3, 1, 1] = dense [0.3, -0.1, 0.2, 0.5, 0.4, -0.6]
+  %a: f32[1, 3, 4, 4] = region(%x, %w1) {kind="contraction"} {
+    graph @contraction_a(%x: f32[1, 2, 4, 4], %w1: f32[3, 2, 1, 1]) {
+      %c: f32[1, 3, 4, 4] = conv2d(%x, %w1)
+      %a: f32[1, 3, 4, 4] = relu(%c)
+      return %a
+    }
+  }
+  %m: f32[1, 3, 2, 2] = max_pool2d(%a) {kernel=[2, 2], stride=[2, 2]}
+  %y: f32[1, 2, 2, 2] = conv2d(%m, %w2)
+  return %y
+}
+""",
+    after="""\
+graph @g(%x: f32[1, 2, 4, 4]) {
+  const %w1.bf16: bf16[3, 2, 1, 1] = dense [0.100097656, -0.20019531, 0.30078125, 0.40039062, -0.5, 0.6015625]
+  const %w2.bf16: bf16[2, 3, 1, 1] = dense [0.30078125, -0.100097656, 0.20019531, 0.5, 0.40039062, -0.6015625]
+  %a: bf16[1, 3, 4, 4] = region(%x, %w1.bf16) {kind="contraction"} {
+    graph @contraction_a(%x: f32[1, 2, 4, 4], %w1.bf16: bf16[3, 2, 1, 1]) {
+      %x.bf16: bf16[1, 2, 4, 4] = cast(%x) {dtype=bf16}
+      %c: f32[1, 3, 4, 4] = conv2d(%x.bf16, %w1.bf16) {out_dtype=f32}
+      %a.wide: f32[1, 3, 4, 4] = relu(%c)
+      %a: bf16[1, 3, 4, 4] = cast(%a.wide) {dtype=bf16}
+      return %a
+    }
+  }
+  %m: bf16[1, 3, 2, 2] = max_pool2d(%a) {kernel=[2, 2], stride=[2, 2]}
+  %y: f32[1, 2, 2, 2] = conv2d(%m, %w2.bf16) {out_dtype=f32}
+  return %y
+}
+""")
+
+
+def test_narrowing_through_a_max_pool_changes_no_value_and_stops_at_a_wide_reader():
+    """The max pool on narrowed inputs computes exactly what the narrowed max pool did; a pool
+    result also returned in f32 keeps the pool wide."""
+    from fexplore.pipeline.stages.precision import _Policy, narrow_through_exact_ops
+    case = CASES['precision-bf16-narrow-through-max-pool']
+    before = ir.parse(case["before"])
+    policy = _Policy(ir.DType.bf16).apply(before, top=True)
+    moved, rewrites = narrow_through_exact_ops(policy, ir.DType.bf16)
+    assert [r.rule for r in rewrites] == ["narrow-through-max_pool2d-bf16"]
+    _assert_same_values(before, moved, policy)
+    wide = ir.parse(case["before"].replace("  return %y\n}", "  return %y, %m\n}"))
+    kept, rewrites = narrow_through_exact_ops(_Policy(ir.DType.bf16).apply(wide, top=True), ir.DType.bf16)
+    assert rewrites == [] and "max_pool2d(%a)" in str(kept) and "%m: f32" in str(kept)
+
+
+def _assert_same_values(before, got_graph, want_graph):
+    """Both graphs compute exactly the same values on `before`'s random inputs."""
+    for seed in range(3):
+        xs = _random_inputs(before, seed)
+        for got, want in zip(ir.run(got_graph, xs), ir.run(want_graph, xs)):
+            np.testing.assert_array_equal(got, want)
+
+
 def _random_inputs(g, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(v.type.shape).astype(v.type.dtype.numpy) for v in g.inputs]
@@ -295,10 +384,7 @@ def test_narrowing_at_the_producer_changes_no_value_and_keeps_a_value_read_wide(
     narrowed_in_consumer = _Policy(ir.DType.bf16).apply(before, top=True)
     moved, rewrites = narrow_at_producers(narrowed_in_consumer, ir.DType.bf16)
     assert [r.result for r in rewrites] == [("a",)]
-    for seed in range(3):
-        xs = _random_inputs(before, seed)
-        for got, want in zip(ir.run(moved, xs), ir.run(narrowed_in_consumer, xs)):
-            np.testing.assert_array_equal(got, want)
+    _assert_same_values(before, moved, narrowed_in_consumer)
     # a second reader in f32 (a relu of %a returned too): %a stays f32 and its cast stays put
     wide = ir.parse(case["before"].replace("  return %y\n}", "  %r: f32[2, 3] = relu(%a)\n  return %y, %r\n}"))
     kept, rewrites = narrow_at_producers(_Policy(ir.DType.bf16).apply(wide, top=True), ir.DType.bf16)

@@ -21,6 +21,8 @@ vector unit straight off the accumulators, one line per IR node (`vector.VectorE
 
 from __future__ import annotations
 
+import math
+
 from fexplore.ir import Node
 import contextlib
 
@@ -115,6 +117,9 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     for n in epilogue:
         if n.op.name not in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
             fail(n, "in a contraction's epilogue (elementwise ops are handled)")
+        if math.prod(n.outputs[0].type.shape) > math.prod(first.outputs[0].type.shape):
+            fail(n, "an epilogue that broadcasts the contraction's result to a larger shape: the kernel's "
+                    "tiles are the contraction's output")
     in_prologue = {v.name for n in body.nodes if id(n) in prologue for v in n.outputs} | {first.inputs[0].name}
     for o in body.outputs:
         if o.name in in_prologue:

@@ -176,6 +176,9 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             continue
         if n.op.name not in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
             fail(n, "in a convolution's epilogue (elementwise ops are handled)")
+        if math.prod(n.outputs[0].type.shape) > math.prod(out_shape):
+            fail(n, "an epilogue that broadcasts the convolution's result to a larger shape (a squeeze-"
+                    "and-excitation scale): the kernel's tiles are the convolution's output")
         epilogue.append(n)
     Bo, O, P, Q = out_shape
     Og = O // groups

@@ -8,7 +8,9 @@ plane), and each of the KH * KW window offsets is a stepped slice of that tile i
 So the input is read about once (the windows' overlap of rows between bands aside), in one DMA
 per item. Padding, and the overhang of ceil_mode's last window, are never copied: an offset that
 reads outside the input for some output cells reduces only into the part of the accumulator whose
-cells it reaches inside (the accumulator starts at -inf for max, 0 for a sum).
+cells it reaches inside (the accumulator starts at -inf for max, 0 for a sum). An average whose
+windows count different numbers of cells (count_include_pad=False, ceil_mode's last windows)
+divides by a per-cell count made the same way.
 Global average pooling (an output of 1 x 1) is a mean over H and W: the reduction part writes it.
 """
 
@@ -47,17 +49,18 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
         (KH, KW), (SH, SW), (PH, PW) = n.attrs["kernel"], n.attrs["stride"], n.attrs["padding"]
         DH, DW = n.attrs["dilation"] if op == "max_pool2d" else (1, 1)
     need_h, need_w = (OH - 1) * SH + DH * (KH - 1) + 1, (OW - 1) * SW + DW * (KW - 1) + 1
-    divisor = None
+    divisor, counted = None, None
     if op != "max_pool2d":
         divisor = n.attrs["divisor"] if op == "avg_pool2d" else None
         if divisor is None:
             whole = need_h <= H + 2 * PH and need_w <= W + 2 * PW
-            if (PH or PW) and not n.attrs["count_include_pad"] or not whole:
-                raise UnsupportedRegionError(op, label, "windows that count different numbers of cells "
-                                                        "(count_include_pad=False with padding, or ceil_mode's "
-                                                        "partial windows): the divisor varies per window",
-                                             loc=n.loc)
-            divisor = KH * KW
+            with_pad = op == "adaptive_avg_pool2d" or n.attrs["count_include_pad"]
+            if (PH or PW) and not with_pad or not whole:
+                # the divisor varies per window: its cells inside the input (count_include_pad=False)
+                # or inside the padded input (ceil_mode's last windows), counted per output cell
+                counted = (H + 2 * PH, W + 2 * PW, 0, 0) if with_pad else (H, W, PH, PW)
+            else:
+                divisor = KH * KW
     P = N * Cc
     # an item's window rows per output row (SH, plus the window's height once) and its columns (W
     # for OW outputs): how many accumulator-sized tiles it takes
@@ -69,7 +72,7 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
     while -(-P // planes) * -(-OH // rows) < cfg.num_pes and rows > 1:   # an item for every PE
         rows = -(-rows // 2)
     names = Names({"stages", "win", "acc", "part", "ps", "ohs", "kh", "kw", "p0", "p1", "q0", "q1", "r", "c",
-                   "top", "bottom", "rows", "planes", "rows_in", "cols_in", "covered"})
+                   "top", "bottom", "rows", "planes", "rows_in", "cols_in", "covered", "cnt"})
     fname = kernel_name(node)
     names.taken.add(fname)
     inputs = Inputs.of(node, body)
@@ -111,7 +114,18 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
                         w("part = acc[:, p0 - ohs.start:p1 - ohs.start, q0:q1]")
                         w(f"fl.{'maximum' if maxing else 'add'}(part, win[:, r:r + (p1 - p0 - 1) * SH + 1:SH, "
                           f"c:c + (q1 - q0 - 1) * SW + 1:SW], out=part)")
-            result = "acc" if maxing else f"acc / {divisor}"
+            if counted is not None:
+                hc, wc, pc, qc = counted
+                what = "the padded input" if pc == 0 and (PH or PW) else "the input"
+                w(f"# each output cell's divisor: the cells of its window inside {what}")
+                w("cnt = fl.zeros((1, ohs, OW))")
+                w(f"for kh, p0, p1 in covered(ohs, {hc}, KH, SH, DH, {pc}):")
+                with w.indent():
+                    w(f"for kw, q0, q1 in covered(slice(0, OW), {wc}, KW, SW, DW, {qc}):")
+                    with w.indent():
+                        w("part = cnt[:, p0 - ohs.start:p1 - ohs.start, q0:q1]")
+                        w("fl.add(part, 1.0, out=part)")
+            result = "acc" if maxing else ("acc / cnt" if counted is not None else f"acc / {divisor}")
             if y.type.dtype != DType.f32:
                 result = f"({result}).astype({fl_dtype(y.type.dtype)})" if not maxing else \
                     f"acc.astype({fl_dtype(y.type.dtype)})"

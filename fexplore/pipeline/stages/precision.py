@@ -10,7 +10,9 @@
 Contractions inside fused regions are rewritten in place in their bodies; a weight that enters a
 region as an operand is converted outside, so the region's operand itself is the narrow one.
 A region's result that every consumer narrows on entry is then narrowed where it is made
-(``narrow_at_producers``): the same values, half the bytes between the two kernels.
+(``narrow_at_producers``): the same values, half the bytes between the two kernels. Before that, a
+cast moves back through ops that commute with rounding (a max pool, a relu, views, a concat) that
+stand between two kernels (``narrow_through_exact_ops``), so they too run on the narrow bytes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def precision(graph: Graph, options) -> StageResult:
                            "policy fp32: nothing to narrow")
     p = _Policy(target)
     g = p.apply(graph, top=True)
+    g, through = narrow_through_exact_ops(g, target)
+    p.rewrites.extend(through)
     g, moved = narrow_at_producers(g, target)
     p.rewrites.extend(moved)
     stats = {"policy": options.precision, "casts_inserted": p.casts,
@@ -147,6 +151,55 @@ def _weight_inputs(body: Graph) -> set[int]:
 _DATA_ONLY = {"reshape", "permute", "slice", "select", "split", "expand", "relayout"}
 
 
+# Ops whose result, on inputs narrowed to a float dtype, is their result narrowed: a max picks one
+# of its inputs, a view or a copy moves them (rounding commutes with all of these)
+_EXACT_UNDER_ROUNDING = {"max_pool2d", "relu"} | _DATA_ONLY | {"concat"}
+
+
+def narrow_through_exact_ops(graph: Graph, dtype: DType) -> tuple[Graph, list]:
+    """An op of `_EXACT_UNDER_ROUNDING` outside any region (a stem's max pool between two
+    convolutions) whose every consumer narrows its result to ``dtype`` on entry runs on narrowed
+    inputs instead: a cast in front of it, its consumers' casts gone. The values are the same; the
+    op reads and writes half the bytes, and `narrow_at_producers` then narrows the region that makes
+    its input. Repeated until nothing moves, so a cast walks back through a chain of such ops."""
+    outputs = {v.name for v in graph.outputs}
+    rewrites = []
+    while True:
+        uses = _uses(graph)
+        picked = {}
+        for n in graph.nodes:
+            if n.op.name not in _EXACT_UNDER_ROUNDING or n.regions or len(n.outputs) != 1:
+                continue
+            v = n.outputs[0]
+            wide = [i for i, x in enumerate(n.inputs) if x.type.dtype.is_float and x.type.dtype != dtype]
+            if v.name in outputs or not v.type.dtype.is_float or v.type.dtype == dtype or not wide or \
+                    any(not x.type.dtype.is_float for x in n.inputs):
+                continue
+            if v.name in uses and all(_narrows_on_entry(u, i, dtype) for u, i in uses[v.name]):
+                picked[id(n)] = wide
+        if not picked:
+            return graph, rewrites
+        narrowed = {n.outputs[0].name for n in graph.nodes if id(n) in picked}
+        rw = Rewriter(graph)
+        for n in graph.nodes:
+            ins = [rw.lookup(v) for v in n.inputs]
+            entering = {i for i, v in enumerate(n.inputs) if v.name in narrowed}
+            if id(n) in picked:
+                for i in picked[id(n)]:
+                    ins[i] = rw.emit("cast", [ins[i]], {"dtype": dtype}, name=rw.fresh_name(f"{n.inputs[i].name}_narrow"),
+                                     loc=n.loc)
+                rw.rebuild(n, ins)
+                rw.record(f"narrow-through-{n.op.name}-{dtype.value}", [n.outputs[0].name])
+            elif n.op.name == "region" and entering:
+                rw.rebuild(n, ins, regions=[_drop_entry_casts(n.regions[0], entering, dtype)])
+            elif entering:   # a cast to dtype at the top level: its input is narrow already
+                rw.replace(n.outputs[0], ins[0])
+            else:
+                rw.keep(n)
+        graph = rw.finish()
+        rewrites.extend(rw.rewrites)
+
+
 def narrow_at_producers(graph: Graph, dtype: DType) -> tuple[Graph, list]:
     """A region's result that every consumer narrows to ``dtype`` on entry (a cast, perhaps after
     views) is narrowed in the region that makes it instead, as the last op of its epilogue.
@@ -156,10 +209,7 @@ def narrow_at_producers(graph: Graph, dtype: DType) -> tuple[Graph, list]:
     contraction reads its left operand once per column tile) no longer casts it each time. The
     model's own outputs keep their dtype."""
     outputs = {v.name for v in graph.outputs}
-    uses: dict[str, list[tuple[Node, int]]] = {}
-    for n in graph.nodes:
-        for i, v in enumerate(n.inputs):
-            uses.setdefault(v.name, []).append((n, i))
+    uses = _uses(graph)
     narrowed = {}
     for n in graph.nodes:
         if n.op.name != "region":
@@ -191,6 +241,15 @@ def narrow_at_producers(graph: Graph, dtype: DType) -> tuple[Graph, list]:
     for name, n in narrowed.items():
         rw.record(f"narrow-at-producer-{dtype.value}", [n.name], [name])
     return rw.finish(), rw.rewrites
+
+
+def _uses(graph: Graph) -> dict[str, list[tuple[Node, int]]]:
+    """Each value's readers: (node, input index)."""
+    uses: dict[str, list[tuple[Node, int]]] = {}
+    for n in graph.nodes:
+        for i, v in enumerate(n.inputs):
+            uses.setdefault(v.name, []).append((n, i))
+    return uses
 
 
 def _narrows_on_entry(user: Node, i: int, dtype: DType) -> bool:
