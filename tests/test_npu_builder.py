@@ -187,3 +187,17 @@ def test_compulsory_bytes_count_inputs_and_results_not_scratch():
     assert R.returned and not T.returned
     assert prog.compulsory_bytes() == 2 * 64 * 64 * 4                        # X read, U (as R) written
     assert prog.simulate().dram_bytes == 4 * 64 * 64 * 4                     # the spill moves T twice
+
+
+def test_vector_operand_shapes_broadcast_or_are_refused():
+    """Equal shapes and scalars need no broadcast (the common case, answered without numpy);
+    shapes that broadcast give the broadcast shape; shapes that do not are a ProgramError."""
+    b = ProgramBuilder("tiny")
+    out, same = b.alloc("out", (4, 8), "f32"), b.alloc("same", (4, 8), "f32")
+    col, row, odd = b.alloc("col", (4, 1), "f32"), b.alloc("row", (1, 8), "f32"), b.alloc("odd", (3, 8), "f32")
+    b.vector(out, "add", same, 2.0)
+    b.vector(out, "add", col, row)
+    with pytest.raises(ProgramError, match="do not fit"):
+        b.vector(out, "add", same, odd)
+    with pytest.raises(ProgramError, match="does not match output"):
+        b.vector(out, "add", col, 1.0)

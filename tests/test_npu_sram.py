@@ -114,3 +114,43 @@ def test_fresh_placement_after_a_pe_empties_still_orders_the_reuse():
         np.testing.assert_array_equal(prog.simulate({"X": np.ones((16, 64), np.float32)}).outputs["Y"], 1.0)
     assert placed[False] != 0      # by default: never-used space first, so no wait
     assert placed[True] == 0       # fresh: first fit, over p, after p's reader
+
+
+def _churning_program():
+    """Buffers of mixed sizes opened and closed in a random order on TINY: the free space splits
+    into many segments and every placement has freed ranges of many ages to choose among."""
+    rng = np.random.default_rng(7)
+    b = ProgramBuilder(TINY)
+    X, Y = b.input("X", (64, 64), "f32"), b.output("Y", (64, 64), "f32")
+    live, used = [], 0
+    for i in range(300):
+        rows = int(rng.choice([2, 4, 8, 16]))
+        while live and (used + rows * 256 > 48 * 1024 or rng.random() < 0.45):
+            buf = live.pop(int(rng.integers(len(live))))
+            b.store(Y[: buf.shape[0]], buf)      # its last use: the buffer dies here
+            used -= buf.shape[0] * 256
+        buf = b.alloc(f"t{i}", (rows, 64), "f32")
+        b.load(buf, X[:rows])
+        live.append(buf)
+        used += rows * 256
+    return b.build()
+
+
+def test_remembered_best_places_match_a_search_from_scratch(monkeypatch):
+    """The allocator remembers each free segment's best place per buffer size until the segment
+    changes; forgetting everything before every placement must give the same addresses and the
+    same reuse dependencies."""
+    from fexplore.npu import sram
+
+    remembered = _churning_program().allocation
+    searched = sram._PESpace.place
+
+    def from_scratch(space, size):
+        space._best.clear()
+        return searched(space, size)
+
+    monkeypatch.setattr(sram._PESpace, "place", from_scratch)
+    fresh = _churning_program().allocation
+    assert len(set(remembered.offset)) > 20 and remembered.reuse_deps   # space was reused, a lot
+    assert remembered.offset == fresh.offset
+    assert remembered.reuse_deps == fresh.reuse_deps

@@ -122,6 +122,24 @@ def test_auto_pe_fusion_schedules_every_arrangement_and_keeps_the_fastest():
     torch.testing.assert_close(cm(x), want, rtol=1.3e-6, atol=2e-5)
 
 
+def test_auto_times_each_arrangement_as_compiling_for_it_does():
+    """What auto times for an arrangement is the program a compile fixed to that arrangement
+    schedules (the exhaustive answer), so auto's choice is the rule applied to those programs."""
+    from fexplore.pipeline.arrangement import MIN_GAIN
+
+    torch.manual_seed(0)
+    model, x = _Wide(), torch.randn(256, 256)
+    auto = fexplore.compile(model, (x,), target="rngd", pe_fusion="auto")
+    tried = auto["lower"].stats["arrangements"]
+    fixed = {}
+    for group in (1, 2, 4):
+        cm = fexplore.compile(model, (x,), target="rngd", pe_fusion=group)
+        fixed[cm.schedule.program.target.name] = cm.simulate().cycles
+    assert tried == fixed
+    eligible = {k: v for k, v in fixed.items() if k == "rngd" or v < (1 - MIN_GAIN) * fixed["rngd"]}
+    assert auto.schedule.program.target.name == min(eligible, key=eligible.get)
+
+
 def _meta_gpt():
     """A GPT of real width on the meta device: its weights are re-read by every row tile, and
     staging them on chip costs more than it saves."""

@@ -16,7 +16,6 @@ SRAM has room.
 from __future__ import annotations
 
 import bisect
-import heapq
 
 from fexplore.npu.commands import Buffer, Command
 from fexplore.npu.config import NPUConfig
@@ -63,12 +62,18 @@ class _PESpace:
         self.long: list[tuple[int, int, tuple[int, ...], int]] = []
         # freed ranges that still order a reuse but no longer steer placement (`forget_placement`)
         self.archive: list[tuple[int, int, tuple[int, ...], int]] = []
+        # per free segment (offset, size): its freed ranges and, per buffer size, its best place
+        # (`_best_in`). What decides them (the segment and the freed ranges overlapping it) changes
+        # only when the segment does: an entry is dropped when its segment is split or merged, and
+        # a range is vacated only into a segment its release just made (no entry yet)
+        self._best: dict[tuple[int, int], _Segment] = {}
 
     def forget_placement(self) -> None:
         """The PE's SRAM is empty: place what comes next as in fresh SRAM (first fit), while the
         ranges freed so far still give the new buffers their reuse dependencies."""
         self.archive.extend(self.short + self.long)
         self.short, self.long = [], []
+        self._best.clear()
 
     def vacate(self, start: int, end: int, accessors: tuple[int, ...]) -> None:
         rec = (start, end, accessors, max(accessors, default=-1))
@@ -90,49 +95,18 @@ class _PESpace:
             if r[0] < end and start < r[1]:
                 yield self.archive, i
 
-    def _age(self, off: int, size: int) -> int:
-        """The latest accessor of the freed ranges [off, off + size) overlaps, or -1; archived
-        ranges do not steer placement. (The hot path of a long program's allocation:
-        `_overlapping` inlined.)"""
-        end, best = off + size, -1
-        rs = self.short
-        hi = bisect.bisect_left(rs, (end,))
-        for r in rs[bisect.bisect_left(rs, (off - self.short_limit,), 0, hi):hi]:
-            if r[1] > off and r[3] > best:
-                best = r[3]
-        for r in self.long:
-            if r[0] >= end:
-                break
-            if r[1] > off and r[3] > best:
-                best = r[3]
-        return best
-
-    def _oldest_starts(self, off0: int, n: int, size: int) -> list[int]:
-        """The starts of the OLDEST_STARTS longest-vacated ranges beginning in the free segment
-        [off0, off0 + n) with room for `size` bytes from there."""
-        last = off0 + n - size
-        inside = []
-        for rs in (self.short, self.long):
-            lo, hi = bisect.bisect_left(rs, (off0,)), bisect.bisect_left(rs, (last + 1,))
-            inside.extend((r[3], r[0]) for r in rs[lo:hi])
-        return [s for _, s in heapq.nsmallest(OLDEST_STARTS, inside)]
-
     def place(self, size: int) -> int:
         """An offset for `size` bytes, or -1. Among the places that fit, prefer space never used, then
         space whose last occupant finished longest ago (program order): reusing just-freed space
         would make the new buffer wait for the old one's last reader and serialize the program."""
         best = None
-        for off0, n in self.free:
-            if n < size:
+        for seg in self.free:
+            if seg[1] < size:
                 continue
-            # candidates are the segment's ends and the starts of its OLDEST_STARTS longest-vacated
-            # ranges (all of them made the allocator quadratic in the ranges a long program frees,
-            # for a choice among near-equals)
-            for off in sorted({off0, off0 + n - size, *self._oldest_starts(off0, n, size)}):
-                key = (self._age(off, size), off)
-                if best is None or key < best:
-                    best = key
-            if best is not None and best[0] < 0:
+            key = self._best_in(seg, size)
+            if best is None or key < best:
+                best = key
+            if best[0] < 0:
                 break   # never-used space: no later place (at a higher offset) beats it
         if best is None:
             return -1
@@ -141,17 +115,49 @@ class _PESpace:
             if off0 <= off and off + size <= off0 + n:
                 pieces = [(off0, off - off0), (off + size, off0 + n - off - size)]
                 self.free[i:i + 1] = [p for p in pieces if p[1] > 0]
+                self._best.pop((off0, n), None)
                 break
         return off
+
+    def _best_in(self, seg: tuple[int, int], size: int) -> tuple[int, int]:
+        """(age, offset) of the best place for `size` bytes in the free segment `seg`: the lowest
+        `_age`, then the lowest offset, among the segment's ends and the starts of the
+        OLDEST_STARTS longest-vacated ranges beginning in it with room for `size` from there (all
+        of them made the allocator quadratic in the ranges a long program frees, for a choice
+        among near-equals)."""
+        known = self._best.get(seg)
+        if known is None:
+            known = self._best[seg] = _Segment(self, *seg)
+        key = known.best.get(size)
+        if key is None:
+            off0, n = seg
+            last, age = off0 + n - size, known.age
+            key, tried = None, 0
+            for latest, off in known.starts:   # oldest first
+                if tried == OLDEST_STARTS or (key is not None and latest > key[0]):
+                    break   # a place is as old as the range starting there at best: none beats `key`
+                if off <= last:
+                    tried += 1
+                    k = (age(off, size), off)
+                    if key is None or k < key:
+                        key = k
+            for off in (off0, last):   # the segment's ends: no bound on their age, always tried
+                k = (age(off, size), off)
+                if key is None or k < key:
+                    key = k
+            known.best[size] = key
+        return key
 
     def release(self, off: int, size: int) -> None:
         i = bisect.bisect_left(self.free, (off, 0))
         self.free.insert(i, (off, size))
-        # coalesce with the neighbours
+        # coalesce with the neighbours (a merged segment's best places are no longer known)
         if i + 1 < len(self.free) and off + size == self.free[i + 1][0]:
+            self._best.pop(self.free[i + 1], None)
             self.free[i] = (off, size + self.free[i + 1][1])
             del self.free[i + 1]
         if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == off:
+            self._best.pop(self.free[i - 1], None)
             self.free[i - 1] = (self.free[i - 1][0], self.free[i - 1][1] + self.free[i][1])
             del self.free[i]
 
@@ -166,6 +172,53 @@ class _PESpace:
         for rs, i in reversed(covered):
             del rs[i]
         return deps
+
+
+class _Segment:
+    """What `_PESpace._best_in` knows of one free segment: the freed ranges overlapping it (every
+    candidate place lies in it, so no other range can overlap one), the short ones with the
+    longest of their lengths (how far back from a place a range overlapping it may start), the
+    (latest accessor, start) of the ranges beginning in it (oldest first), and the best place found
+    per buffer size."""
+
+    __slots__ = ("near", "reach", "long", "long_reach", "starts", "best")
+
+    def __init__(self, space: _PESpace, off0: int, n: int):
+        end = off0 + n
+        rs = space.short
+        hi = bisect.bisect_left(rs, (end,))
+        self.near = [r for r in rs[bisect.bisect_left(rs, (off0 - space.short_limit,), 0, hi):hi] if r[1] > off0]
+        self.reach = max((r[1] - r[0] for r in self.near), default=0)
+        self.long = []
+        for r in space.long:
+            if r[0] >= end:
+                break
+            if r[1] > off0:
+                self.long.append(r)
+        self.long_reach = max((r[1] - r[0] for r in self.long), default=0)
+        starts = []
+        for rs in (space.short, space.long):
+            lo, hi = bisect.bisect_left(rs, (off0,)), bisect.bisect_left(rs, (end,))
+            starts.extend((r[3], r[0]) for r in rs[lo:hi])
+        starts.sort()
+        self.starts = starts
+        self.best: dict[int, tuple[int, int]] = {}
+
+    def age(self, off: int, size: int) -> int:
+        """The latest accessor of the freed ranges [off, off + size) overlaps, or -1 (archived
+        ranges do not steer placement). The hot path of a long program's allocation."""
+        end, best = off + size, -1
+        rs = self.near
+        hi = bisect.bisect_left(rs, (end,))
+        for r in rs[bisect.bisect_left(rs, (off - self.reach,), 0, hi):hi]:
+            if r[1] > off and r[3] > best:
+                best = r[3]
+        rs = self.long
+        hi = bisect.bisect_left(rs, (end,))
+        for r in rs[bisect.bisect_left(rs, (off - self.long_reach,), 0, hi):hi]:
+            if r[1] > off and r[3] > best:
+                best = r[3]
+        return best
 
 
 def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cfg: NPUConfig,

@@ -179,6 +179,9 @@ def result_shape(op: VectorOpDef, shapes: list[tuple[int, ...]], axis, keepdims:
         if keepdims:
             return tuple(1 if i in axes else d for i, d in enumerate(shape))
         return tuple(d for i, d in enumerate(shape) if i not in axes)
+    distinct = {s for s in shapes if s}
+    if len(distinct) <= 1:   # operands of one shape and scalars (most commands): nothing to broadcast
+        return next(iter(distinct), ())
     return tuple(np.broadcast_shapes(*shapes))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import keyword
 import math
 import os
@@ -113,6 +114,7 @@ def cast_to(expr: str, src: DType, dst: DType) -> str:
     return f"{expr}.astype({fl_dtype(dst)})"
 
 
+@functools.lru_cache(maxsize=4096)   # asked again for each kernel on every build of a whole program
 def canonical_source(source: str, *, numbers: bool = True) -> str:
     """`source` without comments and with its names renamed in order of first appearance
     (attribute names, keywords and builtins kept): two kernels that differ only in the names of
