@@ -166,7 +166,7 @@ MUTANTS: list[Mutant] = [
     Mutant("fold-batchnorm-without-eps", "fold: conv + batch norm folding",
            "the folded scale is gamma / sqrt(var), the batch norm's eps forgotten",
            (Patch("fexplore.pipeline.stages.fold:_fold_conv_bn",
-                  'scale = gamma / np.sqrt(var + bn.attrs["eps"])', "scale = gamma / np.sqrt(var)"),)),
+                  'return gamma / np.sqrt(var + bn.attrs["eps"])', "return gamma / np.sqrt(var)"),)),
     Mutant("cse-ignores-attributes", "simplify: CSE",
            "common-subexpression elimination merges nodes with the same op and inputs but other attributes",
            (Patch("fexplore.pipeline.stages.simplify:_round",
