@@ -20,6 +20,7 @@ REPRESENTATIVE = {
     "broadcast-axes-merged": (["broadcasts"], "lower stage: codegen bug behind the host fallback"),
     "layout-transpose-forgotten": (["conv-bn"], "structural verifier after layout"),
     "precision-weights-at-fp8": (["gpt-bf16"], "numeric check of precision"),
+    "window-last-row-dropped": (["conv-bn"], "lower check (kernels in the interpreter)"),
 }
 CASES = sorted({c for cases, _ in REPRESENTATIVE.values() for c in cases})
 

@@ -60,8 +60,7 @@ def covered(band, n, k, stride, dilation, pad):
     return out
 '''
 
-HELPERS = COVERED + '''
-
+HELPERS = '''\
 def bands(span, cuts, size):
     """`span` (a slice, or n for [0, n)) in tiles of at most `size` rows that do not straddle any of `cuts`."""
     first, last = (0, span) if isinstance(span, int) else (span.start, span.stop)
@@ -283,7 +282,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
 
     w_ = Writer()
     header(w_, node, body, "convolution", sig.header, inputs.literals)
-    for line in HELPERS.splitlines():
+    for line in (COVERED + '\n\n' + HELPERS).splitlines():   # read here: a mutant may patch either
         w_(line)
     w_()
     w_()

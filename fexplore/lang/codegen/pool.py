@@ -19,7 +19,7 @@ from __future__ import annotations
 from fexplore.ir import DType, Node
 
 from .boxes import STAGES, spec, tile_sizes
-from .conv import COVERED
+from . import conv
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
@@ -80,7 +80,7 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
     xname = sig.add(x, (P, H, W), spec(["P", "H", "W"], (P, H, W), {"P", "H", "W"}))
     w = Writer()
     header(w, node, body, "pooling", sig.header, inputs.literals)
-    for line in COVERED.splitlines():
+    for line in conv.COVERED.splitlines():   # the convolutions' helper, read when it is written
         w(line)
     w()
     w()
