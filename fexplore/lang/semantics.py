@@ -151,8 +151,8 @@ def _box_index(name: str, shape, axes, index, loc, *, stepped: bool = False):
         if isinstance(ix, slice):
             step = _int_or(ix.step, 1, loc)
             if step != 1 and not (stepped and step > 1):
-                raise OutOfBoundsError(f"{name}: a {'slice' if stepped else 'box'} has a positive "
-                                       f"{'' if stepped else 'unit '}stride along {axis}",
+                raise OutOfBoundsError(f"{name}: a slice has a positive step along {axis}" if stepped else
+                                       f"{name}: a DMA box has unit stride along {axis}",
                                        expected="a slice with step 1" if not stepped else "a step of 1 or more",
                                        given=f"step {ix.step}", loc=loc,
                                        hint="a DMA moves unit-stride boxes: load the box, then slice the tile "

@@ -176,7 +176,7 @@ class Buffer:
         return math.prod(self.shape)
 
     def __getitem__(self, index) -> "BufferView":
-        """A box of the buffer, read in place (see `BufferView`)."""
+        """A box of the buffer, read or written in place (see `BufferView`)."""
         return view_of(self, index)
 
     def __repr__(self) -> str:
@@ -197,7 +197,7 @@ class BufferView(Buffer):
         shape = tuple(len(range(*ix.indices(n))) for ix, n in zip(index, base.shape) if isinstance(ix, slice))
         super().__init__(f"{base.name}[{index_text(index)}]", shape, base.dtype, base.pe, base.id, base.loc)
         self.base = base
-        self.index = index   # one int or unit-stride slice per dim of the buffer
+        self.index = index   # one int or slice (a step of 1 or more) per dim of the buffer
 
 
 def view_of(buf: Buffer, index) -> BufferView:

@@ -165,7 +165,7 @@ MUTANTS: list[Mutant] = [
                   'np.asarray(a).dtype) if np.asarray(a).dtype.kind == "f" else a, order="C"), type=v.type))'),)),
     Mutant("fold-batchnorm-without-eps", "fold: conv + batch norm folding",
            "the folded scale is gamma / sqrt(var), the batch norm's eps forgotten",
-           (Patch("fexplore.pipeline.stages.fold:_fold_conv_bn",
+           (Patch("fexplore.pipeline.stages.fold:_bn_scale",
                   'return gamma / np.sqrt(var + bn.attrs["eps"])', "return gamma / np.sqrt(var)"),)),
     Mutant("window-last-row-dropped", "lower: convolution and pooling windows",
            "an offset is taken to reach one output row (column) fewer than it does inside the input: "

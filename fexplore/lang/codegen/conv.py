@@ -10,12 +10,15 @@ out[b, o, p, q] = sum over (kh, kw, c) of x[b, c, p*s + kh*d - pad, q*s + kw*d -
 For one kernel offset (kh, kw) and a band of output rows and columns, the input elements are one
 box of x: unit-stride after viewing x as (B, C, H/s, s, W/s, s) (a free reshape), where a row
 p*s + r is (p + r // s, r % s). The boxes of all the offsets of a band lie in one window of that
-view, so an item (a band and a tile of output channels) loads the window once, and its weights for
-every offset once, and each offset's contraction reads slices of them in SRAM (no copy): a 3x3
-convolution moves its input about once instead of nine times, in one DMA instead of nine. Padding
-needs no padded copy: output rows and columns are cut into bands at the points where an offset
-starts or stops reading inside the image, so within a band each offset reads wholly inside (it
-contributes) or wholly in the zero padding (it is skipped).
+view. An item (a tile of output channels and a group of output rows, sized by a per-PE model of
+weight and window bytes against MACs) loads its weights for every offset once, and each of its
+bands loads the window once; each offset's contraction reads slices of them in SRAM (no copy): a
+3x3 convolution moves its input about once instead of nine times, in one DMA instead of nine.
+Padding needs no padded copy: near a border an offset adds only into the part of the accumulator
+whose inputs lie inside the image (`covered`, a contraction into a slice of the accumulator).
+When a window does not fit a small SRAM, each offset loads its own patch instead, and bands are
+cut where an offset starts or stops reading inside the image (`taps`), so within one each offset
+reads wholly inside or wholly in the zero padding.
 
 A stride that does not divide the input (a 37-pixel image, stride 2: the last window is partial)
 has no such free view; along that axis the bands are one output row (or column) wide, and the
@@ -241,7 +244,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             rows, to = split
 
     names = Names({"bands", "taps", "reach", "group_tiles", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh",
-                   "kw", "r", "rp", "c", "cp", "c0", "xt", "wt", "offsets", "rw", "cw", "xw", "pg", "o", "covered", "rows_in",
+                   "kw", "r", "rp", "c", "cp", "c0", "xt", "wt", "rw", "cw", "xw", "pg", "covered", "rows_in",
                    "cols_in", "p0", "p1", "q0", "q1", "part"})
     fname = kernel_name(node)
     names.taken.add(fname)
@@ -305,8 +308,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
         band_loop = contextlib.ExitStack()
         if window:
             w_("# an item: a tile of output channels and a group of output rows, whose weights load once")
-            w_("for b, pg, os_ in fl.parallel(range(B), fl.tiles(P, rows), {otiles}, stages=stages):".replace(
-                "{otiles}", otiles))
+            w_(f"for b, pg, os_ in fl.parallel(range(B), fl.tiles(P, rows), {otiles}, stages=stages):")
         else:
             w_(f"# output rows and columns in bands: in each, a kernel offset reads all inside the input or "
                f"all in the padding")

@@ -128,17 +128,20 @@ def _values(rw: Rewriter, v) -> np.ndarray:
     return payload.astype(np.float64)
 
 
-def _fold_conv_bn(rw: Rewriter, conv: Node, bn: Node) -> None:
-    def scale():
-        gamma, var = _values(rw, bn.inputs[1]), _values(rw, bn.inputs[4])
-        return gamma / np.sqrt(var + bn.attrs["eps"])
+def _bn_scale(rw: Rewriter, bn: Node) -> np.ndarray:
+    """A batch norm's per-channel scale, weight / sqrt(running var + eps) (raises _NoValues on the
+    meta device)."""
+    gamma, var = _values(rw, bn.inputs[1]), _values(rw, bn.inputs[4])
+    return gamma / np.sqrt(var + bn.attrs["eps"])
 
+
+def _fold_conv_bn(rw: Rewriter, conv: Node, bn: Node) -> None:
     def weight():
-        return _values(rw, conv.inputs[1]) * scale().reshape(-1, 1, 1, 1)
+        return _values(rw, conv.inputs[1]) * _bn_scale(rw, bn).reshape(-1, 1, 1, 1)
 
     def bias():
         b = _values(rw, conv.inputs[2]) if len(conv.inputs) == 3 else 0.0
-        return (b - _values(rw, bn.inputs[3])) * scale() + _values(rw, bn.inputs[2])
+        return (b - _values(rw, bn.inputs[3])) * _bn_scale(rw, bn) + _values(rw, bn.inputs[2])
 
     wt = conv.inputs[1].type
     new_w = _folded(rw, f"{bn.output.name}.weight", weight, TensorType(wt.shape, wt.dtype))
@@ -157,14 +160,12 @@ def _batch_norm_as_scale_and_shift(rw: Rewriter, bn: Node) -> None:
     C = bn.inputs[1].type.shape[0]
     t = TensorType((C,) + (1,) * (x.type.rank - 2), x.type.dtype)
 
-    def scale():
-        return _values(rw, bn.inputs[1]) / np.sqrt(_values(rw, bn.inputs[4]) + bn.attrs["eps"])
-
     def shift():
-        return _values(rw, bn.inputs[2]) - _values(rw, bn.inputs[3]) * scale()
+        return _values(rw, bn.inputs[2]) - _values(rw, bn.inputs[3]) * _bn_scale(rw, bn)
 
     name = bn.output.name
-    scaled = rw.emit("mul", [x, _folded(rw, f"{name}.scale", scale, t)], name=rw.fresh_name(f"{name}_scaled"),
+    scale = _folded(rw, f"{name}.scale", lambda: _bn_scale(rw, bn), t)
+    scaled = rw.emit("mul", [x, scale], name=rw.fresh_name(f"{name}_scaled"),
                      loc=bn.loc)
     out = rw.emit("add", [scaled, _folded(rw, f"{name}.shift", shift, t)], name=name, loc=bn.loc)
     rw.replace(bn.output, out)
