@@ -12,7 +12,10 @@ one GPT-2-small layer (width 768, 12 heads, sequence 512) and one Llama-style la
 `matmul` at its M x N x K. Both sides get their best tiles: the generated kernel the ones the
 schedule stage's search chose for it in the compile (what the compiled model runs; its cycles at the
 generator's defaults are shown too), the hand-written matmul the best of a grid of tile sizes
-(`best_handwritten`). The goal: generated / hand-written cycles <= 1.10.
+(`best_handwritten`). A panel kernel that streams its rows in steps (``tr``, for the program: it
+starts on the first rows its producer wrote) is timed with whole row tiles too (tr = tm), and the
+faster is set against the hand-written matmul: alone there is no producer to overlap. The goal:
+generated / hand-written cycles <= 1.10.
 
 "% of peak" is useful flops (2 M N K; 4 H S^2 D for attention) / (cycles x chip peak), the strict
 figure; "tensor busy" also counts the padding of the tensor unit's native tile, its pipeline fill,
@@ -39,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fexplore import lang as fl  # noqa: E402
 from fexplore.lang import examples as ex  # noqa: E402
 from fexplore.npu import get_target  # noqa: E402
+from fexplore.pipeline.stages.tiles import tile_params  # noqa: E402
 
 GOAL = 0.85
 HEADS = 8
@@ -185,7 +189,8 @@ def generated_section(emit):
     emit("")
     emit(f"## Generated kernels (the `lower` stage's, bf16, rngd, sequence {SEQ})")
     emit("")
-    head = ("| model | kernel | parts | M x N x K | tiles (scheduled) | cycles | cycles at default tiles | "
+    head = ("| model | kernel | parts | M x N x K | tiles (scheduled) | cycles | cycles unstreamed (tr = tm) | "
+            "cycles at default tiles | "
             "% of tensor peak | tensor busy | DMA busy | hand-written matmul cycles (tiles) | "
             "generated / hand-written | vs its default tiles | goal |")
     emit(head)
@@ -205,6 +210,15 @@ def generated_section(emit):
             default_cycles = kern.trace(*specs, target="rngd").program().simulate().cycles
             tiles = chosen.get(gk.name) or {}
             res = kern.trace(*specs, target="rngd", **tiles).program().simulate()
+            # a panel that streams its rows (tr < tm) does so for the program, where it starts on
+            # the first rows its producer wrote; alone, with nothing to overlap, whole row tiles
+            # are faster: the kernel at its best alone is the one set against the hand-written one
+            unstreamed = None
+            params = tile_params(kern)
+            if "tr" in params:
+                tm = tiles.get("tm", params["tm"])
+                unstreamed = kern.trace(*specs, target="rngd", **dict(tiles, tr=tm)).program().simulate()
+            best = res if unstreamed is None or res.cycles <= unstreamed.cycles else unstreamed
             shape = contraction_shape(node) if gk.kind == "contraction" else None
             hw, ratio, verdict, peak = "", " | ", "", ""
             if shape is not None:
@@ -213,20 +227,20 @@ def generated_section(emit):
                     handwritten[M, N, K] = best_handwritten(M, N, K)
                 hw_cycles, hw_tiles, hw_default = handwritten[M, N, K]
                 base = hw_cycles * count * batch
-                r = res.cycles / base
+                r = best.cycles / base
                 ratios.append(r)
-                default_ratios.append(res.cycles / (hw_default * count * batch))
+                default_ratios.append(best.cycles / (hw_default * count * batch))
                 hw, ratio = f"{base:,} ({hw_tiles})", f"{r:.2f} | {default_ratios[-1]:.2f}"
                 verdict = "PASS" if r <= RATIO_GOAL else "MISS"
-                peak = f"{2 * batch * M * N * K * count / (res.cycles * res.target.peak_flops_per_cycle('bf16')):.1%}"
+                peak = f"{2 * batch * M * N * K * count / (best.cycles * best.target.peak_flops_per_cycle('bf16')):.1%}"
             dims = ""
             if shape:
                 dims = (f"{shape[0]} x " if shape[0] > 1 else "") + f"{shape[1]}x{shape[2]}x{shape[3]}" + \
                     (f" (x{shape[4]} siblings)" if shape[4] > 1 else "")
             tile_text = " ".join(f"{p}={v}" for p, v in tiles.items())
             emit(f"| {label} | {gk.name} | {' + '.join(gk.parts)} | {dims} | {tile_text} | {res.cycles:,} | "
-                 f"{default_cycles:,} | {peak} | "
-                 f"{res.utilization['tensor']:.1%} | {res.utilization['dma']:.1%} | {hw} | {ratio} | {verdict} |")
+                 f"{f'{unstreamed.cycles:,}' if unstreamed else ''} | {default_cycles:,} | {peak} | "
+                 f"{best.utilization['tensor']:.1%} | {best.utilization['dma']:.1%} | {hw} | {ratio} | {verdict} |")
     if ratios:
         emit("")
         emit(f"Contractions within {RATIO_GOAL:.2f}x of the hand-written matmul at its best tiles: "

@@ -10,8 +10,11 @@ before k).
 Plain rows of activations are a panel contraction: each PE's item is a row tile (tm) and a panel of
 columns (tp), split so the items fill the PEs in one round with the fewest operand bytes per PE
 (`panel_tiles`); the panel's first column tile (tn) loads the row tile's K slabs and the others
-reuse them, so the activations are read once per panel, not once per output tile. Otherwise
-output tiles (tm x tn) go round-robin to the PEs. The K loop is double buffered. A norm prologue
+reuse them, so the activations are read once per panel, not once per output tile. A panel of
+many rows is weight-stationary (`streamed_rows`): its weight tiles are loaded by the first row step
+(tr rows) and kept, and the rows stream through step by step, so in a program the kernel starts on
+the first rows its producer has written and a chain of kernels pipelines; the panel's bias is one
+load, sliced per column tile. Otherwise output tiles (tm x tn) go round-robin to the PEs. The K loop is double buffered. A norm prologue
 needs whole rows of the activations: with one or two N tiles a K slab is the whole of K and the
 norm runs per tile; with more, the rows are normalized once (a row tile per PE) into a DRAM
 scratch that a plain K loop then reads, rather than once per N tile. Heads merged into K
@@ -26,7 +29,7 @@ import math
 from fexplore.ir import Node
 import contextlib
 
-from fexplore.lang.examples._tiling import matmul_tiles, panel_tiles
+from fexplore.lang.examples._tiling import matmul_tiles, panel_tiles, streamed_rows
 
 from . import vector
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
@@ -203,18 +206,19 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     # a panel per PE when a row tile's whole K fits: its K slabs are loaded once and reused by the
     # panel's column tiles (see `panel_tiles`); a norm that is not staged runs per output tile, on
     # whole rows, and keeps the plain grid
-    panel, norm_rows = None, tm     # (the normed rows of a staged norm fit SRAM at tm, whole K)
+    panel, norm_rows, tr = None, tm, None     # (the normed rows of a staged norm fit SRAM at tm, whole K)
     if not batched_b and (norm is None or staged):
         x_item = max(op_dt.itemsize, 1) if staged else max(x_in.type.dtype.itemsize, op_dt.itemsize, 1)
         panel = panel_tiles(M, N, K, x_item, cfg, dt.name, STAGES, siblings=nb, extra_tile_bytes=4 * len(epilogue))
         if panel is not None:
             tm, tp, tn, tk = panel
+            tr = streamed_rows(tm, tp, tn, K, x_item, cfg, dt.name, siblings=nb, extra_tile_bytes=4 * len(epilogue))
     if permuted is not None:
         permuted.whole_heads = len(permuted.k_names) == 2 and tk >= permuted.inner
         tk = tk // permuted.inner * permuted.inner if permuted.whole_heads else min(tk, permuted.inner)
 
     # -- parameters ------------------------------------------------------------------------------------
-    names = Names({"tm", "tp", "tn", "tk", "ps", "stages", "rows", "ms", "ns", "ks", "ds", "h", "hs", "itertools", "b",
+    names = Names({"tm", "tp", "tr", "tn", "tk", "ps", "mt", "stages", "rows", "ms", "ns", "ks", "ds", "h", "hs", "itertools", "b",
                    *(f"b{i}" for i in range(8)), *(f"h{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
@@ -296,7 +300,8 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         w("import itertools")
         w()
     w(f'@fl.kernel(target="{cfg.name}")')
-    tiling = f"tm: int = {tm}, " + (f"tp: int = {tp}, " if panel else "") + f"tn: int = {tn}, tk: int = {tk}"
+    tiling = f"tm: int = {tm}, " + (f"tp: int = {tp}, " if panel else "") + (f"tr: int = {tr}, " if tr else "") + \
+        f"tn: int = {tn}, tk: int = {tk}"
     w(f"def {fname}({', '.join(sig.annotations)}, *, {tiling}, stages: int = {STAGES}):")
     with w.indent():
         w(f"{', '.join(axis_names + ['N', 'K'])} = {', '.join(str(s) for s in sizes + (N, K))}")
@@ -326,8 +331,22 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         else:
             x_dt = x_in.type.dtype
         grid = ", ".join(outer_grid + ["fl.tiles(M, tm)", f"fl.tiles(N, {'tp' if panel else 'tn'})"])
-        w(f"for {', '.join(loop_vars + ['ps' if panel else 'ns'])} in fl.parallel({grid}, stages=stages):")
+        item_vars = loop_vars[:-1] + ["mt"] if tr else loop_vars
+        w(f"for {', '.join(item_vars + ['ps' if panel else 'ns'])} in fl.parallel({grid}, stages=stages):")
         with w.indent(), contextlib.ExitStack() as column_loop:
+            w_cache, panel_bias = [], {}
+            for bn in (b for b in b_names if b is not None and panel):
+                panel_bias[bn] = names.new(bn + "_p")
+                w(f"{panel_bias[bn]} = fl.load({bn}[ps])   # the panel's bias: one load, sliced per column tile")
+            if tr:
+                # weight-stationary: the panel's weight tiles are loaded by the first row step and
+                # kept; the rows stream through in steps of tr, so the first step starts as soon as
+                # its rows exist (a producer kernel writes them step by step too)
+                for i in range(len(cons)):
+                    w_cache.append(names.new(f"w{i}_tiles" if len(cons) > 1 else "w_tiles"))
+                    w(f"{w_cache[-1]} = {{}}   # the panel's weight tiles: loaded once, reused by every row step")
+                w("for ms in fl.range(fl.tiles(mt, tr), stages=stages):")
+                column_loop.enter_context(w.indent())
             if panel:
                 slabs = names.new(x_in.name + "_slabs")
                 w(f"{slabs} = {{}}   # the row tile's K slabs: each loaded once, reused by every column tile")
@@ -372,15 +391,24 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                     else:   # siblings share one load of the activations
                         a = names.new(x_in.name + "_t")
                         w(f"{a} = {cast_to(f'fl.load({x_box})', x_dt, op_dt)}")
-                    for acc, (wb, spec) in zip(accs, w_boxes):
+                    for i, (acc, (wb, spec)) in enumerate(zip(accs, w_boxes)):
+                        if w_cache:
+                            wkey = f"(ns.start, {_slab_key(permuted)})"
+                            w(f"if {wkey} not in {w_cache[i]}:")
+                            with w.indent():
+                                w(f"{w_cache[i]}[{wkey}] = {wb}")
+                            wb = f"{w_cache[i]}[{wkey}]"
                         w(f'{acc} = fl.contract("{spec}", {a}, {wb}, acc={acc})')
             # the contractions' values (+ bias), then the epilogue
             emit.axis = '"N"'
             for c, acc, bn in zip(cons, accs, b_names):
                 val = acc
                 if bn is not None:
-                    bt = names.new(bn + "_t")
-                    w(f"{bt} = fl.load({bn}[ns])")
+                    if bn in panel_bias:
+                        bt = f"{panel_bias[bn]}[ns.start - ps.start:ns.stop - ps.start]"
+                    else:
+                        bt = names.new(bn + "_t")
+                        w(f"{bt} = fl.load({bn}[ns])")
                     val = names.new(c.outputs[0].name)
                     w(f"{val} = {acc} + {bt}")
                 if c.outputs[0].type.dtype.name != "f32":

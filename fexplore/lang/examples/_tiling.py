@@ -109,6 +109,25 @@ def panel_tiles(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, stages: 
     return (tm, tp, tn, tk) if fits(tm, tn, tk) else None
 
 
+def streamed_rows(tm: int, tp: int, tn: int, K: int, itemsize: int, cfg, dtype: str, siblings: int = 1,
+                  extra_tile_bytes: int = 0) -> int | None:
+    """Rows per step of a weight-stationary panel item, or None to keep the row tile whole.
+
+    A panel item of many rows keeps its weight tiles (K x tp) in SRAM and streams its rows through
+    in steps: the first step needs only its own rows, so in a whole program it starts as soon as
+    the producer kernel has written them, instead of waiting for the whole row tile (the chain of
+    a transformer layer's kernels pipelines), and each step's row loads overlap the previous step's
+    contractions. A step is a few of the tensor unit's row tiles, so its contractions stay long."""
+    nm = cfg.native_tile(dtype)[0]
+    tr = max(2 * nm, big_tile(cfg) // 4)
+    if tm <= tr:
+        return None
+    budget = cfg.sram_bytes_per_pe // 2
+    need = 2 * siblings * K * tp * itemsize + 2 * tr * K * itemsize + \
+        2 * tr * tn * (4 * siblings + 4 + extra_tile_bytes)
+    return tr if need <= budget else None
+
+
 def _split_over_pes(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, native) -> tuple[int, int]:
     """(tm, tp): the rows and the column panel of one PE's item, the split of the output over the
     PEs that finishes first by a simple per-PE model: each PE's DMA engine brings its row tile's and

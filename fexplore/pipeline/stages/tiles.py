@@ -7,7 +7,9 @@ defaults, it tries each parameter doubled, quadrupled and halved (coordinate des
 then the best combination of the winners), traces each candidate for the target (a candidate
 whose tiles do not fit SRAM fails to trace and is dropped), times it alone on the simulator, and
 keeps the fastest if it beats the defaults by `MIN_GAIN` (or is as fast and moves fewer DRAM
-bytes: alone, a kernel has all of DRAM, which it shares in the program). ``stages`` (double buffering) is the generator's choice and is not searched.
+bytes: alone, a kernel has all of DRAM, which it shares in the program). ``stages`` (double
+buffering) and a panel's row step ``tr`` (`IN_PROGRAM_ONLY`) are the generator's choices and are
+not searched.
 
 The search is bounded: at most `MAX_CANDIDATES` traces per kernel, and kernels whose default
 program is larger than `MAX_COMMANDS` keep their defaults (their tile counts are already large,
@@ -24,6 +26,11 @@ MAX_CANDIDATES = 10
 MIN_GAIN = 0.03   # a retiling must be 3% faster alone (or as fast with less DRAM traffic)
 MAX_COMMANDS = 20_000
 FACTORS = (2, 4, 0.5)
+# parameters whose worth shows only in the program: a weight-stationary panel's row step (``tr``)
+# lets the kernel start before its producer has written every row and overlaps its row loads with
+# the contractions of the step before; alone, a kernel has no producer to overlap, so the search
+# would see only the cost of more, shorter commands and undo it
+IN_PROGRAM_ONLY = ("tr",)
 
 
 @dataclass
@@ -115,6 +122,8 @@ def best_trace(name: str, kernel, args, cfg, key):
                                                              skipped="the default tiling does not lower"))
     winners = {}
     for p, v in default.items():
+        if p in IN_PROGRAM_ONLY:
+            continue
         for f in FACTORS:
             if len(timed) >= MAX_CANDIDATES:
                 break
