@@ -212,7 +212,8 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         panel = panel_tiles(M, N, K, x_item, cfg, dt.name, STAGES, siblings=nb, extra_tile_bytes=4 * len(epilogue))
         if panel is not None:
             tm, tp, tn, tk = panel
-            tr = streamed_rows(tm, tp, tn, K, x_item, cfg, dt.name, siblings=nb, extra_tile_bytes=4 * len(epilogue))
+            tr = streamed_rows(tm, tp, tn, tk, K, x_item, cfg, dt.name, STAGES, siblings=nb,
+                               extra_tile_bytes=4 * len(epilogue))
     if permuted is not None:
         permuted.whole_heads = len(permuted.k_names) == 2 and tk >= permuted.inner
         tk = tk // permuted.inner * permuted.inner if permuted.whole_heads else min(tk, permuted.inner)

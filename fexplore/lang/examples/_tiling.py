@@ -109,8 +109,8 @@ def panel_tiles(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, stages: 
     return (tm, tp, tn, tk) if fits(tm, tn, tk) else None
 
 
-def streamed_rows(tm: int, tp: int, tn: int, K: int, itemsize: int, cfg, dtype: str, siblings: int = 1,
-                  extra_tile_bytes: int = 0) -> int | None:
+def streamed_rows(tm: int, tp: int, tn: int, tk: int, K: int, itemsize: int, cfg, dtype: str, stages: int,
+                  siblings: int = 1, extra_tile_bytes: int = 0) -> int | None:
     """Rows per step of a weight-stationary panel item, or None to keep the row tile whole.
 
     A panel item of many rows keeps its weight tiles (K x tp) in SRAM and streams its rows through
@@ -122,10 +122,13 @@ def streamed_rows(tm: int, tp: int, tn: int, K: int, itemsize: int, cfg, dtype: 
     tr = max(2 * nm, big_tile(cfg) // 4)
     if tm <= tr:
         return None
-    budget = cfg.sram_bytes_per_pe // 2
+    # no more SRAM than the item takes with whole row tiles (the row tile's slabs, weight tiles
+    # double buffered): the schedule keeps intermediates on chip in what the kernels leave free
+    whole = 2 * tm * K * itemsize + 2 * stages * siblings * tk * tn * itemsize + \
+        2 * tm * tn * (4 * siblings + 4 + extra_tile_bytes)
     need = 2 * siblings * K * tp * itemsize + 2 * tr * K * itemsize + \
         2 * tr * tn * (4 * siblings + 4 + extra_tile_bytes)
-    return tr if need <= budget else None
+    return tr if need <= whole else None
 
 
 def _split_over_pes(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, native) -> tuple[int, int]:
