@@ -21,7 +21,7 @@ from fexplore.ir import Attrs, Constant, DType, Graph, Node, TensorType, Value, 
 from fexplore.lang import codegen
 from fexplore.lang.codegen import UnsupportedRegionError, check_kernel
 from fexplore.lang.codegen import vector as vector_mod
-from fexplore.lang.examples._tiling import amortizing_bytes, panel_tiles
+from fexplore.lang.examples._tiling import amortizing_bytes, panel_tiles, streamed_rows
 from fexplore.npu import get_target
 from fexplore.npu.commands import Load
 from fexplore.models import ZOO
@@ -579,6 +579,22 @@ def test_a_panel_is_cut_into_column_tiles_of_one_width(target, M, N, K):
     assert columns * tn - tp < max(1, columns - 1) * nn or columns == 1, (tp, tn)
     if (target, N) == ("rngd", 2304):
         assert (tp, tn) == (288, 96)
+
+
+@pytest.mark.parametrize("M, N, K, streams", [(512, 3072, 768, True), (512, 768, 3072, True),
+                                              (1024, 4096, 4096, False), (100, 3072, 768, False)])
+def test_a_panel_streams_its_rows_only_within_the_sram_of_whole_row_tiles(M, N, K, streams):
+    """Streaming keeps a panel's weight tiles for the whole item: GPT-2's projections stream (a
+    chain of kernels pipelines), a Llama-8B-sized one does not (its kept weights would crowd out
+    the intermediates the schedule keeps on chip), nor a row tile of a few native tiles."""
+    cfg = get_target("rngd")
+    tm, tp, tn, tk = panel_tiles(M, N, K, 2, cfg, "bf16", 2)
+    tr = streamed_rows(tm, tp, tn, tk, K, 2, cfg, "bf16", 2)
+    assert (tr is not None) == streams, (tm, tp, tn, tk, tr)
+    if tr is not None:
+        assert tr < tm and tr % cfg.native_tile("bf16")[0] == 0
+        kept = 2 * K * tp * 2 + 2 * tr * K * 2
+        assert kept <= 2 * tm * K * 2 + 2 * 2 * tk * tn * 2 + 2 * tm * tn * 8
 
 
 @pytest.mark.parametrize("target", TARGETS)
