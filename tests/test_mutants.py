@@ -21,6 +21,7 @@ REPRESENTATIVE = {
     "layout-transpose-forgotten": (["conv-bn"], "structural verifier after layout"),
     "precision-weights-at-fp8": (["gpt-bf16"], "numeric check of precision"),
     "window-last-row-dropped": (["conv-bn"], "lower check (kernels in the interpreter)"),
+    "streamed-weights-stale": (["streamed-linear"], "lower check (kernels in the interpreter)"),
 }
 CASES = sorted({c for cases, _ in REPRESENTATIVE.values() for c in cases})
 

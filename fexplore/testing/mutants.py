@@ -147,6 +147,11 @@ MUTANTS: list[Mutant] = [
            "a linear's bias is loaded but never added to the accumulator",
            (Patch(f"{_CG}.contraction:generate_contraction",
                   'w(f"{val} = {acc} + {bt}")', 'w(f"{val} = {acc}")'),)),
+    Mutant("streamed-weights-stale", "lower: contraction codegen (rows streamed in steps)",
+           "a panel that streams its rows keeps its weight tiles by K slab alone: each column tile "
+           "after the first contracts with the first one's weights",
+           (Patch(f"{_CG}.contraction:generate_contraction",
+                  'wkey = f"(ns.start, {_slab_key(permuted)})"', "wkey = _slab_key(permuted)"),)),
     Mutant("transpose-axes-swapped", "simplify: cancel-transpose-pair",
            "two permutes compose in the wrong order (q∘p for p∘q): axes swapped unless they commute",
            (Patch("fexplore.pipeline.stages.simplify:_permute_pair",
@@ -291,6 +296,18 @@ class _TiledLinear(torch.nn.Module):
         return torch.nn.functional.gelu(self.fc(x)) * 2.0
 
 
+class _StreamedLinear(torch.nn.Module):
+    """Many rows and wide panels on `rngd`: each PE's panel runs its rows in steps, and several
+    column tiles each keep their own weight slabs over the steps."""
+
+    def __init__(self, k=64, n=4096):
+        super().__init__()
+        self.fc = torch.nn.Linear(k, n)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
 class _CausalAttention(torch.nn.Module):
     def forward(self, q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -361,6 +378,7 @@ CASES: list[Case] = [
     # 200 rows: enough row tiles, with the tiles the schedule picks, that SRAM space is reused
     Case("tiled-linear@tiny", _seeded(lambda g: (_TiledLinear().eval(), (torch.randn(200, 200, generator=g),))),
          {"target": "tiny"}),
+    Case("streamed-linear", _seeded(lambda g: (_StreamedLinear().eval(), (torch.randn(512, 64, generator=g),)))),
     Case("causal-attention", _seeded(lambda g: (_CausalAttention(), tuple(
         torch.randn(1, 2, 40, 16, generator=g) for _ in range(3))))),
     Case("conv-bn", _seeded(lambda g: (_ConvBlock(g).eval(), (torch.randn(2, 3, 12, 12, generator=g),)))),
