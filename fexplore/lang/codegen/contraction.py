@@ -14,9 +14,9 @@ reuse them, so the activations are read once per panel, not once per output tile
 many rows is weight-stationary (`streamed_rows`): its weight tiles are loaded by the first row step
 (tr rows) and kept, and the rows stream through step by step, so in a program the kernel starts on
 the first rows its producer has written and a chain of kernels pipelines; the panel's bias is one
-load, sliced per column tile. Otherwise output tiles (tm x tn) go round-robin to the PEs. The K loop is double buffered. A norm prologue
-needs whole rows of the activations: with one or two N tiles a K slab is the whole of K and the
-norm runs per tile; with more, the rows are normalized once (a row tile per PE) into a DRAM
+load, sliced per column tile. Otherwise output tiles (tm x tn) go round-robin to the PEs. The K
+loop is double buffered. A norm prologue needs whole rows of the activations: with one or two N
+tiles a K slab is the whole of K and the norm runs per tile; with more, the rows are normalized once (a row tile per PE) into a DRAM
 scratch that a plain K loop then reads, rather than once per N tile. Heads merged into K
 (PermutedAccess) are read as slabs of whole heads, a two-axis contraction 'hmk,nhk->mn'. The epilogue runs on the
 vector unit straight off the accumulators, one line per IR node (`vector.VectorEmitter`).
@@ -219,8 +219,8 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         tk = tk // permuted.inner * permuted.inner if permuted.whole_heads else min(tk, permuted.inner)
 
     # -- parameters ------------------------------------------------------------------------------------
-    names = Names({"tm", "tp", "tr", "tn", "tk", "ps", "mt", "stages", "rows", "ms", "ns", "ks", "ds", "h", "hs", "itertools", "b",
-                   *(f"b{i}" for i in range(8)), *(f"h{i}" for i in range(8))})
+    names = Names({"tm", "tp", "tr", "tn", "tk", "ps", "mt", "stages", "rows", "ms", "ns", "ks", "ds", "h", "hs",
+                   "itertools", "b", *(f"b{i}" for i in range(8)), *(f"h{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, inputs)
