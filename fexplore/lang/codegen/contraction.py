@@ -10,16 +10,17 @@ before k).
 Plain rows of activations are a panel contraction: each PE's item is a row tile (tm) and a panel of
 columns (tp), split so the items fill the PEs in one round with the fewest operand bytes per PE
 (`panel_tiles`); the panel's first column tile (tn) loads the row tile's K slabs and the others
-reuse them, so the activations are read once per panel, not once per output tile. A panel of
-many rows is weight-stationary (`streamed_rows`): its weight tiles are loaded by the first row step
-(tr rows) and kept, and the rows stream through step by step, so in a program the kernel starts on
-the first rows its producer has written and a chain of kernels pipelines; the panel's bias is one
-load, sliced per column tile. Otherwise output tiles (tm x tn) go round-robin to the PEs. The K
-loop is double buffered. A norm prologue needs whole rows of the activations: with one or two N
-tiles a K slab is the whole of K and the norm runs per tile; with more, the rows are normalized once (a row tile per PE) into a DRAM
-scratch that a plain K loop then reads, rather than once per N tile. Heads merged into K
-(PermutedAccess) are read as slabs of whole heads, a two-axis contraction 'hmk,nhk->mn'. The epilogue runs on the
-vector unit straight off the accumulators, one line per IR node (`vector.VectorEmitter`).
+reuse them, so the activations are read once per panel, not once per output tile. A panel of many
+rows is weight-stationary (`streamed_rows`): its weight tiles are loaded by the first row step (tr
+rows) and kept, and the rows stream through step by step, so in a program the kernel starts on the
+first rows its producer has written and a chain of kernels pipelines; the panel's bias is one load,
+sliced per column tile. Otherwise output tiles (tm x tn) go round-robin to the PEs. The K loop is
+double buffered. A norm prologue needs whole rows of the activations: with one or two N tiles a K
+slab is the whole of K and the norm runs per tile; with more, the rows are normalized once (a row
+tile per PE) into a DRAM scratch that a plain K loop then reads, rather than once per N tile. Heads
+merged into K (PermutedAccess) are read as slabs of whole heads, a two-axis contraction
+'hmk,nhk->mn'. The epilogue runs on the vector unit straight off the accumulators, one line per IR
+node (`vector.VectorEmitter`).
 """
 
 from __future__ import annotations
