@@ -103,8 +103,9 @@ def no_value(t: Tile, how: str):
 
 
 def sram_slice(t: Tile, index) -> Tile:
-    """``t[...]``: a view of a box of tile `t` (ints, and slices with a positive step), read and written in place. A view
-    of a view is a view of the first tile; the view's axes are the kept axes' names."""
+    """``t[...]``: a view of a box of tile `t` (ints, and slices with a positive step), read and
+    written in place. A view of a view is a view of the first tile; the view's axes are the kept
+    axes' names."""
     tr = current("tile[...]")
     loc, site = tr.where()
     operand_tile(tr, t, f"slicing tile {t.name!r}", loc)

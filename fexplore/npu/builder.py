@@ -164,8 +164,7 @@ class ProgramBuilder:
         loc = self._loc(loc)
         ref = self._ref(src, loc)
         index = tuple(index) if isinstance(index, (tuple, list)) else (index,)
-        self._check_buffer(dst, loc)
-        for buf in index:
+        for buf in (dst, *index):
             self._check_buffer(buf, loc)
         self._check_indexed(ref, index, dst, axis, mode, "gather", loc)
         return self._add(Gather(dst, ref, index, axis, mode, loc), deps, dram=((ref, False),))
@@ -187,8 +186,8 @@ class ProgramBuilder:
     def transpose(self, out: Buffer, src: Buffer, perm, *, deps=(), loc=None) -> Transpose:
         """Transpose engine: ``out = src.transpose(perm)``, both buffers on one PE."""
         loc = self._loc(loc)
-        self._check_buffer(out, loc)
-        self._check_buffer(src, loc)
+        for buf in (out, src):
+            self._check_buffer(buf, loc)
         perm = tuple(int(p) for p in perm)
         if sorted(perm) != list(range(len(src.shape))):
             raise ProgramError(f"transpose: {list(perm)} is not a permutation of {src!r}'s axes", loc=loc)
@@ -201,8 +200,7 @@ class ProgramBuilder:
         """Tensor unit: ``out = einsum(spec, a, b)`` (or ``+=`` with accumulate), f32 accumulation."""
         loc = self._loc(loc)
         spec = spec.replace(" ", "")
-        self._check_buffer(out, loc)
-        for buf in (a, b):
+        for buf in (out, a, b):
             self._check_buffer(buf, loc)
         if not (a.pe == b.pe == out.pe):
             raise ProgramError(f"contract {spec}: operands on different PEs ({a!r}, {b!r}, {out!r})",

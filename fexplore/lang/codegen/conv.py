@@ -310,8 +310,8 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             w_("# an item: a tile of output channels and a group of output rows, whose weights load once")
             w_(f"for b, pg, os_ in fl.parallel(range(B), fl.tiles(P, rows), {otiles}, stages=stages):")
         else:
-            w_(f"# output rows and columns in bands: in each, a kernel offset reads all inside the input or "
-               f"all in the padding")
+            w_("# output rows and columns in bands: in each, a kernel offset reads all inside the input or "
+               "all in the padding")
             w_(f"for b, ps, qs, os_ in fl.parallel(range(B), bands(P, {tuple(rcuts)}, {'1' if one_row else 'rows'}), "
                f"{col_bands}, {otiles}, stages=stages):")
         with w_.indent(), band_loop:
@@ -393,14 +393,6 @@ def _operand_casts(load: str, stored, op_dt, depthwise: bool) -> str:
     return cast_to(cast_to(load, stored, op_dt), op_dt, DType.f32) if depthwise else cast_to(load, stored, op_dt)
 
 
-def _accumulate(w_, acc: str, patch: str, wt: str, depthwise: bool) -> None:
-    if depthwise:   # the vector unit: f32 multiply-accumulate over the window
-        w_(f"xt, wt = {patch}, {wt}")
-        w_(f"{acc} = xt * wt if {acc} is None else {acc} + xt * wt")
-    else:
-        w_(f'{acc} = fl.contract("cpq,oc->opq", {patch}, {wt}, acc={acc})')
-
-
 def _window_taps(w_, sp: _Conv, xn: str, ww: str, acc: str, channels: str, depthwise: bool, xdt) -> None:
     """One load of the input window the band's kernel offsets read; each offset's patch, and its
     weights in the item's weight tile `ww`, are slices (views in SRAM, no copy), and it adds into
@@ -475,8 +467,13 @@ def _tap_loads(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwi
                 boxes.append(f"{var}:{var} + 1")
         box = f"{xn}[b, {channels}, {', '.join(boxes)}]"
         wbox = f"{wn}[os_, kh, kw]" if depthwise else f"{wn}[os_, :, kh, kw]"
-        _accumulate(w_, acc, _operand_casts(f"fl.load({box})", sp.x.type.dtype, xdt, depthwise),
-                    _operand_casts(f"fl.load({wbox})", sp.w.type.dtype, wdt, depthwise), depthwise)
+        patch = _operand_casts(f"fl.load({box})", sp.x.type.dtype, xdt, depthwise)
+        wt = _operand_casts(f"fl.load({wbox})", sp.w.type.dtype, wdt, depthwise)
+        if depthwise:   # the vector unit: f32 multiply-accumulate over the window
+            w_(f"xt, wt = {patch}, {wt}")
+            w_(f"{acc} = xt * wt if {acc} is None else {acc} + xt * wt")
+        else:
+            w_(f'{acc} = fl.contract("cpq,oc->opq", {patch}, {wt}, acc={acc})')
 
 
 def _split_over_pes(specs, out_shape, one_row: bool, one_col: bool, depthwise: bool, cfg, fits):

@@ -5,9 +5,9 @@ transposed or reshaped weights, rotary tables. A batch norm after a convolution 
 weights folds into the convolution's weight and bias; any other batch norm with constant
 statistics (inference) becomes a per-channel scale and shift, two elementwise ops that fuse with
 their neighbours. On the meta device both rewrites are made on structure alone (the folded
-constants have no values), so a real-size model reaches the graph it would with weights. The fold size limit (an option) keeps huge
-results from being materialized, and broadcasts stay lazy (an expanded constant is cheaper to
-regenerate than to store).
+constants have no values), so a real-size model reaches the graph it would with weights. The fold
+size limit (an option) keeps huge results from being materialized, and broadcasts stay lazy (an
+expanded constant is cheaper to regenerate than to store).
 """
 
 from __future__ import annotations
