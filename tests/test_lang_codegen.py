@@ -720,3 +720,25 @@ def test_a_convolution_loads_each_items_input_window_once_and_slices_it_per_offs
     # weights once per item (a tile of channels and a group of bands), before its bands
     assert 0 < loads[w_param] <= loads[x_param] <= items
     assert taps >= loads[x_param] * (min(ws[2:]) if geometry != "1x1 stride 2" else 1)
+
+
+@pytest.mark.parametrize("xs, ws, attrs", [
+    ((1, 1280, 2, 2), (24, 1280, 1, 1), {}),                        # a segmentation head's 1x1 over a concat
+    ((1, 640, 3, 5), (12, 640, 3, 3), dict(padding=(1, 1))),
+    ((1, 1200, 2, 3), (8, 600, 3, 3), dict(padding=(1, 1), groups=2)),
+])
+def test_a_convolution_whose_offset_patch_of_all_input_channels_overflows_tiles_the_channels(xs, ws, attrs):
+    b = Body(21)
+    y = b("conv2d", b.input("x", xs), b.input("conv.weight", ws), b.input("conv.bias", (ws[0],)), **attrs)
+    node, arrays = b.region(b("relu", y), kind="contraction"), b.arrays
+    gk = _check(node, arrays, "tiny")   # equals the IR interpreter, interpreted and simulated
+    k = gk.kernel()
+    tc = k.__wrapped__.__kwdefaults__["tc"]
+    assert tc < ws[1]
+    k(*gk.arguments(arrays))
+    trace = k.last_trace
+    assert max(trace.plan.peak) <= trace.target.sram_bytes_per_pe
+    w_param = gk.params[1].name
+    weight_loads = [op for op in trace.ops if op.kind == "load" and op.src.tensor.name == w_param]
+    assert {op.src.shape[1] for op in weight_loads} >= {tc}         # a tile of channels per load
+    assert "tc" not in codegen.generate(node, "rngd").kernel().__wrapped__.__kwdefaults__   # fits whole there

@@ -18,7 +18,9 @@ Padding needs no padded copy: near a border an offset adds only into the part of
 whose inputs lie inside the image (`covered`, a contraction into a slice of the accumulator).
 When a window does not fit a small SRAM, each offset loads its own patch instead, and bands are
 cut where an offset starts or stops reading inside the image (`taps`), so within one each offset
-reads wholly inside or wholly in the zero padding.
+reads wholly inside or wholly in the zero padding. If even one offset's patch of every input
+channel does not fit (a 1x1 convolution over a concat of a thousand channels on `tiny`), each
+offset loads tiles of `tc` input channels, all accumulating into the item's accumulator.
 
 A stride that does not divide the input (a 37-pixel image, stride 2: the last window is partial)
 has no such free view; along that axis the bands are one output row (or column) wide, and the
@@ -212,9 +214,9 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     smax = max(sp.stride[0] for sp in specs), max(sp.stride[1] for sp in specs)
     taps_max = max(sp.w.type.shape[2] * sp.w.type.shape[3] for sp in specs)
 
-    def footprint(r, t, window):
-        x_rows = t if depthwise else Cmax   # a depthwise tap reads the tile's own channels
-        w_cols = 1 if depthwise else Cmax
+    def footprint(r, t, window, c=Cmax):
+        x_rows = t if depthwise else c   # a depthwise tap reads the tile's own channels
+        w_cols = 1 if depthwise else c
         if window:   # the input window and all the offsets' weights of an item, double buffered by items
             operands = STAGES * (x_rows * (r * smax[0] + halo[0]) * (cols * smax[1] + halo[1]) +
                                  t * w_cols * taps_max) * len(specs)
@@ -222,21 +224,28 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             operands = 2 * STAGES * (x_rows * r * cols + t * w_cols) * len(specs)
         return (operands + 2 * t * r * cols * (len(specs) + 1 + len(epilogue))) * 4
 
-    def fit(window):
-        r, t = rows, to
-        while footprint(r, t, window) > cfg.sram_bytes_per_pe // 2 and (r > 1 or t > 4):
+    def fit(window, tile_channels=False):
+        r, t, c = rows, to, Cmax
+        budget = cfg.sram_bytes_per_pe // 2
+        while footprint(r, t, window, c) > budget and (r > 1 or t > 4 or tile_channels and c > 4):
             if r > 1:
                 r //= 2
+            elif tile_channels and c > 4 and (c >= t or t <= 4):
+                c = -(-c // 2)
             else:
                 t = max(4, t // 2)
-        return r, t, footprint(r, t, window) <= cfg.sram_bytes_per_pe // 2
+        return r, t, c, footprint(r, t, window, c) <= budget
 
     # a window per item when one fits (it moves the input about once, not once per offset); else
-    # (a small SRAM, many input channels) a load per offset
-    rows_w, to_w, window = fit(True)
-    rows, to, fits = (rows_w, to_w, True) if window else fit(False)
+    # (a small SRAM, many input channels) a load per offset; and if an offset's patch of every
+    # input channel does not fit either, a load per offset and tile of input channels (`tc`)
+    rows_w, to_w, _, window = fit(True)
+    rows, to, tc, fits = (rows_w, to_w, Cmax, True) if window else fit(False)
+    if not fits and not depthwise:
+        rows, to, tc, fits = fit(False, tile_channels=True)
     if not fits:
         fail(convs[0], f"one output row of {Q} columns does not fit one PE's SRAM on {cfg.name}")
+    channel_tiles = tc < Cmax
     if window:
         split = _split_over_pes(specs, out_shape, one_row, one_col, depthwise, cfg,
                                 lambda r, t: footprint(r, t, True) <= cfg.sram_bytes_per_pe // 2)
@@ -245,7 +254,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
 
     names = Names({"bands", "taps", "reach", "group_tiles", "rows", "to", "stages", "b", "ps", "qs", "os_", "kh",
                    "kw", "r", "rp", "c", "cp", "c0", "xt", "wt", "rw", "cw", "xw", "pg", "covered", "rows_in",
-                   "cols_in", "p0", "p1", "q0", "q1", "part"})
+                   "cols_in", "p0", "p1", "q0", "q1", "part", "cs", "tc"})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, inputs)
@@ -293,7 +302,9 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     # a stride that does not divide the height reads one input row per band: `rows` is fixed at 1
     # then, not a tiling parameter the schedule's search may change
     row_param = f"rows: int = {rows}, " if window or not one_row else ""
-    w_(f"def {fname}({', '.join(sig.annotations)}, *, {row_param}to: int = {to}, stages: int = {STAGES}):")
+    channel_param = f"tc: int = {tc}, " if channel_tiles else ""
+    w_(f"def {fname}({', '.join(sig.annotations)}, *, {row_param}to: int = {to}, {channel_param}"
+       f"stages: int = {STAGES}):")
     with w_.indent():
         w_(f"B, O, P, Q = {Bo}, {O}, {P}, {Q}")
         onames = []
@@ -349,7 +360,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                     _window_taps(w_, sp, xn, wt, acc, channels, depthwise, xdt)
                 else:
                     w_(f"{acc} = None")
-                    _tap_loads(w_, sp, xn, wn, acc, channels, depthwise, xdt, wdt)
+                    _tap_loads(w_, sp, xn, wn, acc, channels, depthwise, xdt, wdt, channel_tiles)
                     w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
                     with w_.indent():
                         w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
@@ -441,14 +452,25 @@ def _window_taps(w_, sp: _Conv, xn: str, ww: str, acc: str, channels: str, depth
                     w_(f'fl.contract("cpq,oc->opq", {patch}, {ww}[:, :, kh, kw], acc={part})')
 
 
-def _tap_loads(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwise: bool, xdt, wdt) -> None:
+def _tap_loads(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwise: bool, xdt, wdt,
+               channel_tiles: bool = False) -> None:
     """Per kernel offset, a load of its patch and of its weights, double buffered by the offset loop
-    (when an item's window does not fit the SRAM)."""
+    (when an item's window does not fit the SRAM); with `channel_tiles`, per offset and tile of
+    `tc` input channels (when not even one offset's patch of every channel fits), all accumulating
+    into the one accumulator."""
     (sh, sw), (ph, pw), (dh, dw) = sp.stride, sp.pad, sp.dilation
     B, C, H, W = sp.x_shape
     KH, KW = sp.w.type.shape[2:]
-    w_(f"for kh, kw in fl.range([(kh, kw) for kh in taps(ps, {H}, {KH}, {sh}, {dh}, {ph}) "
-       f"for kw in taps(qs, {W}, {KW}, {sw}, {dw}, {pw})], stages=stages):")
+    offsets = f"taps(ps, {H}, {KH}, {sh}, {dh}, {ph}) for kw in taps(qs, {W}, {KW}, {sw}, {dw}, {pw})"
+    w_channels = ":"
+    if channel_tiles:
+        Cg = sp.w.type.shape[1]
+        w_(f"for kh, kw, cs in fl.range([(kh, kw, cs) for kh in {offsets} "
+           f"for cs in fl.tiles({Cg}, tc)], stages=stages):")
+        channels = "cs" if channels == ":" else "c0 + cs.start:c0 + cs.stop"
+        w_channels = "cs"
+    else:
+        w_(f"for kh, kw in fl.range([(kh, kw) for kh in {offsets}], stages=stages):")
     with w_.indent():
         boxes = []
         for var, band, s, d, pad, split in (("r", "ps", sh, dh, ph, sp.split[0]),
@@ -466,7 +488,7 @@ def _tap_loads(w_, sp: _Conv, xn: str, wn: str, acc: str, channels: str, depthwi
                 w_(f"{var} = {band}.start * {s} + {off}")
                 boxes.append(f"{var}:{var} + 1")
         box = f"{xn}[b, {channels}, {', '.join(boxes)}]"
-        wbox = f"{wn}[os_, kh, kw]" if depthwise else f"{wn}[os_, :, kh, kw]"
+        wbox = f"{wn}[os_, kh, kw]" if depthwise else f"{wn}[os_, {w_channels}, kh, kw]"
         patch = _operand_casts(f"fl.load({box})", sp.x.type.dtype, xdt, depthwise)
         wt = _operand_casts(f"fl.load({wbox})", sp.w.type.dtype, wdt, depthwise)
         if depthwise:   # the vector unit: f32 multiply-accumulate over the window
