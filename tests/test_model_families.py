@@ -572,6 +572,17 @@ def _nd_cases():
             x, 4, 3, 2, ceil_mode=True, count_include_pad=False)), (r(2, 3, 10),)),
         "adaptive_avg_pool1d": (Fn(lambda x: F.adaptive_avg_pool1d(x, 4)), (r(2, 3, 10),)),
         "conv1d_unbatched": (nn.Conv1d(3, 4, 3, padding=1), (r(3, 10),)),
+        # adaptive max pooling: overlapping uneven windows, with the indices, and ties (few
+        # distinct values) that torch resolves to the first cell in row-major order
+        "adaptive_max_pool2d_uneven_indices_ties": (Fn(lambda x: F.adaptive_max_pool2d(
+            x, (3, 4), return_indices=True)), (torch.randint(0, 3, (2, 3, 7, 9), generator=g).float(),)),
+        "adaptive_max_pool2d_divisible": (Fn(lambda x: F.adaptive_max_pool2d(x, (2, 3))), (r(1, 4, 8, 9),)),
+        "adaptive_max_pool2d_unbatched_uneven": (Fn(lambda x: F.adaptive_max_pool2d(x, 3)), (r(4, 5, 7),)),
+        "adaptive_max_pool1d_indices": (Fn(lambda x: F.adaptive_max_pool1d(x, 4, return_indices=True)),
+                                        (torch.randint(0, 4, (2, 3, 10), generator=g).float(),)),
+        "adaptive_max_pool3d_uneven_indices": (Fn(lambda x: F.adaptive_max_pool3d(
+            x, (2, 3, 2), return_indices=True)), (torch.randint(0, 5, (1, 2, 5, 7, 5), generator=g).float(),)),
+        "adaptive_max_pool3d_divisible": (Fn(lambda x: F.adaptive_max_pool3d(x, (2, 2, 1))), (r(1, 2, 4, 6, 5),)),
         "conv_transpose1d_vocoder_upsample": (nn.ConvTranspose1d(4, 6, 16, stride=8, padding=4,
                                                                  groups=2), (r(2, 4, 5),)),
         "conv_transpose1d_crop_unbatched": (nn.ConvTranspose1d(3, 2, 3, stride=2, padding=3,

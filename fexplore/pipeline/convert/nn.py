@@ -3,6 +3,8 @@ normalizations and attention."""
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from fexplore.ir import DType
@@ -356,7 +358,7 @@ def _unbatched_pool(conv, spatial: int = 2):
             return conv(ctx, x)
         out = conv(ctx, _add_batch(ctx, x))
         if isinstance(out, tuple):
-            return tuple(_drop_batch(ctx, y) for y in out)
+            return tuple(None if y is None else _drop_batch(ctx, y) for y in out)   # None: unread
         return _drop_batch(ctx, out)
 
     return wrapped
@@ -392,6 +394,65 @@ def _avg_pool(ctx, x):
 def _adaptive_avg_pool(ctx, x):
     out = ctx.out_type().shape[-2:]
     return ctx.emit("adaptive_avg_pool2d", [x], {"output_size": tuple(out)})
+
+
+# -- adaptive max pooling (1-, 2- and 3-D): windows [floor(i*n/o), ceil((i+1)*n/o)) per axis ------
+
+def _adaptive_windows(n: int, o: int) -> list[tuple[int, int]]:
+    return [((i * n) // o, -(-((i + 1) * n) // o)) for i in range(o)]
+
+
+def _adaptive_max_pool(spatial: int):
+    """Max over a box is max over its axes one at a time. With every axis divisible the windows
+    are a max pool's (kernel = stride = n / o); otherwise each axis is pooled window by window (a
+    slice and a max each, concatenated). Only when the caller reads the indices, each axis also
+    takes the argmax of its windows, innermost axis first: the flat index of a window's max is its
+    position on this axis times the inner axes' sizes plus the index the inner passes found at that
+    position (gathered), so ties go to the first cell in torch's row-major scan."""
+
+    def conv(ctx, x):
+        sizes = tuple(x.type.shape[2:])
+        outs = tuple(ctx.out_type(0).shape[-spatial:])
+        if not all(isinstance(d, int) for d in sizes + outs):
+            raise NotImplementedError("adaptive max pooling over a dynamic size")
+        wants_index = any(u.target is operator.getitem and u.args[1] == 1 for u in ctx.node.users)
+        if not wants_index and all(n % o == 0 for n, o in zip(sizes, outs)):
+            k = tuple(n // o for n, o in zip(sizes, outs))
+            pool = {"padding": (0, 0), "dilation": (1, 1), "ceil_mode": False}
+            if spatial == 3:
+                return _pool3d(ctx, x, "max_pool2d", {"kernel": k[1:], "stride": k[1:], **pool},
+                               {"kernel": (k[0], 1), "stride": (k[0], 1), **pool}), None
+            if spatial == 1:   # (N, C, L) as (N, C, 1, L)
+                y = ctx.emit("reshape", [x], {"shape": x.type.shape[:2] + (1, sizes[0])})
+                y = ctx.emit("max_pool2d", [y], {"kernel": (1, k[0]), "stride": (1, k[0]), **pool})
+                return ctx.emit("reshape", [y], {"shape": x.type.shape[:2] + outs}), None
+            return ctx.emit("max_pool2d", [x], {"kernel": k, "stride": k, **pool}), None
+        values, index, inner = x, None, 1
+        for ax in reversed(range(2, 2 + spatial)):
+            n, o = sizes[ax - 2], outs[ax - 2]
+            vs, ids = [], []
+            for lo, hi in _adaptive_windows(n, o):
+                window = ctx.emit("slice", [values], {"axis": ax, "start": lo, "end": hi})
+                vs.append(ctx.emit("amax", [window], {"axes": (ax,), "keepdim": True}))
+                if wants_index:
+                    at = ctx.emit("argmax", [window], {"axis": ax, "keepdim": True})
+                    flat = ctx.emit("mul", [ctx.emit("add", [at, lo]), inner])
+                    if index is not None:
+                        cells = ctx.emit("slice", [index], {"axis": ax, "start": lo, "end": hi})
+                        flat = ctx.emit("add", [flat, ctx.emit("gather", [cells, at], {"axis": ax})])
+                    ids.append(flat)
+            values = vs[0] if o == 1 else ctx.emit("concat", vs, {"axis": ax})
+            if wants_index:
+                index = ids[0] if o == 1 else ctx.emit("concat", ids, {"axis": ax})
+            inner *= n
+        return values, index
+
+    return conv
+
+
+converter("aten.adaptive_max_pool1d.default")(_unbatched_pool(_adaptive_max_pool(1), spatial=1))
+converter("aten.adaptive_max_pool2d.default")(_unbatched_pool(_adaptive_max_pool(2)))
+converter("aten.adaptive_max_pool3d.default")(_unbatched_pool(_adaptive_max_pool(3), spatial=3))
 
 
 # -- 3-D (video) pooling: separable, a 2-D pool over (H, W), then one over D ------------------
