@@ -11,9 +11,14 @@ from .rules import TypeRuleError, norm_axis, zero_d_as_vector
 
 
 def _order(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:
-    """Stable ordering; descending keeps equal values in their original order too."""
+    """Stable ordering; descending keeps equal values in their original order too. NaN is the
+    largest value, as torch has it: last ascending, first descending."""
     key = _key(x)
-    return np.argsort(-key if descending else key, axis=axis, kind="stable")
+    if not descending:
+        return np.argsort(key, axis=axis, kind="stable")
+    idx = np.argsort(-key, axis=axis, kind="stable")              # NaN last (-NaN is NaN)
+    numbers_last = np.argsort(~np.isnan(np.take_along_axis(key, idx, axis)), axis=axis, kind="stable")
+    return np.take_along_axis(idx, numbers_last, axis)
 
 
 def _key(x: np.ndarray) -> np.ndarray:

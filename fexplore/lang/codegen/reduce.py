@@ -12,9 +12,14 @@ its middle axis on the vector unit into an accumulator of (rows, columns):
                                  index row written once into DRAM scratch (0, 1, ..., K-1)
     cumsum, cumprod              one K index at a time: a running sum stored at every step
     cummax, cummin               one K index at a time: the running extreme and where it was seen
-    topk, sort                   the whole K axis in one tile, k passes of: the extreme of the elements
+    topk                         the whole K axis in one tile, k passes of: the extreme of the elements
                                  not taken yet, its first index, then that element marked taken
-                                 (sort: k = K, a selection sort)
+    sort                         a rank sort: an element's place is the number of elements that go
+                                 before it (smaller, or equal and earlier: stable; NaN last, as
+                                 torch), counted against the whole axis a tile of elements at a
+                                 time, then each value and its index scattered to its place. K^2
+                                 comparisons in a few wide vector commands and two scatters per
+                                 tile, not K passes of narrow commands and stores each
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ ACCUMULATE = {"sum": ("0.0", "add", "sum"), "mean": ("0.0", "add", "sum"), "amax
               "amin": ('float("inf")', "minimum", "min"), "any": ("0.0", "maximum", "max")}
 REDUCE = set(ACCUMULATE) | {"prod", "var", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "topk",
                             "sort"}
-SORT_LIMIT = 256    # a selection sort takes K passes over K elements: beyond this, a host op
 
 
 def takes(node: Node) -> bool:
@@ -85,7 +89,9 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
     w(f"def {fname}({', '.join(sig.annotations)}, *, stages: int = {STAGES}):")
     with w.indent():
         w(f"R, K, C = {R}, {K}, {C}")
-        if op in ("topk", "sort"):
+        if op == "sort":
+            _rank_sort(w, n, cfg, xname, R, K, C)
+        elif op == "topk":
             _ranked(w, n, cfg, xname, R, K, C, label)
         elif op in ("cumsum", "cumprod"):
             _scan(w, n, cfg, xname, R, K, C)
@@ -253,14 +259,53 @@ def _running_extreme(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
             w(f"fl.store({indices}[{rs}, k, {cs}], at.astype(fl.i64))")
 
 
+def _rank_sort(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
+    """Per row (and column) of the (R, K, C) view: each element's place along K is the count of the
+    elements that go before it, compared in tiles of `ti` elements against the whole axis (a
+    (rows, ti, K) comparison); its value and its position are then scattered to that place."""
+    descending, floats = n.attrs["descending"], n.inputs[0].type.dtype.is_float
+    values, indices = _outputs(w, n, "(R, K, C)", "R K C")
+    index_row(w, cfg, "IOTA", K, 3, 1, "the position of each element along K")
+    # about ten (rows, ti, K) tiles live at once (comparisons, masks and their conversions)
+    room = max(1, cfg.sram_bytes_per_pe // (2 * STAGES * 4 * 10 * K))
+    rows = max(1, min(R, room))
+    ti = max(1, min(K, room // rows))
+    w(f"for rs, c in fl.parallel(fl.tiles(R, {rows}), range(C), stages=stages):")
+    with w.indent():
+        w("jrow = fl.load(IOTA[:, :, :]).transpose(0, 2, 1)   # (1, 1, K): each element's position")
+        w(f"col = fl.load({x}[rs, :, c:c + 1])   # (rows, K, 1)")
+        w("row = col.transpose(0, 2, 1)   # (rows, 1, K): the axis it is compared against")
+        w("# the scatters below are a permutation and cover every place, but which places is data: the")
+        w("# outputs are first stored whole (the unsorted values, zeros) so every element is written")
+        w(f"fl.store({values}[rs, :, c:c + 1], col)")
+        w(f"fl.store({indices}[rs, :, c:c + 1], fl.zeros(col.shape).astype(fl.i64))")
+        if floats:
+            w("row_nan = fl.isnan(row)")
+        w(f"for its in fl.range(fl.tiles(K, {ti}), stages=stages):")
+        with w.indent():
+            w("xi, ii = col[:, its, :], fl.load(IOTA[:, its, :])   # a tile of elements and their positions")
+            if floats:
+                w("xi_nan = fl.isnan(xi)")
+                w("# j goes before i: ordered before it (NaN after every number), or equal and earlier")
+                if descending:
+                    w("ordered = fl.logical_and(fl.logical_not(xi_nan), fl.logical_or(row_nan, row > xi))")
+                else:
+                    w("ordered = fl.logical_and(fl.logical_not(row_nan), fl.logical_or(xi_nan, row < xi))")
+                w("tied = fl.logical_and(fl.logical_or(row == xi, fl.logical_and(row_nan, xi_nan)), jrow < ii)")
+            else:
+                w("# j goes before i: ordered before it, or equal and earlier")
+                w(f"ordered = row {'>' if descending else '<'} xi")
+                w("tied = fl.logical_and(row == xi, jrow < ii)")
+            w("place = fl.logical_or(ordered, tied).astype(fl.f32).sum(axis=2).astype(fl.i64)   # (rows, ti, 1)")
+            w(f"fl.scatter({values}[rs, :, c:c + 1], place, xi, axis=1, mode=\"elements\")")
+            w(f"fl.scatter({indices}[rs, :, c:c + 1], place, (ii + fl.zeros(xi.shape)).astype(fl.i64), axis=1, "
+              f"mode=\"elements\")")
+
+
 def _ranked(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None:
     op = n.op.name
     k = n.attrs["k"] if op == "topk" else K
     largest = n.attrs["largest"] if op == "topk" else n.attrs["descending"]
-    if op == "sort" and K > SORT_LIMIT:
-        raise UnsupportedRegionError(op, label, f"sort has no vector-unit kernel for {K} elements: a selection "
-                                                f"sort takes K passes over K (it is written up to {SORT_LIMIT})",
-                                     loc=n.loc)
     budget = tile_sizes((R, K, C), cfg, live=6)
     if budget[1] < K:
         raise UnsupportedRegionError(op, label, f"{op} over {K} elements: the whole axis does not fit one tile "
