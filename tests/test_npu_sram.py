@@ -154,3 +154,32 @@ def test_remembered_best_places_match_a_search_from_scratch(monkeypatch):
     assert len(set(remembered.offset)) > 20 and remembered.reuse_deps   # space was reused, a lot
     assert remembered.offset == fresh.offset
     assert remembered.reuse_deps == fresh.reuse_deps
+
+
+def test_every_writer_of_a_resident_tensor_waits_for_the_space_it_takes():
+    """A resident tensor is written box by box by DMAs that do not follow one another (here from
+    two PEs); placed over a dead buffer, each of them, not only the first, waits for that buffer's
+    last reader, or the second would overwrite it while it is still being read out."""
+    b = ProgramBuilder(TINY)
+    X, Y = b.input("X", (240, 64), "f32"), b.output("Y", (240, 64), "f32")
+    Z = b.output("Z", (16, 64), "f32")
+    t0, t1 = b.alloc("t0", (8, 64), "f32"), b.alloc("t1", (8, 64), "f32", pe=1)
+    b.load(t0, X[:8])
+    b.load(t1, X[8:16])
+    p = b.alloc("p", (240, 64), "f32")      # 60 KiB: with t0, all but 2 KiB of PE 0's 64 KiB
+    b.load(p, X)
+    last_reader = b.store(Y, p)             # p dies; a long store
+    R = b.resident("R", (16, 64), "f32", pe=0)
+    writers = [b.store(R[:8], t0), b.store(R[8:], t1)]
+    r = b.alloc("r", (16, 64), "f32")
+    b.load(r, R)
+    b.store(Z, r)
+    prog = b.build()
+    a = prog.allocation
+    assert a.offset[R.backing.id] < a.offset[p.id] + a.size[p.id]   # R took p's space
+    for w in writers:
+        assert last_reader.id in prog.commands[w.id].deps
+    x = np.arange(240 * 64, dtype=np.float32).reshape(240, 64)
+    out = prog.simulate({"X": x}).outputs                            # the race check passes
+    np.testing.assert_array_equal(out["Z"], x[:16])
+    np.testing.assert_array_equal(out["Y"], x)

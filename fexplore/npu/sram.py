@@ -232,10 +232,13 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
     # the DMAs that address a resident tensor use its buffer without naming it (they are DRAM-box
     # accesses to the hazard tracker): its space is free only when they have finished too
     resident_users: dict[int, list[int]] = {}
+    resident_writers: dict[int, list[int]] = {}
     for c in commands:
         backing = _resident_backing(c)
         for buf in backing:
             resident_users.setdefault(buf.id, []).append(c.id)
+        for buf in _resident_backing(c, written=True):
+            resident_writers.setdefault(buf.id, []).append(c.id)
         for buf in c.reads + c.writes + backing:
             if alloc.first[buf.id] < 0:
                 alloc.first[buf.id] = c.id
@@ -263,7 +266,10 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
             alloc.footprint[buf.pe] = max(alloc.footprint[buf.pe], off + size)
             before = space.previous_occupants(off, off + size)
             if before:
-                alloc.reuse_deps.setdefault(c.id, []).extend(before)
+                # a tile's first command writes it and the others follow it; a resident tensor is
+                # written box by box by DMAs none of which follows another: each of them waits
+                for w in dict.fromkeys([c.id, *resident_writers.get(buf.id, ())]):
+                    alloc.reuse_deps.setdefault(w, []).extend(before)
         for buf in deaths.get(c.id, ()):
             space = spaces[buf.pe]
             off, size = alloc.offset[buf.id], alloc.size[buf.id]
@@ -279,9 +285,10 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
     return alloc
 
 
-def _resident_backing(c: Command) -> tuple:
-    """The SRAM buffers of resident tensors a DMA addresses (they live while it runs)."""
-    refs = getattr(c, "src", None), getattr(c, "dst", None)
+def _resident_backing(c: Command, written: bool = False) -> tuple:
+    """The SRAM buffers of resident tensors a DMA addresses (they live while it runs); `written`:
+    only those it writes into."""
+    refs = (getattr(c, "dst", None),) if written else (getattr(c, "src", None), getattr(c, "dst", None))
     out = []
     for r in refs:
         for x in (r if isinstance(r, tuple) else (r,)):
