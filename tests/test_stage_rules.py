@@ -8,6 +8,7 @@ regenerate them only after checking the new text by eye."""
 import numpy as np
 import pytest
 
+import fexplore
 from fexplore import ir
 from fexplore.pipeline.options import CompileOptions
 from fexplore.pipeline.stages import fold, fusion, layout, precision, simplify
@@ -337,6 +338,33 @@ def test_narrowing_through_a_max_pool_changes_no_value_and_stops_at_a_wide_reade
     wide = ir.parse(case["before"].replace("  return %y\n}", "  return %y, %m\n}"))
     kept, rewrites = narrow_through_exact_ops(_Policy(ir.DType.bf16).apply(wide, top=True), ir.DType.bf16)
     assert rewrites == [] and "max_pool2d(%a)" in str(kept) and "%m: f32" in str(kept)
+
+
+def test_narrowing_through_a_relu_in_channels_last_keeps_the_layout():
+    """A relu between two convolutions runs in their channels-last layout; the cast that narrows
+    its input in front of it computes in that layout too (a row-major one would be invalid IR),
+    while its input, read again wide by the residual add, stays f32. Found in DPT's fusion
+    blocks."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(8, 8, 3, padding=1)
+            self.b = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = self.a(x)
+            return self.b(torch.relu(y)) + y
+
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(1, 8, 4, 4)
+    for target in ("rngd", "tiny"):
+        cm = fexplore.compile(model, (x,), target=target, precision="bf16")
+        assert bool(cm.verification["ok"].all())
+        casts = [n for n in cm.stages[-1].after.nodes if n.op.name == "cast" and n.outputs[0].name.endswith("_narrow")]
+        assert casts and all(c.outputs[0].type.layout == c.inputs[0].type.layout for c in casts)
+        torch.testing.assert_close(cm(x).float(), model(x), rtol=2e-2, atol=2e-2)
 
 
 def _assert_same_values(before, got_graph, want_graph):

@@ -187,7 +187,8 @@ def narrow_through_exact_ops(graph: Graph, dtype: DType) -> tuple[Graph, list]:
             if id(n) in picked:
                 for i in picked[id(n)]:
                     ins[i] = rw.emit("cast", [ins[i]], {"dtype": dtype},
-                                     name=rw.fresh_name(f"{n.inputs[i].name}_narrow"), loc=n.loc)
+                                     name=rw.fresh_name(f"{n.inputs[i].name}_narrow"), loc=n.loc,
+                                     layout=ins[i].type.layout)   # computes in its input's layout
                 rw.rebuild(n, ins)
                 rw.record(f"narrow-through-{n.op.name}-{dtype.value}", [n.outputs[0].name])
             elif n.op.name == "region" and entering:
