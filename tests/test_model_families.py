@@ -582,6 +582,12 @@ def _nd_cases():
                                         (torch.randint(0, 4, (2, 3, 10), generator=g).float(),)),
         "adaptive_max_pool3d_uneven_indices": (Fn(lambda x: F.adaptive_max_pool3d(
             x, (2, 3, 2), return_indices=True)), (torch.randint(0, 5, (1, 2, 5, 7, 5), generator=g).float(),)),
+        # Tensor.unfold: sliding windows as a new last axis (PatchTST's patching), overlapping,
+        # along a middle axis, more windows than elements per window and the reverse, 0-d
+        "unfold_overlapping_patches": (Fn(lambda x: x.unfold(-1, 16, 8) * 2.0), (r(2, 3, 40),)),
+        "unfold_middle_axis": (Fn(lambda x: x.unfold(1, 5, 1) + 1.0), (r(3, 9, 4),)),
+        "unfold_many_small_windows": (Fn(lambda x: x.unfold(0, 2, 2) - 1.0), (r(9, 7),)),
+        "unfold_0d": (Fn(lambda x: x.unfold(0, 1, 1) * 3.0), (torch.tensor(1.5),)),
         "adaptive_max_pool3d_divisible": (Fn(lambda x: F.adaptive_max_pool3d(x, (2, 2, 1))), (r(1, 2, 4, 6, 5),)),
         "conv_transpose1d_vocoder_upsample": (nn.ConvTranspose1d(4, 6, 16, stride=8, padding=4,
                                                                  groups=2), (r(2, 4, 5),)),

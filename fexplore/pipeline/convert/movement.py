@@ -159,6 +159,36 @@ def _narrow(ctx):
     return ctx.emit("slice", [x], {"axis": ax, "start": start, "end": start + length})
 
 
+@converter("aten.unfold.default", "aten.unfold_copy.default")
+def _unfold(ctx):
+    """``x.unfold(dim, size, step)``: windows of `size` along `dim`, `step` apart, in place of it,
+    each window's elements a new last axis: out[..., i, ..., j] = x[..., i * step + j, ...]. Built
+    from slices, whichever of two ways takes fewer: per window position j a strided slice (every
+    window's j-th element), or per window i a contiguous slice moved to the last axis."""
+    x, dim, size, step = ctx.args[:4]
+    rank = x.type.rank
+    ax = _axis(dim, rank)
+    length = x.type.shape[ax] if rank else 1
+    if not all(isinstance(d, int) for d in (length, size, step)):
+        raise NotImplementedError("unfold over a dynamic size")
+    if rank == 0:   # a 0-d tensor is one window of one element
+        return _reshape_to(ctx, x, (1,))
+    n = (length - size) // step + 1
+    shape = x.type.shape
+    if size <= n:
+        parts = [ctx.emit("slice", [x], {"axis": ax, "start": j, "end": j + (n - 1) * step + 1, "step": step})
+                 for j in range(size)]
+        parts = [_reshape_to(ctx, p, p.type.shape + (1,)) for p in parts]
+        return parts[0] if size == 1 else ctx.emit("concat", parts, {"axis": rank})
+    perm = tuple(i for i in range(rank) if i != ax) + (ax,)
+    windows = []
+    for i in range(n):
+        w = ctx.emit("slice", [x], {"axis": ax, "start": i * step, "end": i * step + size})
+        w = w if ax == rank - 1 else ctx.emit("permute", [w], {"perm": perm})
+        windows.append(_reshape_to(ctx, w, shape[:ax] + (1,) + shape[ax + 1:] + (size,)))
+    return windows[0] if n == 1 else ctx.emit("concat", windows, {"axis": ax})
+
+
 @converter("aten.cat.default", "aten.concat.default", "aten.concatenate.default")
 def _cat(ctx):
     xs = [x for x in ctx.args[0] if not (x.type.rank == 1 and x.type.shape[0] == 0)]
