@@ -91,6 +91,10 @@ CASES = {
                            (torch.where(torch.arange(40) % 7 == 0, float("nan"), r(2, 40)),), "sort", "reduction"),
     "argsort_ints": (lambda x: torch.argsort(x, dim=-1, stable=True), (torch.randint(0, 8, (2, 300)),), "sort",
                      "reduction"),
+    # softmax over an axis that is not the last (ConvBERT's span weights: (tokens, kernel, 1))
+    "softmax_middle": (lambda x: x.softmax(dim=1), (r(4, 7, 5),), "softmax", "reduction"),
+    "softmax_trailing_unit_axis": (lambda x: x.softmax(dim=1), (r(48, 3, 1),), "softmax", "reduction"),
+    "log_softmax_first": (lambda x: F.log_softmax(x, dim=0), (r(6, 9),), "log_softmax", "reduction"),
     "global_avg_pool": (lambda x: F.adaptive_avg_pool2d(x, 1), (r(2, 5, 7, 7),), "adaptive_avg_pool2d",
                         "reduction"),
     # pool.py

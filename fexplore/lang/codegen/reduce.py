@@ -12,6 +12,8 @@ its middle axis on the vector unit into an accumulator of (rows, columns):
                                  index row written once into DRAM scratch (0, 1, ..., K-1)
     cumsum, cumprod              one K index at a time: a running sum stored at every step
     cummax, cummin               one K index at a time: the running extreme and where it was seen
+    softmax, log_softmax         over an axis that is not the last: a block of (rows, K, columns)
+                                 with all of K, its max, exp and sum over the middle axis
     topk                         the whole K axis in one tile, k passes of: the extreme of the elements
                                  not taken yet, its first index, then that element marked taken
     sort                         a rank sort: an element's place is the number of elements that go
@@ -38,6 +40,7 @@ ACCUMULATE = {"sum": ("0.0", "add", "sum"), "mean": ("0.0", "add", "sum"), "amax
               "amin": ('float("inf")', "minimum", "min"), "any": ("0.0", "maximum", "max")}
 REDUCE = set(ACCUMULATE) | {"prod", "var", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "topk",
                             "sort"}
+SOFTMAX = {"softmax", "log_softmax"}   # over a middle axis (the vector part does the last one)
 
 
 def takes(node: Node) -> bool:
@@ -46,6 +49,9 @@ def takes(node: Node) -> bool:
     op = node.op.name
     if op == "adaptive_avg_pool2d":          # global average pooling: a mean over H and W
         return tuple(node.attrs["output_size"]) == (1, 1)
+    if op in SOFTMAX:
+        rank = node.inputs[0].type.rank
+        return rank > 0 and node.attrs["axis"] % rank != rank - 1
     if op not in REDUCE:
         return False
     if op in ("sum", "mean", "amax", "amin", "var"):
@@ -73,6 +79,8 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
         axes = sorted({a % rank for a in n.attrs["axes"]}) if n.attrs["axes"] else list(range(rank))
     elif op in ("argmax", "argmin"):
         axes = list(range(rank)) if n.attrs["axis"] is None else [n.attrs["axis"] % max(rank, 1)]
+    elif op in SOFTMAX:
+        axes = [n.attrs["axis"] % rank]
     else:
         axes = [n.attrs["axis"] % max(rank, 1)] if rank else []
     R, K, C = _around(tuple(x.type.shape), axes, n, label)
@@ -89,7 +97,9 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
     w(f"def {fname}({', '.join(sig.annotations)}, *, stages: int = {STAGES}):")
     with w.indent():
         w(f"R, K, C = {R}, {K}, {C}")
-        if op == "sort":
+        if op in SOFTMAX:
+            _softmax(w, n, cfg, xname, R, K, C, label)
+        elif op == "sort":
             _rank_sort(w, n, cfg, xname, R, K, C)
         elif op == "topk":
             _ranked(w, n, cfg, xname, R, K, C, label)
@@ -163,6 +173,28 @@ def _accumulate(w, n: Node, op: str, cfg, x: str, R: int, K: int, C: int) -> Non
         result = "acc / K" if op == "mean" else "acc != 0.0" if op == "any" else "acc"
         dt = n.outputs[0].type.dtype
         w(f"fl.store({out}[{rs}, {cs}], {result if op == 'any' else _store_cast(result, dt)})")
+
+
+def _softmax(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None:
+    """Blocks of (rows, K, columns) holding the whole softmax axis: its max, the shifted exp and their
+    sum over the middle axis, as the vector part does over a row's last axis."""
+    tiles = tile_sizes((R, K, C), cfg, live=4)
+    if tiles[1] < K:
+        raise UnsupportedRegionError(n.op.name, label, f"{n.op.name} over {K} elements of a middle axis: the "
+                                                       f"whole axis does not fit one tile on {cfg.name}", loc=n.loc)
+    (out,) = _outputs(w, n, "(R, K, C)", "R K C")
+    outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
+    w(outer.header())
+    with w.indent():
+        rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
+        w(f"x_t = fl.load({x}[{rs}, :, {cs}])")
+        w("shifted = x_t - x_t.max(axis=1)   # minus the max over K: exp cannot overflow")
+        if n.op.name == "softmax":
+            w("e = fl.exp(shifted)")
+            w("y = e / e.sum(axis=1)")
+        else:
+            w("y = shifted - fl.log(fl.exp(shifted).sum(axis=1))")
+        w(f"fl.store({out}[{rs}, :, {cs}], {_store_cast('y', n.outputs[0].type.dtype)})")
 
 
 def _variance(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None:
