@@ -220,6 +220,32 @@ def test_FX400_an_op_without_a_converter():
     check(e.value, UnsupportedOperatorError, message="fft", hint="converter", marker="FX400")
 
 
+class MaskingNoise(torch.nn.Module):   # as ViTMAE's random masking: drawn in eval mode too
+    def forward(self, x):
+        return x + torch.rand(x.shape)  # <- FX400 here
+
+
+class TrainingDropout(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(x)
+
+
+def test_FX400_a_random_op_says_how_to_get_rid_of_it():
+    """A draw the forward makes in eval mode too: pass it in as an input. Dropout in training mode:
+    call model.eval()."""
+    with pytest.raises(UnsupportedOperatorError) as e:
+        fexplore.compile(MaskingNoise().eval(), (torch.randn(4),))
+    check(e.value, UnsupportedOperatorError, message="random numbers", hint="as a model input", marker="FX400")
+    assert "model.eval()" not in e.value.hint
+    with pytest.raises(UnsupportedOperatorError) as e:
+        fexplore.compile(TrainingDropout().train(), (torch.randn(4),))
+    check(e.value, UnsupportedOperatorError, message="random numbers", hint="model.eval()")
+
+
 class Broken(torch.nn.Module):
     def forward(self, x):
         return x @ torch.ones(3, 3)

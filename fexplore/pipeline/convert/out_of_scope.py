@@ -11,8 +11,14 @@ from fexplore.errors import UnsupportedOperatorError
 from .registry import CONVERTERS, ConvertContext, converter
 
 _RANDOM = "it draws random numbers, and a compiled program is deterministic"
-_RANDOM_HINT = ("fexplore compiles what it can verify against eager value for value: call "
-                "model.eval() for dropout, or pass the random tensor in as a model input")
+_DROPOUT_HINT = ("fexplore compiles what it can verify against eager value for value: call model.eval() "
+                 "so dropout draws nothing, or pass the random tensor in as a model input")
+# a random op left in eval mode is drawn by the model's own forward (a masking noise, a sampler)
+_RANDOM_HINT = ("fexplore compiles what it can verify against eager value for value; this draw is in the "
+                "model's forward even in eval mode: pass the random tensor in as a model input instead "
+                "(many models take it as an argument, e.g. noise=)")
+_DROPOUT_OPS = {"aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
+                "aten.rrelu_with_noise.default", "aten.rrelu_with_noise_functional.default"}
 
 OUT_OF_SCOPE = {op: _RANDOM for op in (
     "aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
@@ -27,8 +33,9 @@ OUT_OF_SCOPE = {op: _RANDOM for op in (
 
 
 def refuse(ctx: ConvertContext, why: str):
+    training = str(ctx.node.target) in _DROPOUT_OPS
     raise UnsupportedOperatorError(str(ctx.node.target), loc=ctx.loc, reason=why,
-                                   hint=_RANDOM_HINT)
+                                   hint=_DROPOUT_HINT if training else _RANDOM_HINT)
 
 
 for _op, _why in OUT_OF_SCOPE.items():
