@@ -109,6 +109,16 @@ def test_a_0d_tensor_input_and_0d_intermediates_used_again():
     _compile_and_check(Temperature(), (torch.randn(2, 5), torch.tensor(0.7)))
 
 
+def test_topk_and_sort_of_a_0d_tensor_along_the_last_axis():
+    """torch takes dim=-1 of a 0-d tensor as its one element (OpInfo's topk sample #7)."""
+    class Ranks(torch.nn.Module):
+        def forward(self, x):
+            values, where = torch.topk(x, 1)
+            return values * 2.0, where, torch.sort(x, descending=True).values
+
+    _compile_and_check(Ranks(), (torch.tensor(-8.5),))
+
+
 class IntegerBits(torch.nn.Module):
     """Integer elementwise work of every kind: bit operations, shifts, wrapping arithmetic,
     comparisons, a select and a sum, with constants that need more than 24 bits."""

@@ -54,7 +54,7 @@ def _topk_type(ins, a):
     (t,) = ins
     axis = norm_axis(a["axis"], t.rank)
     k = a["k"]
-    size = t.shape[axis]
+    size = t.shape[axis] if t.rank else 1   # a 0-d tensor is one element
     if k < 0 or (isinstance(size, int) and k > size):
         raise TypeRuleError(f"topk: k={k} outside [0, {size}]")
     shape = t.shape[:axis] + (k,) + t.shape[axis + 1:] if t.rank else ()
