@@ -22,6 +22,8 @@ REPRESENTATIVE = {
     "precision-weights-at-fp8": (["gpt-bf16"], "numeric check of precision"),
     "window-last-row-dropped": (["conv-bn"], "lower check (kernels in the interpreter)"),
     "streamed-weights-stale": (["streamed-linear"], "lower check (kernels in the interpreter)"),
+    "sram-reuse-wait-missing": (["bart@tiny"], "simulator hazard check (schedule)"),
+    "sram-reuse-wait-first-writer-only": (["bart@tiny"], "simulator hazard check (schedule)"),
 }
 CASES = sorted({c for cases, _ in REPRESENTATIVE.values() for c in cases})
 
