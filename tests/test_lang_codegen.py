@@ -742,3 +742,27 @@ def test_a_convolution_whose_offset_patch_of_all_input_channels_overflows_tiles_
     weight_loads = [op for op in trace.ops if op.kind == "load" and op.src.tensor.name == w_param]
     assert {op.src.shape[1] for op in weight_loads} >= {tc}         # a tile of channels per load
     assert "tc" not in codegen.generate(node, "rngd").kernel().__wrapped__.__kwdefaults__   # fits whole there
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_per_channel_scale_over_small_images_takes_channels_in_tiles(target):
+    """A squeeze-and-excite scale, (1, C, 1, 1) over (1, C, H, W) features of a late CNN stage: the
+    channels cannot merge with the rows (the scale varies along them), and one channel per item
+    would be a few hundred bytes per DMA, all start-up. The kernel takes the channels in tiles
+    (`tb`): far fewer, larger DMAs, and the same values."""
+    b = Body(22)
+    x, s = b.input("x", (1, 96, 7, 7)), b.input("s", (1, 96, 1, 1))
+    node, arrays = b.region(b("mul", x, b("sigmoid", s)), kind="elementwise"), b.arrays
+    gk = _check(node, arrays, target)
+    k = gk.kernel()
+    tb = k.__wrapped__.__kwdefaults__["tb"]
+    assert tb > 1
+    args = gk.arguments(arrays)
+    tiled = k.simulate(*args)
+    tiled_out = k.last_trace.unpack(tiled.outputs)[0]
+    one_at_a_time = k.simulate(*args, tb=1)
+    dmas = lambda r: sum(1 for c in r.program.commands if c.engine == 0)   # noqa: E731
+    assert dmas(tiled) * (tb // 2) <= dmas(one_at_a_time)
+    if target == "rngd":   # where a DMA's start-up dwarfs a channel's bytes
+        assert tiled.cycles * 4 < one_at_a_time.cycles
+    np.testing.assert_array_equal(tiled_out, k.last_trace.unpack(one_at_a_time.outputs)[0])

@@ -4,15 +4,20 @@ Every value of such a region is a function of rows: the kernel loads a block of 
 operand (broadcast operands: their one row, or their one column), runs the region's nodes on the
 vector unit one line each (norms and softmax a few lines), and stores the results. Blocks of rows
 go round-robin to the PEs, double buffered; operands that are the same for every row (a norm's
-weights) are loaded once per PE.
+weights) are loaded once per PE. Axes that cannot merge into the rows (an operand varies along
+one but not the next: a per-channel scale over NCHW features) are looped over outside them; the
+one just outside is taken in tiles (``tb``) when its blocks are small, so a DMA moves enough to
+amortize its start-up.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fexplore.ir import Node
-from fexplore.lang.examples._tiling import row_tiles
+from fexplore.lang.examples._tiling import amortizing_bytes, row_tiles
 
 from . import vector
 from .common import Inputs, body_of, header, kernel_name, region_label
@@ -51,7 +56,7 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
     axis_names = outer_names + ["R"]
     loop_vars = [n.lower() for n in outer_names] + ["rs"]
 
-    names = Names({"rows", "stages", "once", "rs", "b", *(f"b{i}" for i in range(8))})
+    names = Names({"rows", "tb", "stages", "once", "rs", "b", *(f"b{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
     w = Writer()
@@ -79,11 +84,14 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
         specs.append(f"{pname}: {fl_dtype(v.type.dtype)}[{', '.join(spec)}]")
         boxes[v.name] = (pname, box, all(s == "1" for s in spec[:-1]) and v.type.rank != 0 or kshape == (1,))
 
-    rows = _rows(cfg, sizes[-1], C, len(params) + 2 * len(body.nodes), label)
+    live = len(params) + 2 * len(body.nodes)
+    rows = _rows(cfg, sizes[-1], C, live, label, math.prod(sizes[:-1]))
+    tb = _outer_tile(cfg, sizes, C, live, rows, len(params) + len(outs))
     header(w, node, body, "vector-unit", [(p.name, v, p.shape) for p, v in zip(kparams, params)],
            inputs.literals)
     w(f'@fl.kernel(target="{cfg.name}")')
-    w(f"def {fname}({', '.join(specs)}, *, rows: int = {rows}, stages: int = {STAGES}):")
+    tiling = f"rows: int = {rows}, " + (f"tb: int = {tb}, " if tb else "")
+    w(f"def {fname}({', '.join(specs)}, *, {tiling}stages: int = {STAGES}):")
     with w.indent():
         size_line = ", ".join(axis_names + ["C"])
         w(f"{size_line} = {', '.join(str(s) for s in sizes + (C,))}")
@@ -101,7 +109,10 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
         invariant = [v for v in params if boxes[v.name][2]]
         if invariant:
             w("once = {}   # operands the same for every row: loaded once per PE")
-        grid = ", ".join([f"range({a})" for a in outer_names[:len(sizes) - 1]] + ["fl.tiles(R, rows)"])
+        outer_loops = [f"range({a})" for a in outer_names[:len(sizes) - 1]]
+        if tb:   # the axis just outside the rows in tiles too: items of a few short rows are tiny DMAs
+            outer_loops[-1] = f"fl.tiles({outer_names[len(sizes) - 2]}, tb)"
+        grid = ", ".join(outer_loops + ["fl.tiles(R, rows)"])
         w(f"for {', '.join(loop_vars)} in fl.parallel({grid}, stages=stages):")
         with w.indent():
             tiles: dict[str, str] = dict(inputs.literals)
@@ -179,10 +190,28 @@ def _aligned_shapes(body, inputs: Inputs, label: str):
     return shapes, dropped
 
 
-def _rows(cfg, R: int, C: int, live: int, label: str) -> int:
+def _rows(cfg, R: int, C: int, live: int, label: str, outer: int) -> int:
     per_row = C * 4 * live
     if per_row * STAGES > cfg.sram_bytes_per_pe // 2:
         raise UnsupportedRegionError("row", label, f"a row of {C} elements with {live} live tiles does not fit "
                                                    f"one PE's SRAM on {cfg.name}; needs a split-row kernel")
-    return row_tiles(R, per_row, cfg, STAGES)
+    return row_tiles(R, per_row, cfg, STAGES, outer)
+
+
+def _outer_tile(cfg, sizes: tuple, C: int, live: int, rows: int, operands: int) -> int | None:
+    """Indices per item of the axis just outside the rows (``tb``), or None to take them one at a
+    time. An item of a single index moves `operands` boxes of R x C elements: a squeeze-and-excite
+    scale over a late CNN stage (672 channels of 14 x 14) would be thousands of DMAs of 784 bytes,
+    each mostly start-up. Taken in tiles, each DMA moves what amortizes its start-up, while the
+    items still number two per PE and fit a quarter of SRAM."""
+    if len(sizes) < 2 or rows < sizes[-1]:
+        return None
+    B = sizes[-2]
+    per_index = sizes[-1] * C * 4
+    tb = min(B, -(-amortizing_bytes(cfg) // (per_index * max(operands, 1))))
+    others = math.prod(sizes[:-2])
+    while tb > 1 and (-(-B // tb) * others < 2 * cfg.num_pes or
+                      tb * per_index * live * STAGES > cfg.sram_bytes_per_pe // 4):
+        tb = -(-tb // 2) if tb > 2 else 1
+    return tb if tb > 1 else None
 

@@ -60,11 +60,13 @@ def amortizing_bytes(cfg) -> int:
     return int(2 * cfg.dma_startup_cycles * cfg.dma_bytes_per_cycle)
 
 
-def row_tiles(R: int, bytes_per_row: int, cfg, stages: int) -> int:
+def row_tiles(R: int, bytes_per_row: int, cfg, stages: int, outer: int = 1) -> int:
     """Rows per tile for a row-wise kernel: enough tiles for every PE (two each, so each PE's own
-    loads and computes can overlap), as many rows as fit a quarter of SRAM."""
+    loads and computes can overlap), as many rows as fit a quarter of SRAM. `outer`: items the
+    kernel has besides its row tiles (one per index of the axes it loops over outside the rows),
+    which count towards filling the PEs."""
     rows = max(1, min(R, (cfg.sram_bytes_per_pe // 4) // max(1, bytes_per_row * stages)))
-    while rows > 1 and math.ceil(R / rows) < 2 * cfg.num_pes:
+    while rows > 1 and math.ceil(R / rows) * outer < 2 * cfg.num_pes:
         rows = max(1, rows // 2)
     return rows
 
