@@ -588,6 +588,12 @@ def _nd_cases():
         "unfold_middle_axis": (Fn(lambda x: x.unfold(1, 5, 1) + 1.0), (r(3, 9, 4),)),
         "unfold_many_small_windows": (Fn(lambda x: x.unfold(0, 2, 2) - 1.0), (r(9, 7),)),
         "unfold_0d": (Fn(lambda x: x.unfold(0, 1, 1) * 3.0), (torch.tensor(1.5),)),
+        # nearest upsampling by a scale factor: torch's source index is dst / scale (in float32),
+        # not dst * in / out; an axis whose size does not change (3 * 1.3 -> 3) is a copy
+        "nearest_scale_1_7": (Fn(lambda x: F.interpolate(x, scale_factor=1.7) * 1.0), (r(2, 3, 4, 4),)),
+        "nearest_scale_0_6": (Fn(lambda x: F.interpolate(x, scale_factor=0.6) * 1.0), (r(2, 3, 4, 4),)),
+        "nearest_scales_per_axis": (Fn(lambda x: F.interpolate(x, scale_factor=(1.3, 2.9)) * 1.0),
+                                    (r(1, 2, 3, 9),)),
         "adaptive_max_pool3d_divisible": (Fn(lambda x: F.adaptive_max_pool3d(x, (2, 2, 1))), (r(1, 2, 4, 6, 5),)),
         "conv_transpose1d_vocoder_upsample": (nn.ConvTranspose1d(4, 6, 16, stride=8, padding=4,
                                                                  groups=2), (r(2, 4, 5),)),

@@ -109,12 +109,15 @@ def test_a_0d_tensor_input_and_0d_intermediates_used_again():
     _compile_and_check(Temperature(), (torch.randn(2, 5), torch.tensor(0.7)))
 
 
-def test_topk_and_sort_of_a_0d_tensor_along_the_last_axis():
-    """torch takes dim=-1 of a 0-d tensor as its one element (OpInfo's topk sample #7)."""
+def test_topk_sort_max_and_min_of_a_0d_tensor_along_its_one_axis():
+    """torch takes dim 0 or -1 of a 0-d tensor as its one element (OpInfo's topk sample #7, and
+    max/min with a dim: the value itself and index 0)."""
     class Ranks(torch.nn.Module):
         def forward(self, x):
             values, where = torch.topk(x, 1)
-            return values * 2.0, where, torch.sort(x, descending=True).values
+            top, at = torch.max(x, dim=0)
+            low, at_low = torch.min(x.int(), dim=-1, keepdim=True)
+            return values * 2.0, where, torch.sort(x, descending=True).values, top + 1.0, at, low, at_low
 
     _compile_and_check(Ranks(), (torch.tensor(-8.5),))
 

@@ -467,12 +467,28 @@ def _upsample_nearest(ctx):
     h, w = x.type.shape[-2:]
     if not all(isinstance(d, int) for d in (oh, ow, h, w)):
         raise NotImplementedError("nearest upsampling with symbolic sizes")
-    # torch's nearest: source index floor(dst * in / out)
-    ih = (np.arange(oh) * h) // oh
-    iw = (np.arange(ow) * w) // ow
+    if str(ctx.node.target).endswith(".vec"):   # (input, output_size, scale_factors)
+        scales = ctx.arg(2, "scale_factors") or (None, None)
+    else:                                      # (input, output_size, scales_h, scales_w)
+        scales = (ctx.arg(2, "scales_h"), ctx.arg(3, "scales_w"))
+    ih, iw = _nearest_source(h, oh, scales[0]), _nearest_source(w, ow, scales[1])
     rows = ctx.b.literal(ih.reshape(oh, 1).astype(np.int64), f"{ctx.node.name}.rows")
     cols = ctx.b.literal(iw.reshape(1, ow).astype(np.int64), f"{ctx.node.name}.cols")
     return ctx.emit("index", [x, rows, cols], {"axes": (x.type.rank - 2, x.type.rank - 1)})
+
+
+def _nearest_source(n_in: int, n_out: int, scale) -> np.ndarray:
+    """torch's nearest source index of each output position: floor(dst * s) in float32, where s is
+    1 / the caller's scale factor when one is given (a scale of 1.7 on 4 pixels: 6 out, each source
+    dst / 1.7, not dst * 4 / 6) and in / out otherwise; never past the last input. As torch, an
+    output as long as the input, or twice as long, ignores the scale (a copy; dst // 2)."""
+    if n_out == n_in:
+        return np.arange(n_out)
+    if n_out == 2 * n_in:
+        return np.arange(n_out) // 2
+    s = np.float32(1.0 / scale) if scale else np.float32(n_in) / np.float32(n_out)
+    src = np.floor(np.arange(n_out, dtype=np.float32) * s).astype(np.int64)
+    return np.minimum(src, n_in - 1)
 
 
 # -- in-place updates, as value-semantics writes into a copy -----------------------------------

@@ -67,6 +67,8 @@ def _value_and_index(red_op):
     def conv(ctx: ConvertContext):
         x, dim = ctx.args[0], ctx.args[1]
         keep = ctx.arg(2, "keepdim", False)
+        if x.type.rank == 0:   # torch takes dim 0 (or -1) of a 0-d tensor as its one element
+            return x, ctx.value(0)
         ax = _ax(dim, x.type.rank)
         values = ctx.emit(red_op, [x], {"axes": (ax,), "keepdim": keep})
         arg = "argmax" if red_op == "amax" else "argmin"
