@@ -147,6 +147,21 @@ def test_integer_elementwise_ops_on_the_chip_are_exact_above_2_24():
     assert cm(a, b, w)[2][0].equal(a[0])
 
 
+def test_integer_powers_on_the_chip_follow_torch():
+    """Integer pow runs on integer lanes with torch's meaning: a negative exponent gives 1 or -1 for
+    bases 1 and -1 and 0 otherwise (f32 lanes gave inf and fractions), and results above 2^24 are
+    exact (OpInfo's __rpow__ on int64 and int32)."""
+    class Powers(torch.nn.Module):
+        def forward(self, base, exponent):
+            return base ** exponent, 3 ** exponent
+
+    base = torch.tensor([[0, 1, -1, 2, -3, 7, 5, -1], [2, 1, -1, 0, 3, 13, -7, 1]])
+    exponent = torch.tensor([[-1, -5, -3, -2, 3, 9, 11, 2], [0, 7, -4, 4, 15, 7, 9, -8]])
+    cm = _compile_and_check(Powers(), (base, exponent))
+    assert (cm.report()["how"] != "host").all()
+    assert cm(base, exponent)[0][0].tolist() == [0, 1, -1, 0, -27, 40353607, 48828125, 1]
+
+
 def test_unsigned_with_signed_promotes_to_a_type_holding_both_or_refuses():
     from fexplore.ir.types import promote_pair
 

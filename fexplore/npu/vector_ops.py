@@ -133,7 +133,8 @@ VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
     _ew("div", 2, np.divide, passes=2, flops=4),
     _int("maximum", 2, np.maximum),
     _int("minimum", 2, np.minimum),
-    _ew("pow", 2, np.power, passes=2, flops=8),
+    # integer powers exact on integer lanes, with torch's meaning of a negative exponent (the IR's)
+    _int("pow", 2, ir_elementwise.power, passes=2, flops=8),
     _int("remainder", 2, np.mod, passes=2, flops=4),     # the sign follows the divisor (Python's)
     _int("fmod", 2, np.fmod, passes=2, flops=4),         # the sign follows the dividend (C's)
     _ew("atan2", 2, np.arctan2, passes=2, flops=8),

@@ -220,7 +220,7 @@ binary("sub", np.subtract)
 binary("mul", np.multiply)
 binary("maximum", np.maximum)
 binary("minimum", np.minimum)
-def _pow(x, y):
+def power(x, y):
     if x.dtype.kind not in "iu":
         return np.power(x, y)
     # integer powers with a negative exponent: torch gives 1 and +-1 for bases 1 and -1, 0 for
@@ -234,7 +234,7 @@ def _pow(x, y):
     return np.where(neg, small, p)
 
 
-binary("pow", _pow, flops=4)
+binary("pow", power, flops=4)
 binary("atan2", np.arctan2, result="float", flops=8)
 binary("hypot", np.hypot, result="float", flops=4)
 binary("remainder", np.mod)  # Python's (and torch's) sign convention: follows the divisor
