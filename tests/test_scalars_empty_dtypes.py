@@ -147,6 +147,19 @@ def test_integer_elementwise_ops_on_the_chip_are_exact_above_2_24():
     assert cm(a, b, w)[2][0].equal(a[0])
 
 
+def test_gather_with_0d_and_empty_operands():
+    """torch.gather takes a 0-d input or index as one element, and an empty index reads nothing
+    whatever the ranks (OpInfo's gather samples #3 to #6)."""
+    class Gathers(torch.nn.Module):
+        def forward(self, scalar, row, at, at_0d, empty):
+            return (torch.gather(scalar, 0, at_0d) * 2.0, torch.gather(scalar, 0, at) + 1.0,
+                    torch.gather(row, 0, at_0d + 2) - 1.0, torch.gather(row, 0, empty))
+
+    inputs = (torch.tensor(-8.5), torch.randn(5, generator=torch.Generator().manual_seed(0)),
+              torch.tensor([0, 0]), torch.tensor(0), torch.zeros(2, 0, dtype=torch.long))
+    _compile_and_check(Gathers(), inputs)
+
+
 def test_integer_powers_on_the_chip_follow_torch():
     """Integer pow runs on integer lanes with torch's meaning: a negative exponent gives 1 or -1 for
     bases 1 and -1 and 0 otherwise (f32 lanes gave inf and fractions), and results above 2^24 are

@@ -268,6 +268,14 @@ def _crop_negative_pads(ctx, x, pads):
 @converter("aten.gather.default")
 def _gather(ctx):
     x, dim, idx = ctx.args[0], ctx.args[1], ctx.args[2]
+    shape = idx.type.shape
+    if all(isinstance(d, int) for d in shape) and 0 in shape:   # torch checks no ranks then: nothing to read
+        return ctx.b.literal(np.zeros(shape, x.type.dtype.numpy), f"{ctx.node.name}.empty")
+    if x.type.rank == 0 or idx.type.rank == 0:   # torch takes a 0-d tensor as one of one element
+        x1 = _reshape_to(ctx, x, (1,)) if x.type.rank == 0 else x
+        idx1 = _reshape_to(ctx, idx, (1,) * x1.type.rank) if idx.type.rank == 0 else idx
+        out = ctx.emit("gather", [x1, idx1], {"axis": _axis(dim, x1.type.rank)})
+        return _reshape_to(ctx, out, shape)
     return ctx.emit("gather", [x, idx], {"axis": _axis(dim, x.type.rank)})
 
 
