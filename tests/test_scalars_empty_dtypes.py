@@ -160,6 +160,17 @@ def test_gather_with_0d_and_empty_operands():
     _compile_and_check(Gathers(), inputs)
 
 
+def test_scatter_add_of_0d_tensors_and_a_cat_of_empty_ones():
+    """OpInfo's scatter_add #6 (every operand 0-d: one element) and cat #4 (two empty (0,)
+    tensors, which torch's legacy rule drops: an empty result)."""
+    class Odd(torch.nn.Module):
+        def forward(self, x, at, src, e1, e2):
+            return torch.scatter_add(x, 0, at, src) * 2.0, torch.cat([e1, e2]) + 1.0
+
+    inputs = (torch.tensor(1.5), torch.tensor(0), torch.tensor(-4.0), torch.zeros(0), torch.zeros(0))
+    _compile_and_check(Odd(), inputs)
+
+
 def test_integer_powers_on_the_chip_follow_torch():
     """Integer pow runs on integer lanes with torch's meaning: a negative exponent gives 1 or -1 for
     bases 1 and -1 and 0 otherwise (f32 lanes gave inf and fractions), and results above 2^24 are

@@ -193,6 +193,9 @@ def _unfold(ctx):
 def _cat(ctx):
     xs = [x for x in ctx.args[0] if not (x.type.rank == 1 and x.type.shape[0] == 0)]
     dim = ctx.arg(1, "dim", 0)
+    if not xs:   # every operand an empty (0,): torch's legacy rule leaves an empty result
+        out = ctx.out_type()
+        return ctx.b.literal(np.zeros(out.shape, out.dtype.numpy), f"{ctx.node.name}.empty")
     if len(xs) == 1:
         return xs[0]
     return ctx.emit("concat", xs, {"axis": _axis(dim, xs[0].type.rank)})
@@ -570,8 +573,14 @@ def _scatter(ctx):
         src = ctx.scalar(src, x.type.dtype)
     elif src.type.dtype != x.type.dtype:
         src = ctx.emit("cast", [src], {"dtype": x.type.dtype})
-    return ctx.emit("scatter", [x, index, src], {"axis": _axis(dim, x.type.rank),
-                                                "reduce": reduce, "include_self": include_self})
+    attrs = {"reduce": reduce, "include_self": include_self}
+    if x.type.rank == 0 or index.type.rank == 0:   # torch takes a 0-d tensor as one of one element
+        one = (1,) * max(x.type.rank, 1)
+        out = ctx.emit("scatter", [_reshape_to(ctx, x, one), _reshape_to(ctx, index, one) if index.type.rank == 0
+                                   else index, _reshape_to(ctx, src, one) if src.type.rank == 0 else src],
+                       {"axis": _axis(dim, len(one)), **attrs})
+        return _reshape_to(ctx, out, x.type.shape)
+    return ctx.emit("scatter", [x, index, src], {"axis": _axis(dim, x.type.rank), **attrs})
 
 
 # torch's names (scatter's reduce=, scatter_reduce's) for the IR scatter's reductions
