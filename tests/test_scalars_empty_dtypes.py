@@ -171,6 +171,27 @@ def test_scatter_add_of_0d_tensors_and_a_cat_of_empty_ones():
     _compile_and_check(Odd(), inputs)
 
 
+def test_integer_products_with_float_scalars_sums_with_a_dtype_bool_pads_and_broadcast_masks():
+    """From OpInfo with more samples per entry: addmv/addbmm/addmm on integers take float beta and
+    alpha as integers (2.6 is 2); an int32 sum with dtype=int32 stays int32; a bool tensor padded
+    with True; masked_scatter where the mask has more axes than the input (they broadcast)."""
+    class Mixed(torch.nn.Module):
+        def forward(self, i, m, v, b1, b2, small, flags, x, mask, src):
+            return (torch.addmv(i, m, v, beta=1.7, alpha=2.6), torch.addmv(i, m, v, beta=0.2, alpha=0.6),
+                    torch.addbmm(small, b1, b2, beta=1.6, alpha=2.2), torch.addmm(small, m.int(), b2[0], alpha=3.5),
+                    (m.int() * 3).sum(dim=1, dtype=torch.int32),
+                    torch.nn.functional.pad(flags, (1, 2), value=True),
+                    torch.masked_scatter(x, mask, src))
+
+    g = torch.Generator().manual_seed(0)
+    inputs = (torch.tensor([5, 10, -7]), torch.tensor([[1, 2], [3, 4], [5, 6]]), torch.tensor([3, 1]),
+              torch.randint(-4, 5, (2, 3, 2), dtype=torch.int32, generator=g),
+              torch.randint(-4, 5, (2, 2, 3), dtype=torch.int32, generator=g),
+              torch.full((3, 3), 5, dtype=torch.int32), torch.tensor([[True, False], [False, True]]),
+              torch.randn(5, generator=g), torch.rand(2, 5, generator=g) > 0.5, torch.randn(2, 5, generator=g))
+    _compile_and_check(Mixed(), inputs)
+
+
 def test_integer_powers_on_the_chip_follow_torch():
     """Integer pow runs on integer lanes with torch's meaning: a negative exponent gives 1 or -1 for
     bases 1 and -1 and 0 otherwise (f32 lanes gave inf and fractions), and results above 2^24 are

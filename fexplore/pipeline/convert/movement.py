@@ -243,7 +243,7 @@ def _pad(ctx):
     if mode not in (None, "constant"):
         raise NotImplementedError(f"pad mode {mode!r}")
     value = ctx.kwargs.get("value", ctx.arg(3 if "pad.default" in str(ctx.node.target) else 2))
-    value = 0.0 if value is None else value
+    value = 0.0 if value is None else int(value) if isinstance(value, bool) else value   # a bool image's True: 1
     x, pads = _crop_negative_pads(ctx, x, pads)
     if not any(pads):
         return x
@@ -618,12 +618,16 @@ def _masked_scatter(ctx):
     # placeholder tokens): the k-th true position of the flattened mask takes source.flat[k],
     # i.e. a gather at cumsum(mask) - 1, kept only where the mask is true.
     x, mask, src = ctx.args[0], ctx.args[1], ctx.args[2]
-    shape = x.type.shape
+    shape = ctx.out_type().shape   # the input and the mask broadcast together
     n = 1
     for d in shape:
         n = n * d
+    if x.type.shape != shape:
+        x = ctx.emit("expand", [_reshape_to(ctx, x, (1,) * (len(shape) - x.type.rank) + x.type.shape)],
+                     {"shape": shape})
     if mask.type.shape != shape:
-        mask = ctx.emit("expand", [mask], {"shape": shape})
+        mask = ctx.emit("expand", [_reshape_to(ctx, mask, (1,) * (len(shape) - mask.type.rank) + mask.type.shape)],
+                        {"shape": shape})
     flat_mask = _reshape_to(ctx, mask, (n,))
     pos = ctx.emit("sub", [ctx.emit("cumsum", [ctx.emit("cast", [flat_mask], {"dtype": DType.i64})],
                                     {"axis": 0}), 1])

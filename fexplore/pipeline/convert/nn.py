@@ -22,18 +22,16 @@ def _linear(ctx):
 @converter("aten.addmm.default")
 def _addmm(ctx):
     bias, x, w = ctx.args[0], ctx.args[1], ctx.args[2]
-    beta, alpha = ctx.kwargs.get("beta", 1), ctx.kwargs.get("alpha", 1)
-    y = ctx.emit("matmul", [x, w])
-    if alpha != 1:
-        y = ctx.emit("mul", [y, alpha])
-    if beta != 1:
-        bias = ctx.emit("mul", [bias, beta])
-    return ctx.emit("add", [y, bias]) if beta != 0 else y
+    return _scaled_add(ctx, bias, ctx.emit("matmul", [x, w]), ctx.kwargs.get("beta", 1),
+                       ctx.kwargs.get("alpha", 1))
 
 
 def _scaled_add(ctx, input, product, beta, alpha):
     """beta * input + alpha * product, as torch's add{mm,mv,bmm} compute it; beta == 0 ignores
-    the input entirely (NaN in it does not propagate)."""
+    the input entirely (NaN in it does not propagate). On integer tensors torch takes beta and
+    alpha as integers (truncated: 2.6 is 2), and the result stays integer."""
+    if not product.type.dtype.is_float:
+        beta, alpha = int(beta), int(alpha)
     y = product if alpha == 1 else ctx.emit("mul", [product, alpha])
     if beta == 0:
         return y

@@ -36,6 +36,9 @@ def _reduce(op):
         y = ctx.emit(op, [x], {"axes": _axes(dims, x.type.rank), "keepdim": bool(keep)})
         if op == "any" and x.type.dtype == DType.u8:  # torch's any/all of u8 answer in u8
             y = ctx.emit("cast", [y], {"dtype": DType.u8})
+        dt = ctx.kwargs.get("dtype")
+        if dt is not None and y.type.dtype != ir_dtype(dt):   # an integer sum widens to i64 unless told
+            y = ctx.emit("cast", [y], {"dtype": ir_dtype(dt)})
         return y
 
     return conv
