@@ -242,7 +242,7 @@ def _arg_extreme(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
             w(f"x_t = fl.load({x}[{rs}, ks, {cs}])")
             w("iota = fl.load(IOTA[:, ks, :])")
             w(f"m = x_t.{pick}(axis=1)")
-            w(f"first = fl.where(x_t == m, iota, float(K)).min(axis=1, keepdims=False)   # where m first is")
+            w("first = fl.where(x_t == m, iota, float(K)).min(axis=1, keepdims=False)   # where m first is")
             w(f"m = x_t.{pick}(axis=1, keepdims=False)")
             w(f"won = fl.{better}(m, best)   # strictly: on a tie the earlier tile keeps its index")
             w("fl.where(won, first, at, out=at)")
