@@ -86,7 +86,7 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
 
     live = len(params) + 2 * len(body.nodes)
     rows = _rows(cfg, sizes[-1], C, live, label, math.prod(sizes[:-1]))
-    tb = _outer_tile(cfg, sizes, C, live, rows, len(params) + len(outs))
+    tb = _outer_tile(cfg, sizes, C, live, rows)
     header(w, node, body, "vector-unit", [(p.name, v, p.shape) for p, v in zip(kparams, params)],
            inputs.literals)
     w(f'@fl.kernel(target="{cfg.name}")')
@@ -198,9 +198,9 @@ def _rows(cfg, R: int, C: int, live: int, label: str, outer: int) -> int:
     return row_tiles(R, per_row, cfg, STAGES, outer)
 
 
-def _outer_tile(cfg, sizes: tuple, C: int, live: int, rows: int, operands: int) -> int | None:
+def _outer_tile(cfg, sizes: tuple, C: int, live: int, rows: int) -> int | None:
     """Indices per item of the axis just outside the rows (``tb``), or None to take them one at a
-    time. An item of a single index moves `operands` boxes of R x C elements: a squeeze-and-excite
+    time. An item of a single index moves boxes of R x C elements: a squeeze-and-excite
     scale over a late CNN stage (672 channels of 14 x 14) would be thousands of DMAs of 784 bytes,
     each mostly start-up. Taken in tiles, each DMA moves what amortizes its start-up, while the
     items still number two per PE and fit a quarter of SRAM."""
@@ -208,7 +208,7 @@ def _outer_tile(cfg, sizes: tuple, C: int, live: int, rows: int, operands: int) 
         return None
     B = sizes[-2]
     per_index = sizes[-1] * C * 4
-    tb = min(B, -(-amortizing_bytes(cfg) // (per_index * max(operands, 1))))
+    tb = min(B, -(-amortizing_bytes(cfg) // per_index))
     others = math.prod(sizes[:-2])
     while tb > 1 and (-(-B // tb) * others < 2 * cfg.num_pes or
                       tb * per_index * live * STAGES > cfg.sram_bytes_per_pe // 4):
