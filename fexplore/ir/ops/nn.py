@@ -252,15 +252,18 @@ def _adaptive_type(ins, a):
     return [TensorType(x.shape[:2] + tuple(a["output_size"]), x.dtype)]
 
 
+def adaptive_bins(n: int, o: int) -> list[tuple[int, int]]:
+    """torch's adaptive pooling windows of `o` outputs over `n` inputs: [floor(i*n/o), ceil((i+1)*n/o))."""
+    return [((i * n) // o, -(-((i + 1) * n) // o)) for i in range(o)]
+
+
 def _adaptive_ref(xs, a):
     x = _f(xs[0]).astype(np.float64)
     h, w = x.shape[2:]
     oh, ow = a["output_size"]
     out = np.empty(x.shape[:2] + (oh, ow))
-    for i in range(oh):  # torch's bins: [floor(i*h/oh), ceil((i+1)*h/oh))
-        h0, h1 = (i * h) // oh, -(-((i + 1) * h) // oh)
-        for j in range(ow):
-            w0, w1 = (j * w) // ow, -(-((j + 1) * w) // ow)
+    for i, (h0, h1) in enumerate(adaptive_bins(h, oh)):
+        for j, (w0, w1) in enumerate(adaptive_bins(w, ow)):
             out[:, :, i, j] = x[:, :, h0:h1, w0:w1].mean(axis=(2, 3))
     return [out]
 

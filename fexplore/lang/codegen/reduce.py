@@ -30,6 +30,7 @@ import math
 
 from fexplore.ir import DType, Node
 
+from . import vector
 from .boxes import STAGES, Loops, index_row, spec, tile_sizes
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
@@ -84,7 +85,10 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
     else:
         axes = [n.attrs["axis"] % max(rank, 1)] if rank else []
     R, K, C = _around(tuple(x.type.shape), axes, n, label)
-    names = Names({"stages", "iota"})
+    # the parts' own tiles and loop variables, so a parameter named after an IR value never shadows one
+    names = Names({"stages", "iota", "R", "K", "C", "OUT", "VALUES", "INDICES", "IOTA", "n", "k", "ks", "p", "rs", "d",
+                   "cs", "c", "its", "x_t", "y", "acc", "at", "best", "first", "m", "mean", "won", "run", "squares",
+                   "total", "taken", "jrow", "row", "row_nan", "xi", "ii", "xi_nan", "ordered", "tied", "place"})
     fname = kernel_name(node)
     names.taken.add(fname)
     inputs = Inputs.of(node, body)
@@ -98,7 +102,7 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
     with w.indent():
         w(f"R, K, C = {R}, {K}, {C}")
         if op in SOFTMAX:
-            _softmax(w, n, cfg, xname, R, K, C, label)
+            _softmax(w, names, n, cfg, xname, R, K, C, label)
         elif op == "sort":
             _rank_sort(w, n, cfg, xname, R, K, C)
         elif op == "topk":
@@ -175,9 +179,9 @@ def _accumulate(w, n: Node, op: str, cfg, x: str, R: int, K: int, C: int) -> Non
         w(f"fl.store({out}[{rs}, {cs}], {result if op == 'any' else _store_cast(result, dt)})")
 
 
-def _softmax(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None:
-    """Blocks of (rows, K, columns) holding the whole softmax axis: its max, the shifted exp and their
-    sum over the middle axis, as the vector part does over a row's last axis."""
+def _softmax(w, names, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None:
+    """Blocks of (rows, K, columns) holding the whole softmax axis, written by the vector part's own
+    softmax lines over the middle axis."""
     tiles = tile_sizes((R, K, C), cfg, live=4)
     if tiles[1] < K:
         raise UnsupportedRegionError(n.op.name, label, f"{n.op.name} over {K} elements of a middle axis: the "
@@ -188,13 +192,8 @@ def _softmax(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> Non
     with w.indent():
         rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
         w(f"x_t = fl.load({x}[{rs}, :, {cs}])")
-        w("shifted = x_t - x_t.max(axis=1)   # minus the max over K: exp cannot overflow")
-        if n.op.name == "softmax":
-            w("e = fl.exp(shifted)")
-            w("y = e / e.sum(axis=1)")
-        else:
-            w("y = shifted - fl.log(fl.exp(shifted).sum(axis=1))")
-        w(f"fl.store({out}[{rs}, :, {cs}], {_store_cast('y', n.outputs[0].type.dtype)})")
+        vector.VectorEmitter(w, names, label, axis="1").softmax(n, "x_t", "y")
+        w(f"fl.store({out}[{rs}, :, {cs}], y)")
 
 
 def _variance(w, n: Node, cfg, x: str, R: int, K: int, C: int, label: str) -> None:

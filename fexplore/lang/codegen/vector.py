@@ -145,6 +145,20 @@ class VectorEmitter:
         return f"fl.{op}({', '.join(args)}{kw})"
 
     # -- row ops: norms and softmax over the last axis ------------------------------------------
+    def softmax(self, node: Node, x: str, name: str) -> None:
+        """`name` = softmax (or log-softmax) of tile `x` along the code's axis `self.axis` (the
+        reduction part writes one over a middle axis with these lines too)."""
+        w, ax = self.w, self.axis
+        kw = self._dtype_kw(node.outputs[0].type.dtype, DType.f32)
+        if node.op.name == "softmax":
+            e = self.names.new(name + "_exp")
+            w(f"{e} = fl.exp({x} - {x}.max(axis={ax}))   # minus the max: exp cannot overflow")
+            w(f"{name} = fl.div({e}, {e}.sum(axis={ax}){kw})")
+        else:
+            s = self.names.new(name + "_shifted")
+            w(f"{s} = {x} - {x}.max(axis={ax})")
+            w(f"{name} = fl.sub({s}, fl.log(fl.exp({s}).sum(axis={ax})){kw})")
+
     def _row_op(self, node: Node, args: list[str], name: str, last_axis: int) -> None:
         op = node.op.name
         rank = node.inputs[0].type.rank
@@ -157,14 +171,8 @@ class VectorEmitter:
                                    f"handles the last one")
         w, ax, x = self.w, self.axis, args[0]
         kw = self._dtype_kw(node.outputs[0].type.dtype, DType.f32)
-        if op == "softmax":
-            e = self.names.new(name + "_exp")
-            w(f"{e} = fl.exp({x} - {x}.max(axis={ax}))   # minus the row max: exp cannot overflow")
-            w(f"{name} = fl.div({e}, {e}.sum(axis={ax}){kw})")
-        elif op == "log_softmax":
-            s = self.names.new(name + "_shifted")
-            w(f"{s} = {x} - {x}.max(axis={ax})")
-            w(f"{name} = fl.sub({s}, fl.log(fl.exp({s}).sum(axis={ax})){kw})")
+        if op in ("softmax", "log_softmax"):
+            self.softmax(node, x, name)
         elif op == "layer_norm":
             # Two centring passes, as careful layer norms do: the f32 mean (sum / n) of a row of
             # equal values can be an ulp off, leaving x - mean a constant ulp-sized row that

@@ -8,6 +8,7 @@ import operator
 import numpy as np
 
 from fexplore.ir import DType
+from fexplore.ir.ops.nn import adaptive_bins
 
 from .registry import ConvertContext, converter
 
@@ -394,11 +395,7 @@ def _adaptive_avg_pool(ctx, x):
     return ctx.emit("adaptive_avg_pool2d", [x], {"output_size": tuple(out)})
 
 
-# -- adaptive max pooling (1-, 2- and 3-D): windows [floor(i*n/o), ceil((i+1)*n/o)) per axis ------
-
-def _adaptive_windows(n: int, o: int) -> list[tuple[int, int]]:
-    return [((i * n) // o, -(-((i + 1) * n) // o)) for i in range(o)]
-
+# -- adaptive max pooling (1-, 2- and 3-D): torch's adaptive windows per axis --------------------
 
 def _adaptive_max_pool(spatial: int):
     """Max over a box is max over its axes one at a time. With every axis divisible the windows
@@ -429,7 +426,7 @@ def _adaptive_max_pool(spatial: int):
         for ax in reversed(range(2, 2 + spatial)):
             n, o = sizes[ax - 2], outs[ax - 2]
             vs, ids = [], []
-            for lo, hi in _adaptive_windows(n, o):
+            for lo, hi in adaptive_bins(n, o):
                 window = ctx.emit("slice", [values], {"axis": ax, "start": lo, "end": hi})
                 vs.append(ctx.emit("amax", [window], {"axes": (ax,), "keepdim": True}))
                 if wants_index:

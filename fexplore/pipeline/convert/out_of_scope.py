@@ -17,19 +17,18 @@ _DROPOUT_HINT = ("fexplore compiles what it can verify against eager value for v
 _RANDOM_HINT = ("fexplore compiles what it can verify against eager value for value; this draw is in the "
                 "model's forward even in eval mode: pass the random tensor in as a model input instead "
                 "(many models take it as an argument, e.g. noise=)")
-_DROPOUT_OPS = {"aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
-                "aten.rrelu_with_noise.default", "aten.rrelu_with_noise_functional.default"}
+# the draws a training-mode layer makes (dropout, rrelu's noise): model.eval() removes them
+_DROPOUT_OPS = ("aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
+                "aten.rrelu_with_noise.default", "aten.rrelu_with_noise_functional.default")
 
-OUT_OF_SCOPE = {op: _RANDOM for op in (
-    "aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
+OUT_OF_SCOPE = {op: _RANDOM for op in _DROPOUT_OPS + (
     "aten.rand.default", "aten.rand_like.default", "aten.randn.default",
     "aten.randn_like.default", "aten.randint.default", "aten.randint.low",
     "aten.randint_like.default", "aten.randint_like.low_dtype", "aten.randperm.default",
     "aten.normal.Tensor_Tensor", "aten.normal.float_Tensor", "aten.normal.Tensor_float",
     "aten.normal_functional.default", "aten.uniform.default", "aten.exponential.default",
-    "aten.multinomial.default", "aten.rrelu_with_noise.default",
-    "aten.rrelu_with_noise_functional.default", "aten.cauchy.default",
-    "aten.log_normal.default", "aten.geometric.default")}
+    "aten.multinomial.default", "aten.cauchy.default", "aten.log_normal.default",
+    "aten.geometric.default")}
 
 
 def refuse(ctx: ConvertContext, why: str):
