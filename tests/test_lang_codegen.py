@@ -766,3 +766,17 @@ def test_a_per_channel_scale_over_small_images_takes_channels_in_tiles(target):
     if target == "rngd":   # where a DMA's start-up dwarfs a channel's bytes
         assert tiled.cycles * 4 < one_at_a_time.cycles
     np.testing.assert_array_equal(tiled_out, k.last_trace.unpack(one_at_a_time.outputs)[0])
+
+
+def test_a_convolution_epilogue_reads_a_relaid_out_residual():
+    """A residual add whose other operand is a region input relaid out to the convolution's
+    channels-last layout (MobileViTV2's attention out-projection): the relayout is a free view to the
+    kernel, which loads the input itself. It was a codegen crash (the relayout had no tile)."""
+    b = Body(23)
+    x, res = b.input("x", (1, 8, 4, 6)), b.input("res", (1, 8, 4, 6))
+    order = (0, 2, 3, 1)
+    y = b("conv2d", b("relayout", x, order=order), b.input("conv.weight", (8, 8, 1, 1)), b.input("conv.bias", (8,)))
+    node, arrays = b.region(b("add", y, b("relayout", res, order=order)), kind="contraction"), b.arrays
+    for target in TARGETS:
+        gk = _check(node, arrays, target)
+        assert gk.kind == "convolution" and sum(p.name.startswith("res") for p in gk.params) == 1

@@ -279,9 +279,14 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             wn = add_param(sp.w, sp.w.type.shape, ['"O"', cname if groups == 1 else str(Cg), str(KH), str(KW)])
         bn = add_param(sp.bias, (O, 1, 1), ['"O"', "1", "1"]) if sp.bias is not None else None
         conv_params.append((sp, xn, wn, bn))
+    # a relayout of a region input is a free view to the kernel (it reads values, not layouts): the
+    # epilogue reads the input itself (a residual add of a value made in another layout)
+    relaid = {n.outputs[0].name: n.inputs[0] for n in body.nodes
+              if n.op.name == "relayout" and n.inputs[0].name in body_inputs}
     epi_boxes = {}
     for n in epilogue:
         for v in n.inputs:
+            v = relaid.get(v.name, v)
             if v.name in body_inputs and v.name not in inputs.literals and v.name not in epi_boxes:
                 if v.type.rank > 4:
                     fail(n, "an epilogue operand with more axes than the result")
@@ -373,13 +378,12 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                     w_(f"{cast} = {val}.astype({fl_dtype(c.outputs[0].type.dtype)})")
                     val = cast
                 tiles[c.outputs[0].name] = val
-            for n in body.nodes:
-                if n.op.name == "relayout" and n.inputs[0].name in body_inputs:
-                    tiles[n.outputs[0].name] = None
             for name, box in epi_boxes.items():
                 t = names.new(box.split("[")[0] + "_t")
                 w_(f"{t} = fl.load({box})")
                 tiles[name] = t
+            for out, v in relaid.items():   # (a convolution's own operand's relayout is read by no epilogue)
+                tiles[out] = tiles.get(v.name)
             emit = vector.VectorEmitter(w_, names, label)
             for n in epilogue:
                 tiles[n.outputs[0].name] = emit.node(n, [tiles[v.name] for v in n.inputs], -1)
