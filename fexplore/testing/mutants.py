@@ -211,7 +211,7 @@ MUTANTS: list[Mutant] = [
                   'w(f"acc = fl.full({shape}, {\'0.0\' if op == \'amax\' else init})")'),)),
     Mutant("softmax-wrong-axis", "lower: vector codegen (softmax)",
            "softmax normalizes by the sum over the tile's rows instead of along the row",
-           (Patch(f"{_CG}.vector:VectorEmitter._row_op",
+           (Patch(f"{_CG}.vector:VectorEmitter.softmax",
                   'w(f"{name} = fl.div({e}, {e}.sum(axis={ax}){kw})")',
                   'w(f"{name} = fl.div({e}, {e}.sum(axis=0){kw})")'),)),
     Mutant("attention-mask-off-by-one", "lower: attention codegen (causal mask)",
