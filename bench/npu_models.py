@@ -1,8 +1,9 @@
 """Whole models on the simulated NPU: simulated latency against the roofline bound, DRAM traffic
 against compulsory, and what compile + schedule + simulate cost in wall time.
 
-Real sizes are built on the meta device (shapes, no weights): compiled with structural
-verification and simulated timing-only, as a person would look at them in a notebook.
+Real sizes are built on the meta device (shapes, no weights; GPT-2 keeps its real buffers, the
+causal mask, as accelerate's init_empty_weights builds): compiled with structural verification and
+simulated timing-only, as a person would look at them in a notebook.
 
     .venv/bin/python bench/npu_models.py [--quick]
 
@@ -34,7 +35,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import fexplore  # noqa: E402
-from fexplore.models import ZOO  # noqa: E402
+from fexplore.models import ZOO, weights_on_meta  # noqa: E402
 from fexplore.models.cnn import resnet_cnn  # noqa: E402
 from fexplore.models.gpt import gpt  # noqa: E402
 from fexplore.models.llama import LlamaDecodeStep, _build  # noqa: E402
@@ -78,9 +79,11 @@ def _compulsory(cm, inputs) -> int:
     return n
 
 
-def gpt2_small_meta(seq=512):
-    model, (ids,) = gpt(vocab=50257, layers=12, width=768, heads=12, seq_len=seq, max_seq=1024)
-    return model.to("meta"), (ids.to("meta"),)
+def gpt2_small_meta(seq=512, layers=12):
+    """Weights on the meta device, buffers real (`weights_on_meta`): the causal mask is the
+    model's structure, not a weight, and is known as it is with weights."""
+    model, (ids,) = gpt(vocab=50257, layers=layers, width=768, heads=12, seq_len=seq, max_seq=1024)
+    return weights_on_meta(model), (ids.to("meta"),)
 
 
 def llama8b_decode_meta(context=2048, layers=32):
@@ -114,10 +117,7 @@ def main(argv=None) -> int:
         print(rows[-1]["model"], f"{rows[-1]['dram/compulsory']:.2f}", flush=True)
     # the real sizes: on the chip's own 8 PEs, and with the PE fusion the cost model picks
     for pe_fusion in (1, "auto"):
-        model, inputs = gpt2_small_meta()
-        if args.quick:
-            model, inputs = gpt(vocab=50257, layers=2, width=768, heads=12, seq_len=512, max_seq=1024)
-            model, inputs = model.to("meta"), (inputs[0].to("meta"),)
+        model, inputs = gpt2_small_meta(layers=2 if args.quick else 12)
         rows.append(_measure("GPT-2-small shape, seq 512" + (" (2 layers)" if args.quick else ""), model, inputs,
                              goal="latency/bound <= 1.3, <= 30 s", pe_fusion=pe_fusion))
         print(rows[-1], flush=True)

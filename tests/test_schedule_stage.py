@@ -277,6 +277,33 @@ def test_a_model_on_the_meta_device_compiles_to_the_same_kernels_as_with_weights
         cm_meta.simulate(meta_ids)
 
 
+def test_weights_on_meta_with_real_buffers_schedule_as_with_weights():
+    """Parameters on meta, buffers real (accelerate's init_empty_weights; `weights_on_meta`): the
+    causal mask is a known constant, so the program is the one the model with weights gets, to the
+    cycle; the user's model keeps its devices; nothing runs functionally without weights."""
+    from fexplore.models import weights_on_meta
+    from fexplore.models.gpt import gpt
+
+    torch.manual_seed(0)
+    real, (ids,) = gpt(vocab=256, layers=1, width=64, heads=4, seq_len=64, max_seq=128)
+    mixed = weights_on_meta(copy.deepcopy(real))
+    mask = mixed.h[0].attn.bias
+    assert mixed.h[0].attn.c_attn.weight.is_meta and not mask.is_meta
+    assert mixed.lm_head.weight is mixed.wte.weight   # still tied
+    cm_real = fexplore.compile(real, (ids,), precision="bf16", verify=False)
+    cm_mixed = fexplore.compile(mixed, (ids.to("meta"),), precision="bf16")
+    attention = [k for k in cm_mixed.kernels if k.kind == "attention"]
+    assert attention and all("causal" in k.kernel.parts for k in attention)
+    def code(k):   # the comments name the weights, which a meta compile does not lay out in tiles
+        return [line for line in k.source.splitlines() if not line.startswith("#")]
+
+    assert [code(k) for k in cm_mixed.kernels] == [code(k) for k in cm_real.kernels]
+    assert cm_mixed.simulate().cycles == cm_real.simulate().cycles
+    assert mixed.h[0].attn.bias is mask and mixed.h[0].attn.c_attn.weight.is_meta   # untouched
+    with pytest.raises(fexplore.errors.InputError):
+        cm_mixed.simulate(ids.to("meta"))
+
+
 def test_save_writes_the_trace_and_the_report(tmp_path):
     torch.manual_seed(0)
     model, inputs = ZOO["mlp"]()

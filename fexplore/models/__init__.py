@@ -23,6 +23,7 @@ import torch
 from fexplore.models.cnn import resnet_cnn
 from fexplore.models.gpt import gpt
 from fexplore.models.llama import llama, llama_decode_step, llama_prefill_cache
+from fexplore.models.meta import weights_on_meta
 from fexplore.models.mlp import mlp
 from fexplore.models.vit import vit
 from fexplore.models.vla import vla
@@ -80,4 +81,5 @@ __all__ = [
     "resnet_cnn",
     "vit",
     "vla",
+    "weights_on_meta",
 ]

@@ -15,7 +15,7 @@ from fexplore.errors import FexploreError, NumericMismatchError, VerificationErr
 from fexplore.ir import verify
 
 from .compiled import CompiledModel
-from .export import export_model
+from .export import export_model, real_state
 from .ingest import Ingested, ingest
 from .numeric import Oracle, check_graph
 from .options import CompileOptions
@@ -166,7 +166,7 @@ class Exploration:
                               dynamic_shapes=self.options.dynamic_shapes)
             t_export = time.perf_counter() - t0
             self._ingested = ingest(ep, dynamic_shapes=self.options.dynamic_shapes,
-                                    forward=self.model.forward)
+                                    forward=self.model.forward, values=real_state(self.model))
         elapsed = time.perf_counter() - t0
         g = self._ingested.graph
         stats = {**graph_stats(g), "export_s": t_export, "convert_s": elapsed - t_export}

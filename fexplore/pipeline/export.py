@@ -46,11 +46,32 @@ def decomposition_table() -> dict:
 
 
 def export_model(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None):
-    """torch.export (non-strict) then decomposition with the intent-keeping table."""
+    """torch.export (non-strict) then decomposition with the intent-keeping table.
+
+    A model partly on the meta device (parameters on meta, buffers real: what accelerate's
+    ``init_empty_weights`` and ``torch.device("meta")`` builds with real buffers make) is exported
+    with meta twins of its real tensors, as torch.export cannot mix devices; `real_state` gives
+    their values back to ingestion, so a causal mask or a rotary table stays known."""
     with warnings.catch_warnings():
         # torch.export's own pytree deprecation chatter, not the user's business
         warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
-        return _export(model, args, dynamic_shapes)
+        twins = {name: torch.empty_like(t, device="meta") for name, t in real_state(model).items()}
+        if not twins:
+            return _export(model, args, dynamic_shapes)
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        with _reparametrize_module(model, twins):   # the user's model is itself again after
+            return _export(model, args, dynamic_shapes)
+
+
+def real_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters and buffers (by qualified name) that hold values in a model whose other
+    state is on the meta device; empty for a model wholly on one side."""
+    state = dict(model.named_parameters(remove_duplicate=False))
+    state.update(model.named_buffers(remove_duplicate=False))
+    if not any(t.is_meta for t in state.values()):
+        return {}
+    return {name: t for name, t in state.items() if not t.is_meta}
 
 
 def _export(model, args, dynamic_shapes):

@@ -131,11 +131,13 @@ def _dtype_of(a: np.ndarray):
 
 
 def ingest(ep: torch.export.ExportedProgram, *, name: str = "forward", dynamic_shapes=None,
-           forward=None) -> Ingested:
+           forward=None, values: dict | None = None) -> Ingested:
+    """`values`: the real tensors of state exported as meta twins (`export.real_state`), by
+    qualified name; they become the constants' payloads."""
     user_fakes = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"
                   and _input_kind(ep, n.name) == InputKind.USER_INPUT]
     symbols = build_symbol_table(ep, user_fakes, dynamic_shapes, forward)
-    graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True)
+    graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True, values=values or {})
     graph.symbols.update(symbols.ranges)
     return Ingested(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, ep)
 
@@ -148,7 +150,8 @@ def _input_kind(ep, placeholder_name: str):
 
 
 def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str,
-                   top: bool) -> Graph:
+                   top: bool, values: dict | None = None) -> Graph:
+    values = values or {}
     b = GraphBuilder(symbols)
     env: dict[str, Any] = {}
     inputs: list[Value] = []
@@ -163,6 +166,7 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
                 tensor = ep.state_dict.get(spec.target)
                 if tensor is None:
                     tensor = ep.constants[spec.target]
+                tensor = values.get(spec.target, tensor)
                 env[n.name] = b.param(spec.target, tensor, spec.target)
             elif spec is not None and spec.kind != InputKind.USER_INPUT:
                 raise ExportError(f"unsupported model input kind {spec.kind.name} ({n.name})")
