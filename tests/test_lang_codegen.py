@@ -648,8 +648,64 @@ def test_rows_too_long_for_sram_are_refused_not_overflowed():
         codegen.generate(_linear_region(64, 2048, 96, True), "tiny")
     b = Body()
     x = b.input("x", (16, 8192), data=np.zeros((16, 8192)))
-    with pytest.raises(UnsupportedRegionError, match="split-row kernel"):
-        codegen.generate(b.region(b("softmax", x, axis=-1)), "tiny")
+    # split rows take one reduction along the row: a norm then a softmax of its result is two
+    with pytest.raises(UnsupportedRegionError, match="softmax.*split rows take one reduction along the row, not 2"):
+        codegen.generate(b.region(b("softmax", b("layer_norm", x), axis=-1)), "tiny")
+
+
+def _long_row_norm(op):
+    """A row op over rows of 3,000 elements (tiny's SRAM holds a few thousand f32 per tile, double
+    buffered, with the region's other tiles), with an elementwise prologue and epilogue, a
+    per-row operand, a per-column one, and the prologue's value a result too."""
+    b = Body(21)
+    x = b.input("x", (2, 3, 3000))
+    col = b.input("col", (2, 3, 1))
+    g = b.input("g", (3000,))
+    beta = b.input("beta", (3000,))
+    pre = b("add", b("mul", x, b.const("k", 3.0)), col)      # a large offset: centring matters
+    if op == "layer_norm":
+        y = b("layer_norm", pre, g, beta, eps=1e-5)
+    elif op == "rms_norm":
+        y = b("rms_norm", pre, g, eps=1e-6)
+    elif op in ("softmax", "log_softmax"):
+        y = b(op, pre, axis=-1)
+    elif op == "var":
+        y = b("var", pre, axes=(-1,), keepdim=True, correction=1)
+    else:
+        y = b(op, pre, axes=(-1,), keepdim=op != "sum")
+    post = b("tanh", b("mul", y, g)) if op in ("layer_norm", "rms_norm", "softmax", "log_softmax") \
+        else b("add", y, b.const("one", 1.0))
+    return b.region(post, pre, kind="norm"), [a + 40.0 if i == 1 else a for i, a in enumerate(b.arrays)]
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "softmax", "log_softmax", "sum", "mean", "amax", "var"])
+def test_rows_too_long_for_sram_are_split_into_column_chunks(op):
+    """On tiny, a row of 3,000 f32 with its tiles does not fit SRAM: the kernel takes the row in
+    chunks of columns, its statistics in passes over them, and equals the IR interpreter; on rngd
+    the same region is written on whole rows."""
+    node, arrays = _long_row_norm(op)
+    gk = _check(node, arrays, "tiny")
+    assert "split rows" in gk.parts and "for cs in fl.range(fl.tiles(C, cols)" in gk.source
+    k = gk.kernel()
+    cols = k.__wrapped__.__kwdefaults__["cols"]
+    assert cols < 3000 and cols % 16 == 0
+    trace = k.trace(*gk.arguments(arrays))
+    assert 0 < max(trace.plan.peak) <= trace.target.sram_bytes_per_pe
+    assert "split rows" not in _check(node, arrays, "rngd").parts
+
+
+def test_a_long_elementwise_row_is_taken_in_column_chunks_and_simulates_as_it_interprets():
+    b = Body(22)
+    x = b.input("x", (3, 5000))
+    row = b.input("row", (5000,))
+    node = b.region(b("gelu", b("add", x, row), approximate="tanh"), kind="elementwise")
+    gk = _check(node, b.arrays, "tiny")
+    assert "split rows" in gk.parts
+    k = gk.kernel()
+    args = gk.arguments(b.arrays)
+    interpreted = k(*args)
+    simulated = k.last_trace.unpack(k.simulate(*args).outputs)
+    np.testing.assert_array_equal(simulated, interpreted)
 
 
 def _operand_data(op_name, rng, shape):

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from fexplore.ir import Node
+from fexplore.ir import DType, Node
 from fexplore.lang.examples._tiling import amortizing_bytes, row_tiles
 
 from . import vector
@@ -24,7 +24,7 @@ from .common import Inputs, body_of, header, kernel_name, region_label
 from .domain import aligned, group_axes, pattern, trimmed
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Param, Result
-from .source import Names, Writer, fl_dtype
+from .source import Names, Writer, fl_dtype, literal
 
 STAGES = 2
 
@@ -85,12 +85,17 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
         boxes[v.name] = (pname, box, all(s == "1" for s in spec[:-1]) and v.type.rank != 0 or kshape == (1,))
 
     live = len(params) + 2 * len(body.nodes)
-    rows = _rows(cfg, sizes[-1], C, live, label, math.prod(sizes[:-1]))
-    tb = _outer_tile(cfg, sizes, C, live, rows)
+    cols = C * 4 * live * STAGES > cfg.sram_bytes_per_pe // 2   # whole rows do not fit: split them
+    if cols:
+        plan = SplitRow.of(body, shapes, C, label)
+        rows = tb = None   # chosen once the passes are written (`_split_tiles`), from their tiles
+    else:
+        rows = _rows(cfg, sizes[-1], C, live, label, math.prod(sizes[:-1]))
+        tb = _outer_tile(cfg, sizes, C, live, rows)
     header(w, node, body, "vector-unit", [(p.name, v, p.shape) for p, v in zip(kparams, params)],
            inputs.literals)
     w(f'@fl.kernel(target="{cfg.name}")')
-    tiling = f"rows: int = {rows}, " + (f"tb: int = {tb}, " if tb else "")
+    tiling = f"rows: int = {rows}, " + (f"tb: int = {tb}, " if tb else "") + ("cols: int = {cols}, " if cols else "")
     w(f"def {fname}({', '.join(specs)}, *, {tiling}stages: int = {STAGES}):")
     with w.indent():
         size_line = ", ".join(axis_names + ["C"])
@@ -106,7 +111,8 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
             results.append(Result(body.outputs.index(v), tuple(node.outputs[body.outputs.index(v)].type.shape)))
             axes = " ".join(d if d != "1" else "_" for d in dims)
             w(f'{oname} = fl.output(({", ".join(dims)}), {fl_dtype(v.type.dtype)}, axes="{axes}")')
-        invariant = [v for v in params if boxes[v.name][2]]
+        # on split rows, an operand along the columns (a norm's weight) is loaded a chunk at a time
+        invariant = [v for v in params if boxes[v.name][2] and not (cols and shapes[v.name][-1] == C)]
         if invariant:
             w("once = {}   # operands the same for every row: loaded once per PE")
         outer_loops = [f"range({a})" for a in outer_names[:len(sizes) - 1]]
@@ -124,26 +130,49 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
                     w(f"once[fl.pe()] = {loads}")
                 w(f"{', '.join(tnames)} = once[fl.pe()]")
                 tiles.update({v.name: t for v, t in zip(invariant, tnames)})
-            for v in params:
-                if v.name not in tiles:
-                    t = names.new(boxes[v.name][0] + "_t")
-                    w(f"{t} = fl.load({boxes[v.name][1]})")
-                    tiles[v.name] = t
-            emit = vector.VectorEmitter(w, names, label)
-            for n in body.nodes:
-                src = n.inputs[0]
-                emit.axis = '"C"' if n.inputs and src.name in shapes and shapes[src.name][-1] == C and C > 1 \
-                    else "-1"
-                last = -1 if src.name in dropped else src.type.rank - 1
-                tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], last)
-            for v, oname, view, tail in out_names:
-                idx = [loop_vars[j] if view[j] != 1 or sizes[j] == 1 else ("0:1" if j == len(view) - 1 else "0")
-                       for j in range(len(view))]
-                idx.append(":")
-                w(f"fl.store({oname}[{', '.join(idx)}], {tiles[v.name]})")
+            if cols:
+                chunked = {v.name: boxes[v.name][1][:-2] + "cs]" for v in params if v.name not in tiles
+                           and shapes[v.name][-1] == C}
+                for v in params:
+                    if v.name not in tiles and v.name not in chunked:
+                        t = names.new(boxes[v.name][0] + "_t")
+                        w(f"{t} = fl.load({boxes[v.name][1]})")
+                        tiles[v.name] = t
+                plan.emit(w, names, tiles, chunked, {v.name: oname for v, oname, _, _ in out_names},
+                          {v.name: [loop_vars[j] if view[j] != 1 or sizes[j] == 1
+                                    else ("0:1" if j == len(view) - 1 else "0") for j in range(len(view))]
+                           for v, _, view, _ in out_names})
+            else:
+                _whole_rows(w, names, label, body, params, boxes, tiles, shapes, dropped, C, out_names, loop_vars,
+                            sizes)
         w(f"return {', '.join(o for _, o, _, _ in out_names)}")
-    parts = sorted({_part(n) for n in body.nodes})
+    if cols:
+        rows, cols = _split_tiles(cfg, sizes, C, plan.chunk_tiles, label)
+        signature = next(i for i, line in enumerate(w.lines) if line.lstrip().startswith(f"def {fname}("))
+        w.lines[signature] = w.lines[signature].replace("rows: int = None", f"rows: int = {rows}") \
+            .replace("{cols}", str(cols))
+    parts = sorted({_part(n) for n in body.nodes} | ({"split rows"} if cols else set()))
     return GeneratedKernel(fname, "vector", w.text(), cfg, tuple(kparams), tuple(results), tuple(parts))
+
+
+def _whole_rows(w, names, label, body, params, boxes, tiles, shapes, dropped, C, out_names, loop_vars, sizes):
+    """The body of a block of whole rows: its operands loaded, the region's nodes, its results stored."""
+    for v in params:
+        if v.name not in tiles:
+            t = names.new(boxes[v.name][0] + "_t")
+            w(f"{t} = fl.load({boxes[v.name][1]})")
+            tiles[v.name] = t
+    emit = vector.VectorEmitter(w, names, label)
+    for n in body.nodes:
+        src = n.inputs[0]
+        emit.axis = '"C"' if n.inputs and src.name in shapes and shapes[src.name][-1] == C and C > 1 else "-1"
+        last = -1 if src.name in dropped else src.type.rank - 1
+        tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], last)
+    for v, oname, view, tail in out_names:
+        idx = [loop_vars[j] if view[j] != 1 or sizes[j] == 1 else ("0:1" if j == len(view) - 1 else "0")
+               for j in range(len(view))]
+        idx.append(":")
+        w(f"fl.store({oname}[{', '.join(idx)}], {tiles[v.name]})")
 
 
 def _part(n: Node) -> str:
@@ -188,6 +217,210 @@ def _aligned_shapes(body, inputs: Inputs, label: str):
             if mixed == {True}:
                 dropped.add(out.name)
     return shapes, dropped
+
+
+def _split_tiles(cfg, sizes: tuple, C: int, chunk_tiles: int, label: str) -> tuple[int, int]:
+    """(rows, cols) of a split-row kernel whose passes make `chunk_tiles` tiles of a chunk: each is a
+    buffer of its own for the whole loop, double buffered by the chunk loop and by the loop over
+    blocks of rows, and together they take at most a quarter of a PE's SRAM. The columns are the
+    widest multiple of the vector lanes that fits one row, cut into chunks of like sizes."""
+    lanes, held = cfg.vector_lanes, 4 * chunk_tiles * STAGES * STAGES
+    widest = (cfg.sram_bytes_per_pe // 4) // held // lanes * lanes
+    if widest < lanes:
+        raise UnsupportedRegionError("row", label, f"{chunk_tiles} tiles of even {lanes} columns each do "
+                                                   f"not fit one PE's SRAM on {cfg.name}")
+    chunks = -(-C // widest)   # as few chunks as fit, of like sizes (no short last one)
+    cols = min(widest, max(lanes, -(-C // chunks // lanes) * lanes))
+    rows = row_tiles(sizes[-1], cols * held // STAGES, cfg, STAGES, math.prod(sizes[:-1]))
+    return rows, cols
+
+
+class SplitRow:
+    """A row-wise region whose rows do not fit SRAM, written over chunks of columns (``cols``).
+
+    At most one node reduces along the row (a reduction, var, a norm or softmax): its statistics
+    are gathered over the chunks in passes, each pass loading the row again a chunk at a time and
+    recomputing the elementwise ops before it; a last pass applies it and the ops after it and
+    stores each chunk. The passes follow the whole-row lines: a layer norm centres twice (its mean,
+    then the mean of what is left: E[d^2] - E[d]^2 of the once-centred d, whose mean is an ulp), a
+    softmax takes the row max before the sum of exponentials. Values along no column (a row's
+    statistic, an operand of one value per row) are computed once per block of rows."""
+
+    def __init__(self, body, shapes, C, reducer, before, after):
+        self.body, self.shapes, self.C = body, shapes, C
+        self.reducer, self.before, self.after = reducer, before, after
+        self.chunk_tiles = 0   # tiles of a chunk's size the passes make (each a buffer of its own)
+
+    @classmethod
+    def of(cls, body, shapes, C: int, label: str) -> "SplitRow":
+        reducers = [n for n in body.nodes if n.op.name in vector.REDUCTIONS or n.op.name in vector.ROW_OPS]
+        if len(reducers) > 1:
+            n = reducers[1]
+            raise UnsupportedRegionError(n.op.name, label, f"rows of {C} elements do not fit SRAM, and split "
+                                         f"rows take one reduction along the row, not {len(reducers)}",
+                                         loc=n.loc, node=n)
+        reducer = reducers[0] if reducers else None
+        if reducer is not None and not reducer.inputs[0].type.dtype.is_float:
+            raise UnsupportedRegionError(reducer.op.name, label, "a split-row reduction of integers",
+                                         loc=reducer.loc, node=reducer)
+        after, tainted = [], {reducer.outputs[0].name} if reducer is not None else set()
+        for n in body.nodes:
+            if n is not reducer and any(x.name in tainted for x in n.inputs):
+                tainted.add(n.outputs[0].name)
+                after.append(n)
+        before = [n for n in body.nodes if n is not reducer and n not in after]
+        return cls(body, shapes, C, reducer, before, after)
+
+    def _along(self, v) -> bool:
+        return self.shapes[v.name][-1] == self.C
+
+    def _chunk(self, w, names, emit, tiles, chunked, nodes, want=()):
+        """Inside a chunk loop: the chunked operands `nodes` read (and the values `want`), loaded,
+        and `nodes` along the row computed; returns the tiles by value name."""
+        t = dict(tiles)
+        needed = {x.name for n in nodes for x in n.inputs} | set(want)
+        for v, box in chunked.items():
+            if v in needed:
+                t[v] = names.new(v + "_c")
+                w(f"{t[v]} = fl.load({box})")
+                self.chunk_tiles += 1
+        for n in nodes:
+            if self._along(n.outputs[0]):
+                t[n.outputs[0].name] = emit.node(n, [t[x.name] for x in n.inputs], n.inputs[0].type.rank - 1)
+                self.chunk_tiles += 4   # a composed op (gelu, a norm's affine) makes a few
+        return t
+
+    def _ancestors(self, v) -> list:
+        """The nodes of `before` along the row that value `v` needs."""
+        producer = {n.outputs[0].name: n for n in self.before}
+        need, stack = set(), [v.name]
+        while stack:
+            n = producer.get(stack.pop())
+            if n is not None and id(n) not in need:
+                need.add(id(n))
+                stack += [x.name for x in n.inputs]
+        return [n for n in self.before if id(n) in need]
+
+    def emit(self, w, names, tiles, chunked, outs, out_index):
+        emit = vector.VectorEmitter(w, names, "", axis="-1")
+        tiles = dict(tiles)
+        for n in self.before:   # one value per row: once per block of rows
+            if not self._along(n.outputs[0]):
+                tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], n.inputs[0].type.rank - 1)
+        apply = None
+        if self.reducer is not None:
+            apply = self._statistics(w, names, emit, tiles, chunked)
+        for n in self.after:
+            if not self._along(n.outputs[0]):
+                tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], n.inputs[0].type.rank - 1)
+        for v in self.body.outputs:   # results of one value per row: stored once
+            if not self._along(v):
+                w(f"fl.store({outs[v.name]}[{', '.join(out_index[v.name] + [':'])}], {tiles[v.name]})")
+        if not any(self._along(v) for v in self.body.outputs):
+            return
+        w("for cs in fl.range(fl.tiles(C, cols), stages=stages):")
+        with w.indent():
+            outputs = [v.name for v in self.body.outputs if self._along(v)]
+            reads = [x.name for x in self.reducer.inputs] if self.reducer is not None else []
+            t = self._chunk(w, names, emit, tiles, chunked, self.before, want=outputs + reads)
+            if apply is not None:
+                t[self.reducer.outputs[0].name] = apply(t)
+                self.chunk_tiles += 6
+            t = self._chunk(w, names, emit, t, chunked, self.after)
+            for v in self.body.outputs:
+                if self._along(v):
+                    w(f"fl.store({outs[v.name]}[{', '.join(out_index[v.name] + ['cs'])}], {t[v.name]})")
+
+    def _pass(self, w, names, emit, tiles, chunked, line):
+        """One pass over the chunks: `line(x)` is the accumulating line on the reducer's input."""
+        w("for cs in fl.range(fl.tiles(C, cols), stages=stages):")
+        self.chunk_tiles += 4   # its own temporaries (a difference, a square, an exponential)
+        with w.indent():
+            x = self.reducer.inputs[0]
+            t = self._chunk(w, names, emit, tiles, chunked, self._ancestors(x), want=(x.name,))
+            line(t[x.name])
+
+    def _statistics(self, w, names, emit, tiles, chunked):
+        """The reducer's statistics over the whole row (after its passes); returns how the last pass
+        applies it to a chunk (a function of the chunk's tiles), or None for a reduction, whose
+        value (one per row) is then in `tiles`."""
+        n, C = self.reducer, self.C
+        op, name = n.op.name, names.new(n.outputs[0].name)
+        kw = emit._dtype_kw(n.outputs[0].type.dtype, DType.f32)
+        shape = "(rs, 1)"
+        acc = names.new(name + "_acc")
+        if op in ("sum", "mean"):
+            w(f"{acc} = fl.zeros({shape})")
+            self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.add({acc}, {x}.sum(axis=-1), out={acc})"))
+            tiles[n.outputs[0].name] = _cast_line(w, name, f"{acc} / {C}" if op == "mean" else acc, kw)
+            return None
+        if op in ("amax", "amin"):
+            pick, start = ("maximum", 'float("-inf")') if op == "amax" else ("minimum", 'float("inf")')
+            w(f"{acc} = fl.full({shape}, {start})")
+            part = "max" if op == "amax" else "min"
+            self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.{pick}({acc}, {x}.{part}(axis=-1), out={acc})"))
+            tiles[n.outputs[0].name] = _cast_line(w, name, acc, kw)
+            return None
+        mean, sq = names.new(name + "_mean"), names.new(name + "_squares")
+        if op in ("var", "layer_norm"):
+            w(f"{acc} = fl.zeros({shape})")
+            self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.add({acc}, {x}.sum(axis=-1), out={acc})"))
+            w(f"{mean} = {acc} / {C}")
+            resid = names.new(name + "_residue")
+            w(f"{resid}, {sq} = fl.zeros({shape}), fl.zeros({shape})")
+
+            def second(x):
+                d = names.new(name + "_d")
+                w(f"{d} = {x} - {mean}")
+                w(f"fl.add({resid}, {d}.sum(axis=-1), out={resid})")
+                w(f"fl.add({sq}, ({d} * {d}).sum(axis=-1), out={sq})")
+            self._pass(w, names, emit, tiles, chunked, second)
+            if op == "var":
+                dof = C - n.attrs["correction"]
+                if dof <= 0:
+                    emit.unsupported(n, f"{C} elements with correction {n.attrs['correction']}: no degrees of freedom")
+                tiles[n.outputs[0].name] = _cast_line(
+                    w, name, f"({sq} - {resid} * {resid} / {C}) / {dof}", kw)
+                return None
+            rstd, shift = names.new(name + "_rstd"), names.new(name + "_shift")
+            w(f"{shift} = {mean} + {resid} / {C}")
+            w(f"{rstd} = fl.rsqrt({sq} / {C} - ({resid} / {C}) * ({resid} / {C}) + {literal(n.attrs['eps'])})")
+            return lambda t: self._affine(w, names, emit, n, t, f"({t[n.inputs[0].name]} - {shift}) * {rstd}", kw)
+        if op == "rms_norm":
+            eps = n.attrs["eps"]
+            eps = literal(eps) if eps is not None else literal(1.1920928955078125e-07)  # f32's epsilon
+            w(f"{sq} = fl.zeros({shape})")
+            self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.add({sq}, ({x} * {x}).sum(axis=-1), out={sq})"))
+            rrms = names.new(name + "_rrms")
+            w(f"{rrms} = fl.rsqrt({sq} / {C} + {eps})")
+            return lambda t: self._affine(w, names, emit, n, t, f"{t[n.inputs[0].name]} * {rrms}", kw)
+        # softmax, log_softmax: the row max, then the sum of exponentials below it
+        top = names.new(name + "_max")
+        w(f"{top} = fl.full({shape}, float(\"-inf\"))")
+        self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.maximum({top}, {x}.max(axis=-1), out={top})"))
+        w(f"{acc} = fl.zeros({shape})")
+        self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.add({acc}, fl.exp({x} - {top}).sum(axis=-1), out={acc})"))
+
+        def softmax(t):
+            y = names.new(name)
+            x = t[n.inputs[0].name]
+            if op == "softmax":
+                w(f"{y} = fl.div(fl.exp({x} - {top}), {acc}{kw})")
+            else:
+                w(f"{y} = fl.sub({x} - {top}, fl.log({acc}){kw})")
+            return y
+        return softmax
+
+    @staticmethod
+    def _affine(w, names, emit, n, t, normed, kw):
+        y = names.new(n.outputs[0].name)
+        emit._affine(y, normed, [t[x.name] for x in n.inputs[1:]], kw)
+        return y
+
+
+def _cast_line(w, name: str, expr: str, kw: str) -> str:
+    w(f"{name} = {expr}" if not kw else f"{name} = fl.cast({expr}{kw.replace(', dtype=', ', ')})")
+    return name
 
 
 def _rows(cfg, R: int, C: int, live: int, label: str, outer: int) -> int:
