@@ -235,6 +235,12 @@ def _cases(dt):
                             np.arange(8).reshape(1, 1, 1, 8)]),                        # broadcast indices
         ("index", [f("y", (3, 4, 5, 6)), i64("c0", (2, 1)), i64("c1", (3,))], {"axes": (1, 2)},
          [None, rng.integers(0, 4, (2, 1)), rng.integers(-5, 5, 3)]),
+        # index_put with broadcast indices (MobileViTV2's fold: y[:, rows[:, None], cols[None, :]] = v);
+        # accumulated with repeated pairs, and overwritten with distinct ones
+        ("index_put", [f("y", (3, 4, 5, 6)), f("v", (3, 2, 3, 6)), i64("c0", (2, 1)), i64("c1", (3,))],
+         {"axes": (1, 2), "accumulate": True}, [None, None, np.array([[1], [1]]), np.array([0, 4, 0])]),
+        ("index_put", [f("y", (4, 9, 6)), f("v", (3, 2, 6)), i64("r0", (3, 1)), i64("r1", (1, 2))],
+         {"axes": (0, 1), "accumulate": False}, [None, None, np.array([[3], [0], [2]]), np.array([[8, -2]])]),
         ("scatter", [f("x", (8, 2)), i64("g", (8, 1)), Constant("zero", TensorType((), dt), np.array(0.0, dt.numpy))],
          {"axis": 1, "reduce": "none", "include_self": True}, [None, rng.integers(0, 2, (8, 1)), np.array(0.0)]),
         ("scatter", [f("x", (8, 2)), i64("g", (8, 1)), f("s", ())],

@@ -71,9 +71,7 @@ def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int
         raise UnsupportedRegionError(op, label, f"index tensors on axes {list(axes)} that are not adjacent "
                                                 "(the result's axes move to the front)", loc=node.loc)
     if len({tuple(v.type.shape) for v in idxs}) != 1:
-        if values is not None:
-            raise UnsupportedRegionError(op, label, "index tensors of different shapes (broadcast)", loc=node.loc)
-        return _rows_broadcast(node, cfg, x, idxs, axes)
+        return _rows_broadcast(node, cfg, x, idxs, axes, values=values, reduce=reduce)
     axis = axes[0]
     P, R = math.prod(shape[:axis]), math.prod(shape[axis + k:])
     A = shape[axis:axis + k]
@@ -155,10 +153,13 @@ def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int
     return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,))
 
 
-def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple) -> GeneratedKernel:
+def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple, values: int | None = None,
+                    reduce=None) -> GeneratedKernel:
     """Index tensors of different shapes that broadcast together (``mask[b[:, None], t[None, :]]``):
     each is loaded whole and broadcast on the vector unit to the common shape (exact for index
-    values below 2**24, as the unit computes in f32), then one gather per block of columns."""
+    values below 2**24, as the unit computes in f32), then one gather per block of columns. An
+    index_put (`values`, an input of the broadcast index's shape of rows) copies the table first
+    and scatters each block of columns of the values instead."""
     op, label = node.op.name, region_label(node)
     shape = tuple(x.type.shape)
     try:
@@ -174,16 +175,23 @@ def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple) -> GeneratedKernel:
     if max(A) >= 1 << 24 or STAGES * N * (8 * (2 * k) + item) > budget:
         raise UnsupportedRegionError(op, label, f"a broadcast index of {N:,} rows that does not fit a quarter of "
                                                 f"a PE's SRAM on {cfg.name}", loc=node.loc)
+    if values is not None and math.prod(node.inputs[values].type.shape) != P * N * R:
+        raise UnsupportedRegionError(op, label, f"values {node.inputs[values].type} broadcast to the indexed rows "
+                                                "(values of the indexed shape are written)", loc=node.loc)
     cols = R
     while cols > 1 and STAGES * N * (cols * item + 16 * k) > budget:
         cols = -(-cols // 2)
-    if P * math.ceil(R / cols) > MAX_ITERATIONS:
+    copy_rows, copy_cols = _row_tiles(cfg, A[-1], R, item, P, k)
+    blocks = P * math.ceil(R / cols)
+    if values is not None:
+        blocks += P * math.prod(A[:-1]) * math.ceil(A[-1] / copy_rows) * math.ceil(R / copy_cols)
+    if blocks > MAX_ITERATIONS:
         raise UnsupportedRegionError(op, label, f"more than {MAX_ITERATIONS:,} blocks to unroll", loc=node.loc)
     bs = bshape or (1,)
 
     body = body_of(node)
-    names = Names({"cols", "stages", "p", "rs", "picked", "P", "R", "OUT", *(f"A{j}" for j in range(k)),
-                   *(f"i{j}" for j in range(k))})
+    names = Names({"cols", "rows", "stages", "p", "rs", "As", "picked", "vals", "P", "R", "OUT",
+                   *(f"A{j}" for j in range(k)), *(f"a{j}" for j in range(k)), *(f"i{j}" for j in range(k))})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, Inputs.of(node, body))
@@ -191,33 +199,57 @@ def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple) -> GeneratedKernel:
     anames = [f"A{j}" for j in range(k)]
     tname = sig.add(x, ((P,) if lead else ()) + A + (R,),
                     (['"P"'] if lead else []) + [f'"{a}"' for a in anames] + ['"R"'])
+    if values is not None:
+        vname = sig.add(node.inputs[values], ((P,) if lead else ()) + bs + (R,),
+                        (['"P"'] if lead else []) + [str(d) for d in bs] + ['"R"'])
     inames = []
     for v in idxs:   # each index right-aligned into the broadcast rank: a free view
         own = (1,) * (len(bs) - len(v.type.shape)) + tuple(v.type.shape)
         inames.append(sig.add(v, own, [str(d) for d in own]))
 
     w = Writer()
-    header(w, node, body, "gather (DMA)", sig.header, {})
-    w(f"# the index tensors broadcast to {list(bs)}; each is broadcast on the vector unit, then gathered")
+    what = "scatter" if values is not None else "gather"
+    header(w, node, body, f"{what} (DMA)", sig.header, {})
+    w(f"# the index tensors broadcast to {list(bs)}; each is broadcast on the vector unit, then {what}ed")
+    if values is not None:
+        w(f"# the output starts as a copy of {tname}; the rows the indices pick are then "
+          + ("added onto" if reduce == "add" else "overwritten (of repeated indices the last one wins)"))
     w(f'@fl.kernel(target="{cfg.name}")')
-    w(f"def {fname}({', '.join(sig.annotations)}, *, cols: int = {cols}, stages: int = {STAGES}):")
+    tiling = f"rows: int = {copy_rows}, " if values is not None else ""
+    w(f"def {fname}({', '.join(sig.annotations)}, *, {tiling}cols: int = {cols}, stages: int = {STAGES}):")
     pre, grid = ("p, ", "P, ") if lead else ("", "")
+    whole = ", ".join(":" for _ in range(k))
     with w.indent():
         w(f"{pre.upper()}{', '.join(anames)}, R = {tname}.shape")
         dims = ", ".join(str(d) for d in bs) + ("," if len(bs) == 1 else "")
         lead_axis = '"P", ' if lead else ""
-        w(f'OUT = fl.output({fl_dtype(x.type.dtype)}[{lead_axis}{dims}, "R"])')
+        dt = fl_dtype(x.type.dtype)
+        if values is None:
+            w(f'OUT = fl.output({dt}[{lead_axis}{dims}, "R"])')
+        else:
+            w(f'OUT = fl.output({dt}[{lead_axis}{", ".join(repr(a) for a in anames)}, "R"])')
+            outer = [f"a{j}" for j in range(k - 1)]
+            w(f"for {pre}{''.join(o + ', ' for o in outer)}As, rs in fl.parallel({grid}"
+              f"{''.join(a + ', ' for a in anames[:-1])}fl.tiles({anames[-1]}, rows), "
+              f"fl.tiles(R, {copy_cols}), stages=stages):")
+            with w.indent():
+                box = f"{pre}{''.join(o + ', ' for o in outer)}As, rs"
+                w(f"fl.store(OUT[{box}], fl.load({tname}[{box}]))   # the copy")
         w(f"for {pre}rs in fl.parallel({grid}fl.tiles(R, cols), stages=stages):")
         with w.indent():
             for j, iname in enumerate(inames):
                 w(f"i{j} = fl.broadcast_to(fl.load({iname}), ({dims}))")
             idx = ", ".join(f"i{j}" for j in range(k)) + ("," if k == 1 else "")
-            whole = ", ".join(":" for _ in range(k))
-            w(f"picked = fl.gather({tname}[{pre}{whole}, rs], ({idx}))")
-            w(f"fl.store(OUT[{pre}{', '.join(':' for _ in bs)}, rs], picked)")
+            if values is None:
+                w(f"picked = fl.gather({tname}[{pre}{whole}, rs], ({idx}))")
+                w(f"fl.store(OUT[{pre}{', '.join(':' for _ in bs)}, rs], picked)")
+            else:
+                w(f"vals = fl.load({vname}[{pre}{', '.join(':' for _ in bs)}, rs])")
+                red = ', reduce="add"' if reduce == "add" else ""
+                w(f"fl.scatter(OUT[{pre}{whole}, rs], ({idx}), vals{red})")
         w("return OUT")
     results = (Result(0, tuple(node.outputs[0].type.shape)),)
-    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, ("gather",))
+    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,))
 
 
 def _row_tiles(cfg, N: int, R: int, item: int, P: int, k: int = 1) -> tuple[int, int]:

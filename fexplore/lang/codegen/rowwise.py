@@ -85,17 +85,17 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
         boxes[v.name] = (pname, box, all(s == "1" for s in spec[:-1]) and v.type.rank != 0 or kshape == (1,))
 
     live = len(params) + 2 * len(body.nodes)
-    cols = C * 4 * live * STAGES > cfg.sram_bytes_per_pe // 2   # whole rows do not fit: split them
-    if cols:
+    split = C * 4 * live * STAGES > cfg.sram_bytes_per_pe // 2   # whole rows do not fit: chunks of columns
+    if split:
         plan = SplitRow.of(body, shapes, C, label)
         rows = tb = None   # chosen once the passes are written (`_split_tiles`), from their tiles
     else:
-        rows = _rows(cfg, sizes[-1], C, live, label, math.prod(sizes[:-1]))
+        rows = row_tiles(sizes[-1], C * 4 * live, cfg, STAGES, math.prod(sizes[:-1]))
         tb = _outer_tile(cfg, sizes, C, live, rows)
     header(w, node, body, "vector-unit", [(p.name, v, p.shape) for p, v in zip(kparams, params)],
            inputs.literals)
     w(f'@fl.kernel(target="{cfg.name}")')
-    tiling = f"rows: int = {rows}, " + (f"tb: int = {tb}, " if tb else "") + ("cols: int = {cols}, " if cols else "")
+    tiling = f"rows: int = {rows}, " + (f"tb: int = {tb}, " if tb else "") + ("cols: int = {cols}, " if split else "")
     w(f"def {fname}({', '.join(specs)}, *, {tiling}stages: int = {STAGES}):")
     with w.indent():
         size_line = ", ".join(axis_names + ["C"])
@@ -112,7 +112,7 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
             axes = " ".join(d if d != "1" else "_" for d in dims)
             w(f'{oname} = fl.output(({", ".join(dims)}), {fl_dtype(v.type.dtype)}, axes="{axes}")')
         # on split rows, an operand along the columns (a norm's weight) is loaded a chunk at a time
-        invariant = [v for v in params if boxes[v.name][2] and not (cols and shapes[v.name][-1] == C)]
+        invariant = [v for v in params if boxes[v.name][2] and not (split and shapes[v.name][-1] == C)]
         if invariant:
             w("once = {}   # operands the same for every row: loaded once per PE")
         outer_loops = [f"range({a})" for a in outer_names[:len(sizes) - 1]]
@@ -130,7 +130,7 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
                     w(f"once[fl.pe()] = {loads}")
                 w(f"{', '.join(tnames)} = once[fl.pe()]")
                 tiles.update({v.name: t for v, t in zip(invariant, tnames)})
-            if cols:
+            if split:
                 chunked = {v.name: boxes[v.name][1][:-2] + "cs]" for v in params if v.name not in tiles
                            and shapes[v.name][-1] == C}
                 for v in params:
@@ -146,12 +146,12 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
                 _whole_rows(w, names, label, body, params, boxes, tiles, shapes, dropped, C, out_names, loop_vars,
                             sizes)
         w(f"return {', '.join(o for _, o, _, _ in out_names)}")
-    if cols:
+    if split:
         rows, cols = _split_tiles(cfg, sizes, C, plan.chunk_tiles, label)
         signature = next(i for i, line in enumerate(w.lines) if line.lstrip().startswith(f"def {fname}("))
         w.lines[signature] = w.lines[signature].replace("rows: int = None", f"rows: int = {rows}") \
             .replace("{cols}", str(cols))
-    parts = sorted({_part(n) for n in body.nodes} | ({"split rows"} if cols else set()))
+    parts = sorted({_part(n) for n in body.nodes} | ({"split rows"} if split else set()))
     return GeneratedKernel(fname, "vector", w.text(), cfg, tuple(kparams), tuple(results), tuple(parts))
 
 
@@ -423,12 +423,6 @@ def _cast_line(w, name: str, expr: str, kw: str) -> str:
     return name
 
 
-def _rows(cfg, R: int, C: int, live: int, label: str, outer: int) -> int:
-    per_row = C * 4 * live
-    if per_row * STAGES > cfg.sram_bytes_per_pe // 2:
-        raise UnsupportedRegionError("row", label, f"a row of {C} elements with {live} live tiles does not fit "
-                                                   f"one PE's SRAM on {cfg.name}; needs a split-row kernel")
-    return row_tiles(R, per_row, cfg, STAGES, outer)
 
 
 def _outer_tile(cfg, sizes: tuple, C: int, live: int, rows: int) -> int | None:
