@@ -836,6 +836,12 @@ case("cumprod", "f32", [randn(3, 6)], lambda x: torch.cumprod(x, -1), axis=-1)
 case("cumprod", "i32-to-i64", [randint(-5, 5, 3, 4, dtype=np.int32)],
      lambda x: torch.cumprod(x, 0), axis=0)
 case("cumprod", "bool-0d", [np.asarray(True)], lambda x: torch.cumprod(x, 0), axis=0)
+# a running log-add-exp: rows spanning more than exp's range keep their small terms; -inf, +inf, NaN
+case("logcumsumexp", "wide-range", [arr([[-300.0, 10.0, -INF, 0.0, 200.0], [-INF, -INF, 3.0, INF, 1.0],
+                                         [1.0, NAN, 2.0, 3.0, 4.0]])], lambda x: torch.logcumsumexp(x, 1), axis=1)
+case("logcumsumexp", "f32-axis0", [randn(5, 3)], lambda x: torch.logcumsumexp(x, 0), axis=0)
+case("logcumsumexp", "0d", [scalar(2.5)], lambda x: torch.logcumsumexp(x, 0), axis=0)
+case("logcumsumexp", "empty", [randn(0, 2)], lambda x: torch.logcumsumexp(x, 0), axis=0)
 _ties = arr([[1.0, 3.0, 3.0, 2.0, 5.0, 5.0], [NAN, 1.0, 2.0, NAN, 0.0, 9.0]])
 for name in ("cummax", "cummin"):
     tfn = getattr(torch, name)

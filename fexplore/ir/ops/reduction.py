@@ -1,5 +1,5 @@
 """Reductions and the ops built around one: sum, mean, amax, amin, any, argmax, var, softmax,
-log_softmax, and the scans cumsum, cumprod, cummax and cummin."""
+log_softmax, and the scans cumsum, cumprod, logcumsumexp, cummax and cummin."""
 
 from __future__ import annotations
 
@@ -157,6 +157,20 @@ register(OpDef("cumsum", Category.reduction, _cumsum_type, zero_d_as_vector(_sca
 register(OpDef("cumprod", Category.reduction, _cumsum_type, zero_d_as_vector(_scan(np.cumprod)),
                elementwise_cost(1), attrs=(_AXIS,), arity=1,
                doc="running product along 'axis'; bools and ints accumulate in i64"))
+
+
+def _logcumsumexp_ref(xs, a):
+    """log(cumsum(exp(x))) along 'axis' as a running log-add-exp (in f64, from -inf): no exp of
+    the whole row, so a row whose values span more than exp's range keeps its small terms."""
+    x = xs[0].astype(np.float64)
+    if not x.size:
+        return [x]
+    return [np.logaddexp.accumulate(x, axis=norm_axis(a["axis"], x.ndim))]
+
+
+register(OpDef("logcumsumexp", Category.reduction, _softmax_type, zero_d_as_vector(_logcumsumexp_ref),
+               elementwise_cost(4), attrs=(_AXIS,), arity=1,
+               doc="log(cumsum(exp(x))) along 'axis', computed as a running log-add-exp"))
 
 
 def _cum_extreme_type(ins, a):

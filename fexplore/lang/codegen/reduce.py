@@ -11,6 +11,8 @@ its middle axis on the vector unit into an accumulator of (rows, columns):
     argmax, argmin               per K tile: its extreme, and the first index that holds it, from an
                                  index row written once into DRAM scratch (0, 1, ..., K-1)
     cumsum, cumprod              one K index at a time: a running sum stored at every step
+    logcumsumexp                 one K index at a time: a running log-add-exp,
+                                 max(run, x) + log1p(exp(-|run - x|))
     cummax, cummin               one K index at a time: the running extreme and where it was seen
     softmax, log_softmax         over an axis that is not the last: a block of (rows, K, columns)
                                  with all of K, its max, exp and sum over the middle axis
@@ -39,8 +41,8 @@ from .source import Names, Writer, fl_dtype
 
 ACCUMULATE = {"sum": ("0.0", "add", "sum"), "mean": ("0.0", "add", "sum"), "amax": ('float("-inf")', "maximum", "max"),
               "amin": ('float("inf")', "minimum", "min"), "any": ("0.0", "maximum", "max")}
-REDUCE = set(ACCUMULATE) | {"prod", "var", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "topk",
-                            "sort"}
+REDUCE = set(ACCUMULATE) | {"prod", "var", "argmax", "argmin", "cumsum", "cumprod", "logcumsumexp", "cummax",
+                            "cummin", "topk", "sort"}
 SOFTMAX = {"softmax", "log_softmax"}   # over a middle axis (the vector part does the last one)
 
 
@@ -88,7 +90,8 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
     # the parts' own tiles and loop variables, so a parameter named after an IR value never shadows one
     names = Names({"stages", "iota", "R", "K", "C", "OUT", "VALUES", "INDICES", "IOTA", "n", "k", "ks", "p", "rs", "d",
                    "cs", "c", "its", "x_t", "y", "acc", "at", "best", "first", "m", "mean", "won", "run", "squares",
-                   "total", "taken", "jrow", "row", "row_nan", "xi", "ii", "xi_nan", "ordered", "tied", "place"})
+                   "total", "taken", "jrow", "row", "row_nan", "xi", "ii", "xi_nan", "ordered", "tied", "place",
+                   "hi", "gap"})
     fname = kernel_name(node)
     names.taken.add(fname)
     inputs = Inputs.of(node, body)
@@ -109,6 +112,8 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
             _ranked(w, n, cfg, xname, R, K, C, label)
         elif op in ("cumsum", "cumprod"):
             _scan(w, n, cfg, xname, R, K, C)
+        elif op == "logcumsumexp":
+            _log_scan(w, n, cfg, xname, R, K, C)
         elif op in ("cummax", "cummin"):
             _running_extreme(w, n, cfg, xname, R, K, C)
         elif op in ("argmax", "argmin"):
@@ -262,6 +267,27 @@ def _scan(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
         w("for k in fl.range(K):")
         with w.indent():
             w(f"fl.{'mul' if prod else 'add'}(run, fl.load({x}[{rs}, k, {cs}]), out=run)")
+            w(f"fl.store({out}[{rs}, k, {cs}], {_store_cast('run', n.outputs[0].type.dtype)})")
+
+
+def _log_scan(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
+    """logcumsumexp: log(exp(run) + exp(x)) = hi + log1p(exp(-|run - x|)), hi their max, so no exp
+    of a large value is taken; where hi is infinite (both -inf, or a +inf seen) the gap is taken as
+    0, not inf - inf, and hi is the answer."""
+    (out,) = _outputs(w, n, "(R, K, C)", "R K C")
+    tiles = tile_sizes((R, K, C), cfg, live=5, fixed={1})
+    outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
+    w(outer.header())
+    with w.indent():
+        shape = f"({outer.extent(0)}, {outer.extent(1)})"
+        rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
+        w(f'run = fl.full({shape}, float("-inf"))   # the running log of the sum of exponentials')
+        w("for k in fl.range(K):")
+        with w.indent():
+            w(f"x_t = fl.load({x}[{rs}, k, {cs}])")
+            w("hi = fl.maximum(run, x_t)")
+            w("gap = fl.where(fl.isinf(hi), 0.0, fl.abs(run - x_t))")
+            w("fl.add(hi, fl.log1p(fl.exp(-gap)), out=run)")
             w(f"fl.store({out}[{rs}, k, {cs}], {_store_cast('run', n.outputs[0].type.dtype)})")
 
 

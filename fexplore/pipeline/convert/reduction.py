@@ -157,6 +157,12 @@ def _cumsum(ctx):
     return y if y.type.dtype == want else ctx.emit("cast", [y], {"dtype": want})
 
 
+@converter("aten.logcumsumexp.default")
+def _logcumsumexp(ctx):
+    x = ctx.args[0]
+    return ctx.emit("logcumsumexp", [x], {"axis": _ax(ctx.args[1], x.type.rank)})
+
+
 @converter("aten.cummax.default", "aten.cummin.default")
 def _cum_extreme(ctx):
     x = ctx.args[0]
