@@ -304,6 +304,24 @@ def test_weights_on_meta_with_real_buffers_schedule_as_with_weights():
         cm_mixed.simulate(ids.to("meta"))
 
 
+def test_a_model_partly_on_meta_keeps_the_values_it_has_and_its_tied_weights_tied():
+    """Real parameters next to a meta one (a checkpoint loaded in part): the real ones are constants
+    with their values (a tied embedding and LM head once), the meta one a constant without."""
+    from fexplore.models.gpt import gpt
+
+    torch.manual_seed(0)
+    model, (ids,) = gpt(vocab=256, layers=1, width=64, heads=4, seq_len=16, max_seq=32)
+    model.h[0].ln_1.weight = torch.nn.Parameter(model.h[0].ln_1.weight.detach().to("meta"))
+    cm = fexplore.compile(model, (ids.to("meta"),))
+    constants = {c.name: c for c in cm["ingest"].after.constants}
+    head = [c for name, c in constants.items() if name in ("wte.weight", "lm_head.weight")]
+    assert len(head) == 1
+    np.testing.assert_array_equal(head[0].payload, model.wte.weight.detach().numpy())
+    assert constants["h.0.ln_1.weight"].payload is None
+    assert model.h[0].ln_1.weight.is_meta and not model.wte.weight.is_meta   # untouched
+    assert model.lm_head.weight is model.wte.weight
+
+
 def test_save_writes_the_trace_and_the_report(tmp_path):
     torch.manual_seed(0)
     model, inputs = ZOO["mlp"]()

@@ -55,13 +55,19 @@ def export_model(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None):
     with warnings.catch_warnings():
         # torch.export's own pytree deprecation chatter, not the user's business
         warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
-        twins = {name: torch.empty_like(t, device="meta") for name, t in real_state(model).items()}
+        made: dict[int, torch.Tensor] = {}   # one twin per tensor: tied weights stay tied
+        twins = {name: made.setdefault(id(t), _meta_twin(t)) for name, t in real_state(model).items()}
         if not twins:
             return _export(model, args, dynamic_shapes)
         from torch.nn.utils.stateless import _reparametrize_module
 
         with _reparametrize_module(model, twins):   # the user's model is itself again after
             return _export(model, args, dynamic_shapes)
+
+
+def _meta_twin(t: torch.Tensor) -> torch.Tensor:
+    twin = torch.empty_like(t, device="meta")
+    return torch.nn.Parameter(twin, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else twin
 
 
 def real_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
