@@ -168,8 +168,30 @@ def test_FX301_a_custom_op_registered_with_a_wrong_reference():
         fexplore.register_op(torch.ops.fexplore_catalog.twice)   # eager kernel as the reference
     check(e.value, NumericMismatchError, message="stage 'ingest' changed the model's numbers",
           hint="fexplore.explore")
+    # the op of the model it came from, set against torch's run of the exported program
+    assert "first divergent node: %twice = " in e.value.message and "fexplore_catalog.twice" in e.value.message
     # with the right reference the same model compiles
     fexplore.compile(UsesTwice(), (torch.randn(4, 5),))
+
+
+class PicksByTopk(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 8))
+
+    def forward(self, x):
+        return self.w[x.topk(4, dim=-1).indices].sum(-1)
+
+
+def test_FX301_names_the_op_it_comes_from_a_topk_whose_ties_torch_orders_its_own_way():
+    torch.manual_seed(0)
+    x = torch.randint(0, 3, (6, 64)).float()   # many equal values: ties in every row's top 4
+    first = torch.from_numpy(np.argsort(-x.numpy(), axis=-1, kind="stable")[:, :4])
+    assert not torch.equal(x.topk(4, dim=-1).indices, first), "torch's CPU topk took the first of equal values"
+    with pytest.raises(NumericMismatchError) as e:
+        fexplore.compile(PicksByTopk(), (x,))
+    assert "first divergent node: %topk" in e.value.message and "aten.topk" in e.value.message
+    assert "its values agree, its indices do not" in e.value.message
 
 
 PLUS_ONE = '''\

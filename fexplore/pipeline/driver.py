@@ -17,7 +17,7 @@ from fexplore.ir import verify
 from .compiled import CompiledModel
 from .export import export_model, real_state
 from .ingest import Ingested, ingest
-from .numeric import Oracle, check_graph
+from .numeric import Oracle, check_graph, first_divergent_from_export, tolerance_of
 from .options import CompileOptions
 from .passmanager import PassManager
 from .stage import Stage, StageRecord, Verification, graph_stats
@@ -229,6 +229,10 @@ class Exploration:
             if self._oracle is None:
                 self._oracle = self._make_oracle()
             numeric = check_graph(rec.after, self._oracle, before=rec.before)
+            if not numeric.ok and rec.name == "ingest" and self._ingested is not None and not self.is_onnx:
+                leaves = torch.utils._pytree.tree_leaves(self.example_inputs)
+                numeric.first_divergent = first_divergent_from_export(self._ingested, leaves,
+                                                                      tolerance_of(rec.after, self._oracle))
         kernels = None
         if structural[0] and rec.schedule is not None:
             kernels = check_schedule(rec.after, rec.schedule, self._oracle)

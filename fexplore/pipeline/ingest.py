@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,9 @@ class Ingested:
     in_spec: Any  # pytree spec of (args, kwargs)
     out_spec: Any  # pytree spec of the model's output
     exported: torch.export.ExportedProgram
+    # the exported program's call nodes (by name) -> the IR value (or tuple) each became: how a
+    # wrong ingest is traced to the op of the model it came from (`numeric.first_divergent_from_export`)
+    values_of: dict = field(default_factory=dict)
 
 
 def tensor_payload(t: torch.Tensor) -> np.ndarray:
@@ -137,9 +140,10 @@ def ingest(ep: torch.export.ExportedProgram, *, name: str = "forward", dynamic_s
     user_fakes = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"
                   and _input_kind(ep, n.name) == InputKind.USER_INPUT]
     symbols = build_symbol_table(ep, user_fakes, dynamic_shapes, forward)
-    graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True, values=values or {})
+    values_of: dict = {}
+    graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True, values=values or {}, made=values_of)
     graph.symbols.update(symbols.ranges)
-    return Ingested(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, ep)
+    return Ingested(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, ep, values_of)
 
 
 def _input_kind(ep, placeholder_name: str):
@@ -150,7 +154,8 @@ def _input_kind(ep, placeholder_name: str):
 
 
 def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str,
-                   top: bool, values: dict | None = None) -> Graph:
+                   top: bool, values: dict | None = None, made: dict | None = None) -> Graph:
+    """`made`, if given, is filled with each call node's name -> the value(s) it became."""
     values = values or {}
     b = GraphBuilder(symbols)
     env: dict[str, Any] = {}
@@ -187,6 +192,8 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
             env[n.name] = getattr(gm, n.target)
         elif n.op == "call_function":
             env[n.name] = _convert_call(n, env, b, ep, symbols)
+            if made is not None:
+                made[n.name] = env[n.name]
         elif n.op == "output":
             flat = n.args[0]
             if top:

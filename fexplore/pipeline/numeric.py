@@ -372,6 +372,60 @@ def _same_picks(x: np.ndarray, a: np.ndarray, b: np.ndarray, axis: int) -> bool:
     return bool(np.array_equal(va, vb, equal_nan=True))
 
 
+def first_divergent_from_export(ingested, inputs, tol: Tolerance) -> str | None:
+    """The first op of the ingested graph whose value differs from what the same node of the
+    exported program computes in torch (the graph ingest read), on the model's `inputs` (a flat
+    list, as the program takes them): which op of the model a wrong ingest comes from (a custom
+    op's reference, a converter). None if every op agrees, or the program cannot run."""
+    from torch.export.graph_signature import InputKind
+
+    from fexplore.ir import Value
+
+    ep = ingested.exported
+    ours: dict[str, tuple] = {}
+    flat = [x for x in inputs]
+    tensors = [to_numpy(x) for x in flat if isinstance(x, torch.Tensor)]
+    run(ingested.graph, tensors, hook=lambda n, outs: ours.update({v.name: (n, o) for v, o in zip(n.outputs, outs)}))
+    args, user = [], iter(flat)
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            args.append(next(user))
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            t = ep.state_dict.get(spec.target)
+            args.append(t if t is not None else ep.constants[spec.target])
+        else:
+            return None
+    found: list[str] = []
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            made = ingested.values_of.get(n.name) if not found and n.op == "call_function" else None
+            if made is not None:
+                pairs = zip(made, out) if isinstance(made, tuple) and isinstance(out, (tuple, list)) \
+                    else [(made, out)]
+                for v, t in pairs:
+                    if isinstance(v, Value) and isinstance(t, torch.Tensor) and v.name in ours:
+                        node, o = ours[v.name]
+                        want = to_numpy(t)
+                        if o.shape == want.shape and not compare([o], [want], tol)[2]:
+                            ties = node.op.name in ("topk", "sort") and v is node.outputs[-1]
+                            found.append(f"%{v.name} = {node.op.name}(...), from torch's {n.target}"
+                                         + (f" at {node.loc}" if node.loc else "")
+                                         + (" (its values agree, its indices do not: among equal values "
+                                            "torch's CPU kernel picks in an order of its own, fexplore the "
+                                            "first index)" if ties else ""))
+                            break
+            return out
+
+    try:
+        with torch.no_grad():
+            Recorder(ep.graph_module).run(*args)
+    except Exception:  # noqa: BLE001 - a program torch cannot rerun is located no further
+        return found[0] if found else None
+    return found[0] if found else None
+
+
 def first_divergent(before: Graph, after: Graph, inputs, tol: Tolerance) -> str | None:
     """The first node of ``after`` whose value differs from the same-named value of ``before``."""
     ref: dict[str, np.ndarray] = {}
