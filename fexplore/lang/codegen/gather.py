@@ -129,13 +129,7 @@ def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int
             w(f"OUT = fl.output({dt}[{', '.join(out_spec)}])")
         else:
             w(f"OUT = fl.output({dt}[{', '.join(tab_spec)}])")
-            outer = [a.lower() for a in anames[:-1]]
-            w(f"for {pre}{''.join(o + ', ' for o in outer)}As, rs in fl.parallel({grid}"
-              f"{''.join(a + ', ' for a in anames[:-1])}fl.tiles({anames[-1]}, rows), fl.tiles(R, cols), "
-              f"stages=stages):")
-            with w.indent():
-                box = f"{pre}{''.join(o + ', ' for o in outer)}As, rs"
-                w(f"fl.store(OUT[{box}], fl.load({tname}[{box}]))   # the copy")
+            _copy_table(w, tname, anames, pre, grid, "cols")
         w(f"for {pre}ns, rs in fl.parallel({grid}fl.tiles(N, rows), fl.tiles(R, cols), stages=stages):")
         with w.indent():
             for iv, iname in zip(ivars, inames):
@@ -228,13 +222,7 @@ def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple, values: int | None = 
             w(f'OUT = fl.output({dt}[{lead_axis}{dims}, "R"])')
         else:
             w(f'OUT = fl.output({dt}[{lead_axis}{", ".join(repr(a) for a in anames)}, "R"])')
-            outer = [f"a{j}" for j in range(k - 1)]
-            w(f"for {pre}{''.join(o + ', ' for o in outer)}As, rs in fl.parallel({grid}"
-              f"{''.join(a + ', ' for a in anames[:-1])}fl.tiles({anames[-1]}, rows), "
-              f"fl.tiles(R, {copy_cols}), stages=stages):")
-            with w.indent():
-                box = f"{pre}{''.join(o + ', ' for o in outer)}As, rs"
-                w(f"fl.store(OUT[{box}], fl.load({tname}[{box}]))   # the copy")
+            _copy_table(w, tname, anames, pre, grid, str(copy_cols))
         w(f"for {pre}rs in fl.parallel({grid}fl.tiles(R, cols), stages=stages):")
         with w.indent():
             for j, iname in enumerate(inames):
@@ -250,6 +238,18 @@ def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple, values: int | None = 
         w("return OUT")
     results = (Result(0, tuple(node.outputs[0].type.shape)),)
     return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,))
+
+
+def _copy_table(w, tname: str, anames: list, pre: str, grid: str, cols: str) -> None:
+    """A scatter's output starts as a copy of its table: blocks of (rows of the last indexed axis,
+    `cols` columns), the indexed axes before it one index at a time."""
+    outer = [a.lower() for a in anames[:-1]]
+    w(f"for {pre}{''.join(o + ', ' for o in outer)}As, rs in fl.parallel({grid}"
+      f"{''.join(a + ', ' for a in anames[:-1])}fl.tiles({anames[-1]}, rows), fl.tiles(R, {cols}), "
+      f"stages=stages):")
+    with w.indent():
+        box = f"{pre}{''.join(o + ', ' for o in outer)}As, rs"
+        w(f"fl.store(OUT[{box}], fl.load({tname}[{box}]))   # the copy")
 
 
 def _row_tiles(cfg, N: int, R: int, item: int, P: int, k: int = 1) -> tuple[int, int]:

@@ -110,10 +110,8 @@ def generate_reduction(node: Node, cfg) -> GeneratedKernel:
             _rank_sort(w, n, cfg, xname, R, K, C)
         elif op == "topk":
             _ranked(w, n, cfg, xname, R, K, C, label)
-        elif op in ("cumsum", "cumprod"):
+        elif op in ("cumsum", "cumprod", "logcumsumexp"):
             _scan(w, n, cfg, xname, R, K, C)
-        elif op == "logcumsumexp":
-            _log_scan(w, n, cfg, xname, R, K, C)
         elif op in ("cummax", "cummin"):
             _running_extreme(w, n, cfg, xname, R, K, C)
         elif op in ("argmax", "argmin"):
@@ -255,39 +253,30 @@ def _arg_extreme(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
 
 
 def _scan(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
-    prod = n.op.name == "cumprod"
+    """cumsum, cumprod and logcumsumexp: a running value, updated one K index at a time and stored
+    at every step. logcumsumexp adds as log(exp(run) + exp(x)) = hi + log1p(exp(-|run - x|)), hi
+    their max, so no exp of a large value is taken; where hi is infinite (both -inf, or a +inf
+    seen) the gap is taken as 0, not inf - inf, and hi is the answer."""
+    op = n.op.name
+    start, what = {"cumsum": ("0.0", "sum"), "cumprod": ("1.0", "product"),
+                   "logcumsumexp": ('float("-inf")', "log of the sum of exponentials")}[op]
     (out,) = _outputs(w, n, "(R, K, C)", "R K C")
-    tiles = tile_sizes((R, K, C), cfg, live=3, fixed={1})
+    tiles = tile_sizes((R, K, C), cfg, live=5 if op == "logcumsumexp" else 3, fixed={1})
     outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
     w(outer.header())
     with w.indent():
         shape = f"({outer.extent(0)}, {outer.extent(1)})"
         rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
-        w(f"run = fl.full({shape}, {'1.0' if prod else '0.0'})   # the running {'product' if prod else 'sum'}")
+        w(f"run = fl.full({shape}, {start})   # the running {what}")
         w("for k in fl.range(K):")
         with w.indent():
-            w(f"fl.{'mul' if prod else 'add'}(run, fl.load({x}[{rs}, k, {cs}]), out=run)")
-            w(f"fl.store({out}[{rs}, k, {cs}], {_store_cast('run', n.outputs[0].type.dtype)})")
-
-
-def _log_scan(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
-    """logcumsumexp: log(exp(run) + exp(x)) = hi + log1p(exp(-|run - x|)), hi their max, so no exp
-    of a large value is taken; where hi is infinite (both -inf, or a +inf seen) the gap is taken as
-    0, not inf - inf, and hi is the answer."""
-    (out,) = _outputs(w, n, "(R, K, C)", "R K C")
-    tiles = tile_sizes((R, K, C), cfg, live=5, fixed={1})
-    outer = Loops(["R", "C"], (R, C), (tiles[0], tiles[2]), {"R", "C"})
-    w(outer.header())
-    with w.indent():
-        shape = f"({outer.extent(0)}, {outer.extent(1)})"
-        rs, cs = outer.index(0, 0, R), outer.index(1, 0, C)
-        w(f'run = fl.full({shape}, float("-inf"))   # the running log of the sum of exponentials')
-        w("for k in fl.range(K):")
-        with w.indent():
-            w(f"x_t = fl.load({x}[{rs}, k, {cs}])")
-            w("hi = fl.maximum(run, x_t)")
-            w("gap = fl.where(fl.isinf(hi), 0.0, fl.abs(run - x_t))")
-            w("fl.add(hi, fl.log1p(fl.exp(-gap)), out=run)")
+            if op == "logcumsumexp":
+                w(f"x_t = fl.load({x}[{rs}, k, {cs}])")
+                w("hi = fl.maximum(run, x_t)")
+                w("gap = fl.where(fl.isinf(hi), 0.0, fl.abs(run - x_t))")
+                w("fl.add(hi, fl.log1p(fl.exp(-gap)), out=run)")
+            else:
+                w(f"fl.{'mul' if op == 'cumprod' else 'add'}(run, fl.load({x}[{rs}, k, {cs}]), out=run)")
             w(f"fl.store({out}[{rs}, k, {cs}], {_store_cast('run', n.outputs[0].type.dtype)})")
 
 
