@@ -22,6 +22,7 @@ REPRESENTATIVE = {
     "precision-weights-at-fp8": (["gpt-bf16"], "numeric check of precision"),
     "window-last-row-dropped": (["conv-bn"], "lower check (kernels in the interpreter)"),
     "streamed-weights-stale": (["streamed-linear"], "lower check (kernels in the interpreter)"),
+    "split-row-statistics-short": (["long-rows@tiny"], "lower check (kernels in the interpreter)"),
     "sram-reuse-wait-missing": (["bart@tiny"], "simulator hazard check (schedule)"),
     "sram-reuse-wait-first-writer-only": (["bart@tiny"], "simulator hazard check (schedule)"),
 }

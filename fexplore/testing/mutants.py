@@ -214,6 +214,12 @@ MUTANTS: list[Mutant] = [
            (Patch(f"{_CG}.vector:VectorEmitter.softmax",
                   'w(f"{name} = fl.div({e}, {e}.sum(axis={ax}){kw})")',
                   'w(f"{name} = fl.div({e}, {e}.sum(axis=0){kw})")'),)),
+    Mutant("split-row-statistics-short", "lower: vector codegen (split rows)",
+           "the statistics passes over a row taken in chunks of columns skip its last chunk: a norm's "
+           "mean and variance, a softmax's max and sum, of part of the row",
+           (Patch(f"{_CG}.rowwise:SplitRow._pass",
+                  'w("for cs in fl.range(fl.tiles(C, cols), stages=stages):")',
+                  'w("for cs in fl.range([cs for cs in fl.tiles(C, cols)][:-1], stages=stages):")'),)),
     Mutant("attention-mask-off-by-one", "lower: attention codegen (causal mask)",
            "the causal mask keeps key j < query i: the diagonal is masked out",
            (Patch(f"{_CG}.attention:generate_attention",
@@ -368,6 +374,14 @@ class _Broadcasts(torch.nn.Module):
         return torch.softmax(y, dim=-1)
 
 
+class _LongRows(torch.nn.Module):
+    """A layer norm and a softmax over rows too long for tiny's SRAM: each row is taken in chunks
+    of columns, its statistics in passes over them (split rows)."""
+
+    def forward(self, x):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:]) + torch.softmax(x, dim=-1)
+
+
 class _EncoderDecoder(torch.nn.Module):
     """A transformers encoder-decoder (BART) run on the same ids as encoder and decoder input."""
 
@@ -415,6 +429,8 @@ CASES: list[Case] = [
     Case("broadcasts", _seeded(lambda g: (_Broadcasts(), (torch.randn(2, 8, 16, generator=g),
                                                            torch.randn(1, 1, 16, generator=g),
                                                            torch.randn(8, 1, generator=g))))),
+    Case("long-rows@tiny", _seeded(lambda g: (_LongRows(), (torch.randn(3, 3000, generator=g) * 2.0 + 5.0,))),
+         {"target": "tiny"}),
     Case("gpt", _zoo("gpt")),
     Case("bart@tiny", _seeded(_bart_tiny), {"target": "tiny"}),
     Case("llama", _zoo("llama")),
