@@ -513,6 +513,8 @@ def test_hf_model_compiles_verifies_and_round_trips(name):
     cm = fexplore.compile(model, inputs)
     # a generator that raises or writes a kernel the language rejects is a bug the fallbacks hide
     assert not cm["lower"].stats.get("codegen_bugs"), cm["lower"].stats.get("codegen_bugs")
+    # every op on the chip: a kernel or a free view, none left to the host
+    assert not cm.lowering.host_ops, [(h.op, h.reason) for h in cm.lowering.host_ops]
 
     table = cm.verification
     assert list(table["stage"]) == [r.name for r in cm.stages]
@@ -537,6 +539,7 @@ def test_hf_model_in_bf16(name):
     cm = fexplore.compile(model, inputs, precision="bf16")
     assert cm.verification["ok"].all(), cm.verification
     assert not cm["lower"].stats.get("codegen_bugs"), cm["lower"].stats.get("codegen_bugs")
+    assert not cm.lowering.host_ops, [(h.op, h.reason) for h in cm.lowering.host_ops]
     got = cm(*inputs)
     errs = []
     for g, w in zip(_leaves(got), _leaves(want)):
