@@ -383,7 +383,7 @@ def first_divergent_from_export(ingested, inputs, tol: Tolerance) -> str | None:
 
     ep = ingested.exported
     ours: dict[str, tuple] = {}
-    flat = [x for x in inputs]
+    flat = list(inputs)
     tensors = [to_numpy(x) for x in flat if isinstance(x, torch.Tensor)]
     run(ingested.graph, tensors, hook=lambda n, outs: ours.update({v.name: (n, o) for v, o in zip(n.outputs, outs)}))
     args, user = [], iter(flat)
@@ -410,8 +410,7 @@ def first_divergent_from_export(ingested, inputs, tol: Tolerance) -> str | None:
                         want = to_numpy(t)
                         if o.shape == want.shape and not compare([o], [want], tol)[2]:
                             ties = node.op.name in ("topk", "sort") and v is node.outputs[-1]
-                            found.append(f"%{v.name} = {node.op.name}(...), from torch's {n.target}"
-                                         + (f" at {node.loc}" if node.loc else "")
+                            found.append(_divergence(node, v, f"torch's {n.target}")
                                          + (" (its values agree, its indices do not: among equal values "
                                             "torch's CPU kernel picks in an order of its own, fexplore the "
                                             "first index)" if ties else ""))
@@ -422,8 +421,14 @@ def first_divergent_from_export(ingested, inputs, tol: Tolerance) -> str | None:
         with torch.no_grad():
             Recorder(ep.graph_module).run(*args)
     except Exception:  # noqa: BLE001 - a program torch cannot rerun is located no further
-        return found[0] if found else None
+        pass
     return found[0] if found else None
+
+
+def _divergence(node, v, origin: str | None = None) -> str:
+    """How a first divergent value is named: `%v = op(...)`, where it came from, its source line."""
+    return (f"%{v.name} = {node.op.name}(...)" + (f", from {origin}" if origin else "")
+            + (f" at {node.loc}" if node.loc else ""))
 
 
 def first_divergent(before: Graph, after: Graph, inputs, tol: Tolerance) -> str | None:
@@ -439,8 +444,7 @@ def first_divergent(before: Graph, after: Graph, inputs, tol: Tolerance) -> str 
         for v, o in zip(node.outputs, outs):
             if v.name in ref and ref[v.name].shape == o.shape and \
                     not compare([o], [ref[v.name]], tol)[2]:
-                found.append(f"%{v.name} = {node.op.name}(...)"
-                             + (f" at {node.loc}" if node.loc else ""))
+                found.append(_divergence(node, v))
                 return
 
     run(after, inputs, hook=hook)

@@ -86,93 +86,84 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
 
     live = len(params) + 2 * len(body.nodes)
     split = C * 4 * live * STAGES > cfg.sram_bytes_per_pe // 2   # whole rows do not fit: chunks of columns
-    if split:
-        plan = SplitRow.of(body, shapes, C, label)
-        rows = tb = None   # chosen once the passes are written (`_split_tiles`), from their tiles
-    else:
+    plan = SplitRow.of(body, shapes, C, label) if split else None
+    tb = None
+    if not split:
         rows = row_tiles(sizes[-1], C * 4 * live, cfg, STAGES, math.prod(sizes[:-1]))
         tb = _outer_tile(cfg, sizes, C, live, rows)
+
+    # the body first: a split row's tiles are sized from the tiles its passes make
+    k = Writer()
+    k.depth = 1
+    size_line = ", ".join(axis_names + ["C"])
+    k(f"{size_line} = {', '.join(str(s) for s in sizes + (C,))}")
+    results, out_names = [], []
+    for v in outs:
+        view = groups.view(pats[v.name])
+        tail = 1 if shapes[v.name][-1] != C or C == 1 else C
+        dims = [a if view[j] != 1 or sizes[j] == 1 else "1" for j, a in enumerate(axis_names)]
+        dims.append("C" if tail == C and C != 1 else "1")
+        oname = names.new(v.name + "_out").upper()
+        # where a block of rows goes in the output, all but the last axis
+        index = [loop_vars[j] if view[j] != 1 or sizes[j] == 1 else ("0:1" if j == len(view) - 1 else "0")
+                 for j in range(len(view))]
+        out_names.append((v, oname, index))
+        results.append(Result(body.outputs.index(v), tuple(node.outputs[body.outputs.index(v)].type.shape)))
+        axes = " ".join(d if d != "1" else "_" for d in dims)
+        k(f'{oname} = fl.output(({", ".join(dims)}), {fl_dtype(v.type.dtype)}, axes="{axes}")')
+    # on split rows, an operand along the columns (a norm's weight) is loaded a chunk at a time
+    chunked = {v.name: boxes[v.name][1][:-2] + "cs]" for v in params if split and shapes[v.name][-1] == C}
+    invariant = [v for v in params if boxes[v.name][2] and v.name not in chunked]
+    if invariant:
+        k("once = {}   # operands the same for every row: loaded once per PE")
+    outer_loops = [f"range({a})" for a in outer_names[:len(sizes) - 1]]
+    if tb:   # the axis just outside the rows in tiles too: items of a few short rows are tiny DMAs
+        outer_loops[-1] = f"fl.tiles({outer_names[len(sizes) - 2]}, tb)"
+    grid = ", ".join(outer_loops + ["fl.tiles(R, rows)"])
+    k(f"for {', '.join(loop_vars)} in fl.parallel({grid}, stages=stages):")
+    with k.indent():
+        tiles: dict[str, str] = dict(inputs.literals)
+        if invariant:
+            tnames = [names.new(boxes[v.name][0] + "_t") for v in invariant]
+            k("if fl.pe() not in once:")
+            with k.indent():
+                loads = ", ".join(f"fl.load({boxes[v.name][1]})" for v in invariant)
+                k(f"once[fl.pe()] = {loads}")
+            k(f"{', '.join(tnames)} = once[fl.pe()]")
+            tiles.update({v.name: t for v, t in zip(invariant, tnames)})
+        for v in params:
+            if v.name not in tiles and v.name not in chunked:
+                t = names.new(boxes[v.name][0] + "_t")
+                k(f"{t} = fl.load({boxes[v.name][1]})")
+                tiles[v.name] = t
+        if split:
+            plan.emit(k, names, tiles, chunked, out_names)
+        else:
+            _whole_rows(k, names, label, body, tiles, shapes, dropped, C, out_names)
+    k(f"return {', '.join(o for _, o, _ in out_names)}")
+    if split:
+        rows, cols = _split_tiles(cfg, sizes, C, plan.chunk_tiles, label)
+
     header(w, node, body, "vector-unit", [(p.name, v, p.shape) for p, v in zip(kparams, params)],
            inputs.literals)
     w(f'@fl.kernel(target="{cfg.name}")')
-    tiling = f"rows: int = {rows}, " + (f"tb: int = {tb}, " if tb else "") + ("cols: int = {cols}, " if split else "")
+    tiling = f"rows: int = {rows}, " + (f"tb: int = {tb}, " if tb else "") + (f"cols: int = {cols}, " if split else "")
     w(f"def {fname}({', '.join(specs)}, *, {tiling}stages: int = {STAGES}):")
-    with w.indent():
-        size_line = ", ".join(axis_names + ["C"])
-        w(f"{size_line} = {', '.join(str(s) for s in sizes + (C,))}")
-        results, out_names = [], []
-        for v in outs:
-            view = groups.view(pats[v.name])
-            tail = 1 if shapes[v.name][-1] != C or C == 1 else C
-            dims = [a if view[j] != 1 or sizes[j] == 1 else "1" for j, a in enumerate(axis_names)]
-            dims.append("C" if tail == C and C != 1 else "1")
-            oname = names.new(v.name + "_out").upper()
-            out_names.append((v, oname, view, tail))
-            results.append(Result(body.outputs.index(v), tuple(node.outputs[body.outputs.index(v)].type.shape)))
-            axes = " ".join(d if d != "1" else "_" for d in dims)
-            w(f'{oname} = fl.output(({", ".join(dims)}), {fl_dtype(v.type.dtype)}, axes="{axes}")')
-        # on split rows, an operand along the columns (a norm's weight) is loaded a chunk at a time
-        invariant = [v for v in params if boxes[v.name][2] and not (split and shapes[v.name][-1] == C)]
-        if invariant:
-            w("once = {}   # operands the same for every row: loaded once per PE")
-        outer_loops = [f"range({a})" for a in outer_names[:len(sizes) - 1]]
-        if tb:   # the axis just outside the rows in tiles too: items of a few short rows are tiny DMAs
-            outer_loops[-1] = f"fl.tiles({outer_names[len(sizes) - 2]}, tb)"
-        grid = ", ".join(outer_loops + ["fl.tiles(R, rows)"])
-        w(f"for {', '.join(loop_vars)} in fl.parallel({grid}, stages=stages):")
-        with w.indent():
-            tiles: dict[str, str] = dict(inputs.literals)
-            if invariant:
-                tnames = [names.new(boxes[v.name][0] + "_t") for v in invariant]
-                w("if fl.pe() not in once:")
-                with w.indent():
-                    loads = ", ".join(f"fl.load({boxes[v.name][1]})" for v in invariant)
-                    w(f"once[fl.pe()] = {loads}")
-                w(f"{', '.join(tnames)} = once[fl.pe()]")
-                tiles.update({v.name: t for v, t in zip(invariant, tnames)})
-            if split:
-                chunked = {v.name: boxes[v.name][1][:-2] + "cs]" for v in params if v.name not in tiles
-                           and shapes[v.name][-1] == C}
-                for v in params:
-                    if v.name not in tiles and v.name not in chunked:
-                        t = names.new(boxes[v.name][0] + "_t")
-                        w(f"{t} = fl.load({boxes[v.name][1]})")
-                        tiles[v.name] = t
-                plan.emit(w, names, tiles, chunked, {v.name: oname for v, oname, _, _ in out_names},
-                          {v.name: [loop_vars[j] if view[j] != 1 or sizes[j] == 1
-                                    else ("0:1" if j == len(view) - 1 else "0") for j in range(len(view))]
-                           for v, _, view, _ in out_names})
-            else:
-                _whole_rows(w, names, label, body, params, boxes, tiles, shapes, dropped, C, out_names, loop_vars,
-                            sizes)
-        w(f"return {', '.join(o for _, o, _, _ in out_names)}")
-    if split:
-        rows, cols = _split_tiles(cfg, sizes, C, plan.chunk_tiles, label)
-        signature = next(i for i, line in enumerate(w.lines) if line.lstrip().startswith(f"def {fname}("))
-        w.lines[signature] = w.lines[signature].replace("rows: int = None", f"rows: int = {rows}") \
-            .replace("{cols}", str(cols))
+    w.lines += k.lines
     parts = sorted({_part(n) for n in body.nodes} | ({"split rows"} if split else set()))
     return GeneratedKernel(fname, "vector", w.text(), cfg, tuple(kparams), tuple(results), tuple(parts))
 
 
-def _whole_rows(w, names, label, body, params, boxes, tiles, shapes, dropped, C, out_names, loop_vars, sizes):
-    """The body of a block of whole rows: its operands loaded, the region's nodes, its results stored."""
-    for v in params:
-        if v.name not in tiles:
-            t = names.new(boxes[v.name][0] + "_t")
-            w(f"{t} = fl.load({boxes[v.name][1]})")
-            tiles[v.name] = t
+def _whole_rows(w, names, label, body, tiles, shapes, dropped, C, out_names):
+    """The body of a block of whole rows (its operands loaded): the region's nodes, its results stored."""
     emit = vector.VectorEmitter(w, names, label)
     for n in body.nodes:
         src = n.inputs[0]
         emit.axis = '"C"' if n.inputs and src.name in shapes and shapes[src.name][-1] == C and C > 1 else "-1"
         last = -1 if src.name in dropped else src.type.rank - 1
         tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], last)
-    for v, oname, view, tail in out_names:
-        idx = [loop_vars[j] if view[j] != 1 or sizes[j] == 1 else ("0:1" if j == len(view) - 1 else "0")
-               for j in range(len(view))]
-        idx.append(":")
-        w(f"fl.store({oname}[{', '.join(idx)}], {tiles[v.name]})")
+    for v, oname, index in out_names:
+        w(f"fl.store({oname}[{', '.join(index + [':'])}], {tiles[v.name]})")
 
 
 def _part(n: Node) -> str:
@@ -246,8 +237,8 @@ class SplitRow:
     softmax takes the row max before the sum of exponentials. Values along no column (a row's
     statistic, an operand of one value per row) are computed once per block of rows."""
 
-    def __init__(self, body, shapes, C, reducer, before, after):
-        self.body, self.shapes, self.C = body, shapes, C
+    def __init__(self, body, shapes, C, reducer, before, after, label):
+        self.body, self.shapes, self.C, self.label = body, shapes, C, label
         self.reducer, self.before, self.after = reducer, before, after
         self.chunk_tiles = 0   # tiles of a chunk's size the passes make (each a buffer of its own)
 
@@ -269,7 +260,7 @@ class SplitRow:
                 tainted.add(n.outputs[0].name)
                 after.append(n)
         before = [n for n in body.nodes if n is not reducer and n not in after]
-        return cls(body, shapes, C, reducer, before, after)
+        return cls(body, shapes, C, reducer, before, after, label)
 
     def _along(self, v) -> bool:
         return self.shapes[v.name][-1] == self.C
@@ -301,8 +292,11 @@ class SplitRow:
                 stack += [x.name for x in n.inputs]
         return [n for n in self.before if id(n) in need]
 
-    def emit(self, w, names, tiles, chunked, outs, out_index):
-        emit = vector.VectorEmitter(w, names, "", axis="-1")
+    def emit(self, w, names, tiles, chunked, out_names):
+        """The passes, in a block of rows whose operands not along the columns are `tiles`;
+        `chunked`: the boxes of those along them, `out_names`: (value, output, its row index)."""
+        outs = {v.name: (o, index) for v, o, index in out_names}
+        emit = vector.VectorEmitter(w, names, self.label, axis="-1")
         tiles = dict(tiles)
         for n in self.before:   # one value per row: once per block of rows
             if not self._along(n.outputs[0]):
@@ -315,7 +309,7 @@ class SplitRow:
                 tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], n.inputs[0].type.rank - 1)
         for v in self.body.outputs:   # results of one value per row: stored once
             if not self._along(v):
-                w(f"fl.store({outs[v.name]}[{', '.join(out_index[v.name] + [':'])}], {tiles[v.name]})")
+                w(f"fl.store({outs[v.name][0]}[{', '.join(outs[v.name][1] + [':'])}], {tiles[v.name]})")
         if not any(self._along(v) for v in self.body.outputs):
             return
         w("for cs in fl.range(fl.tiles(C, cols), stages=stages):")
@@ -329,7 +323,7 @@ class SplitRow:
             t = self._chunk(w, names, emit, t, chunked, self.after)
             for v in self.body.outputs:
                 if self._along(v):
-                    w(f"fl.store({outs[v.name]}[{', '.join(out_index[v.name] + ['cs'])}], {t[v.name]})")
+                    w(f"fl.store({outs[v.name][0]}[{', '.join(outs[v.name][1] + ['cs'])}], {t[v.name]})")
 
     def _pass(self, w, names, emit, tiles, chunked, line):
         """One pass over the chunks: `line(x)` is the accumulating line on the reducer's input."""
@@ -346,20 +340,22 @@ class SplitRow:
         value (one per row) is then in `tiles`."""
         n, C = self.reducer, self.C
         op, name = n.op.name, names.new(n.outputs[0].name)
-        kw = emit._dtype_kw(n.outputs[0].type.dtype, DType.f32)
+        kw = emit.dtype_kw(n.outputs[0].type.dtype, DType.f32)
         shape = "(rs, 1)"
         acc = names.new(name + "_acc")
         if op in ("sum", "mean"):
             w(f"{acc} = fl.zeros({shape})")
             self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.add({acc}, {x}.sum(axis=-1), out={acc})"))
-            tiles[n.outputs[0].name] = _cast_line(w, name, f"{acc} / {C}" if op == "mean" else acc, kw)
+            emit.affine(name, f"{acc} / {C}" if op == "mean" else acc, [], kw)
+            tiles[n.outputs[0].name] = name
             return None
         if op in ("amax", "amin"):
             pick, start = ("maximum", 'float("-inf")') if op == "amax" else ("minimum", 'float("inf")')
             w(f"{acc} = fl.full({shape}, {start})")
             part = "max" if op == "amax" else "min"
             self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.{pick}({acc}, {x}.{part}(axis=-1), out={acc})"))
-            tiles[n.outputs[0].name] = _cast_line(w, name, acc, kw)
+            emit.affine(name, acc, [], kw)
+            tiles[n.outputs[0].name] = name
             return None
         mean, sq = names.new(name + "_mean"), names.new(name + "_squares")
         if op in ("var", "layer_norm"):
@@ -379,13 +375,13 @@ class SplitRow:
                 dof = C - n.attrs["correction"]
                 if dof <= 0:
                     emit.unsupported(n, f"{C} elements with correction {n.attrs['correction']}: no degrees of freedom")
-                tiles[n.outputs[0].name] = _cast_line(
-                    w, name, f"({sq} - {resid} * {resid} / {C}) / {dof}", kw)
+                emit.affine(name, f"({sq} - {resid} * {resid} / {C}) / {dof}", [], kw)
+                tiles[n.outputs[0].name] = name
                 return None
             rstd, shift = names.new(name + "_rstd"), names.new(name + "_shift")
             w(f"{shift} = {mean} + {resid} / {C}")
             w(f"{rstd} = fl.rsqrt({sq} / {C} - ({resid} / {C}) * ({resid} / {C}) + {literal(n.attrs['eps'])})")
-            return lambda t: self._affine(w, names, emit, n, t, f"({t[n.inputs[0].name]} - {shift}) * {rstd}", kw)
+            return lambda t: self._apply_norm(w, names, emit, n, t, f"({t[n.inputs[0].name]} - {shift}) * {rstd}", kw)
         if op == "rms_norm":
             eps = n.attrs["eps"]
             eps = literal(eps) if eps is not None else literal(1.1920928955078125e-07)  # f32's epsilon
@@ -393,13 +389,14 @@ class SplitRow:
             self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.add({sq}, ({x} * {x}).sum(axis=-1), out={sq})"))
             rrms = names.new(name + "_rrms")
             w(f"{rrms} = fl.rsqrt({sq} / {C} + {eps})")
-            return lambda t: self._affine(w, names, emit, n, t, f"{t[n.inputs[0].name]} * {rrms}", kw)
+            return lambda t: self._apply_norm(w, names, emit, n, t, f"{t[n.inputs[0].name]} * {rrms}", kw)
         # softmax, log_softmax: the row max, then the sum of exponentials below it
         top = names.new(name + "_max")
         w(f"{top} = fl.full({shape}, float(\"-inf\"))")
         self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.maximum({top}, {x}.max(axis=-1), out={top})"))
         w(f"{acc} = fl.zeros({shape})")
-        self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.add({acc}, fl.exp({x} - {top}).sum(axis=-1), out={acc})"))
+        self._pass(w, names, emit, tiles, chunked,
+                   lambda x: w(f"fl.add({acc}, fl.exp({x} - {top}).sum(axis=-1), out={acc})"))
 
         def softmax(t):
             y = names.new(name)
@@ -412,17 +409,10 @@ class SplitRow:
         return softmax
 
     @staticmethod
-    def _affine(w, names, emit, n, t, normed, kw):
+    def _apply_norm(w, names, emit, n, t, normed, kw):
         y = names.new(n.outputs[0].name)
-        emit._affine(y, normed, [t[x.name] for x in n.inputs[1:]], kw)
+        emit.affine(y, normed, [t[x.name] for x in n.inputs[1:]], kw)
         return y
-
-
-def _cast_line(w, name: str, expr: str, kw: str) -> str:
-    w(f"{name} = {expr}" if not kw else f"{name} = fl.cast({expr}{kw.replace(', dtype=', ', ')})")
-    return name
-
-
 
 
 def _outer_tile(cfg, sizes: tuple, C: int, live: int, rows: int) -> int | None:

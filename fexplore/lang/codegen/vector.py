@@ -78,14 +78,14 @@ class VectorEmitter:
         if op in REDUCTIONS or op == "var":
             self._check_last_axis(node, last_axis)
         if op in REDUCTIONS:
-            dt = self._dtype_kw(out_t.dtype, DType.f32)
+            dt = self.dtype_kw(out_t.dtype, DType.f32)
             self.w(f"{name} = {args[0]}.{REDUCTIONS[op]}(axis={self.axis}{dt})")
         elif op == "var":
             xc, c = self.names.new(name + "_centered"), node.attrs["correction"]
             n = node.inputs[0].type.shape[-1]
             self.w(f"{xc} = {args[0]} - {args[0]}.mean(axis={self.axis})")
             self.w(f"{name} = fl.div(({xc} * {xc}).sum(axis={self.axis}), {literal(n - c)}"
-                   f"{self._dtype_kw(out_t.dtype, DType.f32)})")
+                   f"{self.dtype_kw(out_t.dtype, DType.f32)})")
         elif op in ROW_OPS:
             self._row_op(node, args, name, last_axis)
         elif op in SAME_NAME or op in COMPOSED:
@@ -104,7 +104,7 @@ class VectorEmitter:
         if last_axis != rank - 1:
             self.unsupported(node, "reduces an axis that is not the tile's last")
 
-    def _dtype_kw(self, dt: DType, default: DType) -> str:
+    def dtype_kw(self, dt: DType, default: DType) -> str:
         return "" if dt == default else f", dtype={fl_dtype(dt)}"
 
     def elementwise(self, node: Node, args: list[str]) -> str:
@@ -113,7 +113,7 @@ class VectorEmitter:
         dt = node.outputs[0].type.dtype
         compare = VECTOR_OPS.get(op) is not None and VECTOR_OPS[op].kind == "compare"
         default = DType.bool if compare else DType.f32
-        kw = self._dtype_kw(dt, default)
+        kw = self.dtype_kw(dt, default)
         if op in _OPERATORS and not kw and not all(_is_literal(a) for a in args):
             a, b = args
             return f"{a} {_OPERATORS[op]} {_paren(b)}"
@@ -149,7 +149,7 @@ class VectorEmitter:
         """`name` = softmax (or log-softmax) of tile `x` along the code's axis `self.axis` (the
         reduction part writes one over a middle axis with these lines too)."""
         w, ax = self.w, self.axis
-        kw = self._dtype_kw(node.outputs[0].type.dtype, DType.f32)
+        kw = self.dtype_kw(node.outputs[0].type.dtype, DType.f32)
         if node.op.name == "softmax":
             e = self.names.new(name + "_exp")
             w(f"{e} = fl.exp({x} - {x}.max(axis={ax}))   # minus the max: exp cannot overflow")
@@ -170,7 +170,7 @@ class VectorEmitter:
             self.unsupported(node, f"normalizes the last {node.attrs['ndim']} axes; the vector part "
                                    f"handles the last one")
         w, ax, x = self.w, self.axis, args[0]
-        kw = self._dtype_kw(node.outputs[0].type.dtype, DType.f32)
+        kw = self.dtype_kw(node.outputs[0].type.dtype, DType.f32)
         if op in ("softmax", "log_softmax"):
             self.softmax(node, x, name)
         elif op == "layer_norm":
@@ -184,15 +184,17 @@ class VectorEmitter:
             w(f"{xc0} = {x} - {x}.mean(axis={ax})")
             w(f"{xc} = {xc0} - {xc0}.mean(axis={ax})")
             w(f"{rstd} = fl.rsqrt(({xc} * {xc}).mean(axis={ax}) + {literal(node.attrs['eps'])})")
-            self._affine(name, f"{xc} * {rstd}", args[1:], kw)
+            self.affine(name, f"{xc} * {rstd}", args[1:], kw)
         else:  # rms_norm
             eps = node.attrs["eps"]
             eps = literal(eps) if eps is not None else literal(1.1920928955078125e-07)  # f32's epsilon
             rms = self.names.new(name + "_rrms")
             w(f"{rms} = fl.rsqrt(({x} * {x}).mean(axis={ax}) + {eps})")
-            self._affine(name, f"{x} * {rms}", args[1:], kw)
+            self.affine(name, f"{x} * {rms}", args[1:], kw)
 
-    def _affine(self, name: str, normed: str, params: list[str], kw: str) -> None:
+    def affine(self, name: str, normed: str, params: list[str], kw: str) -> None:
+        """`name` = `normed` times a norm's weight plus its bias (`params`: none, the weight, or
+        both), in the dtype `kw` asks for: with no params, the expression cast (a statistic too)."""
         if not params:
             self.w(f"{name} = {normed}" if not kw else f"{name} = fl.cast({normed}{kw.replace(', dtype=', ', ')})")
         elif len(params) == 1:
