@@ -307,6 +307,16 @@ def batched_matmul_batch1_single_head():
     return b.region(b("silu", b("mul", s, b.const("scale", 0.2))), kind="contraction"), b.arrays
 
 
+def batched_matmul_of_transposed_activations():
+    """k^T v per head (MiniMax's lightning attention): the activations a transpose of a region
+    input, read in its own layout ("km"), against batched right operands."""
+    b = Body(23)
+    k = b.input("k", (1, 3, 11, 17))
+    v = b.input("v", (1, 3, 11, 9))
+    kv = b("matmul", b("permute", k, perm=(0, 1, 3, 2)), v)
+    return b.region(b("mul", kv, b.const("decay", 0.5)), kind="contraction"), b.arrays
+
+
 def batched_matmul_with_partial_broadcast():
     b = Body(3)
     a = b.input("a", (3, 5, 13, 33))
@@ -466,7 +476,8 @@ HAND_BUILT = {f.__name__: f for f in (causal_attention_odd_sizes, causal_attenti
                                       sdpa_gqa_float_mask_odd_sizes, written_out_attention_single_head_bool_mask,
                                       conv_strided_padded_dilated, residual_block_with_projection_shortcut,
                                       linear_with_unusual_epilogue, batched_matmul_batch1_single_head,
-                                      batched_matmul_with_partial_broadcast, matmul_3d_by_2d_and_swiglu,
+                                      batched_matmul_with_partial_broadcast, batched_matmul_of_transposed_activations,
+                                      matmul_3d_by_2d_and_swiglu,
                                       norm_prologue_with_selected_row, row_ops, reductions,
                                       long_elementwise_chain)}
 

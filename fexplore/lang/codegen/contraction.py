@@ -280,7 +280,6 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             idx = group_index(view[:-1], k0)
             wn = add_param(wv, trimmed(view[:-1], tail, sizes[:-1]), sp + tail_spec)
             box = f"{wn}[{', '.join(idx + tail_idx)}]"
-            a_letters = "mk"
         w_boxes.append((cast_to(f"fl.load({box})", wv.type.dtype, c.inputs[1].type.dtype),
                         f"{a_letters},{letters}->mn"))
         b_names.append(add_param(bias, (N,), ['"N"']) if bias is not None else None)
