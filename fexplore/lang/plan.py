@@ -5,9 +5,10 @@ in every loop iteration, but a hand-written kernel would reuse a few buffers. Th
 reuse, by allocation site (the line that makes the tile, see `tracer.py`):
 
   - A new tile takes a buffer of its site (same PE, shape, dtype, space) whose tile is dead (never
-    used again), the one freed longest ago first; if there is none, a new buffer. So a loop that
-    loads a tile per iteration reuses one buffer (serial: the next load waits for the last reader),
-    and a loop-carried value (the running max of flash attention) gets two, automatically.
+    used again): one that this iteration of the enclosing loops already uses first, then the one
+    freed longest ago; if there is none, a new buffer. So a loop that loads a tile per iteration
+    reuses one buffer (serial: the next load waits for the last reader), and a loop-carried value
+    (the running max of flash attention) gets two, automatically.
   - Declared pipelining: inside ``fl.range(..., stages=s)`` (or a parallel loop with stages), a tile
     never takes a buffer used by one of the previous s-1 iterations, so the DMA of the next tile
     overlaps the compute on this one (double buffering for s=2).
@@ -120,12 +121,19 @@ def make_plan(trace: ir.KernelTrace) -> SramPlan:
         in_place = isinstance(op, (ir.Vector, ir.Broadcast))
         for t in born.get(op.index, ()):
             pool = pools.setdefault((t.pe, t.site, t.shape, t.dtype, t.space), [])
-            best = None
+            # a buffer this iteration of the enclosing loops already holds before any other: a loop
+            # nest then keeps the product of its stages, as a hand-written one would. Taking the one
+            # freed longest ago among all would let an inner loop rotate through the buffers its
+            # outer loop's previous iteration left (when items of this shape are not consecutive on
+            # the PE, e.g. the edge bands of a convolution), and the next item would find them all
+            # barred by its stages and take new ones, without bound
+            best, best_key = None, None
             for b in pool:
                 free_from = b.last + (0 if in_place and any(x is b.tiles[-1] for x in op.reads()) else 1)
                 if free_from <= op.index and _stages_allow(b.tiles[-1], t):
-                    if best is None or b.last < best.last:
-                        best = b
+                    key = (-_shared_iterations(b.tiles[-1], t), b.last)
+                    if best is None or key < best_key:
+                        best, best_key = b, key
             if best is None:
                 best = PlanBuffer(len(buffers), t, align)
                 best.first = op.index
@@ -136,6 +144,16 @@ def make_plan(trace: ir.KernelTrace) -> SramPlan:
             buffer_of[t.id] = best
     peak = _check_capacity(trace, buffers)
     return SramPlan(trace, buffers, buffer_of, peak)
+
+
+def _shared_iterations(prev: Tile, new: Tile) -> int:
+    """How many of the enclosing pipelined loops, outermost first, run the same iteration for both."""
+    n = 0
+    for a, b in zip(prev.stamps, new.stamps):
+        if a[0] != b[0] or a[1] != b[1] or a[2] != b[2]:
+            break
+        n += 1
+    return n
 
 
 def _stages_allow(prev: Tile, new: Tile) -> bool:
