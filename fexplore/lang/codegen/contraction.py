@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from fexplore.ir import Node
+from fexplore.ir import DType, Node
 import contextlib
 
 from fexplore.lang.examples._tiling import matmul_tiles, panel_tiles, streamed_rows
@@ -324,9 +324,9 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
               f"stages=stages):")
             with w.indent():
                 emit = vector.VectorEmitter(w, names, label, axis='"K"')
-                a_tile = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box, "")
-                w(f"fl.store({xn}[{', '.join(loop_vars)}, :], "
-                  f"{cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)})")
+                a_tile = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box, "", op_dt)
+                normed_dt = norm.outputs[0].type.dtype if op_dt == DType.fp8 else op_dt
+                w(f"fl.store({xn}[{', '.join(loop_vars)}, :], {cast_to(a_tile, normed_dt, op_dt)})")
             x_box = f"{xn}[{', '.join(loop_vars)}, ks]"
             x_dt = op_dt
         else:
@@ -358,8 +358,8 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             emit = vector.VectorEmitter(w, names, label, axis='"K"')
             if norm is not None and not staged:
                 a_tile = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box,
-                                      f"   # whole rows: the {norm.op.name} needs them")
-                if op_dt != norm.outputs[0].type.dtype:
+                                      f"   # whole rows: the {norm.op.name} needs them", op_dt)
+                if op_dt != norm.outputs[0].type.dtype and op_dt == DType.fp8:
                     a_tile_c = names.new(a_tile + "_op")
                     w(f"{a_tile_c} = {cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)}")
                     a_tile = a_tile_c
@@ -442,9 +442,10 @@ def _slab_key(permuted) -> str:
     return f"({', '.join(loop_vars[:-1])}, ds.start)" if len(loop_vars) > 1 else "ds.start"
 
 
-def _normed_rows(w, names, emit, norm, norm_params, x_in, x_box: str, note: str) -> str:
+def _normed_rows(w, names, emit, norm, norm_params, x_in, x_box: str, note: str, op_dt: DType) -> str:
     """Write the loads of whole activation rows and the norm's parameters, and the norm over
-    them; return the normed tile's name."""
+    them; return the normed tile's name. The norm writes the tensor unit's operand dtype `op_dt`
+    itself (no cast of its own after it), except fp8, which saturates to its range first."""
     xt = names.new(x_in.name + "_t")
     w(f"{xt} = fl.load({x_box}){note}")
     ptiles = []
@@ -452,4 +453,5 @@ def _normed_rows(w, names, emit, norm, norm_params, x_in, x_box: str, note: str)
         t = names.new(pn + "_t")
         w(f"{t} = fl.load({pn}[:])")
         ptiles.append(t)
-    return emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1)
+    write = op_dt if op_dt != DType.fp8 else None
+    return emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1, write=write)

@@ -67,9 +67,12 @@ class VectorEmitter:
         raise UnsupportedRegionError(node.op.name, self.region, why, loc=node.loc, node=node)
 
     # -- one node --------------------------------------------------------------------------------
-    def node(self, node: Node, args: list[str], last_axis: int) -> str:
+    def node(self, node: Node, args: list[str], last_axis: int, write: DType | None = None) -> str:
         """Emit `node` applied to `args` (tile names or literals); return the result's name.
-        `last_axis` is the index, in IR terms, that the code's last tile axis stands for."""
+        `last_axis` is the index, in IR terms, that the code's last tile axis stands for. `write`:
+        for a norm or softmax, the dtype to write its result in instead of its own, when its one
+        consumer casts it there (the unit computes in f32 and casts on write: the same values,
+        one vector pass fewer than a cast of its own)."""
         op = node.op.name
         if op in IDENTITY:
             return args[0]
@@ -87,7 +90,7 @@ class VectorEmitter:
             self.w(f"{name} = fl.div(({xc} * {xc}).sum(axis={self.axis}), {literal(n - c)}"
                    f"{self.dtype_kw(out_t.dtype, DType.f32)})")
         elif op in ROW_OPS:
-            self._row_op(node, args, name, last_axis)
+            self._row_op(node, args, name, last_axis, write or out_t.dtype)
         elif op in SAME_NAME or op in COMPOSED:
             self.w(f"{name} = {self.elementwise(node, args)}")
         else:
@@ -145,11 +148,12 @@ class VectorEmitter:
         return f"fl.{op}({', '.join(args)}{kw})"
 
     # -- row ops: norms and softmax over the last axis ------------------------------------------
-    def softmax(self, node: Node, x: str, name: str) -> None:
-        """`name` = softmax (or log-softmax) of tile `x` along the code's axis `self.axis` (the
-        reduction part writes one over a middle axis with these lines too)."""
+    def softmax(self, node: Node, x: str, name: str, dt: DType | None = None) -> None:
+        """`name` = softmax (or log-softmax) of tile `x` along the code's axis `self.axis`, written
+        in `dt` (by default the node's dtype; the reduction part writes one over a middle axis with
+        these lines too)."""
         w, ax = self.w, self.axis
-        kw = self.dtype_kw(node.outputs[0].type.dtype, DType.f32)
+        kw = self.dtype_kw(dt or node.outputs[0].type.dtype, DType.f32)
         if node.op.name == "softmax":
             e = self.names.new(name + "_exp")
             w(f"{e} = fl.exp({x} - {x}.max(axis={ax}))   # minus the max: exp cannot overflow")
@@ -159,7 +163,7 @@ class VectorEmitter:
             w(f"{s} = {x} - {x}.max(axis={ax})")
             w(f"{name} = fl.sub({s}, fl.log(fl.exp({s}).sum(axis={ax})){kw})")
 
-    def _row_op(self, node: Node, args: list[str], name: str, last_axis: int) -> None:
+    def _row_op(self, node: Node, args: list[str], name: str, last_axis: int, dt: DType) -> None:
         op = node.op.name
         rank = node.inputs[0].type.rank
         if op in ("softmax", "log_softmax"):
@@ -170,9 +174,9 @@ class VectorEmitter:
             self.unsupported(node, f"normalizes the last {node.attrs['ndim']} axes; the vector part "
                                    f"handles the last one")
         w, ax, x = self.w, self.axis, args[0]
-        kw = self.dtype_kw(node.outputs[0].type.dtype, DType.f32)
+        kw = self.dtype_kw(dt, DType.f32)
         if op in ("softmax", "log_softmax"):
-            self.softmax(node, x, name)
+            self.softmax(node, x, name, dt)
         elif op == "layer_norm":
             # Two centring passes, as careful layer norms do: the f32 mean (sum / n) of a row of
             # equal values can be an ulp off, leaving x - mean a constant ulp-sized row that
