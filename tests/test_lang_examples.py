@@ -19,6 +19,8 @@ def arrays(*shapes, seed=0, dtype=np.float32):
 CASES = {
     "matmul": arrays((80, 100), (100, 72)),
     "matmul_bias_gelu": arrays((64, 48), (48, 40), (40,), seed=1),
+    "matmul_residual": arrays((70, 48), (48, 36), (36,), (70, 36), seed=7),
+    "layer_norm_matmul": arrays((50, 40), (40,), (40,), (40, 28), seed=8),
     "softmax": arrays((50, 96), seed=2),
     "layer_norm": arrays((40, 64), (64,), (64,), seed=3),
     "rms_norm": arrays((40, 64), (64,), seed=4),
@@ -28,8 +30,8 @@ CASES = {
 
 
 def test_every_example_is_covered():
-    assert set(CASES) == set(ex.KERNELS) == {"matmul", "matmul_bias_gelu", "softmax", "layer_norm", "rms_norm",
-                                             "flash_attention", "conv2d"}
+    assert set(CASES) == set(ex.KERNELS) == {"matmul", "matmul_bias_gelu", "matmul_residual", "layer_norm_matmul",
+                                             "softmax", "layer_norm", "rms_norm", "flash_attention", "conv2d"}
     assert all(isinstance(getattr(fl.examples, name), fl.Kernel) for name in CASES)
 
 
@@ -59,6 +61,25 @@ def test_bf16_matmul_and_attention_on_rngd():
     out = res.outputs["O"].astype(np.float32)
     np.testing.assert_allclose(out, ex.reference.flash_attention(q, k, v), rtol=3e-2, atol=2e-2)
     assert res.utilization["tensor"] > 0 and res.utilization["vector"] > 0
+
+
+@pytest.mark.parametrize("target", ["rngd", "tiny"])
+def test_residual_stream_kernels_in_mixed_precision(target):
+    # bf16 operands on the tensor unit, an f32 residual stream in and out, as the kernels bench
+    # sets them beside the generated ones
+    bf = ml_dtypes.bfloat16
+    a, b = arrays((96, 80), (80, 72), seed=9, dtype=bf)
+    bias, residual = arrays((72,), (96, 72), seed=10)
+    res = ex.matmul_residual.simulate(a, b, bias, residual, target=target)
+    out = res.outputs["C"]
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, ex.reference.matmul_residual(a, b, bias, residual), rtol=1e-4, atol=1e-3)
+    x, gamma, beta = arrays((64, 80), (80,), (80,), seed=11)
+    res = ex.layer_norm_matmul.simulate(x, gamma, beta, b, target=target)
+    out = res.outputs["C"]
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, ex.reference.layer_norm_matmul(x, gamma, beta, b), rtol=3e-2, atol=1e-1)
+    np.testing.assert_array_equal(out, ex.layer_norm_matmul(x, gamma, beta, b, target=target))
 
 
 def test_contract_on_the_public_api():

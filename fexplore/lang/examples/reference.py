@@ -24,6 +24,15 @@ def matmul_bias_gelu(a, b, bias):
     return gelu(a @ b + bias)
 
 
+def matmul_residual(a, b, bias, residual):
+    a, b, bias, residual = _f64(a, b, bias, residual)
+    return residual + (a @ b + bias)
+
+
+def layer_norm_matmul(x, gamma, beta, b, eps=1e-5):
+    return layer_norm(x, gamma, beta, eps) @ np.asarray(b, dtype=np.float64)
+
+
 def softmax(x):
     (x,) = _f64(x)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
