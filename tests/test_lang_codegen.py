@@ -9,6 +9,7 @@ batch 1, a single head, broadcast operands of every shape)."""
 from __future__ import annotations
 
 import collections
+import re
 
 import ml_dtypes
 import numpy as np
@@ -118,6 +119,26 @@ def test_regions_after_the_precision_stage_equal_the_ir_interpreter(precision, t
             assert check.ok, f"{name} {precision}: {node.regions[0].name}\n{check}\n{gk.source}"
             checked[node.attrs["kind"]] += 1
     assert set(checked) == {"contraction", "attention", "norm", "elementwise"}
+
+
+def test_a_norm_prologue_writes_the_tensor_units_operand_dtype_itself():
+    # bf16: the layer norm's last line writes bf16 (the vector unit casts on write), with no cast
+    # pass of its own after it; the kernels equal the IR interpreter (test above)
+    model, inputs = ZOO["gpt"]()
+    g = fexplore.compile(model, inputs, verify=False, precision="bf16")["precision"].after
+    normed = 0
+    for node in (n for n in g.nodes if n.op.name == "region" and n.attrs["kind"] == "contraction"):
+        for target in ("rngd", "tiny"):
+            gk = codegen.generate(node, target)
+            if "norm" not in gk.parts:
+                continue
+            lines = [ln.strip() for ln in gk.source.splitlines()]
+            last = [ln for ln in lines if re.match(r"\w+ = fl\.add\(\w+_centered \* \w+_rstd", ln)]
+            assert len(last) == 1 and last[0].endswith("dtype=fl.bf16)"), gk.source
+            name = last[0].split(" = ")[0]
+            assert f"{name}.astype(" not in gk.source, gk.source
+            normed += 1
+    assert normed >= 4
 
 
 def test_generated_source_is_readable_and_points_at_the_model(zoo_regions):
