@@ -307,6 +307,12 @@ def deberta_v2():  # disentangled relative-position attention
     return Out(T.DebertaV2Model(c).eval(), "last_hidden_state"), (_ids(),)
 
 
+def fnet():  # token mixing by the real part of a 2-D Fourier transform, no attention
+    c = T.FNetConfig(**{k: v for k, v in _ENC.items() if k != "num_attention_heads"},
+                     use_tpu_fourier_optimizations=False)
+    return Out(T.FNetModel(c).eval(), "last_hidden_state"), (_ids(),)
+
+
 # -- vision ---------------------------------------------------------------------------------------
 
 def _image(size: int = 32) -> torch.Tensor:
@@ -476,7 +482,7 @@ FACTORIES = {f.__name__: f for f in [
     starcoder2, gpt_neox, gptj, falcon, bloom, opt, gpt_bigcode, mixtral, mixtral_batched_mm,
     qwen2_moe, deepseek_v3, mamba, rwkv, llama_decode_dynamic_cache, qwen2_decode_tensor_cache,
     # encoders, vision, speech, multimodal, encoder-decoders
-    bert, roberta, distilbert, albert, deberta_v2, vit, deit, dinov2, swin, convnext, resnet,
+    bert, roberta, distilbert, albert, deberta_v2, fnet, vit, deit, dinov2, swin, convnext, resnet,
     bit, segformer, whisper, wav2vec2, hubert, clip, llava, t5, t5_decode_step, bart]}
 
 

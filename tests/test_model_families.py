@@ -196,6 +196,15 @@ def _complex_cases():
                                   (r(3, 4, 2), torch.tensor([2, 0]))),
         "roll_flip_expand": (lambda x: _r(_c(x).roll(1, -1).flip(0)[..., None]
                                           .expand(3, 4, 2).reshape(-1)), (r(3, 4, 2),)),
+        # discrete Fourier transforms: contractions with constant cos / sin tables
+        "fftn_real_part": (lambda x: torch.fft.fftn(x, dim=(-1, -2)).real, (r(2, 8, 12),)),  # FNet's mixing
+        "fft_ortho_of_complex": (lambda x: _r(torch.fft.fft(_c(x), norm="ortho")), (r(3, 10, 2),)),
+        "rfft_magnitude": (lambda x: torch.fft.rfft(x).abs(), (r(4, 12),)),
+        "rfft2_scaled_irfft2": (lambda x: torch.fft.irfft2(torch.fft.rfft2(x) * 0.5, s=x.shape[-2:]),
+                                (r(2, 6, 10),)),
+        "irfft_odd_length": (lambda x: torch.fft.irfft(torch.fft.rfft(x) * 1j, n=9), (r(3, 9),)),
+        "ifft_of_fft_forward_norm": (lambda x: _r(torch.fft.ifft(torch.fft.fft(x, dim=0, norm="forward"), dim=0,
+                                                                 norm="forward")), (r(5, 7),)),
     }
 
 

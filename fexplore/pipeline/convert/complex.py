@@ -12,6 +12,8 @@ and checks each result against torch's fake tensor, complex64 read as f32[..., 2
 
 from __future__ import annotations
 
+import numpy as np
+
 from fexplore.ir import DType, Value
 
 from . import movement as mv
@@ -385,3 +387,120 @@ def _where(ctx):
     zero = 0.0
     im = ctx.emit("where", [cond, b if b is not None else zero, d if d is not None else zero])
     return _pack(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
+
+
+# -- discrete Fourier transforms: contractions with constant cos / sin tables ---------------------
+#
+# A DFT along one axis of n points is a matrix product: X_k = sum_j x_j e^(-+2 pi i jk/n), so with
+# C[j, k] = cos(2 pi jk/n) and S[j, k] = sin(2 pi jk/n), the forward transform of re + i im is
+# (re C + im S) + i (im C - re S) and the inverse (re C - im S) + i (im C + re S). The tables are
+# constants, so a transform is two to four contractions on the tensor unit per axis (an FFT's
+# butterflies do fewer flops, but a small DFT is what a tensor unit does best). torch's scaling
+# (none, 1/sqrt(n), 1/n over all transformed axes) is folded into the tables axis by axis.
+
+_NORM = {0: lambda n: 1.0, 1: lambda n: n ** -0.5, 2: lambda n: 1.0 / n}
+
+
+def _dft_tables(ctx, n: int, m: int, scale: float, dt: DType):
+    """(C, S): [n, m] tables of cos and sin(2 pi jk / n) for inputs j < n and outputs k < m,
+    times `scale`, as constants of dtype `dt`."""
+    j = np.arange(n, dtype=np.float64)[:, None]
+    k = np.arange(m, dtype=np.float64)[None, :]
+    angle = 2 * np.pi * ((j * k) % n) / n    # exact reduction first: large jk keep their precision
+    name = f"{ctx.node.name}.dft{n}x{m}"
+    return (ctx.b.literal((np.cos(angle) * scale).astype(dt.numpy), name + ".cos"),
+            ctx.b.literal((np.sin(angle) * scale).astype(dt.numpy), name + ".sin"))
+
+
+def _along(ctx, x, axis: int, table):
+    """x contracted with `table` ([n, m]) along `axis`: that axis becomes m long."""
+    if x is None:
+        return None
+    rank = x.type.rank
+    if axis == rank - 1:
+        return ctx.emit("matmul", [x, table])
+    perm = tuple(a for a in range(rank) if a != axis) + (axis,)
+    back = tuple(perm.index(a) for a in range(rank))
+    y = ctx.emit("matmul", [ctx.emit("permute", [x], {"perm": perm}), table])
+    return ctx.emit("permute", [y], {"perm": back})
+
+
+def _dft(ctx, re, im, axis: int, m: int, inverse: bool, scale: float):
+    """(re, im) of the DFT of re + i im along `axis` (im None: a real input), m outputs."""
+    n = re.type.shape[axis]
+    C, S = _dft_tables(ctx, n, m, scale, re.type.dtype)
+    rc, rs = _along(ctx, re, axis, C), _along(ctx, re, axis, S)
+    ic, is_ = _along(ctx, im, axis, C), _along(ctx, im, axis, S)
+    if inverse:
+        return _bin(ctx, "sub", rc, is_), _bin(ctx, "add", ic, rs)
+    return _bin(ctx, "add", rc, is_), _bin(ctx, "sub", ic, rs)
+
+
+def _fft_axes(ctx, rank: int) -> list[int]:
+    dims = ctx.arg(1, "dim")
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return [d % rank for d in dims]
+
+
+def _scale_of(ctx, shape, axes, sizes=None) -> list[float]:
+    """Per axis, its share of torch's scaling (normalization 0, 1 or 2 over the product of the
+    signal sizes); `sizes` overrides the signal size of an axis (c2r's output length)."""
+    mode = ctx.arg(2, "normalization")
+    if mode not in _NORM:
+        raise NotImplementedError(f"FFT normalization mode {mode!r}")
+    return [_NORM[mode]((sizes or {}).get(a, shape[a])) for a in axes]
+
+
+@complex_converter("aten._fft_c2c.default")
+def _fft_c2c(ctx):
+    re, im = _parts(ctx, ctx.args[0])
+    axes = _fft_axes(ctx, re.type.rank)
+    inverse = not ctx.arg(3, "forward")
+    for a, s in zip(axes, _scale_of(ctx, re.type.shape, axes)):
+        re, im = _dft(ctx, re, im, a, re.type.shape[a], inverse, s)
+    return _pack(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
+
+
+@complex_converter("aten._fft_r2c.default")
+def _fft_r2c(ctx):
+    """A real input's transform; `onesided` keeps the last axis' first n // 2 + 1 outputs (the
+    rest are their conjugates), transformed first, as a real input, and the other axes after."""
+    x = ctx.args[0]
+    axes = _fft_axes(ctx, x.type.rank)
+    scales = _scale_of(ctx, x.type.shape, axes)
+    last = axes[-1]
+    n = x.type.shape[last]
+    m = n // 2 + 1 if ctx.arg(3, "onesided") else n
+    re, im = _dft(ctx, x, None, last, m, False, scales[-1])
+    for a, s in zip(axes[:-1], scales[:-1]):
+        re, im = _dft(ctx, re, im, a, re.type.shape[a], False, s)
+    return _pack(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
+
+
+@complex_converter("aten._fft_c2r.default")
+def _fft_c2r(ctx):
+    """The inverse of a onesided transform: the other axes as complex inverses, then the last
+    axis from its n // 2 + 1 stored outputs to `last_dim_size` real values, each stored output
+    but the first (and the middle one of an even length) counting twice, for its conjugate.
+    Only the real part is computed: sin vanishes where an imaginary part is not determined."""
+    re, im = _parts(ctx, ctx.args[0])
+    axes = _fft_axes(ctx, re.type.rank)
+    last = axes[-1]
+    N = ctx.arg(3, "last_dim_size")
+    scales = _scale_of(ctx, re.type.shape, axes, {last: N})
+    for a, s in zip(axes[:-1], scales[:-1]):
+        re, im = _dft(ctx, re, im, a, re.type.shape[a], True, s)
+    K = min(re.type.shape[last], N // 2 + 1)
+    if K < re.type.shape[last]:
+        re = ctx.emit("slice", [re], {"axis": last, "start": 0, "end": K})
+        im = ctx.emit("slice", [im], {"axis": last, "start": 0, "end": K})
+    weights = [1.0 if k == 0 or 2 * k == N else 2.0 for k in range(K)]
+    C, S = _dft_tables(ctx, N, K, scales[-1], re.type.dtype)
+    # the tables run j < N, k < K; the contraction is over k: their transposes
+    Ct = ctx.emit("permute", [C], {"perm": (1, 0)})
+    St = ctx.emit("permute", [S], {"perm": (1, 0)})
+    w = ctx.b.literal(np.asarray(weights, dtype=re.type.dtype.numpy).reshape((K,) + (1,) * (re.type.rank - 1 - last)),
+                      f"{ctx.node.name}.halves")
+    re, im = ctx.emit("mul", [re, w]), ctx.emit("mul", [im, w])
+    y = _bin(ctx, "sub", _along(ctx, re, last, Ct), _along(ctx, im, last, St))
+    return _cast(ctx, y, _out_dtype(ctx))
