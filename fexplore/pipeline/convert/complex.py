@@ -32,7 +32,7 @@ def _parts(ctx: ConvertContext, z: Value):
     return re, im
 
 
-def _pack(ctx: ConvertContext, re, im) -> Value:
+def pack_parts(ctx: ConvertContext, re, im) -> Value:
     """The real layout of re + i*im (im None: zero)."""
     re = ctx.value(re)
     if im is None:
@@ -103,13 +103,13 @@ def _same_layout(ctx):
 @complex_converter("aten.polar.default")
 def _polar(ctx):
     r, theta = ctx.args[0], ctx.args[1]
-    return _pack(ctx, ctx.emit("mul", [r, ctx.emit("cos", [theta])]),
+    return pack_parts(ctx, ctx.emit("mul", [r, ctx.emit("cos", [theta])]),
                  ctx.emit("mul", [r, ctx.emit("sin", [theta])]))
 
 
 @complex_converter("aten.complex.default")
 def _complex(ctx):
-    return _pack(ctx, ctx.args[0], ctx.args[1])
+    return pack_parts(ctx, ctx.args[0], ctx.args[1])
 
 
 @complex_converter("aten.real.default", "aten.imag.default")
@@ -128,7 +128,7 @@ def _to_copy(ctx):
         return _cast(ctx, x, dt)
     if src_complex:  # complex to real keeps the real part (torch warns that imag is lost)
         return _cast(ctx, _parts(ctx, x)[0], dt)
-    return _pack(ctx, _cast(ctx, x, dt), None)
+    return pack_parts(ctx, _cast(ctx, x, dt), None)
 
 
 def _complex_fill(ctx, value):
@@ -137,7 +137,7 @@ def _complex_fill(ctx, value):
     value = complex(value)
     re = ctx.emit("full", [], {"shape": shape, "value": float(value.real), "dtype": dt})
     im = ctx.emit("full", [], {"shape": shape, "value": float(value.imag), "dtype": dt})
-    return _pack(ctx, re, im)
+    return pack_parts(ctx, re, im)
 
 
 @complex_converter("aten.zeros.default", "aten.zeros_like.default", "aten.new_zeros.default",
@@ -183,12 +183,12 @@ def _creciprocal(ctx, x):
 @complex_converter("aten.mul.Tensor", "aten.mul.Scalar")
 def _mul(ctx):
     re, im = _cmul(ctx, _operand(ctx, 0), _operand(ctx, 1))
-    return _pack(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
+    return pack_parts(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
 
 
 @complex_converter("aten.reciprocal.default")
 def _reciprocal(ctx):
-    return _pack(ctx, *_creciprocal(ctx, _parts(ctx, ctx.args[0])))
+    return pack_parts(ctx, *_creciprocal(ctx, _parts(ctx, ctx.args[0])))
 
 
 @complex_converter("aten.pow.Tensor_Scalar")
@@ -211,7 +211,7 @@ def _pow(ctx):
         n >>= 1
         if n:
             base = _cmul(ctx, base, base)
-    return _pack(ctx, *result)
+    return pack_parts(ctx, *result)
 
 
 def _add_sub(op):
@@ -220,7 +220,7 @@ def _add_sub(op):
         alpha = ctx.kwargs.get("alpha", 1)
         c, d = _scale(ctx, c, alpha), _scale(ctx, d, alpha)
         re, im = _bin(ctx, op, a, c), _bin(ctx, op, b, d)
-        return _pack(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
+        return pack_parts(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
 
     return conv
 
@@ -240,7 +240,7 @@ def _div(ctx):
                               den])
         num_im = _bin(ctx, "sub", _bin(ctx, "mul", b, c), _bin(ctx, "mul", a, d))
         im = ctx.emit("div", [num_im, den])
-    return _pack(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
+    return pack_parts(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
 
 
 @complex_converter("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
@@ -250,7 +250,7 @@ def _matmul(ctx):
     a, b, c, d = (_cast(ctx, v, dt) for v in (a, b, c, d))  # a real operand: the parts' dtype
     re = _bin(ctx, "sub", _bin(ctx, "matmul", a, c), _bin(ctx, "matmul", b, d))
     im = _bin(ctx, "add", _bin(ctx, "matmul", a, d), _bin(ctx, "matmul", b, c))
-    return _pack(ctx, re, im)
+    return pack_parts(ctx, re, im)
 
 
 @complex_converter("aten.neg.default")
@@ -262,7 +262,7 @@ def _neg(ctx):
                    "aten._conj_physical.default")
 def _conj(ctx):
     re, im = _parts(ctx, ctx.args[0])
-    return _pack(ctx, re, ctx.emit("neg", [im]))
+    return pack_parts(ctx, re, ctx.emit("neg", [im]))
 
 
 @complex_converter("aten.abs.default")
@@ -276,7 +276,7 @@ def _abs(ctx):
 def _exp(ctx):
     re, im = _parts(ctx, ctx.args[0])
     m = ctx.emit("exp", [re])
-    return _pack(ctx, ctx.emit("mul", [m, ctx.emit("cos", [im])]),
+    return pack_parts(ctx, ctx.emit("mul", [m, ctx.emit("cos", [im])]),
                  ctx.emit("mul", [m, ctx.emit("sin", [im])]))
 
 
@@ -386,7 +386,7 @@ def _where(ctx):
     re = ctx.emit("where", [cond, a, c])
     zero = 0.0
     im = ctx.emit("where", [cond, b if b is not None else zero, d if d is not None else zero])
-    return _pack(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
+    return pack_parts(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
 
 
 # -- discrete Fourier transforms: contractions with constant cos / sin tables ---------------------
@@ -401,13 +401,15 @@ def _where(ctx):
 _NORM = {0: lambda n: 1.0, 1: lambda n: n ** -0.5, 2: lambda n: 1.0 / n}
 
 
-def _dft_tables(ctx, n: int, m: int, scale: float, dt: DType):
-    """(C, S): [n, m] tables of cos and sin(2 pi jk / n) for inputs j < n and outputs k < m,
+def _dft_tables(ctx, n: int, m: int, scale: float, dt: DType, period: int | None = None):
+    """(C, S): [n, m] tables of cos and sin(2 pi jk / period) for inputs j < n and outputs k < m
+    (period: the transform's length, n by default; longer when the input is zero-padded to it),
     times `scale`, as constants of dtype `dt`."""
+    period = period or n
     j = np.arange(n, dtype=np.float64)[:, None]
     k = np.arange(m, dtype=np.float64)[None, :]
-    angle = 2 * np.pi * ((j * k) % n) / n    # exact reduction first: large jk keep their precision
-    name = f"{ctx.node.name}.dft{n}x{m}"
+    angle = 2 * np.pi * ((j * k) % period) / period   # exact reduction first: large jk stay precise
+    name = f"{ctx.node.name}.dft{period}x{m}"
     return (ctx.b.literal((np.cos(angle) * scale).astype(dt.numpy), name + ".cos"),
             ctx.b.literal((np.sin(angle) * scale).astype(dt.numpy), name + ".sin"))
 
@@ -425,15 +427,43 @@ def _along(ctx, x, axis: int, table):
     return ctx.emit("permute", [y], {"perm": back})
 
 
-def _dft(ctx, re, im, axis: int, m: int, inverse: bool, scale: float):
-    """(re, im) of the DFT of re + i im along `axis` (im None: a real input), m outputs."""
-    n = re.type.shape[axis]
-    C, S = _dft_tables(ctx, n, m, scale, re.type.dtype)
+def _first(ctx, x, axis: int, n: int):
+    """x's first n entries along `axis` (x itself when it has no more)."""
+    if x is None or x.type.shape[axis] <= n:
+        return x
+    return ctx.emit("slice", [x], {"axis": axis, "start": 0, "end": n})
+
+
+def dft_parts(ctx, re, im, axis: int, m: int, inverse: bool, scale: float, length: int | None = None):
+    """(re, im) of the DFT of re + i im (im None: a real input) along `axis`, of `length` points
+    (the input's own by default; a shorter input counts as zero-padded to it, a longer one is cut
+    to it), keeping the first m outputs."""
+    length = length or re.type.shape[axis]
+    re, im = _first(ctx, re, axis, length), _first(ctx, im, axis, length)
+    C, S = _dft_tables(ctx, re.type.shape[axis], m, scale, re.type.dtype, length)
     rc, rs = _along(ctx, re, axis, C), _along(ctx, re, axis, S)
     ic, is_ = _along(ctx, im, axis, C), _along(ctx, im, axis, S)
     if inverse:
         return _bin(ctx, "sub", rc, is_), _bin(ctx, "add", ic, rs)
     return _bin(ctx, "add", rc, is_), _bin(ctx, "sub", ic, rs)
+
+
+def real_from_half_spectrum(ctx, re, im, axis: int, length: int, scale: float):
+    """The real inverse DFT of `length` points along `axis` from its first length // 2 + 1
+    outputs (re + i im; fewer count as zero): each stored output but the first (and the middle
+    one of an even length) counts twice, for its conjugate. Only the real part is computed: sin
+    vanishes where an imaginary part is not determined (the first and the middle output)."""
+    K = min(re.type.shape[axis], length // 2 + 1)
+    re, im = _first(ctx, re, axis, K), _first(ctx, im, axis, K)
+    halves = np.asarray([1.0 if k == 0 or 2 * k == length else 2.0 for k in range(K)], dtype=re.type.dtype.numpy)
+    w = ctx.b.literal(halves.reshape((K,) + (1,) * (re.type.rank - 1 - axis)), f"{ctx.node.name}.halves")
+    C, S = _dft_tables(ctx, length, K, scale, re.type.dtype)
+    # the tables run j < length, k < K; the sum is over k: their transposes
+    Ct = ctx.emit("permute", [C], {"perm": (1, 0)})
+    St = ctx.emit("permute", [S], {"perm": (1, 0)})
+    re = ctx.emit("mul", [re, w])
+    y = _along(ctx, re, axis, Ct)
+    return y if im is None else ctx.emit("sub", [y, _along(ctx, ctx.emit("mul", [im, w]), axis, St)])
 
 
 def _fft_axes(ctx, rank: int) -> list[int]:
@@ -457,8 +487,8 @@ def _fft_c2c(ctx):
     axes = _fft_axes(ctx, re.type.rank)
     inverse = not ctx.arg(3, "forward")
     for a, s in zip(axes, _scale_of(ctx, re.type.shape, axes)):
-        re, im = _dft(ctx, re, im, a, re.type.shape[a], inverse, s)
-    return _pack(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
+        re, im = dft_parts(ctx, re, im, a, re.type.shape[a], inverse, s)
+    return pack_parts(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
 
 
 @complex_converter("aten._fft_r2c.default")
@@ -471,36 +501,21 @@ def _fft_r2c(ctx):
     last = axes[-1]
     n = x.type.shape[last]
     m = n // 2 + 1 if ctx.arg(3, "onesided") else n
-    re, im = _dft(ctx, x, None, last, m, False, scales[-1])
+    re, im = dft_parts(ctx, x, None, last, m, False, scales[-1])
     for a, s in zip(axes[:-1], scales[:-1]):
-        re, im = _dft(ctx, re, im, a, re.type.shape[a], False, s)
-    return _pack(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
+        re, im = dft_parts(ctx, re, im, a, re.type.shape[a], False, s)
+    return pack_parts(ctx, _cast(ctx, re, _out_dtype(ctx)), _cast(ctx, im, _out_dtype(ctx)))
 
 
 @complex_converter("aten._fft_c2r.default")
 def _fft_c2r(ctx):
     """The inverse of a onesided transform: the other axes as complex inverses, then the last
-    axis from its n // 2 + 1 stored outputs to `last_dim_size` real values, each stored output
-    but the first (and the middle one of an even length) counting twice, for its conjugate.
-    Only the real part is computed: sin vanishes where an imaginary part is not determined."""
+    axis from its stored half to `last_dim_size` real values."""
     re, im = _parts(ctx, ctx.args[0])
     axes = _fft_axes(ctx, re.type.rank)
     last = axes[-1]
     N = ctx.arg(3, "last_dim_size")
     scales = _scale_of(ctx, re.type.shape, axes, {last: N})
     for a, s in zip(axes[:-1], scales[:-1]):
-        re, im = _dft(ctx, re, im, a, re.type.shape[a], True, s)
-    K = min(re.type.shape[last], N // 2 + 1)
-    if K < re.type.shape[last]:
-        re = ctx.emit("slice", [re], {"axis": last, "start": 0, "end": K})
-        im = ctx.emit("slice", [im], {"axis": last, "start": 0, "end": K})
-    weights = [1.0 if k == 0 or 2 * k == N else 2.0 for k in range(K)]
-    C, S = _dft_tables(ctx, N, K, scales[-1], re.type.dtype)
-    # the tables run j < N, k < K; the contraction is over k: their transposes
-    Ct = ctx.emit("permute", [C], {"perm": (1, 0)})
-    St = ctx.emit("permute", [S], {"perm": (1, 0)})
-    w = ctx.b.literal(np.asarray(weights, dtype=re.type.dtype.numpy).reshape((K,) + (1,) * (re.type.rank - 1 - last)),
-                      f"{ctx.node.name}.halves")
-    re, im = ctx.emit("mul", [re, w]), ctx.emit("mul", [im, w])
-    y = _bin(ctx, "sub", _along(ctx, re, last, Ct), _along(ctx, im, last, St))
-    return _cast(ctx, y, _out_dtype(ctx))
+        re, im = dft_parts(ctx, re, im, a, re.type.shape[a], True, s)
+    return _cast(ctx, real_from_half_spectrum(ctx, re, im, last, N, scales[-1]), _out_dtype(ctx))

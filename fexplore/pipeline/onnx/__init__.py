@@ -6,7 +6,7 @@ package fills the registry.
 """
 
 from . import (attention, control, einsum, elementwise, loss, movement, nn, recurrent,  # noqa: F401
-               quant, reduction, resize, sampling)  # noqa: F401  (fill the registry)
+               quant, reduction, resize, sampling, spectral)  # noqa: F401  (fill the registry)
 from . import out_of_scope  # noqa: F401,E402  (last: it never shadows a real converter)
 from .importer import (OnnxIngested, OnnxModelError, check_frozen, graph_inputs, ingest_onnx,
                        is_onnx_model, load_model)
