@@ -203,6 +203,8 @@ def _complex_cases():
         "rfft2_scaled_irfft2": (lambda x: torch.fft.irfft2(torch.fft.rfft2(x) * 0.5, s=x.shape[-2:]),
                                 (r(2, 6, 10),)),
         "irfft_odd_length": (lambda x: torch.fft.irfft(torch.fft.rfft(x) * 1j, n=9), (r(3, 9),)),
+        "fft2_zero_padded_and_complex_pad": (lambda x: _r(torch.fft.fft2(x, s=(8, 10)))[:, :5] + _r(
+            torch.nn.functional.pad(torch.fft.fft2(x), (1, 2), value=1.5)), (r(2, 5, 7),)),
         "ifft_of_fft_forward_norm": (lambda x: _r(torch.fft.ifft(torch.fft.fft(x, dim=0, norm="forward"), dim=0,
                                                                  norm="forward")), (r(5, 7),)),
     }

@@ -519,3 +519,23 @@ def _fft_c2r(ctx):
     for a, s in zip(axes[:-1], scales[:-1]):
         re, im = dft_parts(ctx, re, im, a, re.type.shape[a], True, s)
     return _cast(ctx, real_from_half_spectrum(ctx, re, im, last, N, scales[-1]), _out_dtype(ctx))
+
+
+@complex_converter("aten.constant_pad_nd.default", "aten.pad.default")
+def _pad(ctx):
+    """Zero padding (a transform's signal padded to its length) is the real layout's, the pair
+    axis left as is; another fill pads each part with its own part of the value."""
+    mode = ctx.kwargs.get("mode", ctx.arg(2) if str(ctx.node.target) == "aten.pad.default" else "constant")
+    if mode not in (None, "constant"):
+        raise NotImplementedError(f"pad mode {mode!r} of a complex tensor")
+    value = ctx.kwargs.get("value", ctx.arg(3 if str(ctx.node.target) == "aten.pad.default" else 2))
+    value = complex(value or 0)
+    x, pads = mv._crop_negative_pads(ctx, ctx.args[0], (0, 0) + tuple(ctx.args[1]))
+    if not any(pads):
+        return x
+    if value == 0:
+        return ctx.emit("pad", [x], {"pads": pads, "value": 0.0})
+    re, im = _parts(ctx, x)
+    part_pads = pads[2:]
+    return pack_parts(ctx, ctx.emit("pad", [re], {"pads": part_pads, "value": value.real}),
+                      ctx.emit("pad", [im], {"pads": part_pads, "value": value.imag}))
