@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fexplore import lang as fl
 from fexplore.lang.examples._tiling import matmul_tiles, shrink
+from fexplore.lang.examples.normalization import normed
 
 
 @fl.kernel
@@ -91,9 +92,6 @@ def layer_norm_matmul(x: fl.Tensor["M", "K"], gamma: fl.Tensor["K"], beta: fl.Te
         if fl.pe() not in params:
             params[fl.pe()] = fl.load(gamma[:]), fl.load(beta[:])
         g, bt = params[fl.pe()]
-        xt = fl.load(x[ms, :])
-        xc = xt - xt.mean(axis="K")
-        rstd = fl.rsqrt((xc * xc).mean(axis="K") + eps)
-        xn = fl.add(xc * rstd * g, bt, dtype=b.dtype)
+        xn = normed(fl.load(x[ms, :]), g, bt, eps, "K", b.dtype)   # the tensor unit's operand dtype
         fl.store(C[ms, ns], fl.contract("mk,kn->mn", xn, fl.load(b[:, ns])))
     return C

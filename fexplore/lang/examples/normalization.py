@@ -33,12 +33,16 @@ def layer_norm(x: fl.Tensor["R", "D"], gamma: fl.Tensor["D"], beta: fl.Tensor["D
         if fl.pe() not in params:
             params[fl.pe()] = fl.load(gamma[:]), fl.load(beta[:])
         g, bt = params[fl.pe()]
-        xt = fl.load(x[rs, :])
-        xc = xt - xt.mean(axis="D")
-        rstd = fl.rsqrt((xc * xc).mean(axis="D") + eps)
-        y = fl.add(xc * rstd * g, bt, dtype=Y.dtype)
-        fl.store(Y[rs, :], y)
+        fl.store(Y[rs, :], normed(fl.load(x[rs, :]), g, bt, eps, "D", Y.dtype))
     return Y
+
+
+def normed(xt, g, bt, eps: float, axis: str, dtype):
+    """Layer norm of the rows of tile `xt` along `axis`, times `g` plus `bt`, written in `dtype`
+    (the vector unit computes in f32 and casts on write). Called inside kernels: it traces."""
+    xc = xt - xt.mean(axis=axis)
+    rstd = fl.rsqrt((xc * xc).mean(axis=axis) + eps)
+    return fl.add(xc * rstd * g, bt, dtype=dtype)
 
 
 @fl.kernel
