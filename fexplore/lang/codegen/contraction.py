@@ -324,8 +324,7 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
               f"stages=stages):")
             with w.indent():
                 emit = vector.VectorEmitter(w, names, label, axis='"K"')
-                a_tile = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box, "", op_dt)
-                normed_dt = norm.outputs[0].type.dtype if op_dt == DType.fp8 else op_dt
+                a_tile, normed_dt = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box, "", op_dt)
                 w(f"fl.store({xn}[{', '.join(loop_vars)}, :], {cast_to(a_tile, normed_dt, op_dt)})")
             x_box = f"{xn}[{', '.join(loop_vars)}, ks]"
             x_dt = op_dt
@@ -357,11 +356,11 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             accs = [names.new("acc") for _ in cons]
             emit = vector.VectorEmitter(w, names, label, axis='"K"')
             if norm is not None and not staged:
-                a_tile = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box,
-                                      f"   # whole rows: the {norm.op.name} needs them", op_dt)
-                if op_dt != norm.outputs[0].type.dtype and op_dt == DType.fp8:
+                a_tile, normed_dt = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box,
+                                                 f"   # whole rows: the {norm.op.name} needs them", op_dt)
+                if normed_dt != op_dt:
                     a_tile_c = names.new(a_tile + "_op")
-                    w(f"{a_tile_c} = {cast_to(a_tile, norm.outputs[0].type.dtype, op_dt)}")
+                    w(f"{a_tile_c} = {cast_to(a_tile, normed_dt, op_dt)}")
                     a_tile = a_tile_c
                 for acc, (wb, spec) in zip(accs, w_boxes):
                     w(f'{acc} = fl.contract("{spec}", {a_tile}, {wb})')
@@ -442,10 +441,12 @@ def _slab_key(permuted) -> str:
     return f"({', '.join(loop_vars[:-1])}, ds.start)" if len(loop_vars) > 1 else "ds.start"
 
 
-def _normed_rows(w, names, emit, norm, norm_params, x_in, x_box: str, note: str, op_dt: DType) -> str:
+def _normed_rows(w, names, emit, norm, norm_params, x_in, x_box: str, note: str,
+                 op_dt: DType) -> tuple[str, DType]:
     """Write the loads of whole activation rows and the norm's parameters, and the norm over
-    them; return the normed tile's name. The norm writes the tensor unit's operand dtype `op_dt`
-    itself (no cast of its own after it), except fp8, which saturates to its range first."""
+    them; return the normed tile's name and the dtype it is in. The norm writes the tensor unit's
+    operand dtype `op_dt` itself (no cast of its own after it), except fp8, which saturates to its
+    range first: that cast is the caller's."""
     xt = names.new(x_in.name + "_t")
     w(f"{xt} = fl.load({x_box}){note}")
     ptiles = []
@@ -453,5 +454,5 @@ def _normed_rows(w, names, emit, norm, norm_params, x_in, x_box: str, note: str,
         t = names.new(pn + "_t")
         w(f"{t} = fl.load({pn}[:])")
         ptiles.append(t)
-    write = op_dt if op_dt != DType.fp8 else None
-    return emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1, write=write)
+    written = norm.outputs[0].type.dtype if op_dt == DType.fp8 else op_dt
+    return emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1, write=written), written

@@ -15,8 +15,8 @@ from fexplore.lang.examples.conv import conv2d
 from fexplore.lang.examples.linear import layer_norm_matmul, matmul, matmul_bias_gelu, matmul_residual
 from fexplore.lang.examples.normalization import layer_norm, rms_norm, softmax
 
-KERNELS = {k.name: k for k in (matmul, matmul_bias_gelu, matmul_residual, layer_norm_matmul, softmax, layer_norm, rms_norm, flash_attention,
-                               conv2d)}
+KERNELS = {k.name: k for k in (matmul, matmul_bias_gelu, matmul_residual, layer_norm_matmul, softmax, layer_norm,
+                               rms_norm, flash_attention, conv2d)}
 REFERENCES = {name: getattr(reference, name) for name in KERNELS}
 
 __all__ = ["KERNELS", "REFERENCES", "conv2d", "flash_attention", "layer_norm", "layer_norm_matmul", "matmul",

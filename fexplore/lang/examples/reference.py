@@ -30,7 +30,8 @@ def matmul_residual(a, b, bias, residual):
 
 
 def layer_norm_matmul(x, gamma, beta, b, eps=1e-5):
-    return layer_norm(x, gamma, beta, eps) @ np.asarray(b, dtype=np.float64)
+    (b,) = _f64(b)
+    return layer_norm(x, gamma, beta, eps) @ b
 
 
 def softmax(x):

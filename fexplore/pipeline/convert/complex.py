@@ -401,14 +401,15 @@ def _where(ctx):
 _NORM = {0: lambda n: 1.0, 1: lambda n: n ** -0.5, 2: lambda n: 1.0 / n}
 
 
-def _dft_tables(ctx, n: int, m: int, scale: float, dt: DType, period: int | None = None):
+def _dft_tables(ctx, n: int, m: int, scale, dt: DType, period: int | None = None):
     """(C, S): [n, m] tables of cos and sin(2 pi jk / period) for inputs j < n and outputs k < m
     (period: the transform's length, n by default; longer when the input is zero-padded to it),
-    times `scale`, as constants of dtype `dt`."""
+    times `scale` (a number, or one weight per input j), as constants of dtype `dt`."""
     period = period or n
     j = np.arange(n, dtype=np.float64)[:, None]
     k = np.arange(m, dtype=np.float64)[None, :]
     angle = 2 * np.pi * ((j * k) % period) / period   # exact reduction first: large jk stay precise
+    scale = np.reshape(np.asarray(scale, dtype=np.float64), (-1, 1))
     name = f"{ctx.node.name}.dft{period}x{m}"
     return (ctx.b.literal((np.cos(angle) * scale).astype(dt.numpy), name + ".cos"),
             ctx.b.literal((np.sin(angle) * scale).astype(dt.numpy), name + ".sin"))
@@ -455,15 +456,10 @@ def real_from_half_spectrum(ctx, re, im, axis: int, length: int, scale: float):
     vanishes where an imaginary part is not determined (the first and the middle output)."""
     K = min(re.type.shape[axis], length // 2 + 1)
     re, im = _first(ctx, re, axis, K), _first(ctx, im, axis, K)
-    halves = np.asarray([1.0 if k == 0 or 2 * k == length else 2.0 for k in range(K)], dtype=re.type.dtype.numpy)
-    w = ctx.b.literal(halves.reshape((K,) + (1,) * (re.type.rank - 1 - axis)), f"{ctx.node.name}.halves")
-    C, S = _dft_tables(ctx, length, K, scale, re.type.dtype)
-    # the tables run j < length, k < K; the sum is over k: their transposes
-    Ct = ctx.emit("permute", [C], {"perm": (1, 0)})
-    St = ctx.emit("permute", [S], {"perm": (1, 0)})
-    re = ctx.emit("mul", [re, w])
-    y = _along(ctx, re, axis, Ct)
-    return y if im is None else ctx.emit("sub", [y, _along(ctx, ctx.emit("mul", [im, w]), axis, St)])
+    halves = [scale * (1.0 if k == 0 or 2 * k == length else 2.0) for k in range(K)]
+    C, S = _dft_tables(ctx, K, length, halves, re.type.dtype, period=length)   # stored k in, j out
+    y = _along(ctx, re, axis, C)
+    return y if im is None else ctx.emit("sub", [y, _along(ctx, im, axis, S)])
 
 
 def _fft_axes(ctx, rank: int) -> list[int]:
@@ -525,11 +521,7 @@ def _fft_c2r(ctx):
 def _pad(ctx):
     """Zero padding (a transform's signal padded to its length) is the real layout's, the pair
     axis left as is; another fill pads each part with its own part of the value."""
-    mode = ctx.kwargs.get("mode", ctx.arg(2) if str(ctx.node.target) == "aten.pad.default" else "constant")
-    if mode not in (None, "constant"):
-        raise NotImplementedError(f"pad mode {mode!r} of a complex tensor")
-    value = ctx.kwargs.get("value", ctx.arg(3 if str(ctx.node.target) == "aten.pad.default" else 2))
-    value = complex(value or 0)
+    value = complex(mv.constant_pad_value(ctx) or 0)
     x, pads = mv._crop_negative_pads(ctx, ctx.args[0], (0, 0) + tuple(ctx.args[1]))
     if not any(pads):
         return x

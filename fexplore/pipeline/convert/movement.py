@@ -235,14 +235,19 @@ def _unbind(ctx):
     return tuple(_reshape_to(ctx, p, p.type.shape[:ax] + p.type.shape[ax + 1:]) for p in parts)
 
 
+def constant_pad_value(ctx):
+    """The fill of constant_pad_nd / pad (None: zero); other pad modes are refused."""
+    is_pad = str(ctx.node.target) == "aten.pad.default"
+    mode = ctx.kwargs.get("mode", ctx.arg(2) if is_pad else "constant")
+    if mode not in (None, "constant"):
+        raise NotImplementedError(f"pad mode {mode!r}")
+    return ctx.kwargs.get("value", ctx.arg(3 if is_pad else 2))
+
+
 @converter("aten.constant_pad_nd.default", "aten.pad.default")
 def _pad(ctx):
     x, pads = ctx.args[0], tuple(ctx.args[1])
-    mode = ctx.kwargs.get("mode", ctx.arg(2) if str(ctx.node.target) == "aten.pad.default"
-                          else "constant")
-    if mode not in (None, "constant"):
-        raise NotImplementedError(f"pad mode {mode!r}")
-    value = ctx.kwargs.get("value", ctx.arg(3 if "pad.default" in str(ctx.node.target) else 2))
+    value = constant_pad_value(ctx)
     value = 0.0 if value is None else int(value) if isinstance(value, bool) else value   # a bool image's True: 1
     x, pads = _crop_negative_pads(ctx, x, pads)
     if not any(pads):
