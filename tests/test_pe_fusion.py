@@ -181,3 +181,22 @@ def test_the_cli_takes_pe_fusion():
     assert parser().parse_args(["demo", "--pe-fusion", "4"]).pe_fusion == 4
     with pytest.raises(SystemExit):
         parser().parse_args(["demo", "--pe-fusion", "many"])
+
+
+def test_a_fused_chips_name_resolves_in_a_fresh_process():
+    """Generated kernels name their target (`@fl.kernel(target="rngd[fused 4]")`), and their
+    source pasted into a new session must run: the name of a fusion of a preset resolves there."""
+    import subprocess
+    import sys
+
+    code = ("from fexplore.npu import get_target\n"
+            "t = get_target('rngd[fused 4]')\n"
+            "assert t == get_target('rngd').fused(4), t\n"
+            "assert get_target('tiny[fused 2]') == get_target('tiny').fused(2)\n"
+            "try:\n"
+            "    get_target('tiny[fused 4]')\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, getattr(e, 'code', ''))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ConfigError FX100", out.stdout   # tiny fuses at most 2 PEs

@@ -24,6 +24,7 @@ Every field is validated on construction, so a bad config fails where it is made
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from fexplore.errors import ConfigError
@@ -310,5 +311,12 @@ def get_target(target: str | NPUConfig = "rngd") -> NPUConfig:
     try:
         return PRESETS[target] if target in PRESETS else _USED[target]
     except (KeyError, TypeError):
+        fused = _FUSED_NAME.fullmatch(target) if isinstance(target, str) else None
+        if fused and fused[1] in PRESETS:   # a generated kernel's target, in a new session
+            return get_target(PRESETS[fused[1]].fused(int(fused[2])))
         raise ConfigError(f"unknown target {target!r}",
                           hint=f"presets are {', '.join(PRESETS)}; or pass an NPUConfig") from None
+
+
+# the name `NPUConfig.fused` gives a preset's fusion: "rngd[fused 4]"
+_FUSED_NAME = re.compile(r"(\w+)\[fused (\d+)\]")
