@@ -182,7 +182,7 @@ def test_an_exploration_keeps_its_records_when_a_user_kernel_fails():
 
 # ---- memory over many compiles -----------------------------------------------------------------------
 
-ROUNDS = 30         # failing and succeeding compiles, counted by live objects
+ROUNDS = 10         # failing and succeeding compiles, counted by live objects (fewer than one per round)
 TRACED_ROUNDS = 5   # the same under tracemalloc, counted in bytes (tracing makes a round 5x slower)
 
 
@@ -226,7 +226,7 @@ def test_failing_and_succeeding_compiles_do_not_grow_memory():
     one_round(kept)
     objects_per_leak = _own_objects() - objects - objects_grown
     kept.clear()
-    # a compile left alive is hundreds of objects; thirty rounds left fewer than one per round
+    # a compile left alive is hundreds of objects; the rounds left fewer than one object per round
     assert objects_per_leak > 100 and objects_grown < ROUNDS, (objects_grown, objects_per_leak)
 
     tracemalloc.start()
