@@ -608,17 +608,17 @@ def test_a_panel_is_cut_into_column_tiles_of_one_width(target, M, N, K):
     nn = cfg.native_tile("bf16")[1]
     tm, tp, tn, tk = panel_tiles(M, N, K, 2, cfg, "bf16", 2)
     columns = -(-tp // tn)
-    assert columns * tn - tp < max(1, columns - 1) * nn or columns == 1, (tp, tn)
-    if (target, N) == ("rngd", 2304):
-        assert (tp, tn) == (288, 96)
+    assert columns * tn - tp < columns * nn, (tp, tn)
+    if (target, N) == ("rngd", 2304):   # two even tiles, each weight load amortizing its start-up
+        assert (tp, tn) == (288, 144)
 
 
 @pytest.mark.parametrize("M, N, K, streams", [(512, 3072, 768, True), (512, 768, 3072, True),
-                                              (1024, 4096, 4096, False), (100, 3072, 768, False)])
+                                              (1024, 14336, 4096, False), (100, 3072, 768, False)])
 def test_a_panel_streams_its_rows_only_within_the_sram_of_whole_row_tiles(M, N, K, streams):
     """Streaming keeps a panel's weight tiles for the whole item: GPT-2's projections stream (a
-    chain of kernels pipelines), a Llama-8B-sized one does not (its kept weights would crowd out
-    the intermediates the schedule keeps on chip), nor a row tile of a few native tiles."""
+    chain of kernels pipelines), a Llama-8B MLP projection does not (its kept weights would crowd
+    out the intermediates the schedule keeps on chip), nor a row tile of a few native tiles."""
     cfg = get_target("rngd")
     tm, tp, tn, tk = panel_tiles(M, N, K, 2, cfg, "bf16", 2)
     tr = streamed_rows(tm, tp, tn, tk, K, 2, cfg, "bf16", 2)

@@ -465,3 +465,29 @@ def test_a_weight_stationary_panel_starts_on_the_first_rows_its_producer_wrote()
     assert first_contract < last_store
     assert cm["schedule"].verification.ok
     torch.testing.assert_close(cm(x).float(), model(x), **TOL["bf16"])
+
+
+def test_on_a_fused_pe_a_normed_panel_starts_on_the_first_normed_rows():
+    """Fused by 4, a PE has 128 MB of SRAM and a wide panel (1152 of 2304 columns): its weights
+    stay, its rows stream through in steps, and the norm before it runs in several row tiles per
+    PE, so the first contraction runs while later rows are still being normalized (with one norm
+    tile per PE and whole row tiles it waited for every row). What runs is still the model."""
+    from fexplore.npu.commands import Contract, Store
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LayerNorm(768), torch.nn.Linear(768, 2304)).eval()
+    x = torch.randn(512, 768)
+    cm = fexplore.compile(model, (x,), target="rngd", precision="bf16", pe_fusion=4)
+    (gen,) = [k.kernel for k in cm.lowering.kernels if k.kernel.kind == "contraction"]
+    assert "for ms in fl.range(fl.tiles(mt, tr)" in gen.source
+    sched = cm.schedule
+    res = sched.simulate()
+    start, end = res.timeline.trace.start, res.timeline.trace.end
+    prog = sched.program.commands
+    (kernel,) = [k for k in sched.kernels if k.kind == "contraction"]
+    normed = [c for c in kernel.commands if isinstance(prog[c], Store) and "NORMED" in prog[c].dst.tensor.name]
+    assert len(normed) >= 4 * sched.target.num_pes
+    first_contract = min(start[c] for c in kernel.commands if isinstance(prog[c], Contract))
+    assert first_contract < max(end[c] for c in normed)
+    assert cm["schedule"].verification.ok
+    torch.testing.assert_close(cm(x).float(), model(x), **TOL["bf16"])

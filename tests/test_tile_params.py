@@ -106,3 +106,50 @@ def test_kernels_of_identical_layers_share_one_tile_search():
     tiles = {t.kernel: t for t in cm.schedule.tiles}
     assert tiles["h_1_mlp_c_fc"].chosen == tiles["h_0_mlp_c_fc"].chosen
     assert tiles["h_1_mlp_c_fc"].same_as == "h_0_mlp_c_fc" and not tiles["h_0_mlp_c_fc"].same_as
+
+
+def test_a_tile_search_never_grows_a_buffer_past_the_programs_share(monkeypatch):
+    """Alone, a kernel streams faster in fewer, bigger tiles; in a whole program, tiles over a
+    sixteenth of a PE's SRAM fragment it until placement fails and the schedule stage rebuilds
+    the program, step after step (a decode step's lm_head did that at every residency share).
+    The search drops such candidates; without the rule it would have taken one."""
+    from fexplore import lang as fl
+    from fexplore.lang.examples._tiling import max_tile_bytes
+    from fexplore.npu import get_target
+    from fexplore.pipeline.stages import tiles
+
+    cfg = get_target("tiny")
+    cap = max_tile_bytes(cfg)
+
+    @fl.kernel(target="tiny")
+    def doubled(x: fl.f32[64, 2048], *, tn: int = 128):
+        out = fl.output((64, 2048), fl.f32)
+        for rs, cs in fl.parallel(fl.tiles(64, 8), fl.tiles(2048, tn), stages=2):
+            fl.store(out[rs, cs], fl.load(x[rs, cs]) * 2.0)
+        return out
+
+    x = np.ones((64, 2048), np.float32)
+    assert 8 * 128 * 4 <= cap < 8 * 512 * 4   # the default fits the share, 4x the default does not
+
+    def search(key):
+        tiles._CACHE.clear()
+        return tiles.best_trace("doubled", doubled, (x,), cfg, key)[1]
+
+    choice = search("capped")
+    assert 8 * choice.chosen["tn"] * 4 <= cap
+    over = [c for p, c in choice.candidates if 8 * p["tn"] * 4 > cap]
+    assert over and all(c is None for c in over)
+    monkeypatch.setattr(tiles, "max_tile_bytes", lambda cfg: 1 << 40)
+    unbounded = search("unbounded")
+    assert 8 * unbounded.chosen["tn"] * 4 > cap, unbounded   # the rule is what stops it
+
+
+def test_a_decode_steps_gemv_tiles_stay_within_the_share():
+    """A GEMV (one row) takes wide weight tiles, whose loads amortize their start-up, but none
+    over `max_tile_bytes`: a Llama-3-8B lm_head panel is 4 MB on rngd and 32 MB fused by 4."""
+    from fexplore.lang.examples._tiling import amortizing_bytes, max_tile_bytes, panel_tiles
+    from fexplore.npu import get_target
+
+    for cfg in (get_target("rngd"), get_target("rngd").fused(4)):
+        tm, tp, tn, tk = panel_tiles(1, 128256, 4096, 2, cfg, "bf16", 2)
+        assert amortizing_bytes(cfg) <= tn * tk * 2 <= max_tile_bytes(cfg), (cfg.name, tn, tk)

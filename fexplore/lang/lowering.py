@@ -21,7 +21,7 @@ from typing import Any, Callable, NamedTuple
 
 from fexplore.lang import ir
 from fexplore.lang.errors import SRAMOverflowError
-from fexplore.lang.schedule import list_schedule
+from fexplore.lang.schedule import WINDOW, list_schedule
 from fexplore.npu import ProgramBuilder, cost, dtypes
 from fexplore.npu.commands import DMA, TENSOR, VECTOR, view_of
 from fexplore.npu.errors import SRAMOverflowError as NPUSRAMOverflowError
@@ -198,8 +198,10 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
     elif interleave:
         sizes = {x.id: -(-x.nbytes // cfg.sram_alignment_bytes) * cfg.sram_alignment_bytes
                  for m in meta if m is not None for x in m[1]}
-        order = list_schedule(pe_of, engine_of, duration, deps, cfg.num_pes, touches=touches,
-                              buffer_bytes=sizes, sram_limit=sram_limit)
+        # the look-ahead per PE grows with a fused PE's width: it runs the ops of `fused_pes` PEs,
+        # and must see as far into the next kernel (its weight loads, to prefetch them)
+        order = list_schedule(pe_of, engine_of, duration, deps, cfg.num_pes, window=WINDOW * cfg.fused_pes,
+                              touches=touches, buffer_bytes=sizes, sram_limit=sram_limit)
     else:  # each part scheduled on its own; a barrier between parts (below)
         order, lo = [], 0
         while lo < len(ops):

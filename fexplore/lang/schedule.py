@@ -20,10 +20,11 @@ bounded so scheduling stays linear in the number of ops.
 from __future__ import annotations
 
 MAX_PASSES = 2   # how often an op may be passed over for one on a longer path
+WINDOW = 64      # ops per PE the scheduler looks ahead over (see the module)
 
 
 def list_schedule(pe_of: list[int], engine_of: list[int], duration: list[float], deps: list[list[int]],
-                  num_pes: int, *, window: int = 64, touches=None, buffer_bytes=None,
+                  num_pes: int, *, window: int = WINDOW, touches=None, buffer_bytes=None,
                   sram_limit: float | None = None) -> list[int]:
     """Issue order of ops 0..n-1. `engine_of[i]` is 0/1/2 (dma/tensor/vector) or -1 (no engine);
     `deps[i]` lists earlier ops that must be issued (and, in the estimate, finished) before op i.

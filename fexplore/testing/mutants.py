@@ -309,9 +309,10 @@ class _TiledLinear(torch.nn.Module):
 
 class _StreamedLinear(torch.nn.Module):
     """Many rows and wide panels on `rngd`: each PE's panel runs its rows in steps, and several
-    column tiles each keep their own weight slabs over the steps."""
+    column tiles each keep their own weight slabs over the steps (K deep enough that a column
+    tile's weights are worth a DMA of their own, so a panel has more than one)."""
 
-    def __init__(self, k=64, n=4096):
+    def __init__(self, k=256, n=4096):
         super().__init__()
         self.fc = torch.nn.Linear(k, n)
 
@@ -421,7 +422,7 @@ CASES: list[Case] = [
     # 200 rows: enough row tiles, with the tiles the schedule picks, that SRAM space is reused
     Case("tiled-linear@tiny", _seeded(lambda g: (_TiledLinear().eval(), (torch.randn(200, 200, generator=g),))),
          {"target": "tiny"}),
-    Case("streamed-linear", _seeded(lambda g: (_StreamedLinear().eval(), (torch.randn(512, 64, generator=g),)))),
+    Case("streamed-linear", _seeded(lambda g: (_StreamedLinear().eval(), (torch.randn(512, 256, generator=g),)))),
     Case("causal-attention", _seeded(lambda g: (_CausalAttention(), tuple(
         torch.randn(1, 2, 40, 16, generator=g) for _ in range(3))))),
     Case("conv-bn", _seeded(lambda g: (_ConvBlock(g).eval(), (torch.randn(2, 3, 12, 12, generator=g),)))),

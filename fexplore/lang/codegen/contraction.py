@@ -319,7 +319,11 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             xn = names.new(x_in.name + "_normed").upper()
             w(f"# the {norm.op.name} once per row tile, into DRAM: each of the N tiles reads it back")
             w(f'{xn} = fl.scratch(({", ".join(axis_names)}, K), {fl_dtype(op_dt)}, axes="{" ".join(axis_names)} K")')
-            w(f"rows = min({norm_rows}, -(-M // fl.num_pes()))   # a row tile per PE: the norm is vector work")
+            # a few row tiles per PE (not one each): the norm of the first rows, and the contraction
+            # on them, start as soon as the producer has written them, and the last tile's norm is
+            # a short tail after it; each tile still a whole tensor-unit row tile or more
+            w(f"rows = min({norm_rows}, -(-M // fl.num_pes()), "
+              f"max({cfg.native_tile(dt.name)[0]}, -(-M // (4 * fl.num_pes()))))   # the norm is vector work")
             w(f"for {', '.join(loop_vars)} in fl.parallel({', '.join(outer_grid + ['fl.tiles(M, rows)'])}, "
               f"stages=stages):")
             with w.indent():

@@ -53,6 +53,15 @@ def matmul_tiles(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, stages:
     return tm, tn, tk
 
 
+def max_tile_bytes(cfg) -> int:
+    """The largest tile worth a default or a tile search's choice: a sixteenth of a PE's SRAM,
+    still many times what amortizes a DMA's start-up. Bigger tiles may win alone (a decode step's
+    lm_head would stream its weights in fewer loads), but among the buffers of the kernels around
+    them they fragment SRAM until the whole program's placement fails, and every step back the
+    schedule stage then takes is a rebuild of the whole program."""
+    return cfg.sram_bytes_per_pe // 16
+
+
 def amortizing_bytes(cfg) -> int:
     """The bytes a DMA command should move so its transfer is at least twice its start-up: below
     that, a PE's DMA engine spends a third or more of its time starting commands, while DRAM, which
@@ -85,22 +94,31 @@ def panel_tiles(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, stages: 
     nm, nn, nk = cfg.native_tile(dtype)
     tm, tp = _split_over_pes(M, N, K, itemsize, cfg, dtype, (nm, nn))
     # column tiles: a narrow panel is one; a wide one is cut short, so the first epilogue starts
-    # early; a row tile of a few rows (a decode step's GEMV streams the weights) takes wide ones,
-    # whose big DMA commands amortize their start-up
+    # early, but no shorter than a weight tile whose load amortizes its start-up (a fused PE's
+    # DMA moves its bytes faster, so its commands must be bigger); a row tile of a few rows (a
+    # decode step's GEMV streams the weights) takes wide ones, whose big DMA commands amortize
+    # their start-up
     big = big_tile(cfg)
     tn = tp if tp <= big // 2 or tm <= nm else max(nn, big // 4)
+    slab = K if K <= 2 * big else big
+    while tn < tp and siblings * tn * slab * itemsize < amortizing_bytes(cfg):
+        tn = min(tp, 2 * tn)
+    # whole-K weight tiles when K is short (fewest DMA commands); slabs of a big tile when it is
+    # long, so the first contraction does not wait for a whole row tile of activations, but deep
+    # enough that a K step's weight load moves well over what its start-up costs (a narrow panel's
+    # slab of 128 columns would spend as long starting as transferring)
+    tk = slab
+    while tk < K and siblings * tn * tk * itemsize < amortizing_bytes(cfg):
+        tk = min(K, 2 * tk)
+    # a decode step's GEMV would take its whole panel as one weight tile (the lm_head's: 4 MB on
+    # rngd, 32 MB fused by 4): cut to `max_tile_bytes`
+    if tm <= nm:
+        tn = min(tn, max(nn, round_to(max_tile_bytes(cfg) // (siblings * tk * itemsize), nn)))
     # column tiles of one width across the panel: a short last one (288 as 128 + 128 + 32) costs a
     # whole DMA start-up for a sliver of weights, while the epilogue tail after the last
     # contraction shrinks with the tile width anyway
     columns = -(-tp // tn)
     tn = min(tp, ceil_to(-(-tp // columns), nn))
-    # whole-K weight tiles when K is short (fewest DMA commands); slabs of a big tile when it is
-    # long, so the first contraction does not wait for a whole row tile of activations, but deep
-    # enough that a K step's weight load moves well over what its start-up costs (a narrow panel's
-    # slab of 128 columns would spend as long starting as transferring)
-    tk = K if K <= 2 * big else big
-    while tk < K and siblings * tn * tk * itemsize < amortizing_bytes(cfg):
-        tk = min(K, 2 * tk)
     budget = cfg.sram_bytes_per_pe // 2
 
     def fits(tm, tn, tk):   # the row tile's slabs, weight tiles double buffered, accumulators
@@ -125,12 +143,13 @@ def streamed_rows(tm: int, tp: int, tn: int, tk: int, K: int, itemsize: int, cfg
     if tm <= tr:
         return None
     # no more SRAM than the item takes with whole row tiles (the row tile's slabs, weight tiles
-    # double buffered): the schedule keeps intermediates on chip in what the kernels leave free
+    # double buffered), or an eighth of a PE's: the schedule keeps intermediates on chip in what
+    # the kernels leave free, and a big (fused) PE has room for a wide panel's weights to spare
     whole = 2 * tm * K * itemsize + 2 * stages * siblings * tk * tn * itemsize + \
         2 * tm * tn * (4 * siblings + 4 + extra_tile_bytes)
     need = 2 * siblings * K * tp * itemsize + 2 * tr * K * itemsize + \
         2 * tr * tn * (4 * siblings + 4 + extra_tile_bytes)
-    return tr if need <= whole else None
+    return tr if need <= max(whole, cfg.sram_bytes_per_pe // 8) else None
 
 
 def _split_over_pes(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, native) -> tuple[int, int]:

@@ -7,9 +7,10 @@ defaults, it tries each parameter doubled, quadrupled and halved (coordinate des
 then the best combination of the winners), traces each candidate for the target (a candidate
 whose tiles do not fit SRAM fails to trace and is dropped), times it alone on the simulator, and
 keeps the fastest if it beats the defaults by `MIN_GAIN` (or is as fast and moves fewer DRAM
-bytes: alone, a kernel has all of DRAM, which it shares in the program). ``stages`` (double
-buffering) and a panel's row step ``tr`` (`IN_PROGRAM_ONLY`) are the generator's choices and are
-not searched.
+bytes: alone, a kernel has all of DRAM, which it shares in the program). A candidate that grows a
+buffer past `max_tile_bytes` is dropped too: alone it fits, but in the program such tiles fragment
+SRAM. ``stages`` (double buffering) and a panel's row step ``tr`` (`IN_PROGRAM_ONLY`) are the
+generator's choices and are not searched.
 
 The search is bounded: at most `MAX_CANDIDATES` traces per kernel, and kernels whose default
 program is larger than `MAX_COMMANDS` keep their defaults (their tile counts are already large,
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field, replace
+
+from fexplore.lang.examples._tiling import max_tile_bytes
 
 MAX_CANDIDATES = 10
 MIN_GAIN = 0.03   # a retiling must be 3% faster alone (or as fast with less DRAM traffic)
@@ -95,14 +98,19 @@ def best_trace(name: str, kernel, args, cfg, key):
     timed: dict[tuple, int | None] = {}
 
     moved: dict[tuple, int] = {}
+    biggest: dict[tuple, int] = {}   # the largest buffer of each candidate
+    base_key = tuple(sorted(default.items()))
 
     def cycles(params):
         k = tuple(sorted(params.items()))
         if k not in timed:
             try:
-                t = kernel.trace(*args, target=cfg, **params)
-                res = t.program().simulate()
+                prog = kernel.trace(*args, target=cfg, **params).program()
+                res = prog.simulate()
                 timed[k], moved[k] = res.cycles, res.dram_bytes
+                biggest[k] = max((b.nbytes for b in prog.buffers), default=0)
+                if biggest[k] > max(max_tile_bytes(cfg), biggest.get(base_key, 0)):
+                    timed[k] = None   # fits alone, but a tile that big fragments the program's SRAM
             except Exception:  # noqa: BLE001 - tiles that do not fit (or do not divide): not a candidate
                 timed[k] = None
         return timed[k]
@@ -137,7 +145,7 @@ def best_trace(name: str, kernel, args, cfg, key):
         c = cycles(cand)
         if better(cand, c, best, best_cycles):
             best, best_cycles = cand, c
-    choice = TileChoice(name, default, best, timed[tuple(sorted(default.items()))], best_cycles, len(timed),
+    choice = TileChoice(name, default, best, timed[base_key], best_cycles, len(timed),
                         candidates=[(dict(k), c) for k, c in timed.items()])
     trace = base if best == default else kernel.trace(*args, target=cfg, **best)
     return trace, _remember(key, cfg, best, choice)
