@@ -319,9 +319,9 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         loops = " ".join(f"for {e} in {it}" for e, it in zip(gvars, grid))
         item, last = (f"({', '.join(gvars)})", "item[-1]") if len(gvars) > 1 else (gvars[0], "item")
         w(f"grid = balanced([{item} {loops}], lambda item: {last}.stop, fl.num_pes())")
-        w(f"for {', '.join(gvars)} in fl.parallel(grid, stages=stages):")
+        w(f"for {', '.join(gvars)} in fl.parallel(grid):")
     else:
-        w(f"for {', '.join(gvars)} in fl.parallel({', '.join(grid)}, stages=stages):")
+        w(f"for {', '.join(gvars)} in fl.parallel({', '.join(grid)}):")
     if group:
         hv, r = q_index[group[0]], group[1]
         heads = f"range({r} * g, {r} * g + {r})" if gvar == "g" else f"range({r})"

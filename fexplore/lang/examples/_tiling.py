@@ -94,14 +94,16 @@ def panel_tiles(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, stages: 
     nm, nn, nk = cfg.native_tile(dtype)
     tm, tp = _split_over_pes(M, N, K, itemsize, cfg, dtype, (nm, nn))
     # column tiles: a narrow panel is one; a wide one is cut short, so the first epilogue starts
-    # early, but no shorter than a weight tile whose load amortizes its start-up (a fused PE's
-    # DMA moves its bytes faster, so its commands must be bigger); a row tile of a few rows (a
-    # decode step's GEMV streams the weights) takes wide ones, whose big DMA commands amortize
-    # their start-up
+    # early; a row tile of a few rows (a decode step's GEMV streams the weights) takes wide ones,
+    # whose big DMA commands amortize their start-up. On a fused PE, whose DMA moves its bytes
+    # `fused_pes` times faster, no column tile is shorter than a load that amortizes its start-up:
+    # the tile search's factors do not reach that width from the default (GPT-2's lm_head wants
+    # 1,024 columns fused by 4, 8x the default), while on the unfused chip they do (defaulting to
+    # it there measured 1.5% slower on GPT-2)
     big = big_tile(cfg)
     tn = tp if tp <= big // 2 or tm <= nm else max(nn, big // 4)
     slab = K if K <= 2 * big else big
-    while tn < tp and siblings * tn * slab * itemsize < amortizing_bytes(cfg):
+    while cfg.fused_pes > 1 and tn < tp and siblings * tn * slab * itemsize < amortizing_bytes(cfg):
         tn = min(tp, 2 * tn)
     # whole-K weight tiles when K is short (fewest DMA commands); slabs of a big tile when it is
     # long, so the first contraction does not wait for a whole row tile of activations, but deep
