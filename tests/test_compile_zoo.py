@@ -1,8 +1,6 @@
 """Acceptance: every zoo model compiles, matches eager, verifies after every stage, and every
 stage's graph round-trips through its text form. The user's model is never changed."""
 
-import copy
-
 import pytest
 import torch
 import torch.utils._pytree as pytree
