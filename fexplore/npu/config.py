@@ -165,10 +165,10 @@ class NPUConfig:
         if group == 1:
             return self
         m, n, k = self.tensor_tile
-        base = self.name.split("[fused")[0]
+        base = (parse_fused_name(self.name) or (self.name, 1))[0]
         g = self.fused_pes * group
         return dataclasses.replace(
-            self, name=f"{base}[fused {g}]", num_pes=self.num_pes // group, fused_pes=g,
+            self, name=fused_name(base, g), num_pes=self.num_pes // group, fused_pes=g,
             slices_per_pe=self.slices_per_pe * group, tensor_tile=(m, n * group, k),
             vector_lanes=self.vector_lanes * group,
             transpose_elements_per_cycle=self.transpose_elements_per_cycle * group,
@@ -311,12 +311,24 @@ def get_target(target: str | NPUConfig = "rngd") -> NPUConfig:
     try:
         return PRESETS[target] if target in PRESETS else _USED[target]
     except (KeyError, TypeError):
-        fused = _FUSED_NAME.fullmatch(target) if isinstance(target, str) else None
-        if fused and fused[1] in PRESETS:   # a generated kernel's target, in a new session
-            return get_target(PRESETS[fused[1]].fused(int(fused[2])))
+        fused = parse_fused_name(target) if isinstance(target, str) else None
+        if fused and fused[0] in PRESETS:   # a generated kernel's target, in a new session
+            return get_target(PRESETS[fused[0]].fused(fused[1]))
         raise ConfigError(f"unknown target {target!r}",
                           hint=f"presets are {', '.join(PRESETS)}; or pass an NPUConfig") from None
 
 
-# the name `NPUConfig.fused` gives a preset's fusion: "rngd[fused 4]"
-_FUSED_NAME = re.compile(r"(\w+)\[fused (\d+)\]")
+# The name of a fused chip, "rngd[fused 4]": written by `NPUConfig.fused`, read back by `get_target`
+# (a generated kernel's source names its target so).
+_FUSED_NAME = re.compile(r"(.+)\[fused (\d+)\]")
+
+
+def fused_name(base: str, group: int) -> str:
+    """The name of chip `base` with every `group` PEs fused."""
+    return f"{base}[fused {group}]"
+
+
+def parse_fused_name(name: str) -> tuple[str, int] | None:
+    """(base, group) of a name `fused_name` wrote; None for any other name."""
+    m = _FUSED_NAME.fullmatch(name)
+    return (m[1], int(m[2])) if m else None
