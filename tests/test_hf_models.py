@@ -176,6 +176,40 @@ def gpt_bigcode():  # multi-query attention, fused qkv
     return Out(T.GPTBigCodeForCausalLM(c).eval()), (_ids(),)
 
 
+# decoder blocks built otherwise than Llama's: each exercises a path the ones above do not
+
+def cohere():  # attention and MLP in parallel off one LayerNorm (no bias), logits scaled
+    return _llm(T.CohereForCausalLM, T.CohereConfig, logit_scale=1.0)
+
+
+def olmo2():  # RMSNorm of the whole q and k projections, norms after attention and MLP
+    return _llm(T.Olmo2ForCausalLM, T.Olmo2Config, pad_token_id=0)
+
+
+def nemotron():  # LayerNorm1P (weight + 1), squared-ReLU MLP without a gate, partial rotary
+    return _llm(T.NemotronForCausalLM, T.NemotronConfig)
+
+
+def diffllama():  # differential attention: two softmaxes of split heads, subtracted with a learnt λ
+    return _llm(T.DiffLlamaForCausalLM, T.DiffLlamaConfig)
+
+
+def lfm2():  # a hybrid: gated short causal convolutions between attention layers
+    return _llm(T.Lfm2ForCausalLM, T.Lfm2Config)
+
+
+def mpt():  # ALiBi: a per-head linear bias on the scores instead of positions
+    return _llm(T.MptForCausalLM, T.MptConfig)
+
+
+def xglm():  # sinusoidal positions made in forward, a scaled embedding
+    return _llm(T.XGLMForCausalLM, T.XGLMConfig)
+
+
+def gemma3():  # q and k norms, local sliding-window layers beside global ones
+    return _llm(T.Gemma3ForCausalLM, T.Gemma3TextConfig, head_dim=8, sliding_window=4, pad_token_id=0)
+
+
 # -- mixture of experts: transformers' default expert kernel (tokens sorted by expert, counted
 # with histc, one grouped matmul) and its batched_mm one (each token gathers its experts' weights)
 
@@ -191,6 +225,14 @@ def mixtral_batched_mm():
 def qwen2_moe():
     return _llm(T.Qwen2MoeForCausalLM, T.Qwen2MoeConfig, num_experts=4, num_experts_per_tok=2,
                 moe_intermediate_size=32, shared_expert_intermediate_size=32)
+
+
+def phimoe():  # sparsemixer routing: the second expert picked with the first masked out
+    return _llm(T.PhimoeForCausalLM, T.PhimoeConfig, num_local_experts=4, num_experts_per_tok=2)
+
+
+def olmoe():  # top-k routing without renormalized weights, q and k norms
+    return _llm(T.OlmoeForCausalLM, T.OlmoeConfig, num_experts=4, num_experts_per_tok=2)
 
 
 def deepseek_v3():  # multi-head latent attention, grouped top-k routing, a shared expert
@@ -479,8 +521,8 @@ def bart():
 FACTORIES = {f.__name__: f for f in [
     # decoder LLMs, mixtures of experts, recurrent models, decode steps on a KV cache
     gpt2, llama, llama_left_padded, qwen2, qwen3, mistral, phi, phi3, gemma, gemma2, olmo,
-    starcoder2, gpt_neox, gptj, falcon, bloom, opt, gpt_bigcode, mixtral, mixtral_batched_mm,
-    qwen2_moe, deepseek_v3, mamba, rwkv, llama_decode_dynamic_cache, qwen2_decode_tensor_cache,
+    starcoder2, gpt_neox, gptj, falcon, bloom, opt, gpt_bigcode, cohere, olmo2, nemotron, diffllama,
+    lfm2, mpt, xglm, gemma3, mixtral, mixtral_batched_mm, qwen2_moe, phimoe, olmoe, deepseek_v3, mamba, rwkv, llama_decode_dynamic_cache, qwen2_decode_tensor_cache,
     # encoders, vision, speech, multimodal, encoder-decoders
     bert, roberta, distilbert, albert, deberta_v2, fnet, vit, deit, dinov2, swin, convnext, resnet,
     bit, segformer, whisper, wav2vec2, hubert, clip, llava, t5, t5_decode_step, bart]}
