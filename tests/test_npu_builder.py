@@ -170,6 +170,46 @@ def test_a_staged_tensor_is_read_from_dram_once_and_its_loads_wait_for_the_copy(
     assert res.dram_bytes == prog.compulsory_bytes() == (64 * 64 + 2 * 4 * 64 * 64) * 4
 
 
+def test_a_resident_box_read_in_place_waits_for_its_own_store_only():
+    """A command reading a box of a resident tensor through its SRAM (`resident_view`, no copy)
+    depends on the store that wrote that box and not on the store of another box; a later store
+    to the box waits for it; the simulator computes with what the store put there, and the run
+    keeps program order."""
+    from fexplore.npu import simulate
+    from fexplore.npu.commands import resident_view
+    from fexplore.npu.racecheck import check_run
+
+    b = ProgramBuilder("tiny")
+    X = b.input("X", (8, 16))
+    Y = b.output("Y", (8, 16))
+    R = b.resident("R", (8, 16), pe=0)
+    stores = []
+    for i in range(2):   # R written box by box: rows 0:4, then rows 4:8
+        t = b.alloc(f"t{i}", (4, 16))
+        b.load(t, X[4 * i:4 * i + 4])
+        b.vector(t, "exp", t)
+        stores.append(b.store(R[4 * i:4 * i + 4], t))
+    top = resident_view(R[0:4], (True, True), (4, 16), "f32")
+    assert top is not None and top.shape == (4, 16) and top.base is R.backing
+    y = b.alloc("y", (4, 16))
+    use = b.vector(y, "mul", top, 2.0)
+    b.store(Y[0:4], y)
+    again = b.store(R[0:4], y)   # overwrites the box the in-place read read
+    z = b.alloc("z", (4, 16))
+    b.load(z, X[4:8])
+    b.store(Y[4:8], z)
+    prog = b.build()
+    assert stores[0].id in use.deps and stores[1].id not in use.deps
+    assert use.id in again.deps
+    x = np.random.rand(8, 16).astype(np.float32)
+    res = simulate(prog, {"X": x})
+    np.testing.assert_allclose(res.outputs["Y"][:4], 2 * np.exp(x[:4]), rtol=1e-6)
+    assert check_run(prog, res.trace) == []
+    # a box whose tile would keep a dim the buffer has not, or of another dtype: no view
+    assert resident_view(R[0:4], (True, True), (1, 4, 16), "f32") is None
+    assert resident_view(R[0:4], (True, True), (4, 16), "bf16") is None
+
+
 def test_compulsory_bytes_count_inputs_and_results_not_scratch():
     """An intermediate spilled to DRAM is traffic a schedule chose, not compulsory traffic; a
     result the caller reads through a view of a computed tensor is."""

@@ -23,7 +23,7 @@ from fexplore.lang import ir
 from fexplore.lang.errors import SRAMOverflowError
 from fexplore.lang.schedule import WINDOW, list_schedule
 from fexplore.npu import ProgramBuilder, cost, dtypes
-from fexplore.npu.commands import DMA, TENSOR, VECTOR, view_of
+from fexplore.npu.commands import DMA, TENSOR, VECTOR, ResidentView, resident_view, view_of
 from fexplore.npu.errors import SRAMOverflowError as NPUSRAMOverflowError
 from fexplore.npu.hazards import HazardTracker
 from fexplore.npu.vector_ops import VECTOR_OPS
@@ -122,6 +122,27 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
         keep = [op for op in part.trace.ops if op.index not in dropped]
         meta.append((plan, bufs, overwrite, len({op.pe for op in keep}) or 1))
         ops.extend((pi, op) for op in keep)
+    # loads of a resident tensor on its own PE into a tile nothing else writes: the tile is the
+    # tensor's SRAM, read in place (no on-chip copy, which would queue on the DMA engine behind
+    # other kernels' weight loads); the load stays as a join point for waits on it
+    forwarded: dict[tuple[int, int], ResidentView] = {}
+    for pi, part in enumerate(parts):
+        if not isinstance(part, KernelPart):
+            continue
+        writers: dict[int, int] = {}
+        for op in part.trace.ops:
+            for t in op.writes():
+                writers[t.storage.id] = writers.get(t.storage.id, 0) + 1
+        for op in part.trace.ops:
+            if not isinstance(op, ir.Load) or op.dst.base is not None or writers.get(op.dst.id) != 1:
+                continue
+            box = part.dram[op.src.tensor.name][op.src.slices]
+            backing = box.tensor.backing
+            if backing is None or backing.pe != op.pe:
+                continue
+            view = resident_view(box, op.src.kept, op.dst.shape, op.dst.dtype.name)
+            if view is not None:
+                forwarded[(pi, op.dst.id)] = view
     slot = {(pi, op.index): k for k, (pi, op) in enumerate(ops) if not isinstance(op, (HostPart, StagePart))}
     first_op: dict[int, int] = {}
     for k, (pi, _) in enumerate(ops):
@@ -129,6 +150,9 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
 
     def buf(pi, t):
         plan, bufs = meta[pi][0], meta[pi][1]
+        view = forwarded.get((pi, t.storage.id))
+        if view is not None:   # a resident tensor read in place
+            return view if t.base is None else view_of(view, t.index)
         if t.base is not None:   # a slice of a tile: a view of its buffer (hazards: the whole buffer)
             return view_of(bufs[plan.buffer_of[t.base.id].id], t.index)
         return bufs[plan.buffer_of[t.id].id]
@@ -171,11 +195,27 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
             deps.append(sorted(d))
             refs.append(None)
             continue
+        if isinstance(op, ir.Load) and (pi, op.dst.id) in forwarded:   # no command moves data
+            box = ref(pi, op.src)
+            d = hz.dram_deps(k, box, False)
+            if (pi, op.pe) in fence:
+                d.add(fence[(pi, op.pe)])
+            touches.append(())
+            pe_of.append(op.pe)
+            engine_of.append(-1)
+            duration.append(0.0)
+            deps.append(sorted(d))
+            refs.append(box)
+            continue
         overwrite = meta[pi][2]
         reads = tuple(buf(pi, t) for t in op.reads() if not (op.index in overwrite and t is op.out))
         writes = tuple(buf(pi, t) for t in op.writes())
         d = hz.buffer_deps(k, reads, writes)
-        touches.append(tuple({x.id for x in reads + writes}))
+        for x in reads:   # a resident box read in place waits for the stores that wrote it
+            if isinstance(x, ResidentView):
+                d |= hz.dram_deps(k, x.ref, False)
+        # the SRAM the op opens (a resident tensor's is the residency's, not the kernel's)
+        touches.append(tuple({x.id for x in reads + writes if not isinstance(x, ResidentView)}))
         box = None
         if isinstance(op, (ir.Load, ir.Store, ir.Gather, ir.Scatter)):
             writes_dram = isinstance(op, (ir.Store, ir.Scatter))
@@ -239,7 +279,9 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
         explicit = [cmds[d] for d in deps[k] if not isinstance(ops[d][1], HostPart)
                     and isinstance(ops[d][1], ir.Wait)]
         overwrite = meta[pi][2]
-        if isinstance(op, ir.Load):
+        if isinstance(op, ir.Load) and (pi, op.dst.id) in forwarded:
+            cmd = b.sync(*[cmds[d] for d in deps[k] if cmds[d] is not None], *explicit, pe=op.pe, loc=loc)
+        elif isinstance(op, ir.Load):
             cmd = b.load(buf(pi, op.dst), refs[k], deps=explicit, loc=loc)
         elif isinstance(op, ir.Store):
             cmd = b.store(refs[k], buf(pi, op.src), deps=explicit, loc=loc)

@@ -298,7 +298,7 @@ class ProgramBuilder:
         self._check_open()
         cid = cmd.id = len(self._commands)
         deps = self._hazards.buffer_deps(cid, cmd.reads, cmd.writes)
-        for ref, write in dram:
+        for ref, write in dram + tuple((r, False) for r in cmd.resident_reads):
             deps |= self._hazards.dram_deps(cid, ref, write)
         deps.discard(cid)   # a command reading and writing one box (an in-place host op)
         for d in explicit:

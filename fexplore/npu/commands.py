@@ -200,6 +200,70 @@ class BufferView(Buffer):
         self.index = index   # one int or slice (a step of 1 or more) per dim of the buffer
 
 
+class ResidentView(BufferView):
+    """A box of a resident tensor read in place: the view of its SRAM buffer (`base`, the tensor's
+    `backing`) that holds the DRAM-style box `ref`. A command on the tensor's own PE reads the
+    tensor through it instead of copying the box into a buffer of its own first. Its hazards are
+    the box's (it waits for the stores that wrote it, and a later store waits for it), not the
+    whole buffer's: the tensor is written box by box by DMAs, not by commands naming the buffer."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, base: Buffer, index: tuple, ref: "DramRef"):
+        super().__init__(base, index)
+        self.ref = ref
+
+
+def resident_view(ref: "DramRef", kept, shape, dtype: str) -> ResidentView | None:
+    """`ref` (a box of a resident tensor) as a view of the tensor's SRAM buffer, with the dims
+    `kept` marks as its axes, if that view has `shape` and `dtype` (the tile a load of the box would
+    make); None when it cannot stand for that tile (a box a reshaped view of the tensor cannot
+    cut out of the buffer's own dims, another dtype)."""
+    backing = ref.tensor.backing
+    if backing is None or backing.dtype != dtype:
+        return None
+    index = _box_in(tuple(zip(ref.offsets, ref.shape, kept, ref.tensor.shape)), backing.shape)
+    if index is None:
+        return None
+    view = ResidentView(backing, tuple(index), ref)
+    return view if view.shape == tuple(shape) else None
+
+
+def _box_in(box, dims) -> list | None:
+    """The index into a row-major buffer of shape `dims` of `box`, per dim of a view of it
+    (offset, size, kept, dim size): a view dim equal to a buffer dim is sliced as it is; one that
+    merges several buffer dims is cut from the last of them, when its range lies within one row of
+    that dim (the others are then ints); size-1 dims on either side are dropped or indexed 0. None
+    when the box is no box of the buffer so made."""
+    view = [b for b in box if b[3] != 1]
+    index, i = [], 0
+    j = 0
+    while j < len(dims):
+        if dims[j] == 1:
+            index.append(0)
+            j += 1
+            continue
+        if i >= len(view):
+            return None
+        o, n, k, d = view[i]
+        merged, j2 = 1, j
+        while j2 < len(dims) and merged < d:
+            merged *= dims[j2]
+            j2 += 1
+        if merged != d:
+            return None
+        last = dims[j2 - 1]
+        if o // last != (o + n - 1) // last:   # across rows of the buffer's last merged dim
+            return None
+        outer, at = [], o // last
+        for dd in reversed(dims[j:j2 - 1]):
+            at, r = divmod(at, dd)
+            outer.insert(0, r)
+        index += outer + [slice(o % last, o % last + n) if k else o % last]
+        i, j = i + 1, j2
+    return index if i == len(view) else None
+
+
 def view_of(buf: Buffer, index) -> BufferView:
     """The box `index` (ints and slices with a step of 1 or more, as in numpy) of SRAM buffer `buf`;
     a view of a view is a view of its buffer. Raises ProgramError for an index outside the buffer."""
@@ -220,6 +284,8 @@ def view_of(buf: Buffer, index) -> BufferView:
         if step < 1 or stop <= start:
             raise ProgramError(f"{buf!r} is indexed with {ix!r}: non-empty slices with a positive step only")
         own.append(slice(start, start + (len(range(start, stop, step)) - 1) * step + 1, step))
+    if isinstance(buf, ResidentView):   # a part of a resident box read in place: the box's hazards
+        return ResidentView(buf.base, compose_index(buf.index, own), buf.ref)
     if isinstance(buf, BufferView):
         return BufferView(buf.base, compose_index(buf.index, own))
     return BufferView(buf, tuple(own))
@@ -266,7 +332,7 @@ def _squeeze(shape) -> tuple[int, ...]:
 
 # ---- commands ---------------------------------------------------------------------------------
 class Command:
-    __slots__ = ("id", "pe", "engine", "reads", "writes", "deps", "loc")
+    __slots__ = ("id", "pe", "engine", "reads", "writes", "resident_reads", "deps", "loc")
     kind = "command"
 
     def _init(self, pe: int, engine: int, reads, writes, loc: SourceLoc | None):
@@ -275,6 +341,8 @@ class Command:
         self.engine = engine
         self.reads = tuple(storage_of(b) for b in reads)   # views count as their whole buffer
         self.writes = tuple(storage_of(b) for b in writes)
+        # the boxes of resident tensors it reads in place (`ResidentView`): DRAM-style hazards
+        self.resident_reads = tuple(b.ref for b in reads if isinstance(b, ResidentView))
         self.deps: tuple[int, ...] = ()
         self.loc = loc
 

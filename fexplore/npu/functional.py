@@ -60,6 +60,9 @@ def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
     """Run the commands in `order` (command ids; syncs may be left out) and return the DRAM."""
     dram = prepare_dram(program, inputs)
     sram: dict[int, np.ndarray] = {}
+    for t in program.tensors.values():   # a resident tensor's SRAM is its array: views read it in place
+        if t.backing is not None and t.kind != "view":
+            sram[t.backing.id] = dram[t.name]
 
     def buf(b):
         if isinstance(b, BufferView):   # a numpy view of its buffer's array: read in place

@@ -51,7 +51,12 @@ def raise_on_violations(program, trace) -> None:
 
 
 def dram_accesses(c) -> list[tuple[object, bool]]:
-    """(DRAM box, written) for every DRAM (or resident tensor) box command `c` touches."""
+    """(DRAM box, written) for every DRAM (or resident tensor) box command `c` touches, the boxes
+    of resident tensors it reads in place included."""
+    return _box_accesses(c) + [(r, False) for r in getattr(c, "resident_reads", ())]
+
+
+def _box_accesses(c) -> list[tuple[object, bool]]:
     if isinstance(c, Stage):
         return [(c.src, False), (c.into, True)]
     if isinstance(c, (Load, Gather)):

@@ -383,6 +383,21 @@ class _LongRows(torch.nn.Module):
         return torch.nn.functional.layer_norm(x, x.shape[-1:]) + torch.softmax(x, dim=-1)
 
 
+class _NormMLP(torch.nn.Module):
+    """A layer norm, an MLP on it and the residual add: on `tiny`, at 48 tokens of 96, the MLP's
+    tiles take SRAM the norm's tiles used, so a tile placed there before their last reader is done
+    shows as two live buffers on one address."""
+
+    def __init__(self, k=96, n=256):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(k)
+        self.fc = torch.nn.Linear(k, n)
+        self.fc2 = torch.nn.Linear(n, k)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc(self.ln(x)))) + x
+
+
 class _EncoderDecoder(torch.nn.Module):
     """A transformers encoder-decoder (BART) run on the same ids as encoder and decoder input."""
 
@@ -405,6 +420,52 @@ def _bart_tiny(g):
                                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
                                   decoder_ffn_dim=128, max_position_embeddings=64, use_cache=False)
     return _EncoderDecoder(transformers.BartModel(cfg).eval()), (torch.randint(3, 100, (1, 24), generator=g),)
+
+
+@dataclass(frozen=True)
+class ProgramCase:
+    """An NPU program built by hand (``build() -> (program, inputs)``), simulated and checked by
+    the simulator's hazard check: for faults of the npu layer that a compile reaches only by chance
+    (a schedule has to put the very commands side by side)."""
+
+    name: str
+    build: Callable[[], tuple]
+
+
+def _resident_over_reused_space():
+    """On `tiny`, a resident tensor whose SRAM is the space a tile used, written box by box from
+    both PEs: PE 0's SRAM is full but for the tile's space (so the tensor lands there); the tile's
+    last reader is a long contraction; the second box is stored from PE 1, whose data is ready
+    long before. Only a wait of every writer (not just the first) for the contraction keeps it
+    from overwriting the tile while it is read."""
+    from fexplore.npu import ProgramBuilder
+
+    b = ProgramBuilder("tiny", name="resident-over-reused-space")
+    X, W, F = b.input("X", (32, 64)), b.input("W", (64, 64)), b.input("F", (112, 64))
+    Y, Z, G = b.output("Y", (32, 64)), b.output("Z", (32, 64)), b.output("G", (112, 64))
+    x, w, acc = b.alloc("x", (32, 64), pe=0), b.alloc("w", (64, 64), pe=0), b.alloc("acc", (32, 64), pe=0)
+    filler, t0 = b.alloc("filler", (112, 64), pe=0), b.alloc("t0", (16, 64), pe=0)   # 64 KiB in all
+    t1, r = b.alloc("t1", (16, 64), pe=1), b.alloc("r", (32, 64), pe=1)
+    R = b.resident("R", (32, 64), pe=0)
+    b.load(x, X)
+    b.load(w, W)
+    b.load(filler, F)
+    b.load(t0, X[0:16])
+    b.load(t1, X[16:32])
+    b.vector(t1, "exp", t1)
+    for i in range(4):   # x's readers, the last long after t1 is ready
+        b.contract(acc, "mk,kn->mn", x, w, accumulate=i > 0)
+    b.vector(t0, "exp", t0)
+    b.store(R[0:16], t0)    # the first writer of R
+    b.store(R[16:32], t1)   # the second, from PE 1
+    b.load(r, R)
+    b.store(Z, r)
+    b.store(Y, acc)
+    b.store(G, filler)
+    rng = np.random.default_rng(0)
+    inputs = {n: rng.standard_normal(shape).astype(np.float32)
+              for n, shape in (("X", (32, 64)), ("W", (64, 64)), ("F", (112, 64)))}
+    return b.build(), inputs
 
 
 def _seeded(fn):
@@ -432,6 +493,9 @@ CASES: list[Case] = [
                                                            torch.randn(8, 1, generator=g))))),
     Case("long-rows@tiny", _seeded(lambda g: (_LongRows(), (torch.randn(3, 3000, generator=g) * 2.0 + 5.0,))),
          {"target": "tiny"}),
+    Case("norm-mlp@tiny", _seeded(lambda g: (_NormMLP().eval(), (torch.randn(1, 48, 96, generator=g),))),
+         {"target": "tiny"}),
+    ProgramCase("resident-over-reused-sram@tiny", _resident_over_reused_space),
     Case("gpt", _zoo("gpt")),
     Case("bart@tiny", _seeded(_bart_tiny), {"target": "tiny"}),
     Case("llama", _zoo("llama")),
@@ -473,12 +537,26 @@ def _first_line(text) -> str:
     return text.splitlines()[0][:240] if text else ""
 
 
-def check_case(case: Case, *, time_limit: float = 180.0) -> Caught | None:
+def check_case(case: Case | ProgramCase, *, time_limit: float = 180.0) -> Caught | None:
     """Compile ``case`` with verification on, then run the compiled model on the simulated NPU on
     its example inputs and on a fresh set, against eager. None when everything passes; else the
-    first check that fired."""
+    first check that fired. A `ProgramCase` is built, simulated and checked for hazards."""
     import fexplore
 
+    if isinstance(case, ProgramCase):
+        from fexplore.npu import HazardError
+        from fexplore.npu.racecheck import check_run
+
+        with limit_time(time_limit):
+            try:
+                prog, inputs = case.build()
+                res = prog.simulate(inputs)   # raises HazardError on a run that broke program order
+            except HazardError as e:
+                return Caught(case.name, "simulator hazard check (program)", _first_line(e.detail))
+            except Exception as e:   # the npu layer raising on its own program is a detection too
+                return Caught(case.name, f"program raised {type(e).__name__}", _first_line(e))
+            found = check_run(prog, res.trace)
+        return Caught(case.name, "simulator hazard check (program)", _first_line(found[0])) if found else None
     with warnings.catch_warnings(), limit_time(time_limit):
         warnings.simplefilter("ignore")
         model, inputs = case.build()
