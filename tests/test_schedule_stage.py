@@ -18,6 +18,7 @@ import torch
 
 import fexplore
 from fexplore.models import DYNAMIC_SEQ, ZOO
+from fexplore.models.gpt import gpt
 from fexplore.pipeline.stages.schedule import build_schedule, check_schedule
 
 TOL = {"fp32": dict(rtol=1.3e-6, atol=2e-5), "bf16": dict(rtol=5e-2, atol=5e-2)}
@@ -151,6 +152,55 @@ def test_a_resident_intermediate_is_read_in_place_on_its_own_pe(target):
     for a, b in zip(cm.schedule.outputs_of(cm.schedule.simulate(arrays)), spilled.outputs_of(spilled.simulate(arrays))):
         np.testing.assert_array_equal(a, b)
     torch.testing.assert_close(cm(*inputs), _eager(model, inputs), **TOL["fp32"])
+
+
+def _hf_gpt2(heads=8, width=128, seq=32):
+    import transformers as T
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(ids).logits
+
+    torch.manual_seed(0)
+    c = T.GPT2Config(vocab_size=96, n_embd=width, n_layer=2, n_head=heads, n_positions=64)
+    return Logits(T.GPT2LMHeadModel(c).eval()), (torch.randint(0, 96, (1, seq)),)
+
+
+@pytest.mark.parametrize("case", ["gpt@rngd[fused 4]", "hf-gpt2@rngd"])
+def test_a_fused_qkv_projection_is_made_head_by_head_and_its_attention_starts_on_the_first_heads(case):
+    """A projection whose output an attention splits into q, k and v heads makes, on each PE, the
+    heads of that PE's share a group at a time (its weights of them one load per part), and the
+    attention takes the same heads on each PE: its first contraction starts while the projection
+    is still at work on later groups. The result is eager's. (The zoo GPT's projection is a linear
+    of weights [N, K]; Hugging Face's GPT-2 multiplies by Conv1D weights [K, N].)"""
+    from fexplore.npu import Contract
+
+    name, target = case.split("@")
+    if name == "gpt":
+        torch.manual_seed(0)
+        model, inputs = gpt(layers=1, heads=8, width=256, seq_len=256, max_seq=256)
+    else:
+        model, inputs = _hf_gpt2()
+    cm = fexplore.compile(model, inputs, target=target)
+    rec = cm["schedule"]
+    assert rec.verification.ok and rec.verification.kernels.ok, rec.verification.kernels.detail
+    torch.testing.assert_close(cm(*inputs), _eager(model, inputs), **TOL["fp32"])
+    kernels = {x.name: x for x in cm.lowering.nodes if x.how == "generated"}
+    qkv = next(x for n, x in kernels.items() if n.endswith("attn_c_attn"))
+    attn = next(x for x in kernels.values() if x.kind == "attention")
+    assert "w_blocks[pe] = [" in qkv.kernel.source and "hg: int =" in qkv.kernel.source
+    assert "for p in range(fl.num_pes()) for h in [p * per + i]" in attn.kernel.source
+    # the first attention item starts before the projection's last contraction ends
+    res = cm.simulate()
+    prog = cm.schedule.program
+    spans = {k.name: [c for c in k.commands if isinstance(prog.commands[c], Contract)] for k in cm.schedule.kernels}
+    first_attn = min(res.trace.start[c] for c in spans[attn.name])
+    last_qkv = max(res.trace.end[c] for c in spans[qkv.name])
+    assert first_attn < last_qkv, (first_attn, last_qkv)
 
 
 def test_interleaved_and_serial_schedules_compute_the_same_and_interleaving_is_faster():

@@ -55,8 +55,10 @@ _NOT_YET = {"embedding": "gather", "gather": "gather", "index": "gather", "permu
             "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling"}
 
 
-def generate(node: Node, target="rngd") -> GeneratedKernel:
-    """The kernel for `node` on `target` (a preset name or an NPUConfig)."""
+def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> GeneratedKernel:
+    """The kernel for `node` on `target` (a preset name or an NPUConfig). `head_layout`: how an
+    attention reads the node's output (see `attention.heads_read`), for a contraction to make
+    it head by head."""
     cfg = get_target(target)
     if node.op.name in GATHERS:      # plain ops; inside a region they are still host work (below)
         return generate_gather(node, cfg)
@@ -81,7 +83,7 @@ def generate(node: Node, target="rngd") -> GeneratedKernel:
             raise UnsupportedRegionError("conv2d", region_label(node), "a convolution beside a matmul", loc=node.loc)
         return generate_conv(node, cfg)
     if contraction:
-        return generate_contraction(node, cfg)
+        return generate_contraction(node, cfg, head_layout)
     return generate_vector(node, cfg)
 
 

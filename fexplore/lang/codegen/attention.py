@@ -180,7 +180,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         fail(q and producer.get(q.name), "q and k of different depths, or symbolic sizes")
     lead, klead = tuple(lead), aligned(tuple(klead), len(lead))
     names = Names({"qt", "kt", "vt", "s", "m", "l", "o", "p", "m_new", "ones", "alpha", "ts", "qs", "b", "h",
-                   "bq", "bk", "stages", "g", "j", "tri", "key", "grid", "item", "balanced", "q_of", "m_of", "l_of", "o_of", *(f"i{i}" for i in range(8))})
+                   "bq", "bk", "stages", "g", "j", "tri", "key", "grid", "item", "balanced", "per", "q_of", "m_of", "l_of", "o_of", *(f"i{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
     lv = [("b" if i == 0 and len(lead) > 1 else "h" if i == len(lead) - 1 else f"i{i}") for i in range(len(lead))]
@@ -312,7 +312,20 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     grid = [f"range({d})" for d, e in grid_axes if d != 1] + ["fl.tiles(S, bq)"]
     gvars = [e for d, e in grid_axes if d != 1] + ["qs"]
     w("ones = {}   # (PE, keys) -> a column of ones, for the row sums on the tensor unit")
-    if causal:
+    head_axis = next((i for i, (d, e) in reversed(list(enumerate(grid_axes))) if d != 1), None)
+    shared_heads = head_axis is not None and len([d for d, _ in grid_axes if d != 1]) == 1 and \
+        grid_axes[head_axis][0] % cfg.num_pes == 0
+    if shared_heads:
+        # the heads in contiguous shares, one per PE, each PE's in order, dealt in turn: the
+        # share a producer making the heads PE by PE (a fused projection's head groups) gives it,
+        # so each item starts as soon as its head is made, on the PE that made it; for a causal
+        # mask every PE gets every query block of its heads, a like share of the key blocks
+        hd, hv_ = grid_axes[head_axis]
+        w(f"per = {hd} // fl.num_pes()")
+        w(f"grid = [({hv_}, qs) for i in range(per) for qs in fl.tiles(S, bq) for p in range(fl.num_pes()) "
+          f"for {hv_} in [p * per + i]]")
+        w(f"for {hv_}, qs in fl.parallel(grid):")
+    elif causal:
         # a query block works on the key blocks up to its last query: the grid, heavy items
         # first, dealt to the PEs back and forth, so each PE gets a like share of the key blocks
         # (round-robin in grid order gave every late query block to the same PEs)
@@ -500,7 +513,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         bq, bk = default_blocks(work, cfg, lambda a, b: blocks_fit(a, b, max(D, Dv), 4, cfg, STAGES, g_heads))
     text = Writer()
     header(text, node, body, "streaming attention", sig.header, inputs.literals)
-    for helper in ((BANDS,) if cache else ()) + ((BALANCED,) if causal else ()):
+    for helper in ((BANDS,) if cache else ()) + ((BALANCED,) if causal and not shared_heads else ()):
         for line in helper.splitlines():
             text(line)
         text()
@@ -520,6 +533,46 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     parts = ("view",) + (("rotary",) if computed else ()) + ("attention",) + (("score ops",) if score_ops else ()) + \
         (("causal",) if causal else ()) + (("kv cache",) if cache else ())
     return GeneratedKernel(fname, "attention", w.text(), cfg, tuple(sig.params), results, parts)
+
+
+def heads_read(node: Node) -> dict:
+    """How attention region `node` reads its inputs head by head: {outer value name: (parts,
+    heads, depth)} for each input whose last axis the region splits into equal `parts` (q, k and v
+    of a fused projection), each reshaped into (heads, depth). The producer of such a value can
+    make it head by head (`contraction.generate_contraction`'s head groups)."""
+    body = body_of(node)
+    outer = {b.name: o.name for b, o in zip(body.inputs, node.inputs)}
+    users: dict[str, list] = {}
+    for n in body.nodes:
+        for x in n.inputs:
+            users.setdefault(x.name, []).append(n)
+    producer = {v.name: n for n in body.nodes for v in n.outputs}
+    found = {}
+    for n in body.nodes:
+        x = n.inputs[0] if n.inputs else None
+        if n.op.name != "split" or x is None or x.type.rank < 1 or \
+                n.attrs["axis"] % x.type.rank != x.type.rank - 1 or len(set(n.attrs["sizes"])) != 1:
+            continue
+        while x.name in producer and producer[x.name].op.name == "reshape" and \
+                producer[x.name].inputs[0].type.rank and \
+                producer[x.name].inputs[0].type.shape[-1] == x.type.shape[-1]:   # rows merged or split
+            x = producer[x.name].inputs[0]
+        if x.name not in outer:
+            continue
+        shapes = set()
+        for o in n.outputs:
+            r = users.get(o.name, [])
+            if len(r) != 1 or r[0].op.name != "reshape":
+                break
+            out = tuple(r[0].outputs[0].type.shape)
+            if len(out) != o.type.rank + 1 or out[:-2] != tuple(o.type.shape[:-1]):
+                break
+            shapes.add(out[-2:])
+        else:
+            if len(shapes) == 1:
+                (h, d), = shapes
+                found[outer[x.name]] = (len(n.outputs), h, d)
+    return found
 
 
 BANDS = '''\

@@ -45,7 +45,10 @@ STAGES = 2
 _VIEWS = {"relayout", "reshape", "select", "slice", "permute"}
 
 
-def generate_contraction(node: Node, cfg) -> GeneratedKernel:
+def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> GeneratedKernel:
+    """The kernel of a contraction region. `head_layout` (parts, heads, depth): an attention reads
+    the region's output as `parts` (q, k, v) of `heads` heads of `depth` columns each; the kernel
+    then makes whole heads, a group at a time on each PE (see `_head_groups`)."""
     body = body_of(node)
     label = region_label(node)
     inputs = Inputs.of(node, body)
@@ -201,7 +204,7 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
         fail(norm or first, f"rows of {K} activations do not fit one PE's SRAM on {cfg.name}")
     # a norm prologue with several N tiles: normalized once per row tile into a DRAM scratch (bf16
     # when the operands are), then a plain K loop over it, instead of once per (row, N) tile
-    staged = norm is not None and -(-N // tn) > 2
+    staged = norm is not None and (-(-N // tn) > 2 or head_layout is not None)   # (made by heads: below)
     if staged:
         tk = min(tk0, K)
     # a panel per PE when a row tile's whole K fits: its K slabs are loaded once and reused by the
@@ -218,9 +221,16 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     if permuted is not None:
         permuted.whole_heads = len(permuted.k_names) == 2 and tk >= permuted.inner
         tk = tk // permuted.inner * permuted.inner if permuted.whole_heads else min(tk, permuted.inner)
+    heads = None
+    if head_layout is not None and len(cons) == 1 and permuted is None and not access.indexed \
+            and not batched_b and (norm is None or staged) and len(sizes) == 1:
+        x_item = max(op_dt.itemsize, 1) if staged else max(x_in.type.dtype.itemsize, op_dt.itemsize, 1)
+        heads = _head_groups(head_layout, N, M, K, x_item, max(op_dt.itemsize, 1), cfg)
+        tr = tr or tm   # the rows of a group stream in steps of tr
 
     # -- parameters ------------------------------------------------------------------------------------
     names = Names({"tm", "tp", "tr", "tn", "tk", "ps", "mt", "stages", "rows", "ms", "ns", "ks", "ds", "h", "hs",
+                   "hg", "per", "groups", "w_blocks", "b_blocks", "slabs", "pe", "lo", "off", "c", "j",
                    "itertools", "b", *(f"b{i}" for i in range(8)), *(f"h{i}" for i in range(8))})
     fname = kernel_name(node)
     names.taken.add(fname)
@@ -257,7 +267,7 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                 fail(norm, "norm weights computed inside the region")
             norm_params.append(add_param(g, (K,), ['"K"']))
     # weights and biases
-    w_boxes, b_names = [], []
+    w_boxes, b_names, w_meta = [], [], []
     for (wv, bias, transposed), c in zip(weights, cons):
         a_letters = permuted.letters if permuted is not None else "mk"
         w_k = permuted.weight_index() if permuted is not None else ("ks" if staged else k_idx)
@@ -282,6 +292,7 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             box = f"{wn}[{', '.join(idx + tail_idx)}]"
         w_boxes.append((cast_to(f"fl.load({box})", wv.type.dtype, c.inputs[1].type.dtype),
                         f"{a_letters},{letters}->mn"))
+        w_meta.append((wn, nk, wv.type.dtype, c.inputs[1].type.dtype))
         b_names.append(add_param(bias, (N,), ['"N"']) if bias is not None else None)
     # epilogue operands
     epi_boxes = {}
@@ -303,6 +314,8 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
     w(f'@fl.kernel(target="{cfg.name}")')
     tiling = f"tm: int = {tm}, " + (f"tp: int = {tp}, " if panel else "") + (f"tr: int = {tr}, " if tr else "") + \
         f"tn: int = {tn}, tk: int = {tk}"
+    if heads:   # no panels of columns: groups of heads
+        tiling = f"tm: int = {tm}, tr: int = {tr}, tk: int = {tk}, hg: int = {heads[3]}"
     w(f"def {fname}({', '.join(sig.annotations)}, *, {tiling}, stages: int = {STAGES}):")
     with w.indent():
         w(f"{', '.join(axis_names + ['N', 'K'])} = {', '.join(str(s) for s in sizes + (N, K))}")
@@ -314,6 +327,35 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             results.append(Result(i, tuple(node.outputs[i].type.shape)))
             w(f'{oname} = fl.output(({", ".join(axis_names)}, N), {fl_dtype(o.type.dtype)}, '
               f'axes="{" ".join(axis_names)} N")')
+        def write_tail(bias_of, tiles=None, accs=None):
+            """The contractions' values (+ bias), then the epilogue, then the stores of the
+            column tile ``ns``: `bias_of(bias name)` is the bias tile's expression (None: load it)."""
+            tiles = dict(inputs.literals) if tiles is None else tiles
+            emit = vector.VectorEmitter(w, names, label, axis='"N"')
+            for c, acc, bn in zip(cons, accs or ["acc"], b_names):
+                val = acc
+                if bn is not None:
+                    bt = bias_of(bn)
+                    if bt is None:
+                        bt = names.new(bn + "_t")
+                        w(f"{bt} = fl.load({bn}[ns])")
+                    val = names.new(c.outputs[0].name)
+                    w(f"{val} = {acc} + {bt}")
+                if c.outputs[0].type.dtype.name != "f32":
+                    cast = names.new(c.outputs[0].name + "_c")
+                    w(f"{cast} = {val}.astype({fl_dtype(c.outputs[0].type.dtype)})")
+                    val = cast
+                tiles[c.outputs[0].name] = val
+            for x, _ in epi_params:
+                t = names.new(epi_boxes[x.name].split("[")[0] + "_t")
+                w(f"{t} = fl.load({epi_boxes[x.name]})")
+                tiles[x.name] = t
+            for n in epilogue:
+                tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], -1)
+            idx = ", ".join(loop_vars + ["ns"])
+            for o, oname in zip(out_vals, onames):
+                w(f"fl.store({oname}[{idx}], {tiles[o.name]})")
+
         outer_grid = [f"range({a})" for a in outer_names[:len(sizes) - 1]]
         if staged:
             xn = names.new(x_in.name + "_normed").upper()
@@ -334,6 +376,10 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
             x_dt = op_dt
         else:
             x_dt = x_in.type.dtype
+        if heads:
+            _write_head_groups(w, heads, x_box, x_dt, op_dt, w_meta[0], b_names[0], names.new("acc"), write_tail)
+            w(f"return {', '.join(onames)}")
+            return _kernel(fname, w, cfg, sig, results, chain, norm, epilogue)
         grid = ", ".join(outer_grid + ["fl.tiles(M, tm)", f"fl.tiles(N, {'tp' if panel else 'tn'})"])
         item_vars = loop_vars[:-1] + ["mt"] if tr else loop_vars
         w(f"for {', '.join(item_vars + ['ps' if panel else 'ns'])} in fl.parallel({grid}, stages=stages):")
@@ -403,33 +449,75 @@ def generate_contraction(node: Node, cfg) -> GeneratedKernel:
                                 w(f"{w_cache[i]}[{wkey}] = {wb}")
                             wb = f"{w_cache[i]}[{wkey}]"
                         w(f'{acc} = fl.contract("{spec}", {a}, {wb}, acc={acc})')
-            # the contractions' values (+ bias), then the epilogue
-            emit.axis = '"N"'
-            for c, acc, bn in zip(cons, accs, b_names):
-                val = acc
-                if bn is not None:
-                    if bn in panel_bias:
-                        bt = f"{panel_bias[bn]}[ns.start - ps.start:ns.stop - ps.start]"
-                    else:
-                        bt = names.new(bn + "_t")
-                        w(f"{bt} = fl.load({bn}[ns])")
-                    val = names.new(c.outputs[0].name)
-                    w(f"{val} = {acc} + {bt}")
-                if c.outputs[0].type.dtype.name != "f32":
-                    cast = names.new(c.outputs[0].name + "_c")
-                    w(f"{cast} = {val}.astype({fl_dtype(c.outputs[0].type.dtype)})")
-                    val = cast
-                tiles[c.outputs[0].name] = val
-            for x, _ in epi_params:
-                t = names.new(epi_boxes[x.name].split("[")[0] + "_t")
-                w(f"{t} = fl.load({epi_boxes[x.name]})")
-                tiles[x.name] = t
-            for n in epilogue:
-                tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], -1)
-            idx = ", ".join(loop_vars + ["ns"])
-            for o, oname in zip(out_vals, onames):
-                w(f"fl.store({oname}[{idx}], {tiles[o.name]})")
+            write_tail(lambda bn: f"{panel_bias[bn]}[ns.start - ps.start:ns.stop - ps.start]"
+                       if bn in panel_bias else None, tiles, accs)
         w(f"return {', '.join(onames)}")
+    return _kernel(fname, w, cfg, sig, results, chain, norm, epilogue)
+
+
+def _head_groups(layout: tuple, N: int, M: int, K: int, x_item: int, w_item: int, cfg):
+    """(parts, heads, depth, heads per group, heads per PE) when a PE can make its own heads of an
+    output that `layout` (parts, heads, depth) describes, a few groups each: its weights of those
+    heads and the activation rows, kept for all its groups, within a quarter of its SRAM. None
+    otherwise (the heads do not divide over the PEs, or do not fit)."""
+    parts, heads, depth = layout
+    if parts * heads * depth != N or heads % cfg.num_pes:
+        return None
+    per = heads // cfg.num_pes
+    # at least 3 groups a PE where it has the heads: the attention starts after the first third
+    group = max((d for d in range(1, per + 1) if per % d == 0 and per // d >= 3), default=1)
+    kept = parts * per * depth * K * w_item + M * K * x_item
+    if kept > cfg.sram_bytes_per_pe // 4:
+        return None
+    return parts, heads, depth, group, per
+
+
+def _write_head_groups(w, heads, x_box: str, x_dt, op_dt, w_meta, bias: str | None, acc: str,
+                       write_tail) -> None:
+    """The grid of a contraction whose output an attention reads head by head: each PE makes the
+    heads of its own share, ``hg`` heads at a time (every part of them: q, k and v), so the
+    attention, dealt the same heads per PE, starts on the first groups while later ones are made.
+    A PE's weights of its heads are one load per part, sliced per group; the activation rows are
+    loaded once per PE and kept for its groups."""
+    parts, H, D, _, _ = heads
+    E = H * D
+    wn, nk, w_dt, w_op_dt = w_meta
+    rows = "c * {E} + lo:c * {E} + lo + per * {D}".format(E=E, D=D)
+    block = f"{wn}[{rows}, :]" if nk else f"{wn}[:, {rows}]"
+    part = "[off:off + hg * {D}, ks]".format(D=D) if nk else "[ks, off:off + hg * {D}]".format(D=D)
+    spec = "mk,nk->mn" if nk else "mk,kn->mn"
+    w(f"# the output is {parts} parts of {H} heads of {D}, which an attention reads head by head: each PE")
+    w("# makes whole heads of its own share, hg at a time, so the attention starts on the first groups")
+    w(f"per = {H} // fl.num_pes()")
+    w("groups = [p * (per // hg) + i for i in range(per // hg) for p in range(fl.num_pes())]   # PE p: its own")
+    w("w_blocks, b_blocks, slabs = {}, {}, {}")
+    w("for mt, j in fl.parallel(fl.tiles(M, tm), groups, stages=stages):")
+    with w.indent():
+        w("pe = fl.pe()")
+        w(f"lo = pe * per * {D}   # the PE's heads, within each part")
+        w("if pe not in w_blocks:   # the weights of the PE's heads: one load per part, sliced per group")
+        with w.indent():
+            w(f"w_blocks[pe] = [{cast_to(f'fl.load({block})', w_dt, w_op_dt)} for c in range({parts})]")
+            if bias is not None:
+                w(f"b_blocks[pe] = [fl.load({bias}[{rows}]) for c in range({parts})]")
+        w(f"off = j * hg * {D} - lo")
+        w("for ms in fl.range(fl.tiles(mt, tr), stages=stages):")
+        with w.indent():
+            w(f"for c in range({parts}):")
+            with w.indent():
+                w(f"ns = slice(c * {E} + j * hg * {D}, c * {E} + (j + 1) * hg * {D})")
+                w(f"{acc} = None")
+                w("for ks in fl.range(fl.tiles(K, tk), stages=stages):")
+                with w.indent():
+                    w("if (pe, ms.start, ks.start) not in slabs:   # the PE's rows: loaded once, kept")
+                    with w.indent():
+                        w(f"slabs[pe, ms.start, ks.start] = {cast_to(f'fl.load({x_box})', x_dt, op_dt)}")
+                    w(f'{acc} = fl.contract("{spec}", slabs[pe, ms.start, ks.start], w_blocks[pe][c]{part}, '
+                      f'acc={acc})')
+                write_tail(lambda bn: f"b_blocks[pe][c][off:off + hg * {D}]", accs=[acc])
+
+
+def _kernel(fname, w, cfg, sig, results, chain, norm, epilogue) -> GeneratedKernel:
     parts = (["view"] if any(n.op.name in _VIEWS for n in chain) else []) + \
         (["norm"] if norm is not None else []) + ["contraction"] + (["epilogue"] if epilogue else [])
     return GeneratedKernel(fname, "contraction", w.text(), cfg, tuple(sig.params), tuple(results), tuple(parts))

@@ -267,6 +267,10 @@ def _lowered(graph: Graph, chip) -> "Lowering":
     """Every node of `graph` lowered for the chip arrangement `chip`."""
     low = Lowering(chip.name, chip=chip)
     lowerer = _Lowerer(chip)
+    # values an attention reads head by head: their producers make them head by head
+    for node in graph.nodes:
+        if node.op.name == "region" and node.attrs.get("kind") == "attention":
+            lowerer.head_layouts.update(lowerer.codegen.attention.heads_read(node))
     for node in graph.nodes:
         low.nodes.append(lowerer.node(node))
     low.codegen_bugs = list(lowerer.bugs)
@@ -280,6 +284,7 @@ class _Lowerer:
         from fexplore.lang import codegen  # lazy: the pipeline imports the kernel language only here
 
         self.codegen, self.target = codegen, target
+        self.head_layouts: dict[str, tuple] = {}   # value name -> (parts, heads, depth)
         self.taken: dict[str, int] = {}
         self.bugs: list[str] = []
 
@@ -304,7 +309,9 @@ class _Lowerer:
         """(the LoweredNode of the generated kernel, None), or (None, the error saying why not)."""
         codegen = self.codegen
         try:
-            gk = codegen.generate(node, self.target)
+            layout = self.head_layouts.get(node.outputs[0].name) if len(node.outputs) == 1 else None
+            gk = codegen.generate(node, self.target, head_layout=layout) if layout else \
+                codegen.generate(node, self.target)
         except codegen.UnsupportedRegionError as e:
             return None, e
         except Exception as e:  # a generator that fails is said to, not hidden

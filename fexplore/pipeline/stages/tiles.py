@@ -33,7 +33,7 @@ FACTORS = (2, 4, 0.5)
 # lets the kernel start before its producer has written every row and overlaps its row loads with
 # the contractions of the step before; alone, a kernel has no producer to overlap, so the search
 # would see only the cost of more, shorter commands and undo it
-IN_PROGRAM_ONLY = ("tr",)
+IN_PROGRAM_ONLY = ("tr", "hg")
 
 
 @dataclass
