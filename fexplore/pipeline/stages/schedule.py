@@ -17,7 +17,9 @@ sequence (each kernel's own plan fits) and records that decision with its reason
 
 Residency: an intermediate that fits in SRAM next to the others live at the same time stays on
 chip between its producer and its consumers (`_pick_resident`; a resident tensor of the npu:
-the kernels' DMAs to it are on-chip copies, whatever tiles each kernel uses, and no DRAM traffic).
+the kernels' DMAs to it are on-chip copies, whatever tiles each kernel uses, and no DRAM traffic;
+a kernel on the tensor's own PE reads its boxes in place, with no copy at all: see
+`lang.lowering.emit`).
 When the kernels' own tiles then do not fit, the stage spills (schedules with every intermediate
 in DRAM) and records that decision with its reason.
 
