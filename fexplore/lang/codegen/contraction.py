@@ -204,7 +204,14 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
         fail(norm or first, f"rows of {K} activations do not fit one PE's SRAM on {cfg.name}")
     # a norm prologue with several N tiles: normalized once per row tile into a DRAM scratch (bf16
     # when the operands are), then a plain K loop over it, instead of once per (row, N) tile
-    staged = norm is not None and (-(-N // tn) > 2 or head_layout is not None)   # (made by heads: below)
+    # an output an attention reads head by head (`head_layout`) is made head by head where the
+    # heads divide over the PEs and fit (`_head_groups`); a norm prologue is then staged once
+    heads = None
+    if head_layout is not None and len(cons) == 1 and permuted is None and not access.indexed \
+            and not batched_b and len(sizes) == 1:
+        x_item = max(op_dt.itemsize, 1) if norm is not None else max(x_in.type.dtype.itemsize, op_dt.itemsize, 1)
+        heads = _head_groups(head_layout, N, M, K, x_item, max(op_dt.itemsize, 1), cfg)
+    staged = norm is not None and (-(-N // tn) > 2 or heads is not None)
     if staged:
         tk = min(tk0, K)
     # a panel per PE when a row tile's whole K fits: its K slabs are loaded once and reused by the
@@ -221,11 +228,7 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
     if permuted is not None:
         permuted.whole_heads = len(permuted.k_names) == 2 and tk >= permuted.inner
         tk = tk // permuted.inner * permuted.inner if permuted.whole_heads else min(tk, permuted.inner)
-    heads = None
-    if head_layout is not None and len(cons) == 1 and permuted is None and not access.indexed \
-            and not batched_b and (norm is None or staged) and len(sizes) == 1:
-        x_item = max(op_dt.itemsize, 1) if staged else max(x_in.type.dtype.itemsize, op_dt.itemsize, 1)
-        heads = _head_groups(head_layout, N, M, K, x_item, max(op_dt.itemsize, 1), cfg)
+    if heads:
         tr = tr or tm   # the rows of a group stream in steps of tr
 
     # -- parameters ------------------------------------------------------------------------------------
