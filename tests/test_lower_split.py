@@ -228,7 +228,7 @@ def test_a_generator_bug_behind_the_fallback_is_recorded(monkeypatch):
     lowering lists the bug instead of hiding it."""
     from fexplore.lang import codegen
 
-    def broken(node, target="rngd"):
+    def broken(node, target="rngd", head_layout=None):
         raise IndexError("tuple index out of range")
 
     monkeypatch.setattr(codegen, "generate", broken)

@@ -125,6 +125,9 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
     # loads of a resident tensor on its own PE into a tile nothing else writes: the tile is the
     # tensor's SRAM, read in place (no on-chip copy, which would queue on the DMA engine behind
     # other kernels' weight loads); the load stays as a join point for waits on it
+    def ref(pi, box):
+        return parts[pi].dram[box.tensor.name][box.slices]
+
     forwarded: dict[tuple[int, int], ResidentView] = {}
     for pi, part in enumerate(parts):
         if not isinstance(part, KernelPart):
@@ -136,7 +139,7 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
         for op in part.trace.ops:
             if not isinstance(op, ir.Load) or op.dst.base is not None or writers.get(op.dst.id) != 1:
                 continue
-            box = part.dram[op.src.tensor.name][op.src.slices]
+            box = ref(pi, op.src)
             backing = box.tensor.backing
             if backing is None or backing.pe != op.pe:
                 continue
@@ -156,9 +159,6 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
         if t.base is not None:   # a slice of a tile: a view of its buffer (hazards: the whole buffer)
             return view_of(bufs[plan.buffer_of[t.base.id].id], t.index)
         return bufs[plan.buffer_of[t.id].id]
-
-    def ref(pi, box):
-        return parts[pi].dram[box.tensor.name][box.slices]
 
     # ---- dependencies and costs, in program order ----------------------------------------------
     hz = HazardTracker()

@@ -236,8 +236,7 @@ def _box_in(box, dims) -> list | None:
     that dim (the others are then ints); size-1 dims on either side are dropped or indexed 0. None
     when the box is no box of the buffer so made."""
     view = [b for b in box if b[3] != 1]
-    index, i = [], 0
-    j = 0
+    index, i, j = [], 0, 0   # i: the view dim, j: the buffer dim
     while j < len(dims):
         if dims[j] == 1:
             index.append(0)

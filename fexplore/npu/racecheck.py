@@ -53,7 +53,7 @@ def raise_on_violations(program, trace) -> None:
 def dram_accesses(c) -> list[tuple[object, bool]]:
     """(DRAM box, written) for every DRAM (or resident tensor) box command `c` touches, the boxes
     of resident tensors it reads in place included."""
-    return _box_accesses(c) + [(r, False) for r in getattr(c, "resident_reads", ())]
+    return _box_accesses(c) + [(r, False) for r in c.resident_reads]
 
 
 def _box_accesses(c) -> list[tuple[object, bool]]:

@@ -544,19 +544,7 @@ def check_case(case: Case | ProgramCase, *, time_limit: float = 180.0) -> Caught
     import fexplore
 
     if isinstance(case, ProgramCase):
-        from fexplore.npu import HazardError
-        from fexplore.npu.racecheck import check_run
-
-        with limit_time(time_limit):
-            try:
-                prog, inputs = case.build()
-                res = prog.simulate(inputs)   # raises HazardError on a run that broke program order
-            except HazardError as e:
-                return Caught(case.name, "simulator hazard check (program)", _first_line(e.detail))
-            except Exception as e:   # the npu layer raising on its own program is a detection too
-                return Caught(case.name, f"program raised {type(e).__name__}", _first_line(e))
-            found = check_run(prog, res.trace)
-        return Caught(case.name, "simulator hazard check (program)", _first_line(found[0])) if found else None
+        return _check_program(case, time_limit)
     with warnings.catch_warnings(), limit_time(time_limit):
         warnings.simplefilter("ignore")
         model, inputs = case.build()
@@ -591,6 +579,21 @@ def check_case(case: Case | ProgramCase, *, time_limit: float = 180.0) -> Caught
             bad = _differs(got, want, case.options.get("precision", "fp32"))
             if bad:
                 return Caught(case.name, f"compiled model vs eager ({label})", bad)
+    return None
+
+
+def _check_program(case: ProgramCase, time_limit: float) -> Caught | None:
+    """Build and run the program with data: the simulator checks the run's order first."""
+    from fexplore.npu import HazardError
+
+    with limit_time(time_limit):
+        try:
+            prog, inputs = case.build()
+            prog.simulate(inputs)
+        except HazardError as e:
+            return Caught(case.name, "simulator hazard check (program)", _first_line(e.detail))
+        except Exception as e:   # the npu layer raising on its own program is a detection too
+            return Caught(case.name, f"program raised {type(e).__name__}", _first_line(e))
     return None
 
 

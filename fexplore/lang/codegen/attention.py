@@ -312,15 +312,14 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     grid = [f"range({d})" for d, e in grid_axes if d != 1] + ["fl.tiles(S, bq)"]
     gvars = [e for d, e in grid_axes if d != 1] + ["qs"]
     w("ones = {}   # (PE, keys) -> a column of ones, for the row sums on the tensor unit")
-    head_axis = next((i for i, (d, e) in reversed(list(enumerate(grid_axes))) if d != 1), None)
-    shared_heads = head_axis is not None and len([d for d, _ in grid_axes if d != 1]) == 1 and \
-        grid_axes[head_axis][0] % cfg.num_pes == 0
+    item_axes = [(d, e) for d, e in grid_axes if d != 1]
+    shared_heads = len(item_axes) == 1 and item_axes[0][0] % cfg.num_pes == 0   # heads alone, a share each
     if shared_heads:
         # the heads in contiguous shares, one per PE, each PE's in order, dealt in turn: the
         # share a producer making the heads PE by PE (a fused projection's head groups) gives it,
         # so each item starts as soon as its head is made, on the PE that made it; for a causal
         # mask every PE gets every query block of its heads, a like share of the key blocks
-        hd, hv_ = grid_axes[head_axis]
+        (hd, hv_), = item_axes
         w(f"per = {hd} // fl.num_pes()")
         w(f"grid = [({hv_}, qs) for i in range(per) for qs in fl.tiles(S, bq) for p in range(fl.num_pes()) "
           f"for {hv_} in [p * per + i]]")

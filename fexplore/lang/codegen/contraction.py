@@ -25,10 +25,11 @@ node (`vector.VectorEmitter`).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import NamedTuple
 
 from fexplore.ir import DType, Node
-import contextlib
 
 from fexplore.lang.examples._tiling import matmul_tiles, panel_tiles, streamed_rows
 
@@ -315,10 +316,11 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
         w("import itertools")
         w()
     w(f'@fl.kernel(target="{cfg.name}")')
-    tiling = f"tm: int = {tm}, " + (f"tp: int = {tp}, " if panel else "") + (f"tr: int = {tr}, " if tr else "") + \
-        f"tn: int = {tn}, tk: int = {tk}"
     if heads:   # no panels of columns: groups of heads
-        tiling = f"tm: int = {tm}, tr: int = {tr}, tk: int = {tk}, hg: int = {heads[3]}"
+        tiling = f"tm: int = {tm}, tr: int = {tr}, tk: int = {tk}, hg: int = {heads.group}"
+    else:
+        tiling = f"tm: int = {tm}, " + (f"tp: int = {tp}, " if panel else "") + (f"tr: int = {tr}, " if tr else "") + \
+            f"tn: int = {tn}, tk: int = {tk}"
     w(f"def {fname}({', '.join(sig.annotations)}, *, {tiling}, stages: int = {STAGES}):")
     with w.indent():
         w(f"{', '.join(axis_names + ['N', 'K'])} = {', '.join(str(s) for s in sizes + (N, K))}")
@@ -458,11 +460,18 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
     return _kernel(fname, w, cfg, sig, results, chain, norm, epilogue)
 
 
-def _head_groups(layout: tuple, N: int, M: int, K: int, x_item: int, w_item: int, cfg):
-    """(parts, heads, depth, heads per group, heads per PE) when a PE can make its own heads of an
-    output that `layout` (parts, heads, depth) describes, a few groups each: its weights of those
-    heads and the activation rows, kept for all its groups, within a quarter of its SRAM. None
-    otherwise (the heads do not divide over the PEs, or do not fit)."""
+class HeadGroups(NamedTuple):
+    parts: int    # q, k, v
+    heads: int
+    depth: int
+    group: int    # heads a PE makes at a time (the kernel's ``hg``)
+
+
+def _head_groups(layout: tuple, N: int, M: int, K: int, x_item: int, w_item: int, cfg) -> HeadGroups | None:
+    """How each PE makes its own heads of an output that `layout` (parts, heads, depth) describes,
+    a few groups each, when its weights of those heads and the activation rows, kept for all its
+    groups, fit a quarter of its SRAM. None otherwise (the heads do not divide over the PEs, or do
+    not fit)."""
     parts, heads, depth = layout
     if parts * heads * depth != N or heads % cfg.num_pes:
         return None
@@ -472,17 +481,17 @@ def _head_groups(layout: tuple, N: int, M: int, K: int, x_item: int, w_item: int
     kept = parts * per * depth * K * w_item + M * K * x_item
     if kept > cfg.sram_bytes_per_pe // 4:
         return None
-    return parts, heads, depth, group, per
+    return HeadGroups(parts, heads, depth, group)
 
 
-def _write_head_groups(w, heads, x_box: str, x_dt, op_dt, w_meta, bias: str | None, acc: str,
+def _write_head_groups(w, heads: HeadGroups, x_box: str, x_dt, op_dt, w_meta, bias: str | None, acc: str,
                        write_tail) -> None:
     """The grid of a contraction whose output an attention reads head by head: each PE makes the
     heads of its own share, ``hg`` heads at a time (every part of them: q, k and v), so the
     attention, dealt the same heads per PE, starts on the first groups while later ones are made.
     A PE's weights of its heads are one load per part, sliced per group; the activation rows are
     loaded once per PE and kept for its groups."""
-    parts, H, D, _, _ = heads
+    parts, H, D, _ = heads
     E = H * D
     wn, nk, w_dt, w_op_dt = w_meta
     rows = "c * {E} + lo:c * {E} + lo + per * {D}".format(E=E, D=D)

@@ -310,8 +310,7 @@ class _Lowerer:
         codegen = self.codegen
         try:
             layout = self.head_layouts.get(node.outputs[0].name) if len(node.outputs) == 1 else None
-            gk = codegen.generate(node, self.target, head_layout=layout) if layout else \
-                codegen.generate(node, self.target)
+            gk = codegen.generate(node, self.target, head_layout=layout)
         except codegen.UnsupportedRegionError as e:
             return None, e
         except Exception as e:  # a generator that fails is said to, not hidden

@@ -9,8 +9,8 @@ whose tiles do not fit SRAM fails to trace and is dropped), times it alone on th
 keeps the fastest if it beats the defaults by `MIN_GAIN` (or is as fast and moves fewer DRAM
 bytes: alone, a kernel has all of DRAM, which it shares in the program). A candidate that grows a
 buffer past `max_tile_bytes` is dropped too: alone it fits, but in the program such tiles fragment
-SRAM. ``stages`` (double buffering) and a panel's row step ``tr`` (`IN_PROGRAM_ONLY`) are the
-generator's choices and are not searched.
+SRAM. ``stages`` (double buffering), a panel's row step ``tr`` and the heads a projection makes
+at a time ``hg`` (`IN_PROGRAM_ONLY`) are the generator's choices and are not searched.
 
 The search is bounded: at most `MAX_CANDIDATES` traces per kernel, and kernels whose default
 program is larger than `MAX_COMMANDS` keep their defaults (their tile counts are already large,
@@ -32,7 +32,8 @@ FACTORS = (2, 4, 0.5)
 # parameters whose worth shows only in the program: a weight-stationary panel's row step (``tr``)
 # lets the kernel start before its producer has written every row and overlaps its row loads with
 # the contractions of the step before; alone, a kernel has no producer to overlap, so the search
-# would see only the cost of more, shorter commands and undo it
+# would see only the cost of more, shorter commands and undo it; a projection's heads per group
+# (``hg``) likewise buys the attention reading them an early start, which alone does not show
 IN_PROGRAM_ONLY = ("tr", "hg")
 
 
