@@ -140,3 +140,43 @@ def test_models_that_refuse_f64_fall_back_to_the_floor():
     assert oracle.noise == [[0.0], [0.0]]
     assert "does not run in f64" in oracle.f64_note
     assert fexplore.compile(model, (torch.randn(3, 4),)).verification["ok"].all()
+
+
+class F16LogSumExp(torch.nn.Module):
+    """logsumexp of a log-softmax over the same axis: log(1) = 0 up to rounding. Eager's CPU kernel
+    sums the exponentials in f16, so its result is off by about an f16 ulp of 1."""
+
+    def __init__(self, bug: float = 0.0):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((6, 6), 2.5))
+        self.bug = bug
+
+    def forward(self, x):
+        y = torch.logsumexp(torch.log_softmax(x.half(), dim=1), 1) * self.w
+        return y + self.bug * x[:, 0]
+
+
+def test_eager_rounding_inside_its_own_f16_ops_is_its_noise():
+    torch.manual_seed(0)
+    model = F16LogSumExp().eval()
+    x = torch.randn(1, 4, 6, 6)
+    oracle = Oracle(model, (x,))
+    exact = torch.logsumexp(torch.log_softmax(x.half(), dim=1).double(), 1) * 2.5
+    eager_error = float((model(x).detach().double() - exact).abs().max())
+    assert eager_error > 1e-4                       # eager's f16 sum: well past f32 noise
+    # the twin summed wide: its distance from eager is eager's own error
+    assert oracle.noise[0][0] == pytest.approx(eager_error, rel=0.05)
+    # the compile sums wide too, and passes every stage within that noise
+    assert fexplore.compile(model, (x,)).verification["ok"].all()
+
+
+def test_a_real_error_in_an_f16_model_still_fails():
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 6, 6)
+    model = F16LogSumExp().eval()
+    oracle = Oracle(model, (x,))
+    wrong = F16LogSumExp(bug=0.05).eval()     # the error a wrong rewrite of the model would make
+    from fexplore.pipeline.numeric import compare
+    got = [wrong(x).detach().numpy()]
+    ok = compare(got, oracle.expected[0], TOLERANCES[DType.f16], oracle.noise[0])[2]
+    assert not ok

@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fexplore.errors import ExportError
 
@@ -85,8 +86,8 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
 
 class Oracle:
     """Eager PyTorch outputs for the example inputs and ``random_sets`` fresh input sets, and for
-    each output eager's own f32 rounding noise (``noise``: max |eager f32 - eager f64|, 0 where
-    the f64 run is not possible; ``f64_note`` says why). A random set the model itself refuses
+    each output eager's own rounding noise (``noise``: max |eager - the f64 twin|, 0 where the f64
+    run is not possible; ``f64_note`` says why). A random set the model itself refuses
     (it raises: the set breaks an invariant of its inputs, such as a count of special tokens)
     is dropped, and ``dropped_sets`` says why."""
 
@@ -165,12 +166,40 @@ def _f64_twin(model: torch.nn.Module):
         return None, f"no f64 reference: copying the model failed ({type(e).__name__})"
 
 
+class _ExactNarrowOps(TorchDispatchMode):
+    """The f64 twin's ops on the model's own f16/bf16 values (a cast inside ``forward`` stays a
+    cast in the twin) computed in f64 and rounded once, to the dtype eager gives: eager's kernels
+    round inside such an op too (CPU ``logsumexp`` of f16 sums its exponentials in f16), and that
+    is eager's error, which the twin would otherwise share. Ops that write or return a view of
+    their input run as they are; so do ops of no narrow float."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        narrow = [t for t in pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor) and t.dtype in _NARROW_FLOATS]
+        schema = func._schema
+        if not narrow or schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+            return out
+        wide_args, wide_kwargs = pytree.tree_map(
+            lambda t: t.to(torch.float64) if isinstance(t, torch.Tensor) and t.dtype in _NARROW_FLOATS
+            else t, (args, kwargs))
+        wide = func(*wide_args, **wide_kwargs)
+        return pytree.tree_map(
+            lambda o, w: w.to(o.dtype) if isinstance(o, torch.Tensor) and o.is_floating_point()
+            and isinstance(w, torch.Tensor) and w.shape == o.shape else o, out, wide)
+
+
+_NARROW_FLOATS = (torch.float16, torch.bfloat16)
+
+
 def _f32_noise(twin, leaves, spec, outs32):
-    """Per output, max |eager f32 - eager f64| (0 for outputs that are not f32)."""
+    """Per float output, max |eager - the f64 twin| (0 for other outputs): eager's own rounding,
+    in its f32 ops and inside its ops on the model's own f16/bf16 values (``_ExactNarrowOps``)."""
     leaves64 = [x.to(torch.float64) if isinstance(x, torch.Tensor) and x.dtype == torch.float32
                 else x for x in leaves]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _ExactNarrowOps():
             out64 = twin(*pytree.tree_unflatten(leaves64, spec))
     except Exception as e:  # models that insist on f32 somewhere inside: floor tolerance only
         return [0.0] * len(outs32), f"no f64 reference: the model does not run in f64 " \
@@ -180,7 +209,7 @@ def _f32_noise(twin, leaves, spec, outs32):
         return [0.0] * len(outs32), "no f64 reference: the f64 run's outputs differ in number"
     noise = []
     for a, b in zip(outs32, outs64):
-        if a.dtype != torch.float32 or a.shape != b.shape or a.numel() == 0:
+        if not a.is_floating_point() or a.shape != b.shape or a.numel() == 0:
             noise.append(0.0)
             continue
         d = (a.double() - b.double()).abs()
