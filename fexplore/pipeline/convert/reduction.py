@@ -180,11 +180,16 @@ def _prod(ctx):
 
 @converter("aten.linalg_vector_norm.default")
 def _vector_norm(ctx):
-    x = ctx.args[0]
+    x = _maybe_cast(ctx, ctx.args[0])   # dtype=: torch casts the input first
     order = ctx.arg(1, "ord", 2)
     axes = _axes(ctx.arg(2, "dim"), x.type.rank)
     keep = bool(ctx.arg(3, "keepdim", False))
     red = {"axes": axes, "keepdim": keep}
+    want = ctx.out_type().dtype
+    if order not in (float("inf"), float("-inf"), 0) and x.type.dtype in (DType.f16, DType.bf16):
+        # torch's kernel computes an f16/bf16 norm in f32 and rounds once; squares rounded to f16
+        # underflow below ~2e-4 and overflow above 256
+        x = ctx.emit("cast", [x], {"dtype": DType.f32})
     mag = ctx.emit("abs", [x])
     if order == float("inf"):
         return ctx.emit("amax", [mag], red)
@@ -192,13 +197,15 @@ def _vector_norm(ctx):
         return ctx.emit("amin", [mag], red)
     if order == 0:  # the number of nonzero elements
         count = ctx.emit("sum", [ctx.emit("ne", [x, 0])], red)
-        return ctx.emit("cast", [count], {"dtype": ctx.out_type().dtype})
+        return ctx.emit("cast", [count], {"dtype": want})
     if order == 2:
-        return ctx.emit("sqrt", [ctx.emit("sum", [ctx.emit("mul", [x, x])], red)])
-    if order == 1:
-        return ctx.emit("sum", [mag], red)
-    p = float(order)
-    return ctx.emit("pow", [ctx.emit("sum", [ctx.emit("pow", [mag, p])], red), 1.0 / p])
+        y = ctx.emit("sqrt", [ctx.emit("sum", [ctx.emit("mul", [x, x])], red)])
+    elif order == 1:
+        y = ctx.emit("sum", [mag], red)
+    else:
+        p = float(order)
+        y = ctx.emit("pow", [ctx.emit("sum", [ctx.emit("pow", [mag, p])], red), 1.0 / p])
+    return y if y.type.dtype == want else ctx.emit("cast", [y], {"dtype": want})
 
 
 @converter("aten.topk.default")
