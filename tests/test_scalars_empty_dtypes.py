@@ -120,6 +120,23 @@ def test_norms_of_narrow_floats_are_computed_wide_as_torch_does(dtype):
         torch.testing.assert_close(g.float(), w.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-3, atol=0)
 
 
+def test_a_softmax_with_a_dtype_computes_in_that_dtype():
+    """softmax(x, dim, dtype) casts x first and computes in dtype; its dtype is positional in
+    aten.softmax.int, and was taken for _softmax's half_to_float: the softmax ran in f16 and its
+    result was cast (OpInfo softmax.with_dtype in f16: 2e-4 off, against f32's 1e-5)."""
+    class WithDtype(torch.nn.Module):
+        def forward(self, x):
+            return (torch.softmax(x, -1, dtype=torch.float32), torch.log_softmax(x, 0, torch.float32),
+                    F.softmin(x, 1, dtype=torch.float32), torch.softmax(x.float(), -1, dtype=torch.float16))
+
+    x = torch.randn(5, 7, dtype=torch.float16) * 4
+    cm = fexplore.compile(WithDtype(), (x,))
+    assert cm.verification["ok"].all()
+    for g, w in zip(cm(x), WithDtype()(x)):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
 def test_a_0d_tensor_input_and_0d_intermediates_used_again():
     class Temperature(torch.nn.Module):
         def forward(self, logits, t):

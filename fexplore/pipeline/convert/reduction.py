@@ -127,16 +127,13 @@ def _var_mean(ctx):
 
 def _softmax(op):
     def conv(ctx: ConvertContext):
+        # the output's dtype differs from the input's by softmax.int's dtype (its third argument,
+        # positional) or _softmax's half_to_float: torch casts the input and computes in that dtype
         x = ctx.args[0]
-        dim = ctx.args[1]
-        half_to_float = ctx.arg(2)
-        if ctx.kwargs.get("dtype") is not None:
-            x = _maybe_cast(ctx, x)
-        y = ctx.emit(op, [x], {"axis": _ax(dim, x.type.rank)})
         want = ctx.out_type().dtype
-        if half_to_float is True or y.type.dtype != want:
-            y = ctx.emit("cast", [y], {"dtype": want}) if y.type.dtype != want else y
-        return y
+        if x.type.dtype != want:
+            x = ctx.emit("cast", [x], {"dtype": want})
+        return ctx.emit(op, [x], {"axis": _ax(ctx.args[1], x.type.rank)})
 
     return conv
 
