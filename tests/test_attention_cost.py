@@ -79,9 +79,9 @@ def additive_causal(S, T):
     return mask_of
 
 
-def sdpa(S, T, causal=False, mask=None, heads=2):
+def sdpa(S, T, causal=False, mask=None, heads=2, depth=8):
     r = Region(7)
-    q, k, v = r.input("q", (1, heads, S, 8)), r.input("k", (1, heads, T, 8)), r.input("v", (1, heads, T, 8))
+    q, k, v = (r.input(n, (1, heads, S if n == "q" else T, depth)) for n in "qkv")
     ins = [q, k, v] + ([r.constant("mask", mask)] if mask is not None else [])
     return r.region(r("attention", *ins, causal=causal)), r.arrays
 
@@ -109,32 +109,36 @@ def block_commands(gk, arrays, target, bq, bk=None):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_a_block_of_scores_costs_four_vector_passes(target):
-    # no mask, no scale op: the row max, the shifted scores and their exp (two passes); the scale
-    # is folded into q, the row sums run on the tensor unit
-    node, arrays = sdpa(16, 48)
+@pytest.mark.parametrize("depth, shift", [(8, "fma"), (64, "sub")])
+def test_a_block_of_scores_costs_four_vector_passes(target, depth, shift):
+    # no mask, no scale op: the row max, the shifted scores and their exp (two passes); the row
+    # sums run on the tensor unit. The scale 1/sqrt(D) is folded into q when that is exact (a power
+    # of two, D = 64), else it goes in the exponent: the shift is then a multiply-add, one pass too
+    node, arrays = sdpa(16, 48, depth=depth)
     gk = codegen.generate(node, target)
     vec, scores = block_commands(gk, arrays, target, bq=16, bk=16)
     assert len(scores) == 2 * 3                       # 2 heads x 3 key blocks
-    assert sorted(c.op.name for c in vec) == sorted(["max", "sub", "exp"] * len(scores))
+    assert sorted(c.op.name for c in vec) == sorted(["max", shift, "exp"] * len(scores))
     assert sum(c.op.passes for c in vec) == 4 * len(scores)
     simulated_equals_reference(node, arrays, gk, target, bq=16, bk=16)
 
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("mask", [drop_above_diagonal, additive_causal])
-def test_a_constant_causal_mask_skips_the_blocks_above_the_diagonal(target, mask):
+@pytest.mark.parametrize("scale, placed, shift", [(0.25, "the scale folded into q once", "sub"),
+                                                  (0.3, "fl.exp(fl.fma(s, 0.3", "fma")])
+def test_a_constant_causal_mask_skips_the_blocks_above_the_diagonal(target, mask, scale, placed, shift):
     S = T = 45                                        # odd: the last block is short
-    node, arrays = written_out(S, T, mask(S, T))
+    node, arrays = written_out(S, T, mask(S, T), scale=scale)
     gk = codegen.generate(node, target)
     assert "causal" in gk.parts and "score ops" not in gk.parts
     assert len(gk.params) == 4                        # q, kᵀ, v and the mask, read for its diagonal only
-    assert "the scale folded into q once" in gk.source
+    assert placed in gk.source                        # exact on q, else in the exponent
     vec, scores = block_commands(gk, arrays, target, bq=16)
     assert len(scores) == 3 * (1 + 2)                 # per head: the full blocks on or below the diagonal
     wheres = [c for c in vec if c.op.name == "where"]
     assert len(wheres) == 3 * 2                       # the mask on the two full diagonal blocks only
-    per_block = [c for c in vec if c.op.name in ("max", "sub", "exp")]
+    per_block = [c for c in vec if c.op.name in ("max", shift, "exp")]
     assert len(per_block) == 3 * len(scores)
     # besides: a diagonal block's mask, made at most once per PE (from the additive constant)
     rest = [c for c in vec if c not in per_block and c not in wheres]

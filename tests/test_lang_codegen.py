@@ -214,6 +214,24 @@ def test_attention_reads_its_operands_where_they_are_and_streams_the_keys():
     assert kv_loaded == arrays[1].size * -(-13 // defaults["bq"]), (kv_loaded, defaults)
 
 
+@pytest.mark.parametrize("scale, mask, placed", [
+    (None, None, "fl.exp(fl.fma(s, 0.35355"),            # 1/sqrt(8): in the exponent, with the shift
+    (0.25, None, "the scale folded into q once"),         # a power of two: exact on q
+    (None, "additive", "the scale and the mask in one pass"),
+])
+def test_a_scale_that_would_round_q_goes_on_the_f32_scores(scale, mask, placed):
+    """f16 attention with scores up to ~100 (OpInfo's sdpa sample in f16): q * 1/sqrt(8) rounded
+    to f16 moved the scores by up to ~0.05 and the output past f16's tolerance. A scale that is
+    not a power of two is applied to the f32 scores instead, at no extra pass."""
+    b = Body(21)
+    rng = np.random.default_rng(21)
+    q, k, v = (b.input(n, (2, 3, 16, 8), DType.f16, data=rng.uniform(-9, 9, (2, 3, 16, 8))) for n in "qkv")
+    ins = [q, k, v] + ([b.input("bias", (1, 1, 16, 16))] if mask else [])
+    node = b.region(b("attention", *ins, causal=mask is None, scale=scale), kind="attention")
+    gk = _check(node, b.arrays, "tiny")
+    assert placed in gk.source
+
+
 def test_rotary_embedding_is_computed_per_half_of_d_and_causal_blocks_are_skipped(zoo_regions):
     node, inputs = next((n, x) for n, x in zoo_regions["llama"] if n.attrs["kind"] == "attention")
     gk = codegen.generate(node, "tiny")

@@ -130,6 +130,8 @@ VECTOR_OPS: dict[str, VectorOpDef] = {d.name: d for d in [
     _int("add", 2, np.add),
     _int("sub", 2, np.subtract),
     _int("mul", 2, np.multiply),
+    # a * b + c in one pass, as a vector unit's multiply-add does ([ASSUMPTION] one pass, like add)
+    _int("fma", 3, lambda a, b, c: a * b + c, flops=2),
     _ew("div", 2, np.divide, passes=2, flops=4),
     _int("maximum", 2, np.maximum),
     _int("minimum", 2, np.minimum),

@@ -170,6 +170,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         if id(n) not in seen:
             fail(n, "beside the attention (only views of q, k and v and score ops are handled)")
 
+    q_scale, s_scale, exp_scale, additive = _place_scale(scale, score_ops, mask)
     q_shape = qm.shape if qm is not None else tuple(q.type.shape)
     k_shape = km.shape if km is not None else tuple(k.type.shape)
     *lead, S, D = q_shape
@@ -348,14 +349,14 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             qp = _Pieces(w, names, label, producer, params_in, inputs.literals, param, lead, q_index, "qs", fail,
                          hoist=hoist)
             q_tiles = qp.pieces(q, cuts)
-            if scale is None and op_dt[q.name] != q.type.dtype:
+            if q_scale is None and op_dt[q.name] != q.type.dtype:
                 for t in q_tiles:
                     w(f"{t} = {cast_to(t, q.type.dtype, op_dt[q.name])}")
-            if scale is not None:
+            if q_scale is not None:
                 for j, t in enumerate(q_tiles):
-                    w(f"{t} = fl.mul({t}, {literal(scale)}, dtype={fl_dtype(op_dt[q.name])})   # the scale folded into q once")
-        elif scale is not None:
-            w(f"qt = fl.mul(fl.load({q_box}), {literal(scale)}, dtype={fl_dtype(op_dt[q.name])})   # the scale folded into q once")
+                    w(f"{t} = fl.mul({t}, {literal(q_scale)}, dtype={fl_dtype(op_dt[q.name])})   # the scale folded into q once")
+        elif q_scale is not None:
+            w(f"qt = fl.mul(fl.load({q_box}), {literal(q_scale)}, dtype={fl_dtype(op_dt[q.name])})   # the scale folded into q once")
         else:
             w(f"qt = {cast_to(f'fl.load({q_box})', q.type.dtype, op_dt[q.name])}")
         q_names = q_tiles if q.name in computed else ["qt"]
@@ -460,6 +461,8 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                 tiles[name] = t
             cur = "s"
             tiles.update({name: "s" for name in score_names})
+            if s_scale is not None and not exp_scale and not (score_ops == [] and additive):
+                w(f"s = fl.mul(s, {literal(s_scale)})   # the scale, on the scores: q * scale would round")
             if score_ops:
                 emit = vector.VectorEmitter(w, names, label)
                 for p in score_ops:
@@ -468,14 +471,20 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             if mask is not None:
                 if mask.type.dtype == DType.bool:
                     w(f's = fl.where({tiles[mask.name]}, s, float("-inf"))   # the mask keeps True')
+                elif s_scale is not None and not score_ops:
+                    w(f"s = fl.fma(s, {literal(s_scale)}, {tiles[mask.name]})   # the scale and the mask in one pass")
                 else:
                     w(f"s = s + {tiles[mask.name]}")
             # the vector unit is attention's bottleneck: per block it makes only the row max, the
             # shifted scores and their exp (4 passes over the block); the row sums are a
             # contraction with a column of ones, on the tensor unit, which has time to spare
             p_dt = fl_dtype(op_dt[v.name])
-            w(f"m_new = fl.maximum(m, {cur}.max(axis=-1))")
-            w(f"p = fl.exp({cur} - m_new, dtype={p_dt})")
+            if exp_scale:   # the scale where the shift is: one pass either way, and exact
+                w(f"m_new = fl.maximum(m, {cur}.max(axis=-1) * {literal(s_scale)})   # the scaled scores' row max")
+                w(f"p = fl.exp(fl.fma({cur}, {literal(s_scale)}, -m_new), dtype={p_dt})")
+            else:
+                w(f"m_new = fl.maximum(m, {cur}.max(axis=-1))")
+                w(f"p = fl.exp({cur} - m_new, dtype={p_dt})")
             w("if o is not None:")
             with w.indent():
                 w("alpha = fl.exp(m - m_new)   # how much the old max shrinks by")
@@ -532,6 +541,22 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     parts = ("view",) + (("rotary",) if computed else ()) + ("attention",) + (("score ops",) if score_ops else ()) + \
         (("causal",) if causal else ()) + (("kv cache",) if cache else ())
     return GeneratedKernel(fname, "attention", w.text(), cfg, tuple(sig.params), results, parts)
+
+
+def _place_scale(scale, score_ops, mask) -> tuple:
+    """Where the kernel applies the scores' scale: (on q, on the scores, in the exponent, additive
+    mask). Folded into q it is a pass over a (bq, D) tile once instead of one per block of scores,
+    but q * scale is rounded to q's operand dtype, which moves large scores by more than the
+    dtype's tolerance unless the scale is a power of two. Any other scale goes on the f32 scores:
+    with the row max and the shift in the exponent (``exp(s * c - max)``, a multiply-add in the
+    pass the shift takes anyway) when nothing else touches the scores, with an additive mask in
+    one multiply-add where that is all, else as a pass of its own before the score ops."""
+    if scale is None:
+        return None, None, False, False
+    additive = mask is not None and mask.type.dtype != DType.bool
+    if scale > 0 and math.frexp(scale)[0] == 0.5:   # a power of two: q * scale is exact
+        return scale, None, False, additive
+    return None, scale, scale > 0 and not score_ops and not additive, additive
 
 
 def heads_read(node: Node) -> dict:

@@ -49,15 +49,17 @@ def flash_attention(q: fl.Tensor["H", "S", "D"], k: fl.Tensor["H", "T", "D"], v:
     O = fl.output(q.dtype["H", "S", "D"])
     ones = {}   # (pe, rows) -> a column of ones: row sums of P run on the tensor unit, not the vector unit
     for h, qs in fl.parallel(range(H), fl.tiles(S, bq)):
-        qt = fl.mul(fl.load(q[h, qs, :]), scale, dtype=q.dtype)     # fold the scale into q once
+        qt = fl.load(q[h, qs, :])   # the scale is not folded in: q * scale would round to q's dtype
         m = fl.full((qs, 1), -math.inf, axes=("S", None))           # running row max
         l = o = None                                                # running row sum, output (ACC)  # noqa: E741
         for ts in fl.range(fl.tiles(T, bk), stages=stages):
             kt = fl.load(k[h, ts, :])
             vt = fl.load(v[h, ts, :])
             s = fl.contract("sd,td->st", qt, kt)
-            m_new = fl.maximum(m, s.max(axis="T"))
-            p = fl.exp(s - m_new, dtype=q.dtype)                    # P in the operand dtype, for P @ V
+            m_new = fl.maximum(m, s.max(axis="T") * scale)          # the row max of the scaled scores
+            # the scale where the shift is: exp(s * scale - max), a multiply-add in the same pass;
+            # P in the operand dtype, for P @ V
+            p = fl.exp(fl.fma(s, scale, -m_new), dtype=q.dtype)
             if o is not None:
                 alpha = fl.exp(m - m_new)                           # how much the old max shrinks by
                 fl.mul(o, alpha, out=o)                             # rescale the accumulators in place
