@@ -2,14 +2,14 @@
 does fexplore get right too, and how does it fail the others?
 
 Every OpInfo entry of an op the converter registry claims, plus the ops real models use most
-(``fexplore.testing.opinfo.COMMON_OPS``), sampled in float32 and in the integer/bool dtypes the
-entry takes. Each sample becomes a one-op module, compiled through every stage against eager and
+(``fexplore.testing.opinfo.COMMON_OPS``), sampled in float32, in float16 and bfloat16 (models
+that compute in them by themselves), and in the integer/bool dtypes the entry takes. Each sample becomes a one-op module, compiled through every stage against eager and
 run; the same module also goes through torch.export alone (export, run_decompositions, run) as the
 reference. The goal: fexplore passes >= 98% of the samples torch.export passes, and fails every
 other one with a clear refusal (a FexploreError with code and hint), never a wrong result or a raw
 Python exception.
 
-    .venv/bin/python bench/opinfo.py [--float-samples N] [--int-samples N] [--ops a,b,...]
+    .venv/bin/python bench/opinfo.py [--float-samples N] [--narrow-samples N] [--int-samples N] [--ops a,b,...]
 
 or in two shards side by side (the machine has two cores), then the table from both:
 
@@ -50,6 +50,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--float-samples", type=int, default=4,
                     help="samples per entry in float32 (OpInfo order; 0 = all)")
+    ap.add_argument("--narrow-samples", type=int, default=2,
+                    help="samples per entry in each of float16 and bfloat16 (0 = all, -1 = none)")
     ap.add_argument("--int-samples", type=int, default=1,
                     help="samples per entry in each integer/bool dtype it takes (0 = all)")
     ap.add_argument("--ops", default="", help="comma-separated OpInfo names (default: all)")
@@ -82,6 +84,7 @@ def main() -> None:
         i, n = map(int, args.shard.split("/"))
         infos = infos[i::n]
     caps = {torch.float32: args.float_samples or None,
+            **{d: args.narrow_samples or None for d in opinfo.NARROW_DTYPES if args.narrow_samples >= 0},
             **{d: args.int_samples or None for d in opinfo.INT_DTYPES}}
     done = [0]
 
@@ -92,7 +95,7 @@ def main() -> None:
         if done[0] % 100 == 0:
             print(f"  {done[0]} samples, {time.perf_counter() - t0:.0f} s", flush=True)
 
-    results = opinfo.run(infos, max_per_dtype=caps, progress=progress)
+    results = opinfo.run(infos, dtypes=tuple(caps), max_per_dtype=caps, progress=progress)
     elapsed = time.perf_counter() - t0
     if args.shard:
         rows = [json.dumps({"elapsed": elapsed, "entries": len(infos)})]
@@ -116,19 +119,21 @@ def report(results, args, elapsed: float, n_entries: int) -> str:
         f"Run {stamp}; {os.cpu_count()} cores (shared), torch {torch.__version__}, "
         f"Python {platform.python_version()}; {elapsed / 60:.1f} min.",
         f"Command: `.venv/bin/python bench/opinfo.py --float-samples {args.float_samples} "
-        f"--int-samples {args.int_samples}"
+        f"--narrow-samples {args.narrow_samples} --int-samples {args.int_samples}"
         + (f" --ops {args.ops}" if args.ops else "") + "`"
         + (f", in {len(args.merge.split(','))} shards side by side (`--shard i/n`), merged "
            "(`--merge`); the time is the slower shard's" if args.merge else "") + ".",
         "",
         f"{n_entries} OpInfo entries: every entry of an op the converter registry claims, plus the "
         "ops real models use most (`fexplore.testing.opinfo.COMMON_OPS`). Samples: the first "
-        f"{args.float_samples or 'all'} of each entry in float32 and the first "
-        f"{args.int_samples or 'all'} in each of int64, int32, uint8 and bool where the entry "
+        f"{args.float_samples or 'all'} of each entry in float32, "
+        + (f"the first {args.narrow_samples or 'all'} in each of float16 and bfloat16, "
+           if args.narrow_samples >= 0 else "") +
+        f"and the first {args.int_samples or 'all'} in each of int64, int32, uint8 and bool where the entry "
         "takes that dtype (OpInfo's order, seeded). Each sample is a one-op module compiled "
         "through every stage (verified against eager at each) and run; torch.export alone "
         "(export, `run_decompositions()`, run) is the reference. Values are compared with "
-        "fexplore's own `compare` at the output dtype's tolerance plus eager's f32 noise; "
+        "fexplore's own `compare` at the output dtype's tolerance plus eager's own rounding noise; "
         "integers and bools exactly.",
         "",
         "| | samples |",

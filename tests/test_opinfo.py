@@ -12,8 +12,9 @@ from fexplore.testing import opinfo
 
 SEED = 20261130
 N_ENTRIES = 20
-# the first samples of each entry, in float32 and in the integer/bool dtypes it takes
-CAPS = {torch.float32: 2, torch.int64: 1, torch.bool: 1}
+# the first samples of each entry, in float32, in the narrow floats (a model's own f16/bf16) and
+# in the integer/bool dtypes it takes
+CAPS = {torch.float32: 2, torch.float16: 1, torch.bfloat16: 1, torch.int64: 1, torch.bool: 1}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_the_subset_is_a_real_sample(results):
     assert s.entries >= N_ENTRIES * 3 // 4 and s.samples >= 40
     assert s.export_pass >= 30, "torch.export itself should pass most samples"
     dtypes = {r.dtype for r in results}
-    assert {"float32", "int64"} <= dtypes
+    assert {"float32", "float16", "bfloat16", "int64"} <= dtypes
 
 
 def test_no_raw_python_exceptions(results):

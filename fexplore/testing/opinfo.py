@@ -37,9 +37,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-# The float dtype every op is sampled in, and the integer/bool dtypes sampled where an op takes
-# them.
+# The float dtype every op is sampled in; the narrow floats a model may compute in by itself; and
+# the integer/bool dtypes. Each but the first is sampled where an op takes it.
 FLOAT_DTYPE = torch.float32
+NARROW_DTYPES = (torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
 
 # OpInfo entries of the ops real models use most, beside those matching a converter's ATen name.
