@@ -137,6 +137,38 @@ def test_a_softmax_with_a_dtype_computes_in_that_dtype():
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_means_and_pools_of_narrow_floats_run_on_the_chip(dtype):
+    """A mean's kernel divides its f32 sum and casts the quotient: it wrote ``acc / K.astype(..)``,
+    which does not trace, and the node fell back to the host (ResNet, ConvNeXt and BiT from
+    Hugging Face in bf16 or f16; seen only in ``codegen_bugs``)."""
+    class Means(torch.nn.Module):
+        def forward(self, x):
+            return F.adaptive_avg_pool2d(x, 1), x.mean(dim=(2, 3)), x.mean(1, keepdim=True)
+
+    x = torch.randn(2, 8, 7, 7, dtype=dtype)
+    cm = fexplore.compile(Means(), (x,))
+    assert cm.verification["ok"].all()
+    assert not cm["lower"].stats.get("codegen_bugs") and not cm.lowering.host_ops
+    for g, w in zip(cm(x), Means()(x)):
+        torch.testing.assert_close(g, w, rtol=1e-2, atol=1e-2)
+
+
+def test_an_f16_output_folded_into_a_constant_is_held_to_f16s_tolerance():
+    """torch's f16 linspace computes in f16 steps; the fold stage computes the constant exactly and
+    rounds once: an ulp apart. The graph after folding has no node that carries f16, only its
+    output, which was held to f32's tolerance (OpInfo linspace in f16)."""
+    class Lin(torch.nn.Module):
+        def forward(self, x):
+            return torch.linspace(-3.3, 7.1, 50, dtype=torch.float16), x + 1
+
+    x = torch.randn(3)
+    cm = fexplore.compile(Lin(), (x,))
+    assert cm.verification["ok"].all()
+    # f16's tolerance, relative to the largest value (7.1): eager's steps drift by ~9 ulps near 1
+    torch.testing.assert_close(cm(x)[0], Lin()(x)[0], rtol=1e-3, atol=1e-3 * 7.1)
+
+
 def test_a_0d_tensor_input_and_0d_intermediates_used_again():
     class Temperature(torch.nn.Module):
         def forward(self, logits, t):

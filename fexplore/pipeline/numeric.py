@@ -244,9 +244,11 @@ def _like(x, rng: np.random.Generator):
 
 
 def compute_dtype(g: Graph) -> DType:
-    """The lowest-precision float a graph's results or contraction operands carry."""
+    """The lowest-precision float a graph's results or contraction operands carry, or its outputs
+    (an output folded into a constant has no node)."""
     order = [DType.fp8, DType.bf16, DType.f16, DType.f32]
-    seen = {v.type.dtype for n in g.walk() for v in list(n.outputs) + list(n.inputs)}
+    seen = {v.type.dtype for n in g.walk() for v in list(n.outputs) + list(n.inputs)} | \
+        {v.type.dtype for v in g.outputs}
     for d in order:
         if d in seen:
             return d

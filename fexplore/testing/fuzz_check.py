@@ -15,7 +15,8 @@ Each case ends in one outcome:
 - ``crash``: any other exception, including a FexploreError that is not a refusal (the verifier's
   structural error, a kernel-language error from generated code, a malformed NPU program): a
   stage was wrong or broke; or the compile changed the user's model (a parameter, a buffer, a
-  training flag);
+  training flag); or a kernel generator raised and the lower stage ran its node on the host
+  (``codegen_bugs``: the numbers are right, the chip never saw the node);
 - ``wrong``: the compiled model's outputs differ from eager's, or the compile's own numeric
   verification caught a stage changing the numbers (``NumericMismatchError``);
 - ``timeout``: the case took longer than its time limit;
@@ -152,6 +153,10 @@ def check_model(model: torch.nn.Module, input_sets, resize=None, *,
     if changed or training != [m.training for m in model.modules()]:
         what = f"its {', '.join(changed[:3])}" if changed else "a module's training flag"
         return CaseResult("crash", f"compiling changed the user's model: {what}", "", "compile",
+                          time.perf_counter() - t0)
+    bugs = cm["lower"].stats.get("codegen_bugs")
+    if bugs:   # a generator that raised: its node ran on the host, right but not on the chip
+        return CaseResult("crash", f"codegen bug behind a host fallback: {_line(bugs[0])}", "", "lower",
                           time.perf_counter() - t0)
     for i, (got, oracle) in enumerate(zip(outs, oracles)):
         bad = compare_with_eager(got, oracle, cm)

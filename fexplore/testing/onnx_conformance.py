@@ -9,7 +9,8 @@ fusion, and run by the IR interpreter; the result is compared with ONNX Runtime'
 - ``pass``: same numbers (integers exactly; floats within the tolerance below);
 - ``refused``: a FexploreError (a clear refusal, with code and hint);
 - ``wrong``: different numbers, or outputs of another shape or dtype;
-- ``crash``: any other exception (a bug: fexplore must never raise a raw Python exception).
+- ``crash``: any other exception (a bug: fexplore must never raise a raw Python exception); on the
+  chip, also a kernel generator that raised, whose node then ran on the host (``codegen_bugs``).
 """
 
 from __future__ import annotations
@@ -126,5 +127,8 @@ def run_case(case, stages=STAGES_RUN, *, chip: bool = False) -> Outcome:
         return Outcome(case.name, op, "refused", str(e).splitlines()[0][:160])
     except Exception as e:  # noqa: BLE001  (the point: count every raw exception)
         return Outcome(case.name, op, "crash", f"{type(e).__name__}: {str(e)[:160]}")
+    bugs = ex.result["lower"].stats.get("codegen_bugs") if chip else None
+    if bugs:   # a generator that raised: its node ran on the host, right but not on the chip
+        return Outcome(case.name, op, "crash", f"codegen bug behind a host fallback: {bugs[0][:160]}")
     bad = _close(got, want)
     return Outcome(case.name, op, "wrong" if bad else "pass", bad or "")

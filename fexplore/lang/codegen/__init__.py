@@ -33,7 +33,7 @@ naming the op; the lower stage will run such a node on the host.
 
 from __future__ import annotations
 
-from fexplore.ir import Node
+from fexplore.ir import DType, Node
 from fexplore.npu import get_target
 
 from .check import KernelCheck, check_kernel
@@ -60,6 +60,14 @@ def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> Gen
     attention reads the node's output (see `attention.heads_read`), for a contraction to make
     it head by head."""
     cfg = get_target(target)
+    values = list(node.inputs) + list(node.outputs) + \
+        [v for n in (node.regions[0].nodes if node.regions else []) for v in n.outputs]
+    if any(v.type.dtype == DType.f64 for v in values):
+        raise UnsupportedRegionError(node.op.name, region_label(node), "f64: the chip has no f64 datapath",
+                                     loc=node.loc)
+    if all(any(d == 0 for d in v.type.shape) for v in node.outputs):
+        raise UnsupportedRegionError(node.op.name, region_label(node), "its outputs are empty: nothing to "
+                                     "compute", loc=node.loc)
     if node.op.name in GATHERS:      # plain ops; inside a region they are still host work (below)
         return generate_gather(node, cfg)
     if node.op.name == "permute":

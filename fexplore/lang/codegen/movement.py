@@ -27,7 +27,7 @@ from .boxes import STAGES, Loops, around, index_row, spec, tile_sizes
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
-from .source import Names, Writer, fl_dtype, literal
+from .source import Names, Writer, astype, fl_dtype, literal
 
 MOVEMENT = {"slice", "select", "split", "concat", "pad", "expand", "tril", "triu", "slice_scatter"}
 
@@ -299,7 +299,7 @@ def _piece(w, names, cfg, p: Piece, params, outs, pnames, onames, body, named, l
             w(f"{t} = fl.broadcast_to({t}, {shape_text})")
         in_v = body.inputs[p.src]
         if in_v.type.dtype != out_v.type.dtype:
-            t = f"{t}.astype({fl_dtype(out_v.type.dtype)})"
+            t = astype(t, out_v.type.dtype)
     w(f"fl.store({onames[p.out]}[{', '.join(dst)}], {t})")
     w.depth -= len(walk)
     w.depth -= 1

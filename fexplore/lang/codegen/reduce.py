@@ -37,7 +37,7 @@ from .boxes import STAGES, Loops, index_row, spec, tile_sizes
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
-from .source import Names, Writer, fl_dtype
+from .source import Names, Writer, astype, fl_dtype
 
 ACCUMULATE = {"sum": ("0.0", "add", "sum"), "mean": ("0.0", "add", "sum"), "amax": ('float("-inf")', "maximum", "max"),
               "amin": ('float("inf")', "minimum", "min"), "any": ("0.0", "maximum", "max")}
@@ -150,7 +150,7 @@ def _outputs(w, n: Node, shape_text: str, axes: str) -> list[str]:
 
 
 def _store_cast(expr: str, dt: DType) -> str:
-    return expr if dt == DType.f32 else f"{expr}.astype({fl_dtype(dt)})"
+    return expr if dt == DType.f32 else astype(expr, dt)
 
 
 def _accumulate(w, n: Node, op: str, cfg, x: str, R: int, K: int, C: int) -> None:

@@ -3,7 +3,8 @@ into q once per query block, and a constant causal mask turned into the kernel's
 structure (key blocks above the diagonal skipped, the mask applied on diagonal blocks only).
 
 On the chip the vector unit bounds attention, and each score op is a pass over every block of
-scores; a scale folded into q is a pass over a (bq, D) tile once instead, and a constant mask that
+scores; a scale folded into q is a pass over a (bq, D) tile once instead (where that is exact; else
+the kernel puts it in the exponent, see ``attention._place_scale``), and a constant mask that
 is the causal triangle is a load and a pass per block that the causal structure does not need.
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import keyword
 import math
@@ -111,7 +112,19 @@ def cast_to(expr: str, src: DType, dst: DType) -> str:
         return expr
     if dst == DType.fp8 and src.is_float:
         return f"fl.cast(fl.minimum(fl.maximum({expr}, -448.0), 448.0), fl.fp8)"
-    return f"{expr}.astype({fl_dtype(dst)})"
+    return astype(expr, dst)
+
+
+def astype(expr: str, dt: DType) -> str:
+    """``expr.astype(dt)`` as source, `expr` in parentheses unless it binds tighter than the
+    attribute access (a name, a call, a subscript): ``(acc / K).astype(...)``, not
+    ``acc / K.astype(...)``."""
+    try:
+        primary = isinstance(ast.parse(expr, mode="eval").body,
+                             (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
+    except SyntaxError:
+        primary = False
+    return f"{expr if primary else f'({expr})'}.astype({fl_dtype(dt)})"
 
 
 @functools.lru_cache(maxsize=4096)   # asked again for each kernel on every build of a whole program
