@@ -207,3 +207,36 @@ def test_a_cnn_on_the_meta_device_folds_its_batch_norms_and_runs_no_host_op():
     assert meta["fold"].stats["conv_batchnorm_folded"] == with_weights["fold"].stats["conv_batchnorm_folded"] > 0
     assert meta["lower"].stats["host_ops"] == 0
     assert meta.simulate().cycles > 0 and torch.device("meta") == next(model.parameters()).device
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((4,), (2, 4, 3)), ((2, 3, 4), (4,)), ((5, 4), (4,)), ((4,), (4,)),
+                                              ((4,), (4, 6))])
+def test_a_matmul_with_a_vector_operand_runs_on_the_chip(a_shape, b_shape):
+    """torch.matmul's vector cases (ONNX's MatMul 1d x 3d, addmv): the contraction kernel read the
+    vector as a matrix of another shape and did not trace, so the node went to the host. simplify
+    makes the vector a row or a column and drops the axis from the result again."""
+    class MatMul(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.matmul(a, b) * 2
+
+    a, b = torch.randn(a_shape), torch.randn(b_shape)
+    cm = fexplore.compile(MatMul(), (a, b))
+    assert cm.verification["ok"].all()
+    assert not cm.lowering.host_ops and not cm["lower"].stats.get("codegen_bugs")
+    assert "vector-matmul-as-matrix" in cm["simplify"].stats["rules_fired"]
+    torch.testing.assert_close(cm(a, b), MatMul()(a, b))
+
+
+def test_an_integer_matmul_is_an_explicit_host_op_not_a_codegen_bug():
+    """The tensor unit takes no i64 (nor i32, u8) operands: the generator says so, and the node is
+    a host op with that reason (it raised a ConfigError before, a codegen bug)."""
+    class Bmm(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.bmm(a, b)
+
+    a, b = torch.randint(-5, 5, (2, 3, 4)), torch.randint(-5, 5, (2, 4, 5))
+    cm = fexplore.compile(Bmm(), (a, b))
+    assert not cm["lower"].stats.get("codegen_bugs")
+    (host,) = cm.lowering.host_ops
+    assert "no i64 rate" in host.reason
+    assert torch.equal(cm(a, b), Bmm()(a, b))

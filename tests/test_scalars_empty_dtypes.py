@@ -169,6 +169,27 @@ def test_an_f16_output_folded_into_a_constant_is_held_to_f16s_tolerance():
     torch.testing.assert_close(cm(x)[0], Lin()(x)[0], rtol=1e-3, atol=1e-3 * 7.1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_arithmetic_on_scalars_alone_runs_on_the_chip(dtype):
+    """A bound computed from a statistic (T5 in f16 clamps its activations by finfo.max - 1000
+    where any is inf): its scalar ops were host ops, for want of a tile shape."""
+    class Clamp(torch.nn.Module):
+        def forward(self, x):
+            m = x.abs().amax()
+            c = torch.where(torch.isinf(x).any(), m - 1000, m)
+            return torch.clamp(x, min=-c, max=c), (m * 2 + 1).neg(), c
+
+    x = torch.randn(4, 6, dtype=dtype) * 3
+    cm = fexplore.compile(Clamp(), (x,))
+    assert cm.verification["ok"].all()
+    assert not cm.lowering.host_ops and not cm["lower"].stats.get("codegen_bugs")
+    scalar_kernels = [k for k in cm.kernels if k.kernel.kind == "vector" and "one element: one PE" in k.kernel.source]
+    assert scalar_kernels
+    for g, w in zip(cm(x), Clamp()(x)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w)
+
+
 def test_a_0d_tensor_input_and_0d_intermediates_used_again():
     class Temperature(torch.nn.Module):
         def forward(self, logits, t):

@@ -37,6 +37,8 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
             raise UnsupportedRegionError(n.op.name, label, "not a vector-unit op (elementwise, norm, softmax "
                                                            "or last-axis reduction)", loc=n.loc, node=n)
     inputs = Inputs.of(node, body)
+    if all(v.type.rank == 0 for v in list(body.inputs) + [v for n in body.nodes for v in n.outputs]):
+        return _scalars(node, body, inputs, label, cfg)
     shapes, dropped = _aligned_shapes(body, inputs, label)
     try:
         domain = tuple(np.broadcast_shapes(*shapes.values()))
@@ -152,6 +154,44 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
     w.lines += k.lines
     parts = sorted({_part(n) for n in body.nodes} | ({"split rows"} if split else set()))
     return GeneratedKernel(fname, "vector", w.text(), cfg, tuple(kparams), tuple(results), tuple(parts))
+
+
+def _scalars(node: Node, body, inputs: Inputs, label: str, cfg) -> GeneratedKernel:
+    """A region of scalars alone (a bound computed from a statistic: T5 in f16 clamps its
+    activations by one): each scalar a tile of one element, the ops in a row, on one PE."""
+    for n in body.nodes:
+        if n.op.name in vector.REDUCTIONS or n.op.name in vector.ROW_OPS:
+            raise UnsupportedRegionError(n.op.name, label, "a reduction of a scalar", loc=n.loc, node=n)
+    names = Names({"item"})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    params = [v for v in body.inputs if v.name not in inputs.literals]
+    kparams = [Param(names.new(v.name), inputs.index[v.name], (1,)) for v in params]
+    k = Writer()
+    k.depth = 1
+    onames = [names.new(v.name + "_out").upper() for v in body.outputs]
+    for v, oname in zip(body.outputs, onames):
+        k(f"{oname} = fl.output((1,), {fl_dtype(v.type.dtype)})")
+    k("for item in fl.parallel(range(1)):   # one element: one PE")
+    with k.indent():
+        tiles: dict[str, str] = dict(inputs.literals)
+        for v, p in zip(params, kparams):
+            tiles[v.name] = names.new(p.name + "_t")
+            k(f"{tiles[v.name]} = fl.load({p.name}[:])")
+        emit = vector.VectorEmitter(k, names, label)
+        for n in body.nodes:
+            tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], -1)
+        for v, oname in zip(body.outputs, onames):
+            k(f"fl.store({oname}[:], {tiles[v.name]})")
+    k(f"return {', '.join(onames)}")
+    w = Writer()
+    header(w, node, body, "vector-unit", [(p.name, v, p.shape) for p, v in zip(kparams, params)],
+           inputs.literals)
+    w(f'@fl.kernel(target="{cfg.name}")')
+    w(f"def {fname}({', '.join(f'{p.name}: {fl_dtype(v.type.dtype)}[1]' for p, v in zip(kparams, params))}):")
+    w.lines += k.lines
+    results = tuple(Result(i, tuple(node.outputs[i].type.shape)) for i in range(len(body.outputs)))
+    return GeneratedKernel(fname, "vector", w.text(), cfg, tuple(kparams), results, ("elementwise",))
 
 
 def _whole_rows(w, names, label, body, tiles, shapes, dropped, C, out_names):

@@ -126,6 +126,25 @@ def _where_same(rw, n, ins, made):
     return ins[1] if n.op.name == "where" and ins[1] is ins[2] else None
 
 
+@rule("vector-matmul-as-matrix")
+def _vector_matmul(rw, n, ins, made):
+    """A matmul with a 1-d operand (torch's vector-matrix, matrix-vector, dot) as one of matrices:
+    the vector a row (1, K) or a column (K, 1), the size-1 axis dropped from the result again.
+    Reshapes of a row-major tensor move no data, and the kernels see a contraction's usual ranks."""
+    if n.op.name != "matmul" or not any(x.type.rank == 1 for x in ins[:2]):
+        return None
+    a, b = ins[0], ins[1]
+    if a.type.rank == 1:
+        a = rw.emit("reshape", [a], {"shape": (1,) + tuple(a.type.shape)}, name=rw.fresh_name(f"{a.name}_row"),
+                    loc=n.loc)
+    if b.type.rank == 1:
+        b = rw.emit("reshape", [b], {"shape": tuple(b.type.shape) + (1,)}, name=rw.fresh_name(f"{b.name}_col"),
+                    loc=n.loc)
+    y = rw.emit("matmul", [a, b, *ins[2:]], dict(n.attrs), name=rw.fresh_name(f"{n.output.name}_2d"), loc=n.loc)
+    return rw.emit("reshape", [y], {"shape": tuple(n.output.type.shape)}, name=n.output.name, loc=n.loc,
+                   layout=n.output.type.layout)
+
+
 def simplify(graph: Graph, options) -> StageResult:
     rewrites: list[Rewrite] = []
     for _ in range(20):  # a fixed point comes in two or three rounds; the bound is a guard
