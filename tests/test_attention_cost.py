@@ -171,3 +171,20 @@ def test_an_sdpa_constant_causal_mask_is_the_causal_flag(target):
     flag, flag_arrays = sdpa(S, S, causal=True)
     assert codegen.generate(flag, target).parts == gk.parts
     simulated_equals_reference(flag, flag_arrays, codegen.generate(flag, target), target, bq=8)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.float32])
+def test_a_causal_mask_in_a_narrow_dtype_is_the_causal_structure(dtype):
+    """A model in f16 masks with -65504, its dtype's lowest value: exp of it underflows as -1e30's
+    does, so the mask is the causal triangle all the same (it was compared with -1e30 in f16,
+    which is -inf); a bf16 mask (numpy kind 'V') was not taken as a float mask at all."""
+    import ml_dtypes
+
+    from fexplore.lang.codegen import scores
+
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    low = float(ml_dtypes.finfo(dt).min)
+    add = np.where(np.tril(np.ones((6, 6), bool)), 0.0, low).astype(dt)[None, None]
+    assert scores.is_causal_additive(add, 6, 6)
+    assert scores._masks(np.asarray(low, dtype=dt))
+    assert not scores.is_causal_additive(np.where(np.tril(np.ones((6, 6), bool)), 0.0, -1e3).astype(dt), 6, 6)

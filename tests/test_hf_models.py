@@ -601,6 +601,32 @@ def test_hf_model_in_bf16(name):
 
 
 
+# Models loaded in a narrow dtype themselves (``torch_dtype=torch.bfloat16``, or ``.half()``): every op
+# reads and writes bf16/f16, the paths a float32 model under the bf16 policy never takes (a mean's
+# cast, T5's f16 clamp, attention with the model's own operand dtype)
+NATIVE = [("gpt2", torch.bfloat16), ("llama", torch.bfloat16), ("qwen2", torch.float16),
+          ("gemma2", torch.bfloat16), ("mixtral", torch.bfloat16), ("bert", torch.float16),
+          ("vit", torch.bfloat16), ("resnet", torch.bfloat16), ("convnext", torch.float16),
+          ("swin", torch.bfloat16), ("whisper", torch.float16), ("t5", torch.float16)]
+
+
+@pytest.mark.parametrize("name, dtype", NATIVE, ids=[f"{n}-{str(d).split('.')[1]}" for n, d in NATIVE])
+def test_hf_model_loaded_in_a_narrow_dtype_runs_on_the_chip(name, dtype):
+    model, inputs = build(name)
+    model = model.to(dtype)
+    inputs = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
+    want = _eager(model, inputs)
+    cm = fexplore.compile(model, inputs)
+    assert cm.verification["ok"].all(), cm.verification
+    assert not cm["lower"].stats.get("codegen_bugs"), cm["lower"].stats.get("codegen_bugs")
+    assert not cm.lowering.host_ops, [(h.op, h.reason) for h in cm.lowering.host_ops]
+    for g, w in zip(_leaves(cm(*inputs)), _leaves(want)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if w.dtype.is_floating_point:
+            scale = max(1.0, float(w.float().abs().max()))
+            assert float((g.float() - w.float()).abs().max()) <= 0.02 * scale   # a few roundings of 2^-8
+
+
 def test_the_readmes_hugging_face_factory_compiles_from_the_command_line(tmp_path, monkeypatch,
                                                                           capsys):
     readme = (Path(__file__).parents[1] / "README.md").read_text()

@@ -10,6 +10,7 @@ is the causal triangle is a load and a pass per block that the causal structure 
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from fexplore.ir import Constant, Node
@@ -87,9 +88,9 @@ def is_causal_additive(mask, S: int, T: int) -> bool:
     if mask is None:
         return False
     mask = np.asarray(mask)
-    if mask.dtype.kind != "f":
+    if not _is_float(mask):
         return False
-    kept, dropped = mask == 0, mask <= MASKED_BELOW
+    kept, dropped = mask.astype(np.float64) == 0, _masked(mask)
     return bool((kept | dropped).all()) and is_causal(kept, S, T)
 
 
@@ -114,16 +115,31 @@ def constant_payload(node: Node, index: dict[str, int]):
 
 def _masks(payload) -> bool:
     v = _scalar(payload)
-    return v is not None and v <= MASKED_BELOW
+    return v is not None and bool(_masked(np.asarray(payload)).all())
+
+
+def _masked(values: np.ndarray) -> np.ndarray:
+    """Where an additive mask drops its key: at or below MASKED_BELOW, or at the dtype's lowest
+    finite value (an f16 model masks with -65504; exp of it underflows in f32 all the same)."""
+    values = np.asarray(values)
+    floor = MASKED_BELOW
+    if _is_float(values):
+        floor = max(floor, float(ml_dtypes.finfo(values.dtype).min))
+    return values.astype(np.float64) <= floor
+
+
+def _is_float(values: np.ndarray) -> bool:
+    """A float array, bf16 and fp8 (ml_dtypes, numpy kind 'V') included."""
+    return values.dtype.kind == "f" or values.dtype in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn)
 
 
 def _scalar(payload) -> float | None:
     if payload is None:
         return None
     arr = np.asarray(payload)
-    if arr.size != 1 or arr.dtype.kind not in "fiu":
+    if arr.size != 1 or not (arr.dtype.kind in "iu" or _is_float(arr)):
         return None
-    v = float(arr.reshape(()))
+    v = float(arr.astype(np.float64).reshape(()))
     return v if not np.isnan(v) else None
 
 
