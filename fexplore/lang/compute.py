@@ -180,7 +180,8 @@ def _axis_index(t: Tile, axis, what: str, loc) -> int:
 
 
 def _broadcast(tiles: list[Tile], what: str, loc) -> tuple[tuple[int, ...], tuple]:
-    """numpy broadcasting, plus: where two operands both name an axis of size > 1, the names agree."""
+    """numpy broadcasting, plus: where two operands both name an axis of size > 1, the names agree;
+    an axis of size 1 in the result keeps its name where the operands give it one."""
     try:
         shape = tuple(np.broadcast_shapes(*(t.shape for t in tiles)))
     except ValueError:
@@ -190,10 +191,13 @@ def _broadcast(tiles: list[Tile], what: str, loc) -> tuple[tuple[int, ...], tupl
                          hint="reduce with keepdims (the default) so a row statistic has shape (rows, 1)") from None
     axes: list = [None] * len(shape)
     owner: list = [None] * len(shape)
+    size1: list = [set() for _ in shape]   # names operands give an axis of size 1
     for t in tiles:
         off = len(shape) - t.ndim
         for i, (d, a) in enumerate(zip(t.shape, t.axes)):
             j = off + i
+            if d == 1 and a is not None:
+                size1[j].add(a)
             if d == 1 or a is None:
                 continue
             if axes[j] is not None and axes[j] != a:
@@ -203,6 +207,11 @@ def _broadcast(tiles: list[Tile], what: str, loc) -> tuple[tuple[int, ...], tupl
                                 hint="the sizes agree but the axes do not: one operand is probably "
                                      "transposed; compute it with its axes in the other's order")
             axes[j], owner[j] = a, t.name
+    # an axis of size 1 in the result keeps the one name its operands give it (K of size 1 is still
+    # K: a reduction along it by name finds it)
+    for j, names in enumerate(size1):
+        if shape[j] == 1 and axes[j] is None and len(names) == 1:
+            axes[j] = next(iter(names))
     return shape, tuple(axes)
 
 

@@ -28,6 +28,7 @@ class MadeSchedule:
     latency_us: float
     build_s: float
     why: str = ""         # why there is no schedule (schedule None)
+    codegen_bugs: tuple = ()   # kernel generators that raised lowering this size (its nodes ran on the host)
 
 
 @dataclass
@@ -56,9 +57,9 @@ class Schedules:
         if static_schedule is not None:
             self._remember((), static_schedule, 0.0)
 
-    def _remember(self, key, sched, build_s) -> MadeSchedule:
+    def _remember(self, key, sched, build_s, codegen_bugs=()) -> MadeSchedule:
         res = sched.simulate()
-        made = MadeSchedule(key, sched, res.cycles, res.latency_s * 1e6, build_s)
+        made = MadeSchedule(key, sched, res.cycles, res.latency_s * 1e6, build_s, codegen_bugs=tuple(codegen_bugs))
         self._by_size[key] = made
         return made
 
@@ -115,10 +116,11 @@ class Schedules:
         low = lower(g, self.options).lowering
         result = schedule(g, self.options, lowering=low)
         if result.schedule is None:   # e.g. empty tensors: the caller runs the interpreter
-            made = MadeSchedule(key, None, 0, 0.0, time.perf_counter() - t0, result.stats.get("why", ""))
+            made = MadeSchedule(key, None, 0, 0.0, time.perf_counter() - t0, result.stats.get("why", ""),
+                                tuple(low.codegen_bugs))
             self._by_size[key] = made
             return made
-        return self._remember(key, result.schedule, time.perf_counter() - t0)
+        return self._remember(key, result.schedule, time.perf_counter() - t0, low.codegen_bugs)
 
     @property
     def made(self):

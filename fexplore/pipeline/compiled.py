@@ -118,6 +118,17 @@ class CompiledModel:
             self["schedule"].schedules = self._schedules
         return self._schedules
 
+    @property
+    def codegen_bugs(self) -> list[str]:
+        """Kernel generators that raised while lowering this model (each such node ran on the host
+        instead: right, but not on the chip): the lower stage's, and for symbolic dims those of the
+        sizes scheduled so far. Empty when every generator either made its kernel or refused
+        clearly."""
+        low = self["lower"].stats.get("codegen_bugs", []) if any(r.name == "lower" for r in self.stages) else []
+        scheds = self.schedules if any(r.name == "schedule" for r in self.stages) else None
+        made = list(scheds._by_size.values()) if scheds is not None else []
+        return list(low) + [b for m in made for b in m.codegen_bugs if b not in low]
+
     def simulate(self, *args, **kwargs):
         """Run on the simulated NPU. With inputs: functional mode, the SimResult's ``outputs``
         are the model's outputs (torch, in its structure) and ``.npu_outputs`` the raw DRAM

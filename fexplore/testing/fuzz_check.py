@@ -154,7 +154,7 @@ def check_model(model: torch.nn.Module, input_sets, resize=None, *,
         what = f"its {', '.join(changed[:3])}" if changed else "a module's training flag"
         return CaseResult("crash", f"compiling changed the user's model: {what}", "", "compile",
                           time.perf_counter() - t0)
-    bugs = cm["lower"].stats.get("codegen_bugs")
+    bugs = cm.codegen_bugs
     if bugs:   # a generator that raised: its node ran on the host, right but not on the chip
         return CaseResult("crash", f"codegen bug behind a host fallback: {_line(bugs[0])}", "", "lower",
                           time.perf_counter() - t0)

@@ -127,7 +127,7 @@ def run_case(case, stages=STAGES_RUN, *, chip: bool = False) -> Outcome:
         return Outcome(case.name, op, "refused", str(e).splitlines()[0][:160])
     except Exception as e:  # noqa: BLE001  (the point: count every raw exception)
         return Outcome(case.name, op, "crash", f"{type(e).__name__}: {str(e)[:160]}")
-    bugs = ex.result["lower"].stats.get("codegen_bugs") if chip else None
+    bugs = ex.result.codegen_bugs if chip else None
     if bugs:   # a generator that raised: its node ran on the host, right but not on the chip
         return Outcome(case.name, op, "crash", f"codegen bug behind a host fallback: {bugs[0][:160]}")
     bad = _close(got, want)

@@ -346,7 +346,7 @@ def run_fexplore(case: Case, want, noise) -> tuple[str, str, str]:
         return "refused", _first_line(e.message), e.code
     except Exception as e:
         return "raw", f"{type(e).__name__}: {_first_line(str(e))}", ""
-    bugs = cm["lower"].stats.get("codegen_bugs")
+    bugs = cm.codegen_bugs
     if bugs:   # a generator that raised: its node ran on the host, right but not on the chip
         return "raw", f"codegen bug behind a host fallback: {_first_line(bugs[0])}", ""
     bad = _compare(pytree.tree_leaves(out), want, noise, cm.graph, case.inputs)

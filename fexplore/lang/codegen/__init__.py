@@ -62,6 +62,10 @@ def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> Gen
     cfg = get_target(target)
     values = list(node.inputs) + list(node.outputs) + \
         [v for n in (node.regions[0].nodes if node.regions else []) for v in n.outputs]
+    if any(not isinstance(d, int) for v in values for d in v.type.shape):
+        # a symbolic graph's schedule is made per size, from the graph specialized to it
+        raise UnsupportedRegionError(node.op.name, region_label(node), "symbolic sizes (specialize the "
+                                     "shapes first)", loc=node.loc)
     if any(v.type.dtype == DType.f64 for v in values):
         raise UnsupportedRegionError(node.op.name, region_label(node), "f64: the chip has no f64 datapath",
                                      loc=node.loc)

@@ -246,6 +246,8 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     q_letters = "".join("s" if a == n_lead else "d" for a in q_order) if qm is not None else "sd"
     k_letters = "".join("t" if a == len(k_shape) - 2 else "d" for a in k_order) if km is not None else "td"
     v_letters = "".join("t" if a == len(v_shape) - 2 else "e" for a in v_order) if vm is not None else "te"
+    if min(len(q_letters), len(k_letters), len(v_letters)) < 2:   # a box read its one-element axis away
+        fail(next(n for n in body.nodes if id(n) in core_nodes), "q, k or v of depth 1 read as a vector")
     # pieces of D: computed q and k (rotary embedding) are made per piece between the cuts where
     # their graphs slice and concatenate D, and contracted piece by piece
     cuts = tuple(sorted({0, D} | _concat_cuts([x for x in (q, k) if x.name in computed], producer, D)))

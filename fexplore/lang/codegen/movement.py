@@ -250,7 +250,8 @@ def _write(node: Node, body, n: Node, cfg, params: list[View], outs: list[View],
 def _piece(w, names, cfg, p: Piece, params, outs, pnames, onames, body, named, last):
     """Write the copy of one piece; a piece whose tile loop is the one just written (`last`: the
     loop's header and the line after its body) joins that loop's body."""
-    walked = {b for b, _, step in p.src_map if b is not None and step > 1}
+    # a step over one element is no step: such an axis is indexed like any other
+    walked = {b for b, _, step in p.src_map if b is not None and step > 1 and p.extents[b] > 1}
     tiles = tile_sizes(p.extents, cfg, fixed=walked)
     loops = Loops(p.labels, p.extents, tiles, named)
     for b in walked:             # walked one index at a time: not a parallel axis

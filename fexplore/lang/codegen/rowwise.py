@@ -66,8 +66,8 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
     for v in params:
         pname = names.new(v.name)
         sh = shapes[v.name]
-        if v.type.rank == 0:
-            kshape, spec, box = (1,), ["1"], f"{pname}[:]"
+        if v.type.rank == 0:   # a tile of one row of one, as a block of rows is two axes
+            kshape, spec, box = (1, 1), ["1", "1"], f"{pname}[:, :]"
         else:
             view = groups.view(pats[v.name])
             tail = (C,) if sh[-1] == C else (1,)
@@ -84,7 +84,7 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
             box = f"{pname}[{', '.join(idx)}]"
         kparams.append(Param(pname, inputs.index[v.name], kshape))
         specs.append(f"{pname}: {fl_dtype(v.type.dtype)}[{', '.join(spec)}]")
-        boxes[v.name] = (pname, box, all(s == "1" for s in spec[:-1]) and v.type.rank != 0 or kshape == (1,))
+        boxes[v.name] = (pname, box, all(s == "1" for s in spec[:-1]) or kshape == (1,))
 
     live = len(params) + 2 * len(body.nodes)
     split = C * 4 * live * STAGES > cfg.sram_bytes_per_pe // 2   # whole rows do not fit: chunks of columns
@@ -141,7 +141,8 @@ def generate_vector(node: Node, cfg) -> GeneratedKernel:
         if split:
             plan.emit(k, names, tiles, chunked, out_names)
         else:
-            _whole_rows(k, names, label, body, tiles, shapes, dropped, C, out_names)
+            ranks = {v.name: len(p.shape) for p, v in zip(kparams, params)}
+            _whole_rows(k, names, label, body, tiles, shapes, dropped, C, out_names, ranks)
     k(f"return {', '.join(o for _, o, _ in out_names)}")
     if split:
         rows, cols = _split_tiles(cfg, sizes, C, plan.chunk_tiles, label)
@@ -194,16 +195,22 @@ def _scalars(node: Node, body, inputs: Inputs, label: str, cfg) -> GeneratedKern
     return GeneratedKernel(fname, "vector", w.text(), cfg, tuple(kparams), results, ("elementwise",))
 
 
-def _whole_rows(w, names, label, body, tiles, shapes, dropped, C, out_names):
-    """The body of a block of whole rows (its operands loaded): the region's nodes, its results stored."""
+def _whole_rows(w, names, label, body, tiles, shapes, dropped, C, out_names, ranks):
+    """The body of a block of whole rows (its operands loaded): the region's nodes, its results stored.
+    `ranks`: the parameters' tile ranks; a result made of 1-d tiles alone (operands the same for
+    every row: a scalar, a (1, 1, 1) tensor) is broadcast to its box's two axes."""
     emit = vector.VectorEmitter(w, names, label)
     for n in body.nodes:
         src = n.inputs[0]
         emit.axis = '"C"' if n.inputs and src.name in shapes and shapes[src.name][-1] == C and C > 1 else "-1"
         last = -1 if src.name in dropped else src.type.rank - 1
         tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], last)
+        ranks[n.outputs[0].name] = max((ranks.get(x.name, 0) for x in n.inputs), default=0)
     for v, oname, index in out_names:
-        w(f"fl.store({oname}[{', '.join(index + [':'])}], {tiles[v.name]})")
+        t = tiles[v.name]
+        if ranks.get(v.name, 0) < 2:
+            t = f"fl.broadcast_to({t}, (1, {'C' if shapes[v.name][-1] == C and C != 1 else 1}))"
+        w(f"fl.store({oname}[{', '.join(index + [':'])}], {t})")
 
 
 def _part(n: Node) -> str:
