@@ -23,6 +23,23 @@ def zoo_compiled():
     return get
 
 
+@pytest.fixture
+def softmax_generator_raises(monkeypatch):
+    """The kernel generator raises on any node holding a softmax (a codegen bug): the lower stage
+    then runs that node on the host."""
+    from fexplore.lang import codegen
+
+    real = codegen.generate
+
+    def broken(node, target, **kw):
+        ops = {n.op.name for n in node.regions[0].nodes} if node.regions else {node.op.name}
+        if "softmax" in ops:
+            raise AttributeError("'int' object has no attribute 'astype'")
+        return real(node, target, **kw)
+
+    monkeypatch.setattr(codegen, "generate", broken)
+
+
 def pytest_configure(config):
     # Under pytest-xdist each worker is a process of its own: one intra-op thread each, so the
     # workers share the cores instead of oversubscribing them.
