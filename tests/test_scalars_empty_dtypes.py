@@ -169,6 +169,22 @@ def test_an_f16_output_folded_into_a_constant_is_held_to_f16s_tolerance():
     torch.testing.assert_close(cm(x)[0], Lin()(x)[0], rtol=1e-3, atol=1e-3 * 7.1)
 
 
+def test_empty_operands_are_refused_by_name_not_a_generator_crash():
+    """A mean of nothing (nan) and a matmul over K = 0 (zeros plus the bias) have no tile to load:
+    the generators crashed on them (a box of no elements, a division by zero) and the nodes went
+    to the host as codegen bugs; they are refused clearly, and the interpreter gives torch's values."""
+    class Empty(torch.nn.Module):
+        def forward(self, x, a, b, bias):
+            return torch.var_mean(x, unbiased=False), torch.addmm(bias, a, b)
+
+    args = (torch.randn(0), torch.randn(3, 0), torch.randn(0, 4), torch.randn(4))
+    cm = fexplore.compile(Empty(), args)
+    assert not cm.codegen_bugs
+    assert cm.lowering.host_ops and all("empty operand" in h.reason for h in cm.lowering.host_ops)
+    for g, w in zip(torch.utils._pytree.tree_leaves(cm(*args)), torch.utils._pytree.tree_leaves(Empty()(*args))):
+        torch.testing.assert_close(g, w, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_arithmetic_on_scalars_alone_runs_on_the_chip(dtype):
     """A bound computed from a statistic (T5 in f16 clamps its activations by finfo.max - 1000

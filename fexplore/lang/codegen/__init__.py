@@ -72,6 +72,9 @@ def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> Gen
     if all(any(d == 0 for d in v.type.shape) for v in node.outputs):
         raise UnsupportedRegionError(node.op.name, region_label(node), "its outputs are empty: nothing to "
                                      "compute", loc=node.loc)
+    if any(d == 0 for v in node.inputs for d in v.type.shape):   # a mean of nothing, a matmul over K = 0
+        raise UnsupportedRegionError(node.op.name, region_label(node), "an empty operand: no tile to load",
+                                     loc=node.loc)
     if node.op.name in GATHERS:      # plain ops; inside a region they are still host work (below)
         return generate_gather(node, cfg)
     if node.op.name == "permute":
