@@ -24,6 +24,13 @@ from fexplore.pipeline.stages.schedule import build_schedule, check_schedule
 TOL = {"fp32": dict(rtol=1.3e-6, atol=2e-5), "bf16": dict(rtol=5e-2, atol=5e-2)}
 
 
+def _close_to_eager(got, want):
+    """f32 outputs within f32 noise of eager, relative to the outputs' scale (GPT logits reach
+    ~200: an absolute bound alone fails on the order of the ops, not on a bug)."""
+    scale = max(1.0, float(want.abs().max()))
+    torch.testing.assert_close(got, want, rtol=1.3e-6, atol=1e-6 * scale)
+
+
 def _eager(model, inputs):
     with torch.no_grad():
         return model(*inputs)
@@ -151,7 +158,7 @@ def test_a_resident_intermediate_is_read_in_place_on_its_own_pe(target):
     assert not any(c.resident_reads for c in spilled.program.commands)
     for a, b in zip(cm.schedule.outputs_of(cm.schedule.simulate(arrays)), spilled.outputs_of(spilled.simulate(arrays))):
         np.testing.assert_array_equal(a, b)
-    torch.testing.assert_close(cm(*inputs), _eager(model, inputs), **TOL["fp32"])
+    _close_to_eager(cm(*inputs), _eager(model, inputs))
 
 
 def _hf_gpt2(heads=8, width=128, seq=32):
@@ -188,7 +195,7 @@ def test_a_fused_qkv_projection_is_made_head_by_head_and_its_attention_starts_on
     cm = fexplore.compile(model, inputs, target=target)
     rec = cm["schedule"]
     assert rec.verification.ok and rec.verification.kernels.ok, rec.verification.kernels.detail
-    torch.testing.assert_close(cm(*inputs), _eager(model, inputs), **TOL["fp32"])
+    _close_to_eager(cm(*inputs), _eager(model, inputs))
     kernels = {x.name: x for x in cm.lowering.nodes if x.how == "generated"}
     qkv = next(x for n, x in kernels.items() if n.endswith("attn_c_attn"))
     attn = next(x for x in kernels.values() if x.kind == "attention")

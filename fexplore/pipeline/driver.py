@@ -12,12 +12,12 @@ import time
 import torch
 
 from fexplore.errors import FexploreError, NumericMismatchError, VerificationError
-from fexplore.ir import verify
+from fexplore.ir import DType, verify
 
 from .compiled import CompiledModel
 from .export import export_model, real_state
 from .ingest import Ingested, ingest
-from .numeric import Oracle, check_graph, first_divergent_from_export, tolerance_of
+from .numeric import Oracle, check_graph, compute_dtype, first_divergent_from_export, tolerance_of
 from .options import CompileOptions
 from .passmanager import PassManager
 from .stage import Stage, StageRecord, Verification, graph_stats
@@ -208,10 +208,13 @@ class Exploration:
 
             return OnnxOracle(self._ingested, self.example_inputs,
                               random_sets=self.options.random_input_sets, seed=self.options.seed)
+        # the twin's exact narrow ops (a dispatch mode) only where the model computes in f16/bf16:
+        # under a dispatch mode torch.cond compiles itself, fails, and keeps failing afterwards
+        narrow = compute_dtype(self._ingested.graph) in (DType.f16, DType.bf16)
         with _model_untouched(self.model):
             return Oracle(self.model, self.example_inputs,
                           random_sets=self.options.random_input_sets, seed=self.options.seed,
-                          precision=self.options.precision)
+                          precision=self.options.precision, exact_narrow=narrow)
 
     def _verify_hook(self, rec: StageRecord) -> None:
         if not self.options.verify:
