@@ -124,7 +124,7 @@ class CompiledModel:
         instead: right, but not on the chip): the lower stage's, and for symbolic dims those of the
         sizes scheduled so far. Empty when every generator either made its kernel or refused
         clearly."""
-        low = self["lower"].stats.get("codegen_bugs", []) if any(r.name == "lower" for r in self.stages) else []
+        low = self.lowering.codegen_bugs if self.lowering is not None else []
         scheds = self.schedules if any(r.name == "schedule" for r in self.stages) else None
         made = list(scheds._by_size.values()) if scheds is not None else []
         return list(low) + [b for m in made for b in m.codegen_bugs if b not in low]

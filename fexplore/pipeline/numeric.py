@@ -167,6 +167,9 @@ def _f64_twin(model: torch.nn.Module):
         return None, f"no f64 reference: copying the model failed ({type(e).__name__})"
 
 
+_NARROW_FLOATS = (torch.float16, torch.bfloat16)
+
+
 class _ExactNarrowOps(TorchDispatchMode):
     """The f64 twin's ops on the model's own f16/bf16 values (a cast inside ``forward`` stays a
     cast in the twin) computed in f64 and rounded once, to the dtype eager gives: eager's kernels
@@ -189,9 +192,6 @@ class _ExactNarrowOps(TorchDispatchMode):
         return pytree.tree_map(
             lambda o, w: w.to(o.dtype) if isinstance(o, torch.Tensor) and o.is_floating_point()
             and isinstance(w, torch.Tensor) and w.shape == o.shape else o, out, wide)
-
-
-_NARROW_FLOATS = (torch.float16, torch.bfloat16)
 
 
 def _f32_noise(twin, leaves, spec, outs32, exact_narrow: bool = True):

@@ -153,9 +153,6 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
         return v
 
     convs = [n for n in body.nodes if n.op.name == "conv2d"]
-    for c in convs:
-        if any(not isinstance(d, int) for v in list(c.inputs) + list(c.outputs) for d in v.type.shape):
-            fail(c, "symbolic sizes (specialize the shapes first)")
     out_shape = tuple(convs[0].outputs[0].type.shape)
     specs: list[_Conv] = []
     for c in convs:

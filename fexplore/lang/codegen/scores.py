@@ -13,7 +13,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from fexplore.ir import Constant, Node
+from fexplore.ir import Constant, DType, Node
 
 # an additive mask entry at or below this masks its key: exp of the shifted score underflows to 0
 # in f32 for any score a model can make (HF masks with the dtype's lowest finite value)
@@ -130,7 +130,10 @@ def _masked(values: np.ndarray) -> np.ndarray:
 
 def _is_float(values: np.ndarray) -> bool:
     """A float array, bf16 and fp8 (ml_dtypes, numpy kind 'V') included."""
-    return values.dtype.kind == "f" or values.dtype in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn)
+    try:
+        return DType.from_numpy(values.dtype).is_float
+    except TypeError:   # no IR dtype (complex)
+        return False
 
 
 def _scalar(payload) -> float | None:
