@@ -122,3 +122,24 @@ def test_the_policy_run_sees_the_inputs_eager_saw_not_the_state_eager_left():
     with torch.no_grad():
         plain = model.fc(state + x)
     assert 0 < noise < 0.05 * float(plain.abs().max()), noise   # bf16 operand rounding, not a step
+
+
+class Attend(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("rank", [3, 4])
+def test_attention_under_the_policy_rounds_q_k_v_and_nothing_else_whichever_kernel_eager_picks(rank):
+    """Eager's 3-d attention is its math path (a scaling and two bmm), the 4-d one a fused CPU
+    kernel; under the policy both are the IR's attention: q, k, v rounded, the rest wide. Rounding
+    the math path's bmm operands instead rounds ``q * scale`` and the probabilities (seed 720379)."""
+    g = torch.Generator().manual_seed(0)
+    shape = (1,) * (rank - 3) + (2, 6, 5)
+    q, k, v = (4 * torch.randn(shape, generator=g) for _ in range(3))
+    want = Attend()(q, k, v)
+    errors, _ = policy_error(Attend(), (q, k, v), [want], "bf16")
+    r = [t.bfloat16().double() for t in (q, k, v)]
+    p = torch.softmax(r[0] @ r[1].transpose(-1, -2) / 5 ** 0.5, -1)
+    by_hand = float(((p @ r[2]) - want.double()).abs().max())
+    assert errors[0] == pytest.approx(by_hand, rel=1e-3)
