@@ -7,6 +7,7 @@ import torch
 import fexplore
 from fexplore import ir
 from fexplore.errors import UnsupportedOperatorError
+from fexplore.pipeline.numeric import Oracle
 
 
 class Branchy(torch.nn.Module):
@@ -37,6 +38,31 @@ def test_cond_runs_both_branches_from_one_graph():
         with torch.no_grad():
             torch.testing.assert_close(cm(x), model(x))
     assert ir.parse(str(g)) == g
+
+
+@pytest.mark.parametrize("how", ["bf16 policy", "f16 model"])
+def test_cond_under_the_oracles_dispatch_modes_leaves_eager_working(how):
+    """The oracle runs the model under dispatch modes: the precision policy's rounding, and for a
+    model computing in f16 the f64 twin's exact narrow ops. torch.cond compiles itself with dynamo
+    in eager; under a mode without a rule for it, it raised, the policy's yardstick was lost, and
+    dynamo's cache was left so that the user's own eager calls of the model failed afterwards."""
+    torch.manual_seed(0)
+    model, x = Branchy().eval(), torch.ones(3, 6)
+    precision = "fp32"
+    if how == "bf16 policy":
+        precision = "bf16"
+    else:
+        model, x = model.half(), x.half()
+    oracle = Oracle(model, (x,), random_sets=0, precision=precision)
+    if how == "bf16 policy":
+        assert oracle.policy_note is None and oracle.policy_noise[0][0] > 0
+    cm = fexplore.compile(model, (x,), precision=precision)
+    assert cm.verification["ok"].all(), cm.verification
+    for xx in (x, -x):
+        with torch.no_grad():
+            want = model(xx)                       # the user's eager call still works
+        tol = 0.05 if how == "bf16 policy" else 2e-3
+        torch.testing.assert_close(cm(xx), want, rtol=tol, atol=tol)
 
 
 # A custom op of the kind users write: defined with torch.library, with a fake kernel for export.

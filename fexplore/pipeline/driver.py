@@ -208,8 +208,8 @@ class Exploration:
 
             return OnnxOracle(self._ingested, self.example_inputs,
                               random_sets=self.options.random_input_sets, seed=self.options.seed)
-        # the twin's exact narrow ops (a dispatch mode) only where the model computes in f16/bf16:
-        # under a dispatch mode torch.cond compiles itself, fails, and keeps failing afterwards
+        # the twin's exact narrow ops (a dispatch mode: a Python call per op) only where the model
+        # computes in f16/bf16; elsewhere they would change nothing
         narrow = compute_dtype(self._ingested.graph) in (DType.f16, DType.bf16)
         with _model_untouched(self.model):
             return Oracle(self.model, self.example_inputs,

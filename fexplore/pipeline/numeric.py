@@ -27,6 +27,7 @@ from fexplore.errors import ExportError
 from fexplore.ir import DType, Graph, run
 
 from .ingest import tensor_payload
+from .eager_modes import eager_under, runs_cond_branches
 from .policy_noise import POLICY_DTYPES, policy_error
 from .stage import NumericCheck
 
@@ -170,6 +171,7 @@ def _f64_twin(model: torch.nn.Module):
 _NARROW_FLOATS = (torch.float16, torch.bfloat16)
 
 
+@runs_cond_branches
 class _ExactNarrowOps(TorchDispatchMode):
     """The f64 twin's ops on the model's own f16/bf16 values (a cast inside ``forward`` stays a
     cast in the twin) computed in f64 and rounded once, to the dtype eager gives: eager's kernels
@@ -201,7 +203,7 @@ def _f32_noise(twin, leaves, spec, outs32, exact_narrow: bool = True):
     leaves64 = [x.to(torch.float64) if isinstance(x, torch.Tensor) and x.dtype == torch.float32
                 else x for x in leaves]
     try:
-        mode = _ExactNarrowOps() if exact_narrow else contextlib.nullcontext()
+        mode = eager_under(_ExactNarrowOps()) if exact_narrow else contextlib.nullcontext()
         with torch.no_grad(), mode:
             out64 = twin(*pytree.tree_unflatten(leaves64, spec))
     except Exception as e:  # models that insist on f32 somewhere inside: floor tolerance only

@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fexplore.ir import DType
 
 from .convert import ir_dtype
+from .eager_modes import eager_under, runs_cond_branches
 
 # The narrow dtype of each reduced-precision policy.
 POLICY_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
@@ -41,12 +42,17 @@ _OPERANDS = {
     "aten._scaled_dot_product_efficient_attention.default": (0, 1, 2),
     "aten._scaled_dot_product_attention_math.default": (0, 1, 2),
     "aten.upsample_bilinear2d.vec": (0,), "aten.upsample_bilinear2d.default": (0,),
+    # composite ops, which reach the mode whole inside a torch.cond branch (``eager_modes``)
+    "aten.linear.default": (0, 1), "aten.matmul.default": (0, 1),
+    "aten.conv1d.default": (0, 1), "aten.conv2d.default": (0, 1), "aten.conv3d.default": (0, 1),
+    "aten.scaled_dot_product_attention.default": (0, 1, 2),
 }
 
 # e4m3's largest finite value: the precision stage saturates there, as the hardware does
 _FP8_MAX = 448.0
 
 
+@runs_cond_branches
 class _NarrowContractions(TorchDispatchMode):
     """Rounds each contraction's narrowed operands to ``dtype`` (and back: the op itself runs in
     its own dtype, accumulating wide, as the chip does) and notes the narrowest float any op
@@ -111,7 +117,7 @@ def policy_error(model: torch.nn.Module, args: tuple, outs: list[torch.Tensor], 
     Raises whatever the model raises under the policy (the caller then keeps the fixed
     tolerance)."""
     mode = _NarrowContractions(POLICY_DTYPES[precision])
-    with torch.no_grad(), mode, _PolicyAttention(mode):
+    with torch.no_grad(), eager_under(mode), _PolicyAttention(mode):
         narrowed = model(*args)
     got = [o for o in pytree.tree_leaves(narrowed) if isinstance(o, torch.Tensor)]
     if len(got) != len(outs):
