@@ -1,0 +1,66 @@
+"""The ONNX door's numeric reference: ONNX Runtime, and its f64 twin of the model, which measures
+each output's reference noise. The twin computes f16/bf16 nodes exactly and rounds each result
+once (ONNX Runtime's f16 kernels round inside an op, and that error is the reference's), and runs
+in f32 the ops ONNX Runtime has no f64 kernel for (Erf: every exact-GELU model)."""
+
+import numpy as np
+from onnx import TensorProto, helper
+
+import fexplore
+from fexplore.pipeline.onnx.oracle import _f64_session, run_session, session
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _gelu_sum():
+    """x @ w -> exact GELU (Erf) -> sum over 256 values, in f32."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("w", TensorProto.FLOAT, (64, 256),
+                           (rng.standard_normal((64, 256)) / 8).astype(np.float32).ravel())
+    c = [helper.make_tensor(n, TensorProto.FLOAT, (), [v]) for n, v in
+         (("half", 0.5), ("one", 1.0), ("rsqrt2", 2 ** -0.5))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Mul", ["h", "rsqrt2"], ["hs"]),
+             helper.make_node("Erf", ["hs"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]),
+             helper.make_node("Mul", ["h", "e1"], ["he"]),
+             helper.make_node("Mul", ["he", "half"], ["y"]),
+             helper.make_node("ReduceSum", ["y"], ["s"], keepdims=0)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, (16, 64))],
+                   [helper.make_tensor_value_info("s", TensorProto.FLOAT, ())], [w, *c])
+    return model, rng.standard_normal((16, 64)).astype(np.float32) * 3
+
+
+def test_ops_without_an_f64_kernel_run_in_f32_in_the_twin():
+    model, x = _gelu_sum()
+    twin, note = _f64_session(model)
+    assert note is None, note            # before: no twin at all (no f64 Erf), no noise measured
+    (got,) = run_session(twin, ["x"], [x.astype(np.float64)])
+    (f32,) = run_session(session(model), ["x"], [x])
+    assert got.dtype == np.float64
+    assert 0 < abs(float(got) - float(f32)) < 1e-5 * abs(float(got))
+    cm = fexplore.compile(model, [x])     # before: FX301 at ingest, f32 rounding over 4096 terms
+    assert cm.verification["ok"].all(), cm.verification
+
+
+def _f16_sum(n=2048):
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"]),
+             helper.make_node("ReduceSum", ["sq"], ["s"], keepdims=0)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT16, (n,))],
+                  [helper.make_tensor_value_info("s", TensorProto.FLOAT16, ())])
+
+
+def test_f16_nodes_in_the_twin_are_exact_then_rounded_once():
+    model = _f16_sum()
+    x = np.random.default_rng(1).standard_normal(2048).astype(np.float16)
+    twin, note = _f64_session(model)
+    assert note is None
+    (got,) = run_session(twin, ["x"], [x.astype(np.float64)])
+    squares = (x.astype(np.float64) ** 2).astype(np.float16).astype(np.float64)  # Mul, rounded
+    assert float(got) == float(np.float16(squares.sum()))                       # ReduceSum, once
+    cm = fexplore.compile(model, [x])
+    assert cm.verification["ok"].all(), cm.verification
+    np.testing.assert_array_equal(np.asarray(cm(x)), np.float16(squares.sum()))
