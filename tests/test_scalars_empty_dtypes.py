@@ -277,6 +277,33 @@ def test_scatter_add_of_0d_tensors_and_a_cat_of_empty_ones():
     _compile_and_check(Odd(), inputs)
 
 
+@pytest.mark.parametrize("target", ["rngd", "tiny"])
+def test_values_with_no_elements_inside_a_model_fold_away(target):
+    """Hugging Face models at small configs make empty values inside forward: a rotary half of
+    zero width rotated and concatenated back (GPT-NeoX-Japanese: the schedule declared a DRAM
+    tensor of shape (1, 4, 8, 0), FX501), a concat with an empty operand (DeepSeek-V4: a host op),
+    a strided slice assignment that takes nothing from an axis of one (Qwen3.5's rotary: the
+    converter stated the slice's end as 1 - 3 + 1, FX403). Empty values are constants."""
+    class Empties(torch.nn.Module):
+        def forward(self, x, y):
+            rot, rest = x[..., :0], x[..., 0:]
+            rot = rot * 2 + torch.cat([-rot, rot], -1)[..., :0]
+            h = torch.cat([rot, rest], -1)
+            z = y.clone()
+            z[..., 1:33:3] = y[..., 1:33:3] * 3     # nothing on an axis of one
+            return torch.softmax(h @ h.transpose(-1, -2), -1) @ h, z + 1, x[:, :, :0].sum(-1)
+
+    g = torch.Generator().manual_seed(0)
+    inputs = (torch.randn(1, 4, 8, 8, generator=g), torch.randn(3, 1, generator=g))
+    cm = fexplore.compile(Empties(), inputs, target=target)
+    assert cm.verification["ok"].all(), cm.verification
+    assert not cm.lowering.host_ops and not cm.codegen_bugs
+    for got, want in zip(cm(*inputs), Empties()(*inputs)):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert cm["fold"].stats["empty_values"] >= 3
+
+
 def test_integer_products_with_float_scalars_sums_with_a_dtype_bool_pads_and_broadcast_masks():
     """From OpInfo with more samples per entry: addmv/addbmm/addmm on integers take float beta and
     alpha as integers (2.6 is 2); an int32 sum with dtype=int32 stays int32; a bool tensor padded

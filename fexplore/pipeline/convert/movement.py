@@ -128,12 +128,20 @@ def _slice(ctx):
     step = ctx.arg(4, "step", 1)
     length = ctx.out_type().shape[ax]
     # torch knows the result length; state the end exactly (start + length*step, within size)
-    end = start + (length - 1) * step + 1 if step > 1 else start + length
+    end = _slice_end(start, length, step)
     if isinstance(end, sympy.Expr):
         end = sympy.simplify(end)
     if start == 0 and step == 1 and _same(end, size):
         return x
     return ctx.emit("slice", [x], {"axis": ax, "start": start, "end": end, "step": step})
+
+
+def _slice_end(start, length, step):
+    """The tight exclusive end of `length` elements from `start`, `step` apart: just past the last
+    one, or `start` itself when there are none (x[1::3] of a size-1 axis: not 1 - 3 + 1)."""
+    if step > 1 and not (isinstance(length, int) and length == 0):
+        return start + (length - 1) * step + 1
+    return start + length
 
 
 def _same(a, b) -> bool:
@@ -601,8 +609,7 @@ def _slice_scatter(ctx):
     start = _clamp_index(ctx.arg(3, "start", 0), size) or 0
     end = _clamp_index(ctx.arg(4, "end", sys.maxsize), size)
     step = ctx.arg(5, "step", 1)
-    length = src.type.shape[ax]
-    end = start + (length - 1) * step + 1 if step > 1 else start + length
+    end = _slice_end(start, src.type.shape[ax], step)
     return ctx.emit("slice_scatter", [x, src], {"axis": ax, "start": start, "end": end,
                                                "step": step})
 

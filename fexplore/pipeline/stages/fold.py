@@ -30,6 +30,7 @@ def fold(graph: Graph, options) -> StageResult:
     folded_bytes = 0
     absorbed: set[str] = set()  # conv outputs whose batch norm folds into them
     scale_shift = 0             # other batch norms, become a per-channel scale and shift
+    emptied = 0                 # values with no elements
 
     producers = graph.producers()
     for node in graph.nodes:
@@ -44,7 +45,20 @@ def fold(graph: Graph, options) -> StageResult:
             _batch_norm_as_scale_and_shift(rw, node)
             scale_shift += 1
             continue
+        if _all_empty(node):
+            # a value with no elements holds no data: it is a constant, whatever computed it
+            for v in node.outputs:
+                rw.replace(v, rw.constant(v.name, np.empty(v.type.shape, v.type.dtype.numpy), type=v.type))
+            emptied += 1
+            rw.record("fold-empty", [v.name for v in node.outputs])
+            continue
         ins = [rw.lookup(v) for v in node.inputs]
+        if node.op.name == "concat" and _drop_empty_operands(rw, node, ins):
+            continue
+        if _writes_nothing(node, ins):
+            rw.replace(node.output, ins[0])
+            rw.record("write-of-nothing", [node.output.name])
+            continue
         if not _foldable(node, ins):
             rw.keep(node)
             continue
@@ -70,10 +84,46 @@ def fold(graph: Graph, options) -> StageResult:
     g = rw.finish()
     stats = {"constants_folded": folded, "folded_bytes": folded_bytes,
              "conv_batchnorm_folded": len(absorbed), "batchnorm_as_scale_shift": scale_shift,
-             "not_folded_over_size_limit": skipped_for_size}
+             "not_folded_over_size_limit": skipped_for_size, "empty_values": emptied}
     summary = f"{folded} values folded ({folded_bytes:,} B), {len(absorbed)} conv+batch-norm pairs" + \
         (f", {scale_shift} batch norms as scale and shift" if scale_shift else "")
     return StageResult(g, stats, rw.rewrites, summary)
+
+
+def _all_empty(node: Node) -> bool:
+    """Every result has no elements (a static shape with a 0 in it): a slice of nothing, a rotary
+    half of a zero-width rotation, whatever reads them elementwise."""
+    return not node.regions and bool(node.outputs) and all(_empty(v) for v in node.outputs)
+
+
+def _drop_empty_operands(rw: Rewriter, node: Node, ins) -> bool:
+    """A concat without its operands of no elements (they add nothing; a kernel has no tile for
+    them), or the one operand left. False when there is none to drop."""
+    kept = [v for v in ins if not _empty(v)]
+    if len(kept) == len(ins) or not kept:
+        return False
+    if len(kept) == 1 and kept[0].type.shape == node.output.type.shape:
+        rw.replace(node.output, kept[0])
+    else:
+        rw.rebuild(node, kept)
+    rw.record("concat-drop-empty", [node.output.name])
+    return True
+
+
+def _empty(v) -> bool:
+    return v.type.is_static and 0 in v.type.shape
+
+
+# the operands whose emptiness makes a write into a copy of input 0 write nothing
+_UPDATES = {"slice_scatter": (1,), "scatter": (1,), "index_put": None}   # None: any index
+
+
+def _writes_nothing(node: Node, ins) -> bool:
+    """A slice_scatter of no values, a scatter or index_put at no index: the result is input 0."""
+    if node.op.name not in _UPDATES or node.output.type != ins[0].type:
+        return False
+    which = _UPDATES[node.op.name]
+    return any(_empty(v) for v in (ins[2:] if which is None else [ins[i] for i in which]))
 
 
 def _foldable(node: Node, ins) -> bool:
