@@ -63,13 +63,20 @@ class _NarrowContractions(TorchDispatchMode):
         self.dtype = dtype
         self.narrowest: set[torch.dtype] = set()
         self.paused = False  # inside an attention whose operands are already rounded
+        self.recording = True
 
     def _round(self, t):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dtype == self.dtype:
             return t
-        if self.dtype == torch.float8_e4m3fn:
-            t = t.clamp(-_FP8_MAX, _FP8_MAX)
-        return t.to(self.dtype).to(t.dtype)
+        # called from the function mode (attention), these ops reach this dispatch mode: they
+        # are the policy's rounding, not a dtype the model computes in
+        self.recording = False
+        try:
+            if self.dtype == torch.float8_e4m3fn:
+                t = t.clamp(-_FP8_MAX, _FP8_MAX)
+            return t.to(self.dtype).to(t.dtype)
+        finally:
+            self.recording = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -77,9 +84,10 @@ class _NarrowContractions(TorchDispatchMode):
         if which:
             args = tuple(self._round(a) if i in which else a for i, a in enumerate(args))
         out = func(*args, **kwargs)
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
-                self.narrowest.add(t.dtype)
+        if self.recording:
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    self.narrowest.add(t.dtype)
         return out
 
 
