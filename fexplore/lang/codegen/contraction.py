@@ -245,8 +245,11 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
         k = leading_broadcast(view, sizes)
         return [f'"{axis_names[j]}"' if view[j] != 1 or sizes[j] == 1 else "1" for j in range(k, len(view))], k
 
-    def group_index(view, k):
-        return [loop_vars[j] if view[j] != 1 or sizes[j] == 1 else ("0:1" if j == len(view) - 1 else "0")
+    def group_index(view, k, ends_in_m=True):
+        # a broadcast group is indexed away ("0"), but M, the last group of a view that ends in
+        # it, stays an axis of one ("0:1"); a batched weight's view stops before M
+        return [loop_vars[j] if view[j] != 1 or sizes[j] == 1 else
+                ("0:1" if ends_in_m and j == len(view) - 1 else "0")
                 for j in range(k, len(view))]
 
     # activations
@@ -291,7 +294,7 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
         else:
             view = groups.view(b_pat)[:-1] + (1,)
             sp, k0 = group_spec(view[:-1])
-            idx = group_index(view[:-1], k0)
+            idx = group_index(view[:-1], k0, ends_in_m=False)
             wn = add_param(wv, trimmed(view[:-1], tail, sizes[:-1]), sp + tail_spec)
             box = f"{wn}[{', '.join(idx + tail_idx)}]"
         w_boxes.append((cast_to(f"fl.load({box})", wv.type.dtype, c.inputs[1].type.dtype),
