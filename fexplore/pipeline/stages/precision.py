@@ -61,20 +61,10 @@ class _Policy:
         self.rewrites = []
 
     def narrow_constant(self, rw: Rewriter, c: Constant) -> Constant:
-        if c.name not in self.converted and c.payload is None:   # a meta-device weight: the type only
-            new = rw.constant(f"{c.name}.{self.dtype.value}", None, source=c.source,
-                              type=c.type.with_dtype(self.dtype), digest=f"{c.digest}.{self.dtype.value}")
+        if c.name not in self.converted:
+            self.converted[c.name] = _constant_in(rw, c, self.dtype)
             itemsize = c.type.dtype.numpy.itemsize - self.dtype.numpy.itemsize
             self.bytes_saved += int(np.prod(c.type.shape)) * itemsize
-            self.converted[c.name] = new
-        elif c.name not in self.converted:
-            payload = c.payload.astype(np.float32)
-            if self.dtype == DType.fp8:  # saturate as the hardware does, instead of NaN
-                payload = np.clip(payload, -448.0, 448.0)
-            new = rw.constant(f"{c.name}.{self.dtype.value}", payload.astype(self.dtype.numpy),
-                              source=c.source, type=c.type.with_dtype(self.dtype))
-            self.bytes_saved += int(c.payload.nbytes - new.payload.nbytes)
-            self.converted[c.name] = new
         elif all(x.name != self.converted[c.name].name for x in rw.constants):
             rw.constants.append(self.converted[c.name])
         return self.converted[c.name]
@@ -147,6 +137,19 @@ def _weight_inputs(body: Graph) -> set[int]:
     return {names[k] for k, flags in uses.items() if k in names and all(flags)}
 
 
+def _constant_in(rw: Rewriter, c: Constant, dtype: DType) -> Constant:
+    """``c`` converted to ``dtype`` once, at compile time (fp8 saturating, as the hardware does,
+    instead of NaN); a meta-device weight by its type alone."""
+    if c.payload is None:
+        return rw.constant(f"{c.name}.{dtype.value}", None, source=c.source,
+                           type=c.type.with_dtype(dtype), digest=f"{c.digest}.{dtype.value}")
+    payload = c.payload.astype(np.float32)
+    if dtype == DType.fp8:
+        payload = np.clip(payload, -448.0, 448.0)
+    return rw.constant(f"{c.name}.{dtype.value}", payload.astype(dtype.numpy), source=c.source,
+                       type=c.type.with_dtype(dtype))
+
+
 # Ops that only move data: a cast commutes with them.
 _DATA_ONLY = {"reshape", "permute", "slice", "select", "split", "expand", "relayout"}
 
@@ -186,6 +189,9 @@ def narrow_through_exact_ops(graph: Graph, dtype: DType) -> tuple[Graph, list]:
             entering = {i for i, v in enumerate(n.inputs) if v.name in narrowed}
             if id(n) in picked:
                 for i in picked[id(n)]:
+                    if isinstance(ins[i], Constant):   # converted now, not by a kernel at run time
+                        ins[i] = _constant_in(rw, ins[i], dtype)
+                        continue
                     ins[i] = rw.emit("cast", [ins[i]], {"dtype": dtype},
                                      name=rw.fresh_name(f"{n.inputs[i].name}_narrow"), loc=n.loc,
                                      layout=ins[i].type.layout)   # computes in its input's layout
