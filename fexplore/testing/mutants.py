@@ -236,10 +236,10 @@ MUTANTS: list[Mutant] = [
                   'attrs["out_dtype"] = node.outputs[0].type.dtype', 'attrs["out_dtype"] = self.dtype'),)),
     Mutant("precision-weights-at-fp8", "precision: weight conversion (bf16)",
            "weights converted to bf16 are first rounded to fp8 (e4m3) resolution",
-           (Patch("fexplore.pipeline.stages.precision:_Policy.narrow_constant",
-                  "new = rw.constant(f\"{c.name}.{self.dtype.value}\", payload.astype(self.dtype.numpy),",
-                  "new = rw.constant(f\"{c.name}.{self.dtype.value}\", np.clip(payload, -448.0, 448.0)"
-                  ".astype(DType.fp8.numpy).astype(np.float32).astype(self.dtype.numpy),"),)),
+           (Patch("fexplore.pipeline.stages.precision:_constant_in",
+                  "return rw.constant(f\"{c.name}.{dtype.value}\", payload.astype(dtype.numpy),",
+                  "return rw.constant(f\"{c.name}.{dtype.value}\", np.clip(payload, -448.0, 448.0)"
+                  ".astype(DType.fp8.numpy).astype(np.float32).astype(dtype.numpy),"),)),
     Mutant("broadcast-axes-merged", "lower: codegen domain (broadcasting)",
            "neighbouring leading axes are merged even where an operand broadcasts along one and not the other",
            (Patch(f"{_CG}.domain:group_axes",
