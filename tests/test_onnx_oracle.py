@@ -3,6 +3,8 @@ each output's reference noise. The twin computes f16/bf16 nodes exactly and roun
 once (ONNX Runtime's f16 kernels round inside an op, and that error is the reference's), and runs
 in f32 the ops ONNX Runtime has no f64 kernel for (Erf: every exact-GELU model)."""
 
+import math
+
 import numpy as np
 from onnx import TensorProto, helper
 
@@ -44,6 +46,18 @@ def test_ops_without_an_f64_kernel_run_in_f32_in_the_twin():
     assert 0 < abs(float(got) - float(f32)) < 1e-5 * abs(float(got))
     cm = fexplore.compile(model, [x])     # before: FX301 at ingest, f32 rounding over 4096 terms
     assert cm.verification["ok"].all(), cm.verification
+
+
+def test_a_value_read_by_two_ops_without_an_f64_kernel_is_cast_once():
+    nodes = [helper.make_node("Erf", ["x"], ["a"]), helper.make_node("Erf", ["x"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4,))],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4,))])
+    twin, note = _f64_session(model)
+    assert note is None, note            # before: two Casts defined x.f32, an invalid model
+    x = np.linspace(-2, 2, 4)
+    (got,) = run_session(twin, ["x"], [x])
+    np.testing.assert_allclose(got, 2 * np.array([math.erf(v) for v in x]), rtol=1e-6)
 
 
 def _f16_sum(n=2048):

@@ -26,8 +26,8 @@ from fexplore.errors import ExportError
 
 from fexplore.ir import DType, Graph, run
 
-from .ingest import tensor_payload
 from .eager_modes import eager_under, runs_cond_branches
+from .ingest import tensor_payload
 from .policy_noise import POLICY_DTYPES, policy_error
 from .stage import NumericCheck
 

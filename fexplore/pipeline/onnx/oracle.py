@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+import ml_dtypes
 import numpy as np
 
 from fexplore.errors import ErrorDoc, FexploreError
@@ -137,14 +138,8 @@ def _f64_session(model):
             in_f32.add(missing.group(1))
 
 
-def _widened_dtypes():
-    import ml_dtypes
-
-    return {np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
-
-
 # the float dtypes the twin computes in f64
-_WIDENED = _widened_dtypes()
+_WIDENED = {np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
 
 
 def f64_twin(model, in_f32=frozenset()):
@@ -225,13 +220,15 @@ def _rewire(g, types: dict[str, int], in_f32) -> None:
     narrow = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
     floats = (TensorProto.FLOAT,) + narrow
     cast = onnx.helper.make_node
-    nodes = []
+    nodes, in_f32_made = [], set()
     for n in g.node:
         f32 = n.op_type in in_f32
         if f32:
             for k, x in enumerate(n.input):
                 if x and types.get(x) in floats:
-                    nodes.append(cast("Cast", [x], [x + ".f32"], to=TensorProto.FLOAT))
+                    if x not in in_f32_made:   # one cast per value, however many nodes read it
+                        nodes.append(cast("Cast", [x], [x + ".f32"], to=TensorProto.FLOAT))
+                        in_f32_made.add(x)
                     n.input[k] = x + ".f32"
             for a in n.attribute:
                 if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and \

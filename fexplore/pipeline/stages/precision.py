@@ -184,13 +184,16 @@ def narrow_through_exact_ops(graph: Graph, dtype: DType) -> tuple[Graph, list]:
             return graph, rewrites
         narrowed = {n.outputs[0].name for n in graph.nodes if id(n) in picked}
         rw = Rewriter(graph)
+        converted: dict[str, Constant] = {}
         for n in graph.nodes:
             ins = [rw.lookup(v) for v in n.inputs]
             entering = {i for i, v in enumerate(n.inputs) if v.name in narrowed}
             if id(n) in picked:
                 for i in picked[id(n)]:
                     if isinstance(ins[i], Constant):   # converted now, not by a kernel at run time
-                        ins[i] = _constant_in(rw, ins[i], dtype)
+                        if ins[i].name not in converted:
+                            converted[ins[i].name] = _constant_in(rw, ins[i], dtype)
+                        ins[i] = converted[ins[i].name]
                         continue
                     ins[i] = rw.emit("cast", [ins[i]], {"dtype": dtype},
                                      name=rw.fresh_name(f"{n.inputs[i].name}_narrow"), loc=n.loc,
