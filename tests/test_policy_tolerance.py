@@ -9,7 +9,8 @@ import torch
 import fexplore
 from fexplore.errors import NumericMismatchError
 from fexplore.ir import DType
-from fexplore.pipeline.numeric import POLICY_MULTIPLE, TOLERANCES, Oracle, tolerance_of
+from fexplore.pipeline.numeric import (POLICY_MULTIPLE, TOLERANCES, Oracle, narrowed_outputs, policy_noise_of,
+                                      tolerance_of, tolerances_of)
 from fexplore.pipeline.policy_noise import policy_error
 from fexplore.testing.mutants import MUTANTS
 
@@ -44,7 +45,7 @@ def test_the_policy_error_is_eager_with_narrowed_contraction_operands():
         by_hand = model.norm(x.bfloat16().float() @ model.fc.weight.bfloat16().float().T)
     assert errors[0] == pytest.approx(float((by_hand - want).abs().max()), rel=1e-6)
     assert errors[0] > 10 * TOLERANCES[DType.bf16].atol   # ill-conditioned: far past a fixed bound
-    assert own == DType.f32
+    assert own == [DType.f32]
 
 
 def test_the_model_own_narrow_dtype_is_noted():
@@ -53,7 +54,51 @@ def test_the_model_own_narrow_dtype_is_noted():
             return (x.half() * 2).float()
 
     errors, own = policy_error(CastsItself(), (torch.randn(4),), [torch.randn(4)], "bf16")
-    assert own == DType.f16
+    assert own == [DType.f16]
+
+
+class CastsOneOutput(torch.nn.Module):
+    """The ill-conditioned norm (its policy error far past bf16's fixed bound) beside a value the
+    model casts to f16 itself, once as an output and once dead (fuzz seed 1280423: a dead
+    ``.to(bfloat16)`` held every output to bf16's fixed bound, with no allowance for the policy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = NarrowSpreadNorm()
+
+    def forward(self, x):
+        x.to(torch.bfloat16) * 2    # computed and dropped, as in the fuzz seed
+        return self.inner(x), (x.half() * 2).float()
+
+
+def test_the_model_own_dtype_is_per_output_and_ignores_dead_values():
+    torch.manual_seed(0)
+    model = CastsOneOutput().eval()
+    x = 3.0 + 0.1 * torch.randn(4, 8)
+    with torch.no_grad():
+        want = model(x)
+    errors, own = policy_error(model, (x,), list(want), "bf16")
+    assert own == [DType.f32, DType.f16]
+    assert errors[0] > 10 * TOLERANCES[DType.bf16].atol and errors[1] == 0.0
+
+
+def test_an_output_the_policy_narrowed_gets_its_allowance_beside_a_narrow_output():
+    torch.manual_seed(0)
+    model = CastsOneOutput().eval()
+    inputs = (3.0 + 0.1 * torch.randn(4, 8),)
+    cm = fexplore.compile(model, inputs, precision="bf16")
+    oracle = Oracle(model, inputs, random_sets=0, precision="bf16")
+    assert narrowed_outputs(cm.graph, oracle) == [True, False]
+    # the norm's output: f32's bound plus the policy's error; the f16 output: f16's, no allowance
+    assert tolerances_of(cm.graph, oracle) == [TOLERANCES[DType.f32], TOLERANCES[DType.f16]]
+    assert policy_noise_of(oracle, 0, cm.graph)[1] is None
+    ingest = cm.stages[0].after
+    assert narrowed_outputs(ingest, oracle) == [False, False]
+    assert tolerances_of(ingest, oracle) == [TOLERANCES[DType.f32], TOLERANCES[DType.f16]]
+    with torch.no_grad():
+        got, want = cm(*inputs), model(*inputs)
+    assert float((got[0] - want[0]).abs().max()) > 2 * TOLERANCES[DType.bf16].atol
+    assert torch.equal(got[1], want[1])
 
 
 def test_an_ill_conditioned_output_passes_at_the_policy_own_error():
@@ -140,7 +185,7 @@ def test_attention_under_the_policy_rounds_q_k_v_and_nothing_else_whichever_kern
     q, k, v = (4 * torch.randn(shape, generator=g) for _ in range(3))
     want = Attend()(q, k, v)
     errors, own = policy_error(Attend(), (q, k, v), [want], "bf16")
-    assert own == DType.f32   # the policy's own rounding is not a dtype the model computes in
+    assert own == [DType.f32]  # the policy's own rounding is not a dtype the model computes in
     r = [t.bfloat16().double() for t in (q, k, v)]
     p = torch.softmax(r[0] @ r[1].transpose(-1, -2) / 5 ** 0.5, -1)
     ir_way = float(((p @ r[2]) - want.double()).abs().max())

@@ -99,13 +99,13 @@ class Oracle:
         self.expected: list[list[np.ndarray]] = []
         self.noise: list[list[float]] = []
         # Under a reduced-precision policy (``precision`` bf16 or fp8): per set and output, eager's
-        # own error under that policy (``fexplore.pipeline.policy_noise``), and the narrowest
-        # float the model computes in by itself. None when fp32, or when the model does not run
-        # under the policy (``policy_note`` says why): the fixed tolerance of the policy's dtype
-        # then applies.
+        # own error under that policy (``fexplore.pipeline.policy_noise``), and per output the
+        # narrowest float the model computes it through by itself. None when fp32, or when the
+        # model does not run under the policy (``policy_note`` says why): the fixed tolerance
+        # of the policy's dtype then applies.
         self.precision = precision
         self.policy_noise: list[list[float]] | None = [] if precision in POLICY_DTYPES else None
-        self.model_dtype: DType | None = None
+        self.model_dtypes: list[DType] | None = None
         self.policy_note: str | None = None
         flat, spec = pytree.tree_flatten(example_args)
         rng = np.random.default_rng(seed)
@@ -144,14 +144,14 @@ class Oracle:
         try:
             errors, own = policy_error(model, args, outs, self.precision)
         except Exception as e:  # a model that breaks under the dispatch mode: fixed tolerance
-            self.policy_noise, self.model_dtype = None, None
+            self.policy_noise, self.model_dtypes = None, None
             self.policy_note = (f"no {self.precision} reference: the model does not run under "
                                 f"the policy ({type(e).__name__})")
             return
         self.policy_noise.append(errors)
-        order = list(TOLERANCES)[::-1]   # fp8, bf16, f16, f32: the narrowest over every set
-        self.model_dtype = min((d for d in (self.model_dtype, own) if d is not None),
-                               key=order.index)
+        # per output, the narrowest over every set
+        self.model_dtypes = own if self.model_dtypes is None else \
+            [min(a, b, key=_NARROW_FIRST.index) for a, b in zip(self.model_dtypes, own)]
 
 
 def _f64_twin(model: torch.nn.Module):
@@ -248,30 +248,52 @@ def _like(x, rng: np.random.Generator):
     return torch.from_numpy(np.asarray(a)).to(x.dtype)
 
 
+_NARROW_FIRST = [DType.fp8, DType.bf16, DType.f16, DType.f32]
+
+
 def compute_dtype(g: Graph) -> DType:
     """The lowest-precision float a graph's results or contraction operands carry, or its outputs
     (an output folded into a constant has no node)."""
-    order = [DType.fp8, DType.bf16, DType.f16, DType.f32]
     seen = {v.type.dtype for n in g.walk() for v in list(n.outputs) + list(n.inputs)} | \
         {v.type.dtype for v in g.outputs}
-    for d in order:
+    for d in _NARROW_FIRST:
         if d in seen:
             return d
     return DType.f32
 
 
-def compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: Tolerance,
-            noise: Sequence[float] | None = None, policy_noise: Sequence[float] | None = None,
+def output_dtypes(g: Graph) -> list[DType]:
+    """Per output, the lowest-precision float it is computed through: its own dtype and that of
+    every value read or written on its way (inside regions too). A value no output depends on
+    narrows nothing."""
+    def rank(d: DType) -> int:
+        return _NARROW_FIRST.index(d) if d in _NARROW_FIRST else len(_NARROW_FIRST) - 1
+
+    low: dict[str, int] = {}
+    for n in g.nodes:   # in order: a node's inputs are ranked before it
+        inside = [rank(v.type.dtype) for r in n.regions for m in r.walk()
+                  for v in list(m.inputs) + list(m.outputs)]
+        r = min([low.get(v.name, rank(v.type.dtype)) for v in n.inputs] + inside +
+                [rank(v.type.dtype) for v in n.outputs])
+        for v in n.outputs:
+            low[v.name] = r
+    return [_NARROW_FIRST[min(low.get(v.name, 3), rank(v.type.dtype))] for v in g.outputs]
+
+
+def compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: Tolerance | Sequence[Tolerance],
+            noise: Sequence[float] | None = None, policy_noise: Sequence[float | None] | None = None,
             policy: str = ""):
-    """(max_abs, max_rel, ok, detail) over all outputs. ``noise[i]`` is eager's own f32 error on
-    output i; ``NOISE_MULTIPLE`` times it is allowed on top of the tolerance. ``policy_noise[i]``
-    is eager's error under the reduced-precision ``policy``; ``POLICY_MULTIPLE`` times it is
-    allowed too."""
+    """(max_abs, max_rel, ok, detail) over all outputs. ``tol``: one for all, or one per output.
+    ``noise[i]`` is eager's own f32 error on output i; ``NOISE_MULTIPLE`` times it is allowed on
+    top of the tolerance. ``policy_noise[i]`` is eager's error under the reduced-precision
+    ``policy`` (None: output i is not narrowed by it); ``POLICY_MULTIPLE`` times it is allowed
+    too."""
+    tols = [tol] * len(want) if isinstance(tol, Tolerance) else list(tol)
     if len(got) != len(want):
         return np.inf, np.inf, False, f"{len(got)} outputs, eager gives {len(want)}"
     max_abs = max_rel = 0.0
     ok, detail = True, None
-    for i, (a, b) in enumerate(zip(got, want)):
+    for i, (a, b, tol) in enumerate(zip(got, want, tols)):
         if a.shape != b.shape:
             return np.inf, np.inf, False, f"output {i}: shape {a.shape}, eager {b.shape}"
         if b.dtype.kind in "biu" or b.dtype == np.bool_:
@@ -293,13 +315,13 @@ def compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: Toleranc
         max_abs = max(max_abs, float(diff.max()))
         max_rel = max(max_rel, float(np.max(diff / np.maximum(mag, tol.atol))))
         slack = NOISE_MULTIPLE * noise[i] if noise else 0.0
-        narrowed = POLICY_MULTIPLE * policy_noise[i] if policy_noise else 0.0
+        narrowed = POLICY_MULTIPLE * (policy_noise[i] or 0.0) if policy_noise else 0.0
         limit = tol.atol * scale + tol.rtol * mag + slack + narrowed
         if np.any(diff > limit):
             worst = int(np.argmax(diff - limit))
             ok = False
             extra = f" + {NOISE_MULTIPLE:g}x eager's f32 noise {noise[i]:.1e}" if slack else ""
-            if policy_noise is not None:
+            if policy_noise is not None and policy_noise[i] is not None:
                 extra += f" + {POLICY_MULTIPLE:g}x eager's {policy} error {policy_noise[i]:.1e}"
             detail = detail or (f"output {i}: |diff| {diff[worst]:.3e} exceeds "
                                 f"{limit[worst]:.3e} ({tol}{extra})")
@@ -308,22 +330,23 @@ def compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: Toleranc
 
 def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
                 before: Graph | None = None) -> NumericCheck:
-    tol = tol or tolerance_of(g, oracle)
+    tols = [tol] * len(g.outputs) if tol else tolerances_of(g, oracle)
     worst_abs = worst_rel = 0.0
     ok, detail = True, None
     for k, (inputs, want, noise) in enumerate(zip(oracle.input_sets, oracle.expected, oracle.noise)):
         got = accept_tie_order(g, inputs, run(g, inputs), want)
-        a, r, good, d = compare(got, want, tol, noise, policy_noise_of(oracle, k, g),
+        a, r, good, d = compare(got, want, tols, noise, policy_noise_of(oracle, k, g),
                                 getattr(oracle, "precision", ""))
         worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
         if not good and ok:
             ok, detail = False, d
     divergent = None
     if not ok and before is not None:
-        divergent = first_divergent(before, g, oracle.input_sets[0], tol)
+        divergent = first_divergent(before, g, oracle.input_sets[0], tol or tolerance_of(g, oracle))
     worst_noise = max((n for ns in oracle.noise for n in ns), default=0.0)
-    described = str(tol) + (f" + {NOISE_MULTIPLE:g}x eager's f32 noise (up to {worst_noise:.1e})"
-                             if worst_noise else "")
+    kinds = list(dict.fromkeys(str(t) for t in tols)) or [str(tolerance_of(g, oracle))]
+    described = (kinds[0] if len(kinds) == 1 else "by output: " + "; ".join(kinds)) + \
+        (f" + {NOISE_MULTIPLE:g}x eager's f32 noise (up to {worst_noise:.1e})" if worst_noise else "")
     if policy_noise_of(oracle, 0, g) is not None:
         worst_policy = max((n for ns in oracle.policy_noise for n in ns), default=0.0)
         described += (f" + {POLICY_MULTIPLE:g}x eager's {oracle.precision} error "
@@ -332,39 +355,55 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
                         detail, worst_noise)
 
 
+def tolerances_of(g: Graph, oracle) -> list[Tolerance]:
+    """Per output, the fixed tolerance ``g`` is held to against the oracle: that of the narrowest
+    float the output is computed through; for an output the policy narrowed (under a policy
+    whose error the oracle measured), that of the narrowest float the model computes it through
+    by itself (the policy's casts are allowed their measured error instead, ``POLICY_MULTIPLE``
+    x ``policy_noise``). An ONNX oracle measures no policy."""
+    dtypes = output_dtypes(g)
+    narrowed = narrowed_outputs(g, oracle)
+    if narrowed is None:
+        return [TOLERANCES[d] for d in dtypes]
+    return [TOLERANCES[own if n else d] for d, own, n in zip(dtypes, oracle.model_dtypes, narrowed)]
+
+
 def tolerance_of(g: Graph, oracle) -> Tolerance:
-    """The fixed tolerance ``g`` is held to against the oracle: that of the narrowest float it
-    computes in; under a policy whose error the oracle measured, that of the model's own
-    narrowest float (the policy's casts are allowed their measured error instead,
-    ``POLICY_MULTIPLE`` x ``policy_noise``). An ONNX oracle measures no policy."""
-    if _narrowed_by_policy(g, oracle):
-        return TOLERANCES[oracle.model_dtype]
-    return TOLERANCES[compute_dtype(g)]
+    """The loosest of ``tolerances_of``: for values inside ``g``, which no one output owns."""
+    return max(tolerances_of(g, oracle), key=lambda t: (t.atol, t.rtol),
+               default=TOLERANCES[compute_dtype(g)])
 
 
-def _narrowed_by_policy(g: Graph, oracle) -> bool:
-    """Whether ``g`` computes in a narrower float than the model does by itself, which only the
-    precision stage's casts make: the graphs of the stages before it are held to the model's
-    own tolerance, with no allowance for the policy."""
-    if getattr(oracle, "policy_noise", None) is None or oracle.model_dtype is None:
-        return False
-    order = list(TOLERANCES)[::-1]   # fp8, bf16, f16, f32
-    return order.index(compute_dtype(g)) < order.index(oracle.model_dtype)
-
-
-def policy_noise_of(oracle, k: int, g: Graph | None = None) -> list[float] | None:
-    """Eager's error under the compile's reduced-precision policy on input set ``k``, per
-    output (None: no policy, not measured, or ``g`` not narrowed by it)."""
-    noise = getattr(oracle, "policy_noise", None)
-    if not noise or (g is not None and not _narrowed_by_policy(g, oracle)):
+def narrowed_outputs(g: Graph, oracle) -> list[bool] | None:
+    """Per output, whether ``g`` computes it through a narrower float than the model does by
+    itself, which only the precision stage's casts make: the graphs of the stages before it are
+    held to the model's own tolerance, with no allowance for the policy. None: the oracle
+    measured no policy (or ``g``'s outputs are not the model's, one for one)."""
+    own = getattr(oracle, "model_dtypes", None)
+    if getattr(oracle, "policy_noise", None) is None or own is None or len(own) != len(g.outputs):
         return None
-    return noise[k]
+    return [_NARROW_FIRST.index(d) < _NARROW_FIRST.index(m) for d, m in zip(output_dtypes(g), own)]
+
+
+def policy_noise_of(oracle, k: int, g: Graph | None = None) -> list[float | None] | None:
+    """Eager's error under the compile's reduced-precision policy on input set ``k``, per output
+    (None for an output ``g`` does not narrow; None in all: no policy, not measured, or ``g``
+    narrows nothing)."""
+    noise = getattr(oracle, "policy_noise", None)
+    if not noise:
+        return None
+    if g is None:
+        return noise[k]
+    narrowed = narrowed_outputs(g, oracle)
+    if not narrowed or not any(narrowed):
+        return None
+    return [e if n else None for e, n in zip(noise[k], narrowed)]
 
 
 def compare_with_oracle(g: Graph, oracle, k: int, got: Sequence[np.ndarray]):
     """``compare`` of outputs ``got`` of (a lowering or schedule of) ``g`` with eager's on input
     set ``k``, at the oracle's tolerance for ``g``."""
-    return compare(got, oracle.expected[k], tolerance_of(g, oracle), oracle.noise[k],
+    return compare(got, oracle.expected[k], tolerances_of(g, oracle), oracle.noise[k],
                    policy_noise_of(oracle, k, g), getattr(oracle, "precision", ""))
 
 

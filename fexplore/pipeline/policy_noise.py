@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from fexplore.ir import DType
 
@@ -53,19 +54,35 @@ _OPERANDS = {
 # e4m3's largest finite value: the precision stage saturates there, as the hardware does
 _FP8_MAX = 448.0
 
+# The floats a model may compute in, narrowest first; anything else (f64, integers) ranks as f32.
+_FLOATS = (torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32)
+_WIDE = len(_FLOATS) - 1
+
+
+def _rank(t: torch.Tensor) -> int:
+    return _FLOATS.index(t.dtype) if t.dtype in _FLOATS else _WIDE
+
 
 @runs_cond_branches
 class _NarrowContractions(TorchDispatchMode):
     """Rounds each contraction's narrowed operands to ``dtype`` (and back: the op itself runs in
-    its own dtype, accumulating wide, as the chip does) and notes the narrowest float any op
-    computes in, the model's own bf16 or f16 included."""
+    its own dtype, accumulating wide, as the chip does), and notes for every tensor the narrowest
+    float it was computed through (``narrowest_of``): the model's own bf16 or f16, never the
+    policy's rounding. It is per tensor, not per model: a model that casts one value to bf16
+    (even a dead one, fuzz seed 1280423) still computes its other outputs in f32."""
 
     def __init__(self, dtype: torch.dtype):
         super().__init__()
         self.dtype = dtype
-        self.narrowest: set[torch.dtype] = set()
+        self.narrowest: WeakIdKeyDictionary = WeakIdKeyDictionary()   # tensor -> rank in _FLOATS
         self.paused = False  # inside an attention whose operands are already rounded
         self.recording = True
+
+    def narrowest_of(self, t: torch.Tensor) -> torch.dtype:
+        return _FLOATS[self._rank_of(t)]
+
+    def _rank_of(self, t: torch.Tensor) -> int:
+        return self.narrowest.get(t, _rank(t))   # not made under the mode: an input, a weight
 
     def _round(self, t):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dtype == self.dtype:
@@ -86,10 +103,15 @@ class _NarrowContractions(TorchDispatchMode):
         if which:
             args = tuple(self._round(a) if i in which else a for i, a in enumerate(args))
         out = func(*args, **kwargs)
+        # a result is as narrow as what it was computed from and, unless this op is the policy's
+        # own rounding, as its own dtype (an in-place op's result is its mutated argument)
+        read = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        made = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        low = min((self._rank_of(t) for t in read), default=_WIDE)
         if self.recording:
-            for t in pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.is_floating_point():
-                    self.narrowest.add(t.dtype)
+            low = min([low] + [_rank(t) for t in made])
+        for t in made:
+            self.narrowest[t] = min(low, self.narrowest.get(t, _WIDE))
         return out
 
 
@@ -149,30 +171,26 @@ def _attention(q, k, v, mask, causal, scale, gqa, round_probabilities):
 
 
 def policy_error(model: torch.nn.Module, args: tuple, outs: list[torch.Tensor], precision: str):
-    """(per output, max |eager under the policy - eager|; the narrowest float dtype the model
-    computes in by itself, as an IR DType). ``outs``: eager's flat tensor outputs on ``args``.
-    Raises whatever the model raises under the policy (the caller then keeps the fixed
-    tolerance)."""
+    """(per output, max |eager under the policy - eager|; per output, the narrowest float dtype
+    it is computed through by the model itself, as an IR DType). ``outs``: eager's flat tensor
+    outputs on ``args``. Raises whatever the model raises under the policy (the caller then
+    keeps the fixed tolerance)."""
     mode = _NarrowContractions(POLICY_DTYPES[precision])
     flat, spec = pytree.tree_flatten(args)
-    errors, attended = _errors_of_one_run(model, flat, spec, outs, mode, round_probabilities=False)
+    errors, own, attended = _errors_of_one_run(model, flat, spec, outs, mode, round_probabilities=False)
     if attended:
         # The IR's attention (the precision stage's graph) rounds q, k, v; the chip's kernel also
         # rounds the probabilities, the second product's operand. Both are the policy, and their
         # roundings fall differently (seed 720379: off 6x more from each other than from eager)
-        more, _ = _errors_of_one_run(model, flat, spec, outs, mode, round_probabilities=True)
+        more, _, _ = _errors_of_one_run(model, flat, spec, outs, mode, round_probabilities=True)
         errors = [max(a, b) for a, b in zip(errors, more)]
-    for x in pytree.tree_leaves(args):
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            mode.narrowest.add(x.dtype)
-    order = [torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32]
-    own = next((d for d in order if d in mode.narrowest), torch.float32)
-    return errors, ir_dtype(own) if own != torch.float32 else DType.f32
+    return errors, [DType.f32 if d == torch.float32 else ir_dtype(d) for d in own]
 
 
 def _errors_of_one_run(model, flat, spec, outs, mode, *, round_probabilities: bool):
-    """(per output max |run under the policy - eager|, whether the model called attention). Each
-    run gets its own copy of the inputs: a decode step appends to the cache it is given."""
+    """(per output max |run under the policy - eager|; per output the narrowest float the model
+    computed it through; whether the model called attention). Each run gets its own copy of the
+    inputs: a decode step appends to the cache it is given."""
     args = pytree.tree_unflatten([x.clone() if isinstance(x, torch.Tensor) else x for x in flat], spec)
     attention = _PolicyAttention(mode, round_probabilities)
     with torch.no_grad(), eager_under(mode), attention:
@@ -190,4 +208,4 @@ def _errors_of_one_run(model, flat, spec, outs, mode, *, round_probabilities: bo
         d = (a.double() - b.double()).abs()
         finite = torch.isfinite(d)
         errors.append(float(d[finite].max()) if bool(finite.any()) else 0.0)
-    return errors, attention.calls > 0
+    return errors, [mode.narrowest_of(t) for t in got], attention.calls > 0

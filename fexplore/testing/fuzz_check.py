@@ -207,8 +207,9 @@ def _failed_stage(ex, running: str) -> str:
 
 def compare_with_eager(got: list, oracle, cm) -> str | None:
     """None when the compiled model's flat outputs equal eager's; else what differs."""
+    from fexplore.ir import DType
     from fexplore.pipeline.convert import ir_dtype
-    from fexplore.pipeline.numeric import TOLERANCES, compare, compute_dtype, policy_noise_of, to_numpy
+    from fexplore.pipeline.numeric import TOLERANCES, compare, output_dtypes, policy_noise_of, to_numpy
 
     want = oracle.expected[0]
     if len(got) != len(want):
@@ -220,17 +221,22 @@ def compare_with_eager(got: list, oracle, cm) -> str | None:
         if tuple(g.shape) != tuple(w.shape) or (eager and g.dtype != eager[i]):
             return (f"output {i} is {g.dtype}{list(g.shape)}, eager gives "
                     f"{eager[i] if eager else w.dtype}{list(w.shape)}")
-    # the tolerance of the lowest-precision float the model computes in, as its compile is held:
-    # with the precision stage's casts allowed eager's measured error under the same policy
-    # when the oracle measured it, else at that policy's fixed tolerance
+    # per output, the tolerance of the lowest-precision float the model computes it through, as
+    # its compile is held: an output the precision stage's casts narrowed is allowed eager's
+    # measured error under the same policy when the oracle measured it, else that policy's
+    # fixed tolerance
     order = list(TOLERANCES)[::-1]  # fp8, bf16, f16, f32
     policy = policy_noise_of(oracle, 0, cm.graph)
-    dtypes = {compute_dtype(cm.stages[0].after)} | \
-        {ir_dtype(g.dtype) for g in got if g.dtype.is_floating_point}
-    if policy is None:
-        dtypes.add(compute_dtype(cm.graph))
-    low = next((d for d in order if d in dtypes), order[-1])
-    _, _, ok, detail = compare([to_numpy(g) for g in got], want, TOLERANCES[low], oracle.noise[0],
+    own, compiled = output_dtypes(cm.stages[0].after), output_dtypes(cm.graph)
+    tols = []
+    for i, g in enumerate(got):
+        dtypes = {own[i] if i < len(own) else DType.f32}
+        if g.dtype.is_floating_point:
+            dtypes.add(ir_dtype(g.dtype))
+        if (policy is None or policy[i] is None) and i < len(compiled):
+            dtypes.add(compiled[i])
+        tols.append(TOLERANCES[next((d for d in order if d in dtypes), order[-1])])
+    _, _, ok, detail = compare([to_numpy(g) for g in got], want, tols, oracle.noise[0],
                                policy, oracle.precision)
     return None if ok else detail
 
