@@ -351,6 +351,8 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
         worst_policy = max((n for ns in oracle.policy_noise for n in ns), default=0.0)
         described += (f" + {POLICY_MULTIPLE:g}x eager's {oracle.precision} error "
                       f"(up to {worst_policy:.1e})")
+    if getattr(oracle, "reference_note", None):   # the ONNX door's reference, when not ONNX Runtime
+        described += f"; {oracle.reference_note}"
     return NumericCheck(worst_abs, worst_rel, ok, len(oracle.input_sets), described, divergent,
                         detail, worst_noise)
 
