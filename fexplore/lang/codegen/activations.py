@@ -170,14 +170,20 @@ class PermutedAccess:
         base = f"{flat} * {self.inner}"
         return f"{base} + ds.start:{base} + ds.stop"
 
-    def spec_and_index(self, lead, axis_names, loop_vars):
-        """The input's spec and its box for one slab: leading axes by their loop variables (the
-        last one, M, by its tile even when it has size 1), merged K axes by the K loop's."""
+    def spec_and_index(self, lead, axis_names, loop_vars, batched: bool = False):
+        """The input's spec and its box for one slab: leading axes by their loop variables (M,
+        the last one of size > 1, by its tile; in a batched matmul the last leading axis is M
+        even when it has size 1 and the batch axes before it are not), merged K axes by the K
+        loop's."""
         big = [i for i, d in enumerate(lead) if d != 1]
-        m_axis = big[-1] if big else len(lead) - 1
-        group_of = {i: j for j, i in enumerate(big)} if big else {}
+        m_axis = len(lead) - 1 if batched or not big else big[-1]
+        group_of = {i: j for j, i in enumerate(a for a in big if a != m_axis)}
         spec, idx = ["1"] * len(self.shape), ["0"] * len(self.shape)   # axes of size 1 the views drop
-        lead_axes = list(self.lead_axes)
+        # the activations may have fewer leading axes than the result (broadcast batch axes)
+        off = len(lead) - len(self.lead_axes)
+        if off < 0:
+            raise NotImplementedError("activations with more leading axes than the result")
+        lead_axes = [None] * off + list(self.lead_axes)
         if lead_axes[m_axis] is None:   # M has size 1 and no axis of its own: the box keeps a unit axis for it
             spare = [a for a in range(len(self.shape)) if a not in lead_axes and a not in self.k_axes]
             if not spare:
@@ -189,10 +195,10 @@ class PermutedAccess:
             if i == m_axis:
                 j = len(axis_names) - 1
                 spec[a], idx[a] = f'"{axis_names[j]}"' if lead[i] != 1 else "1", loop_vars[j]
-            elif i in group_of:
+            elif i in group_of and self.shape[a] != 1:
                 j = group_of[i]
                 spec[a], idx[a] = f'"{axis_names[j]}"', loop_vars[j]
-            else:
+            else:   # an axis of one, or one the activations broadcast along the batch
                 spec[a], idx[a] = "1", "0"
         for a, name in zip(self.k_axes, self.k_names):
             # the contracted axis binds the weights' K in the tile, so it carries no name of its own
