@@ -37,7 +37,7 @@ def test_the_batch_covers_the_op_kinds_models_use(batch):
     programs, _ = batch
     used = {op.kind for p in programs for op in p.ops}
     assert {"binary", "matmul", "reduce", "view", "slice", "norm", "attention", "conv", "cast",
-            "compare", "inplace", "const"} <= used
+            "compare", "inplace", "const", "route"} <= used
 
 
 def test_generation_is_deterministic_and_the_source_is_the_module():

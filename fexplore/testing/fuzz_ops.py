@@ -714,6 +714,8 @@ def op_exact(op) -> bool:
         return op.attr("mode") != "bilinear"
     if op.kind == "scan_sort":
         return op.attr("form") != "cumsum"
+    if op.kind == "route":   # the indices are distinct: a scatter into zeros adds nothing up
+        return op.attr("form") != "index_add"
     return KINDS[op.kind].exact
 
 
@@ -776,6 +778,36 @@ def _render_gather(out, args, attrs, ts):
                          f".reshape{tuple(shape)}.expand{tuple(ts[0].shape)}, {d})")
     index = list(at["index"])
     return _fwd(out, f"{a}.index_select({d}, torch.tensor({index}))")
+
+
+@kind("route", 0.8)
+def _pick_route(gen):
+    """Indices computed at run time, as a mixture-of-experts router makes them: the order or the
+    top k of a ranking (a fresh input: its values are exact and, being random, tie-free, so
+    eager and the compile pick the same indices), used to gather, select, scatter into zeros or
+    add into a value."""
+    a = gen.value(lambda t: _is_float(t) and t.dim() >= 1 and t.numel() <= 4096)
+    if a is None:
+        return None
+    ta, rng = gen.env[a], gen.rng
+    d = rng.randrange(ta.dim())
+    form = rng.choice(["gather", "scatter_add", "index_select", "index_add"])
+    ranking = tuple(ta.shape) if form in ("gather", "scatter_add") else (ta.shape[d],)
+    return (a, gen.new_input(ranking, "float32")), _attrs(form=form, dim=d)
+
+
+@_pick_route.render
+def _render_route(out, args, attrs, ts):
+    at = dict(attrs)
+    (a, r), d, form = args, at["dim"], at["form"]
+    k = max(1, ts[0].shape[d] // 2)
+    top = f"torch.topk({r}, {k}, {d if form == 'scatter_add' else 0}).indices"
+    return _fwd(out, {
+        "gather": f"torch.gather({a}, {d}, torch.argsort({r}, {d}))",
+        "scatter_add": f"torch.zeros_like({a}).scatter_add({d}, {top}, {a}.narrow({d}, 0, {k}))",
+        "index_select": f"{a}.index_select({d}, {top})",
+        "index_add": f"{a}.index_add({d}, {top}, {a}.narrow({d}, 0, {k}) * 0.5)",
+    }[form])
 
 
 @kind("scan_sort", 1.0)
