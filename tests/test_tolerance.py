@@ -9,7 +9,7 @@ import torch
 import fexplore
 from fexplore.ir import Constant, Graph
 from fexplore.pipeline import Exploration, Stage, StageResult
-from fexplore.pipeline.numeric import NOISE_MULTIPLE, TOLERANCES, Oracle
+from fexplore.pipeline.numeric import NOISE_MULTIPLE, TOLERANCES, Oracle, compare, output_dtypes, tolerances_of
 from fexplore.ir import DType
 
 
@@ -180,3 +180,28 @@ def test_a_real_error_in_an_f16_model_still_fails():
     got = [wrong(x).detach().numpy()]
     ok = compare(got, oracle.expected[0], TOLERANCES[DType.f16], oracle.noise[0])[2]
     assert not ok
+
+
+class OneOutputInF16(torch.nn.Module):
+    """Three outputs of one fused region; only the middle one goes through f16."""
+
+    def forward(self, x):
+        return x * 2, (x.half() * 3).float(), x + 1
+
+
+def test_each_output_is_held_to_the_tolerance_of_what_it_is_computed_through():
+    """Before, the narrowest float anywhere in the graph set one tolerance for every output: an
+    f16 value beside f32 ones let the f32 outputs drift by f16's 1e-3."""
+    x = torch.randn(64)
+    cm = fexplore.compile(OneOutputInF16(), (x,))
+    fused = cm["fusion"].after
+    assert len(fused.nodes) == 1 and fused.nodes[0].regions   # one region holds all three
+    assert output_dtypes(fused) == [DType.f32, DType.f16, DType.f32]
+    oracle = Oracle(OneOutputInF16(), (x,), random_sets=0)
+    tols = tolerances_of(fused, oracle)
+    assert tols == [TOLERANCES[DType.f32], TOLERANCES[DType.f16], TOLERANCES[DType.f32]]
+    want = oracle.expected[0]
+    off = [w + np.float32(1e-4) * np.abs(w).max() for w in want]   # an f16-sized error
+    assert not compare([off[0], want[1], want[2]], want, tols, oracle.noise[0])[2]
+    assert compare([want[0], off[1], want[2]], want, tols, oracle.noise[0])[2]
+    assert "outputs 0, 2: atol 1e-05" in cm["fusion"].verification.numeric.tolerance

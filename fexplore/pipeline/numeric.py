@@ -264,20 +264,30 @@ def compute_dtype(g: Graph) -> DType:
 
 def output_dtypes(g: Graph) -> list[DType]:
     """Per output, the lowest-precision float it is computed through: its own dtype and that of
-    every value read or written on its way (inside regions too). A value no output depends on
-    narrows nothing."""
-    def rank(d: DType) -> int:
-        return _NARROW_FIRST.index(d) if d in _NARROW_FIRST else len(_NARROW_FIRST) - 1
+    every value read or written on its way (through fused regions output by output). A value no
+    output depends on narrows nothing."""
+    return [_NARROW_FIRST[r] for r in _output_ranks(g, {})]
 
-    low: dict[str, int] = {}
+
+def _rank(d: DType) -> int:
+    return _NARROW_FIRST.index(d) if d in _NARROW_FIRST else len(_NARROW_FIRST) - 1
+
+
+def _output_ranks(g: Graph, given: dict[str, int]) -> list[int]:
+    low = dict(given)
     for n in g.nodes:   # in order: a node's inputs are ranked before it
-        inside = [rank(v.type.dtype) for r in n.regions for m in r.walk()
-                  for v in list(m.inputs) + list(m.outputs)]
-        r = min([low.get(v.name, rank(v.type.dtype)) for v in n.inputs] + inside +
-                [rank(v.type.dtype) for v in n.outputs])
-        for v in n.outputs:
-            low[v.name] = r
-    return [_NARROW_FIRST[min(low.get(v.name, 3), rank(v.type.dtype))] for v in g.outputs]
+        ins = [low.get(v.name, _rank(v.type.dtype)) for v in n.inputs]
+        closed = [r for r in n.regions if len(r.inputs) == len(n.inputs) and len(r.outputs) == len(n.outputs)]
+        if n.regions and len(closed) == len(n.regions):   # a fused region: its inputs are the node's
+            per_region = [_output_ranks(r, {x.name: k for x, k in zip(r.inputs, ins)}) for r in closed]
+            outs = [min(rs) for rs in zip(*per_region)]
+        else:   # any other region (a cond's branches): every value inside reaches every output
+            inside = [_rank(v.type.dtype) for r in n.regions for m in r.walk()
+                      for v in list(m.inputs) + list(m.outputs)]
+            outs = [min(ins + inside + [_rank(v.type.dtype) for v in n.outputs])] * len(n.outputs)
+        for v, k in zip(n.outputs, outs):
+            low[v.name] = min(k, _rank(v.type.dtype))
+    return [min(low.get(v.name, _rank(v.type.dtype)), _rank(v.type.dtype)) for v in g.outputs]
 
 
 def compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: Tolerance | Sequence[Tolerance],
@@ -344,9 +354,9 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
     if not ok and before is not None:
         divergent = first_divergent(before, g, oracle.input_sets[0], tol or tolerance_of(g, oracle))
     worst_noise = max((n for ns in oracle.noise for n in ns), default=0.0)
-    kinds = list(dict.fromkeys(str(t) for t in tols)) or [str(tolerance_of(g, oracle))]
-    described = (kinds[0] if len(kinds) == 1 else "by output: " + "; ".join(kinds)) + \
-        (f" + {NOISE_MULTIPLE:g}x eager's f32 noise (up to {worst_noise:.1e})" if worst_noise else "")
+    described = _described(tols) or str(tolerance_of(g, oracle))
+    if worst_noise:
+        described += f" + {NOISE_MULTIPLE:g}x eager's f32 noise (up to {worst_noise:.1e})"
     if policy_noise_of(oracle, 0, g) is not None:
         worst_policy = max((n for ns in oracle.policy_noise for n in ns), default=0.0)
         described += (f" + {POLICY_MULTIPLE:g}x eager's {oracle.precision} error "
@@ -355,6 +365,17 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
         described += f"; {oracle.reference_note}"
     return NumericCheck(worst_abs, worst_rel, ok, len(oracle.input_sets), described, divergent,
                         detail, worst_noise)
+
+
+def _described(tols: list[Tolerance]) -> str:
+    """One tolerance as it reads; several as which outputs each holds ("outputs 0, 2: ...")."""
+    by: dict[str, list[int]] = {}
+    for i, t in enumerate(tols):
+        by.setdefault(str(t), []).append(i)
+    if len(by) <= 1:
+        return next(iter(by), "")
+    return "; ".join(f"output{'s' if len(ix) > 1 else ''} {', '.join(map(str, ix))}: {t}"
+                     for t, ix in by.items())
 
 
 def tolerances_of(g: Graph, oracle) -> list[Tolerance]:
