@@ -47,6 +47,17 @@ CASES = {
                       "slice_scatter", "movement"),
     "slice_scatter_edge": (lambda x, v: torch.slice_scatter(x, v, dim=-1, start=0, end=2), (r(4, 6), r(4, 2)),
                            "slice_scatter", "movement"),
+    # a step: the axis as (12 / 4, 4), the values one column of it; then rows around the values
+    "slice_scatter_step": (lambda x, v: torch.slice_scatter(x, v * 2, dim=1, start=1, step=4), (r(2, 12, 5), r(2, 3, 5)),
+                           "slice_scatter", "movement"),
+    "slice_scatter_step_rows": (lambda x, v: torch.slice_scatter(x, v, dim=1, start=4, end=10, step=3),
+                                (r(3, 15, 4), r(3, 2, 4)), "slice_scatter", "movement"),
+    # a step that does not divide the axis (an interleaved rotary embedding's x[..., 1:6:3] = v):
+    # a box per position and per gap, the last position the axis's last element too
+    "slice_scatter_step_uneven": (lambda x, v: torch.slice_scatter(x, v, dim=-1, start=1, end=6, step=3),
+                                  (r(1, 8, 8), r(1, 8, 2)), "slice_scatter", "movement"),
+    "slice_scatter_step_to_the_end": (lambda x, v: torch.slice_scatter(x, v - 1, dim=0, step=3), (r(7, 3), r(3, 3)),
+                                      "slice_scatter", "movement"),
     "split_last": (lambda x: x.chunk(3, dim=-1), (r(1, 5, 9),), "split", "movement"),
     "concat": (lambda x, y: torch.cat([x, y], dim=1), (r(2, 3, 7), r(2, 5, 7)), "concat", "movement"),
     "concat_last": (lambda x, y: torch.cat([x, y, x], dim=-1), (r(5, 3), r(5, 1)), "concat", "movement"),
@@ -132,7 +143,8 @@ def _lowered(fn, inputs, op, target="tiny"):
     return next(x for x in low.nodes if x.node.op.name == op)
 
 
-@pytest.mark.parametrize("case", ["slice_step_walked", "pad", "argmax_long", "topk", "max_pool_k3s2p1"])
+@pytest.mark.parametrize("case", ["slice_step_walked", "pad", "argmax_long", "topk", "max_pool_k3s2p1",
+                                  "slice_scatter_step_rows", "slice_scatter_step_uneven"])
 def test_check_kernel_on_fresh_inputs(case):
     """The generated kernel equals its node on inputs the compile never saw, and the source says
     where the op came from."""

@@ -6,6 +6,8 @@ two merged runs (``x: (B, T, D)``, ``x[:, 3:8]`` -> ``x`` as (R, J, C) = (B, T, 
 
     slice    one box of the input (a step s > 1: the axis viewed as (J/s, s), one unit-stride box of
              that view; when s does not divide the axis, one index at a time)
+    slice_scatter  the input around the slice, the values into it (a step s > 1: one column of
+             the (J/s, s) view, or when s does not divide the axis, one box per position)
     select   one box with the axis fixed; split: one box per result; concat: one box per operand
     pad      the input into the middle of the output, ``fl.full`` tiles into the border boxes
     expand   the input box (size 1 on broadcast axes) broadcast on the vector unit, then stored
@@ -141,9 +143,8 @@ def _slice_scatter_plan(n: Node):
     step, L = n.attrs["step"], v.type.shape[axis]
     start = n.attrs["start"]
     start = start + A if start < 0 else min(start, A)
-    if step != 1:
-        raise UnsupportedRegionError("slice_scatter", f"op %{n.name}", f"a slice_scatter with step {step}: the "
-                                     "copy has unit-stride boxes only", loc=n.loc)
+    if step != 1 and L:
+        return _strided_scatter_plan(n, O, A, I, start, step, L)
     labels = ["R", "J", "C"]
     ident = [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
     pieces = []
@@ -154,6 +155,52 @@ def _slice_scatter_plan(n: Node):
     if start + L < A:
         pieces.append(Piece(labels, (O, A - start - L, I), 0, (0, start + L, 0), 0,
                             [(0, 0, 1), (1, start + L, 1), (2, 0, 1)]))
+    return [View(labels, (O, A, I)), View(labels, (O, L, I))], [View(labels, (O, A, I))], pieces
+
+
+# A strided slice_scatter whose step does not divide the axis is copied a position at a time: at
+# most this many positions (an interleaved rotary embedding writes a third of a head's dims).
+_MAX_STRIDED_POSITIONS = 64
+
+
+def _strided_scatter_plan(n: Node, O: int, A: int, I: int, start: int, step: int, L: int):
+    """x with positions start, start + step, ... (L of them) along the axis replaced by v. When
+    the step divides the axis, the axis is viewed as (A / step, step): the positions are one
+    column s0 of rows q0 .. q0 + L, and x fills the rows around them and the columns beside
+    them, each byte written once. Otherwise each position and each gap between two is a box."""
+    if A % step == 0:
+        Q, q0, s0 = A // step, start // step, start % step
+        labels = ["R", "Q", "S", "C"]
+        x_view, v_view = View(labels, (O, Q, step, I)), View(labels, (O, L, 1, I))
+
+        def x_box(rows, row0, cols, col0):
+            return Piece(labels, (O, rows, cols, I), 0, (0, row0, col0, 0), 0,
+                         [(0, 0, 1), (1, row0, 1), (2, col0, 1), (3, 0, 1)])
+
+        pieces = [x_box(q0, 0, step, 0)] if q0 else []
+        if s0:
+            pieces.append(x_box(L, q0, s0, 0))
+        pieces.append(Piece(labels, (O, L, 1, I), 0, (0, q0, s0, 0), 1, [(i, 0, 1) for i in range(4)]))
+        if s0 + 1 < step:
+            pieces.append(x_box(L, q0, step - s0 - 1, s0 + 1))
+        if q0 + L < Q:
+            pieces.append(x_box(Q - q0 - L, q0 + L, step, 0))
+        return [x_view, v_view], [x_view], pieces
+    if L > _MAX_STRIDED_POSITIONS:
+        raise UnsupportedRegionError("slice_scatter", f"op %{n.name}",
+                                     f"a slice_scatter of {L} positions with step {step}, which does not divide "
+                                     f"the axis ({A}): copied a position at a time, at most "
+                                     f"{_MAX_STRIDED_POSITIONS}", loc=n.loc)
+    labels = ["R", "J", "C"]
+    pieces, at = [], 0
+    for j in range(L):
+        p = start + j * step
+        if p > at:   # x between the previous position and this one
+            pieces.append(Piece(labels, (O, p - at, I), 0, (0, at, 0), 0, [(0, 0, 1), (1, at, 1), (2, 0, 1)]))
+        pieces.append(Piece(labels, (O, 1, I), 0, (0, p, 0), 1, [(0, 0, 1), (1, j, 1), (2, 0, 1)]))
+        at = p + 1
+    if at < A:
+        pieces.append(Piece(labels, (O, A - at, I), 0, (0, at, 0), 0, [(0, 0, 1), (1, at, 1), (2, 0, 1)]))
     return [View(labels, (O, A, I)), View(labels, (O, L, I))], [View(labels, (O, A, I))], pieces
 
 
