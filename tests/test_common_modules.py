@@ -34,6 +34,11 @@ def _filled(out, a, b):
     return out * 2
 
 
+def _buckets(x):
+    edges = torch.arange(1 / 8, 1.0, 1 / 8)
+    return torch.bucketize(x, edges, right=True) * 10 + torch.bucketize(x, edges)
+
+
 def _cases():
     g = torch.Generator().manual_seed(0)
 
@@ -116,6 +121,14 @@ def _cases():
             "grouped_mm": (GroupedMM(), (r(8, 16).bfloat16(), r(3, 16, 8).bfloat16())),
             "histc_at_max": (Fn(lambda s, x: torch.histc(x.clamp(-2, 1.5), bins=5, min=-1.0,
                                                           max=1.5)), (r(20),)),
+            # position ids of a patch grid (Idefics3/SmolVLM vision embeddings): bucketize over
+            # fixed boundaries, values exactly on a boundary included; searchsorted per row of a
+            # sequence the model sorts itself (a random input would not be sorted)
+            "bucketize_patch_grid": (Fn(lambda s, x: _buckets(torch.cat([x, torch.arange(0.0, 1.0, 0.25)]))),
+                                     (torch.rand(6),)),
+            "searchsorted_rows": (Fn(lambda s, seq, x: torch.searchsorted(
+                torch.sort(seq, -1).values, x, right=True, out_int32=True).to(torch.int64)
+                + torch.searchsorted(torch.sort(seq, -1).values, x)), (r(3, 9), r(3, 4))),
             # multi-query attention: one key/value head broadcast over the query heads
             "attention_shared_kv_head": (Fn(lambda s, q, k, v: F.scaled_dot_product_attention(
                 q, k, v)), (r(2, 4, 5, 8), r(2, 1, 5, 8), r(2, 1, 5, 8))),

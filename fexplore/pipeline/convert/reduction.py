@@ -258,3 +258,30 @@ def _histc(ctx):
     ones = ctx.emit("cast", [inside], {"dtype": dt})
     zeros = ctx.emit("full", [], {"shape": (bins,), "value": 0.0, "dtype": dt})
     return ctx.emit("scatter", [zeros, pos, ones], {"axis": 0, "reduce": "add"})
+
+
+@converter("aten.bucketize.Tensor", "aten.searchsorted.Tensor")
+def _bucketize(ctx):
+    """The bucket of each value: how many boundaries lie below it (``right``: at or below), a
+    comparison with every boundary and a count, as a static shape allows. searchsorted is the same
+    with the sorted sequence first, per row when it has leading axes."""
+    search = "searchsorted" in str(ctx.node.target)
+    seq, x = (ctx.args[0], ctx.args[1]) if search else (ctx.args[1], ctx.args[0])
+    if ctx.kwargs.get("sorter") is not None:
+        raise NotImplementedError("a searchsorted with a sorter")
+    right = ctx.kwargs.get("right", False) or ctx.kwargs.get("side") == "right"
+    if not isinstance(x, type(seq)):   # a Python number searched for
+        raise NotImplementedError("a bucketize of a Python number")
+    if seq.type.rank == 1:
+        xs, bs = ctx.emit("reshape", [x], {"shape": tuple(x.type.shape) + (1,)}), seq
+    elif seq.type.rank == x.type.rank and tuple(seq.type.shape[:-1]) == tuple(x.type.shape[:-1]):
+        xs = ctx.emit("reshape", [x], {"shape": tuple(x.type.shape) + (1,)})
+        bs = ctx.emit("reshape", [seq], {"shape": tuple(seq.type.shape[:-1]) + (1, seq.type.shape[-1])})
+    else:
+        raise NotImplementedError("a sorted sequence whose leading axes are not the values'")
+    below = ctx.emit("le" if right else "lt", [bs, xs])
+    count = ctx.emit("sum", [ctx.emit("cast", [below], {"dtype": DType.i64})],
+                     {"axes": (below.type.rank - 1,), "keepdim": False})
+    if ctx.kwargs.get("out_int32", False):
+        count = ctx.emit("cast", [count], {"dtype": DType.i32})
+    return count
