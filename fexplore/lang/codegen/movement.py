@@ -137,7 +137,7 @@ def _concat_plan(n: Node):
 def _slice_scatter_plan(n: Node):
     """x with x[..., start:end] along the axis replaced by v: the parts of x before and after the
     slice, and v between them, each copied once (no byte written twice)."""
-    x, v, y = n.inputs[0], n.inputs[1], n.outputs[0]
+    x, v = n.inputs[0], n.inputs[1]
     axis = n.attrs["axis"] % x.type.rank
     O, A, I = around(x.type.shape, axis)
     step, L = n.attrs["step"], v.type.shape[axis]
