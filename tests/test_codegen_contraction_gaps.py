@@ -149,3 +149,24 @@ def test_a_weight_permute_other_than_a_transpose_is_refused_with_its_reason():
     node = b.region(b("matmul", x, b("permute", w, perm=(1, 0, 2))), kind="contraction")
     with pytest.raises(codegen.UnsupportedRegionError, match="permute .*transpose of the last two axes"):
         codegen.generate(node, "tiny")
+
+
+class OneRowEinsum(torch.nn.Module):
+    """XLNet's decode step: one token, batch 1, its heads projected by an einsum with a weight."""
+
+    def __init__(self, eq, wshape):
+        super().__init__()
+        self.eq = eq
+        self.w = torch.nn.Parameter(torch.randn(*wshape) / 8)
+
+    def forward(self, a):
+        return torch.einsum(self.eq, a, self.w)
+
+
+@pytest.mark.parametrize("eq, a, w", [("ibh,hnd->ibnd", (1, 1, 32), (32, 4, 8)),
+                                      ("ibnd,hnd->ibh", (1, 1, 4, 8), (32, 4, 8))])
+def test_a_one_row_einsum_is_a_kernel_or_a_clear_refusal_never_a_codegen_bug(eq, a, w):
+    torch.manual_seed(0)
+    cm = fexplore.compile(OneRowEinsum(eq, w).eval(), (torch.randn(*a),))
+    assert not cm.codegen_bugs, cm.codegen_bugs   # before: NotImplementedError in the generator
+    assert bool(cm.verification["ok"].all()), cm.verification

@@ -187,3 +187,24 @@ def test_an_op_reads_its_operands_in_the_layout_it_computes_in():
     with pytest.raises(VerificationError, match="reshape computes in layout row-major but reads %y"):
         ir.verify(Graph("bad", [x], [], [relayout, Node("relu", [xn], {}, [y]),
                                          Node("reshape", [y], {"shape": (1, 18)}, [flat])], [flat]))
+
+
+class TiesAfterAnEmptyBuffer(torch.nn.Module):
+    """A buffer made with new_empty and filled by copies, then a top-k over ReLU scores that tie
+    at 0.0 (a sparse-attention indexer in miniature: GLM-MoE-DSA, DeepSeek-V3.2)."""
+
+    def forward(self, x):
+        buf = x.new_empty(x.shape)
+        buf[..., :4].copy_(x[..., :4])
+        buf[..., 4:].copy_(x[..., 4:])
+        return torch.gather(x, -1, torch.relu(buf).topk(4, dim=-1).indices)
+
+
+def test_the_divergence_is_the_tie_not_torch_uninitialized_memory():
+    """Replaying the exported program, torch's empty holds whatever memory held: the first
+    divergent node was the empty buffer (or a slice of it), and the tie was never named."""
+    torch.manual_seed(0)
+    with pytest.raises(NumericMismatchError) as e:
+        fexplore.compile(TiesAfterAnEmptyBuffer(), (torch.randn(1, 9) - 1.0,))
+    assert "first divergent node: %topk" in e.value.message, e.value.message
+    assert "its indices do not" in e.value.message

@@ -17,7 +17,7 @@ from fexplore.ir import DType, verify
 from .compiled import CompiledModel
 from .export import export_model, real_state
 from .ingest import Ingested, ingest
-from .numeric import Oracle, check_graph, compute_dtype, first_divergent_from_export, tolerance_of
+from .numeric import Oracle, check_graph, compute_dtype, first_divergent_from_export, to_torch, tolerance_of
 from .options import CompileOptions
 from .passmanager import PassManager
 from .stage import Stage, StageRecord, Verification, graph_stats
@@ -202,6 +202,18 @@ class Exploration:
         self._verify_hook(rec)
         return rec
 
+    def _first_divergent_from_export(self, g):
+        """The first op where the ingested graph leaves torch's exported program, on the example
+        inputs and then on each of the oracle's random sets (a tie among equal values, say, may
+        show on a random set only)."""
+        leaves = torch.utils._pytree.tree_leaves(self.example_inputs)
+        sets = [leaves]
+        for arrays in self._oracle.input_sets[1:]:
+            fresh = iter(arrays)
+            sets.append([to_torch(next(fresh)) if isinstance(x, torch.Tensor) else x for x in leaves])
+        tol = tolerance_of(g, self._oracle)
+        return next((d for d in (first_divergent_from_export(self._ingested, s, tol) for s in sets) if d), None)
+
     def _make_oracle(self):
         if self.is_onnx:
             from .onnx.oracle import OnnxOracle
@@ -233,9 +245,7 @@ class Exploration:
                 self._oracle = self._make_oracle()
             numeric = check_graph(rec.after, self._oracle, before=rec.before)
             if not numeric.ok and rec.name == "ingest" and self._ingested is not None and not self.is_onnx:
-                leaves = torch.utils._pytree.tree_leaves(self.example_inputs)
-                numeric.first_divergent = first_divergent_from_export(self._ingested, leaves,
-                                                                      tolerance_of(rec.after, self._oracle))
+                numeric.first_divergent = self._first_divergent_from_export(rec.after)
         kernels = None
         if structural[0] and rec.schedule is not None:
             kernels = check_schedule(rec.after, rec.schedule, self._oracle)

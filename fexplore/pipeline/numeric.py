@@ -470,6 +470,12 @@ def _same_picks(x: np.ndarray, a: np.ndarray, b: np.ndarray, axis: int) -> bool:
     return bool(np.array_equal(va, vb, equal_nan=True))
 
 
+# torch's ops that give memory with no values yet (filled by copies after them): what they hold
+# differs run to run; ingest fills it with zeros, and so does the replay of the exported program
+_UNINITIALIZED = ("aten.empty.", "aten.empty_like.", "aten.empty_strided.", "aten.empty_permuted.",
+                  "aten.new_empty.", "aten.new_empty_strided.")
+
+
 def first_divergent_from_export(ingested, inputs, tol: Tolerance) -> str | None:
     """The first op of the ingested graph whose value differs from what the same node of the
     exported program computes in torch (the graph ingest read), on the model's `inputs` (a flat
@@ -498,6 +504,8 @@ def first_divergent_from_export(ingested, inputs, tol: Tolerance) -> str | None:
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
+            if n.op == "call_function" and str(n.target).startswith(_UNINITIALIZED):
+                out = out.zero_()   # as ingest fills it: what is read unwritten then agrees
             made = ingested.values_of.get(n.name) if not found and n.op == "call_function" else None
             if made is not None:
                 pairs = zip(made, out) if isinstance(made, tuple) and isinstance(out, (tuple, list)) \

@@ -256,7 +256,10 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
     k_idx = ":" if norm is not None else "ks"
     if permuted is not None:
         x_shape = permuted.shape
-        x_spec, x_idx = permuted.spec_and_index(lead, axis_names, loop_vars, batched_b)
+        try:
+            x_spec, x_idx = permuted.spec_and_index(lead, axis_names, loop_vars, batched_b)
+        except NotImplementedError as e:   # a layout the box cannot read: refused, not a codegen bug
+            fail(first, str(e))
     elif access.indexed:
         x_shape = access.base_shape
         x_spec, x_idx = access.spec_and_index(lead, groups, axis_names, loop_vars, k_idx)
