@@ -408,15 +408,13 @@ def narrowed_outputs(g: Graph, oracle) -> list[bool] | None:
     return [_NARROW_FIRST.index(d) < _NARROW_FIRST.index(m) for d, m in zip(output_dtypes(g), own)]
 
 
-def policy_noise_of(oracle, k: int, g: Graph | None = None) -> list[float | None] | None:
+def policy_noise_of(oracle, k: int, g: Graph) -> list[float | None] | None:
     """Eager's error under the compile's reduced-precision policy on input set ``k``, per output
     (None for an output ``g`` does not narrow; None in all: no policy, not measured, or ``g``
     narrows nothing)."""
     noise = getattr(oracle, "policy_noise", None)
     if not noise:
         return None
-    if g is None:
-        return noise[k]
     narrowed = narrowed_outputs(g, oracle)
     if not narrowed or not any(narrowed):
         return None

@@ -192,15 +192,19 @@ def _strided_scatter_plan(n: Node, O: int, A: int, I: int, start: int, step: int
                                      f"the axis ({A}): copied a position at a time, at most "
                                      f"{_MAX_STRIDED_POSITIONS}", loc=n.loc)
     labels = ["R", "J", "C"]
+
+    def copied(src, length, dst, at):   # `length` indices of parameter `src` from `at`, to `dst`
+        return Piece(labels, (O, length, I), 0, (0, dst, 0), src, [(0, 0, 1), (1, at, 1), (2, 0, 1)])
+
     pieces, at = [], 0
     for j in range(L):
         p = start + j * step
         if p > at:   # x between the previous position and this one
-            pieces.append(Piece(labels, (O, p - at, I), 0, (0, at, 0), 0, [(0, 0, 1), (1, at, 1), (2, 0, 1)]))
-        pieces.append(Piece(labels, (O, 1, I), 0, (0, p, 0), 1, [(0, 0, 1), (1, j, 1), (2, 0, 1)]))
+            pieces.append(copied(0, p - at, at, at))
+        pieces.append(copied(1, 1, p, j))
         at = p + 1
     if at < A:
-        pieces.append(Piece(labels, (O, A - at, I), 0, (0, at, 0), 0, [(0, 0, 1), (1, at, 1), (2, 0, 1)]))
+        pieces.append(copied(0, A - at, at, at))
     return [View(labels, (O, A, I)), View(labels, (O, L, I))], [View(labels, (O, A, I))], pieces
 
 

@@ -273,12 +273,12 @@ def _bucketize(ctx):
     if not isinstance(x, type(seq)):   # a Python number searched for
         raise NotImplementedError("a bucketize of a Python number")
     if seq.type.rank == 1:
-        xs, bs = ctx.emit("reshape", [x], {"shape": tuple(x.type.shape) + (1,)}), seq
+        bs = seq
     elif seq.type.rank == x.type.rank and tuple(seq.type.shape[:-1]) == tuple(x.type.shape[:-1]):
-        xs = ctx.emit("reshape", [x], {"shape": tuple(x.type.shape) + (1,)})
         bs = ctx.emit("reshape", [seq], {"shape": tuple(seq.type.shape[:-1]) + (1, seq.type.shape[-1])})
     else:
         raise NotImplementedError("a sorted sequence whose leading axes are not the values'")
+    xs = ctx.emit("reshape", [x], {"shape": tuple(x.type.shape) + (1,)})
     below = ctx.emit("le" if right else "lt", [bs, xs])
     count = ctx.emit("sum", [ctx.emit("cast", [below], {"dtype": DType.i64})],
                      {"axes": (below.type.rank - 1,), "keepdim": False})

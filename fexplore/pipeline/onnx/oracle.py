@@ -98,8 +98,11 @@ def _reference(model, twin):
     except FexploreError:
         raise
     except Exception as e:  # noqa: BLE001  (ONNX Runtime raises its own exception types)
+        from onnx import TensorProto
+
         first = str(e).splitlines()[0]
-        narrow = sorted({_NARROW_NAMES[t] for t in _value_types(model).values() if t in _NARROW_NAMES})
+        by_name = {TensorProto.FLOAT16: "f16", TensorProto.BFLOAT16: "bf16"}
+        narrow = sorted({by_name[t] for t in _value_types(model).values() if t in by_name})
         if twin is None or "NOT_IMPLEMENTED" not in first or not narrow:
             raise OnnxRuntimeError(f"ONNX Runtime cannot load the model: {first[:300]}",
                                    hint="compile with verify=False to skip the numeric checks") from None
@@ -120,8 +123,7 @@ class _TwinReference:
                        for o in model.graph.output]
 
     def run(self, _, feed: dict):
-        wide = {k: a.astype(np.float64) if a.dtype in _WIDENED else a for k, a in feed.items()}
-        outs = self.twin.run(None, wide)
+        outs = self.twin.run(None, {k: _widened(a) for k, a in feed.items()})
         return [np.asarray(o).astype(d) if d in _WIDENED else o for o, d in zip(outs, self.dtypes)]
 
 
@@ -142,9 +144,8 @@ def _like(a: np.ndarray, rng) -> np.ndarray:
 def _noise(twin, names, arrays, outs) -> list[float]:
     if twin is None:
         return [0.0] * len(outs)
-    f64 = [a.astype(np.float64) if a.dtype in _WIDENED else a for a in arrays]
     try:
-        ref = run_session(twin, names, f64)
+        ref = run_session(twin, names, [_widened(a) for a in arrays])
     except Exception:
         return [0.0] * len(outs)
     noise = []
@@ -203,8 +204,10 @@ def _ops_computing(model, op_type: str) -> list[str]:
 # the float dtypes the twin computes in f64
 _WIDENED = {np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
 
-# ONNX's narrow float element types (TensorProto.FLOAT16, BFLOAT16), by name
-_NARROW_NAMES = {10: "f16", 16: "bf16"}
+
+def _widened(a: np.ndarray) -> np.ndarray:
+    """An input as the twin takes it."""
+    return a.astype(np.float64) if a.dtype in _WIDENED else a
 
 
 def f64_twin(model, in_f32=frozenset()):
