@@ -129,6 +129,10 @@ def _cases():
             "searchsorted_rows": (Fn(lambda s, seq, x: torch.searchsorted(
                 torch.sort(seq, -1).values, x, right=True, out_int32=True).to(torch.int64)
                 + torch.searchsorted(torch.sort(seq, -1).values, x)), (r(3, 9), r(3, 4))),
+            # the boundaries passed in, sorted: the random input set must keep them sorted
+            # (torch's answer on unsorted boundaries is unspecified; OpInfo's bucketize samples)
+            "bucketize_sorted_input": (Fn(lambda s, x, edges: torch.bucketize(x, edges, right=True)),
+                                       (r(4, 5), torch.sort(r(7)).values)),
             # multi-query attention: one key/value head broadcast over the query heads
             "attention_shared_kv_head": (Fn(lambda s, q, k, v: F.scaled_dot_product_attention(
                 q, k, v)), (r(2, 4, 5, 8), r(2, 1, 5, 8), r(2, 1, 5, 8))),

@@ -226,7 +226,9 @@ def _f32_noise(twin, leaves, spec, outs32, exact_narrow: bool = True):
 def _like(x, rng: np.random.Generator):
     """A fresh input of the same spec: floats with the example's spread, ints within the
     example's range (token ids stay valid), bools at random. A single float (a temperature, a
-    scale) keeps its sign and size within a factor of two, as a model expects of it."""
+    scale) keeps its sign and size within a factor of two, as a model expects of it. An example
+    sorted along its last axis gives a sorted one: searchsorted's and bucketize's boundaries
+    must be, and torch's result on unsorted ones is unspecified."""
     if not isinstance(x, torch.Tensor):
         return x
     shape = tuple(x.shape)
@@ -244,6 +246,8 @@ def _like(x, rng: np.random.Generator):
     else:
         lo, hi = (int(x.min()), int(x.max())) if x.numel() else (0, 1)
         a = rng.integers(lo, hi + 1, size=shape)
+    if x.dtype != torch.bool and x.dim() and x.shape[-1] > 1 and bool((x[..., 1:] >= x[..., :-1]).all()):
+        a = np.sort(a, axis=-1)
     # numpy gives scalars, not arrays, for shape (): torch.from_numpy takes only arrays
     return torch.from_numpy(np.asarray(a)).to(x.dtype)
 
