@@ -247,6 +247,11 @@ class MaskingNoise(torch.nn.Module):   # as ViTMAE's random masking: drawn in ev
         return x + torch.rand(x.shape)  # <- FX400 here
 
 
+class NoiseWithGenerator(torch.nn.Module):   # as UnivNet: its optional generator picks randn.generator
+    def forward(self, x):
+        return x + torch.randn(x.shape, generator=None)  # <- FX400 here
+
+
 class TrainingDropout(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -263,6 +268,11 @@ def test_FX400_a_random_op_says_how_to_get_rid_of_it():
         fexplore.compile(MaskingNoise().eval(), (torch.randn(4),))
     check(e.value, UnsupportedOperatorError, message="random numbers", hint="as a model input", marker="FX400")
     assert "model.eval()" not in e.value.hint
+    # an overload of no table entry is known as random by torch's own tag, not sent to "no converter"
+    with pytest.raises(UnsupportedOperatorError) as e:
+        fexplore.compile(NoiseWithGenerator().eval(), (torch.randn(4),))
+    check(e.value, UnsupportedOperatorError, message="random numbers", hint="as a model input", marker="FX400")
+    assert "randn.generator" in str(e.value)
     with pytest.raises(UnsupportedOperatorError) as e:
         fexplore.compile(TrainingDropout().train(), (torch.randn(4),))
     check(e.value, UnsupportedOperatorError, message="random numbers", hint="model.eval()")

@@ -25,6 +25,7 @@ from fexplore.ir.graph import unique_name
 from fexplore.ir.types import dims_equal
 
 from .convert import COMPLEX_CONVERTERS, CONVERTERS, ConvertContext, fake_type, ir_dtype, is_complex
+from .convert.out_of_scope import random_draw_refusal
 from .symbols import SymbolTable, build_symbol_table
 
 
@@ -261,6 +262,9 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
     else:
         conv = CONVERTERS.get(target)
     if conv is None:
+        random_draw = random_draw_refusal(n.target, loc)
+        if random_draw is not None:
+            raise random_draw
         if target.startswith(("aten.", "prims.", "higher_order.")):
             hint = (f"fexplore has no converter for {target} yet; add one with "
                     f"@fexplore.pipeline.convert.converter({target!r})")

@@ -6,6 +6,8 @@ ingestion itself, from the result's unbacked size, whatever the op.)"""
 
 from __future__ import annotations
 
+import torch
+
 from fexplore.errors import UnsupportedOperatorError
 
 from .registry import CONVERTERS, ConvertContext, converter
@@ -35,6 +37,15 @@ def refuse(ctx: ConvertContext, why: str):
     training = str(ctx.node.target) in _DROPOUT_OPS
     raise UnsupportedOperatorError(str(ctx.node.target), loc=ctx.loc, reason=why,
                                    hint=_DROPOUT_HINT if training else _RANDOM_HINT)
+
+
+def random_draw_refusal(op, loc) -> UnsupportedOperatorError | None:
+    """The refusal of a random op with no converter and no entry above (an overload such as
+    randn.generator, which a model reaches by passing its optional generator): torch tags every op
+    that draws from the generator `nondeterministic_seeded`. None for any other op."""
+    if torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ()):
+        return None
+    return UnsupportedOperatorError(str(op), loc=loc, reason=_RANDOM, hint=_RANDOM_HINT)
 
 
 for _op, _why in OUT_OF_SCOPE.items():
