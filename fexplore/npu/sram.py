@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 
-from fexplore.npu.commands import Buffer, Command
+from fexplore.npu.commands import NO_ENGINE, Buffer, Command
 from fexplore.npu.config import NPUConfig
 from fexplore.npu.errors import SRAMOverflowError
 
@@ -264,7 +264,7 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
             space.live_bytes += size
             alloc.peak[buf.pe] = max(alloc.peak[buf.pe], space.live_bytes)
             alloc.footprint[buf.pe] = max(alloc.footprint[buf.pe], off + size)
-            before = space.previous_occupants(off, off + size)
+            before = _last_per_queue(space.previous_occupants(off, off + size), commands)
             if before:
                 # a tile's first command writes it and the others follow it; a resident tensor is
                 # written box by box by DMAs none of which follows another: each of them waits
@@ -283,6 +283,28 @@ def allocate(commands: list[Command], buffers: list[Buffer], final_accessors, cf
             if fresh_when_empty and not space.live:
                 space.forget_placement()
     return alloc
+
+
+def _last_per_queue(ids: list[int], commands: list[Command]) -> list[int]:
+    """The commands of `ids` whose completion implies all the others': an engine queue runs its
+    commands one at a time in program order, so of those on one queue the last is enough (syncs,
+    on no queue, are kept). A buffer placed where a hundred earlier tiles lived would otherwise
+    carry every reader of every one of them, and a resident tensor written by a thousand DMAs
+    each of them: tens of millions of dependencies in a long model's program, for the same
+    schedule."""
+    if len(ids) <= 1:
+        return ids
+    last: dict[tuple[int, int], int] = {}
+    kept = []
+    for i in ids:
+        c = commands[i]
+        if c.engine == NO_ENGINE:
+            kept.append(i)
+        else:
+            key = (c.pe, c.engine)
+            if last.get(key, -1) < i:
+                last[key] = i
+    return kept + sorted(last.values())
 
 
 def _resident_backing(c: Command, written: bool = False) -> tuple:
