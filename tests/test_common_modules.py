@@ -159,3 +159,33 @@ def test_an_unsupported_form_is_a_clear_error_on_the_users_line():
     assert info.value.code.startswith("FX4")
     assert "boolean-mask" in str(info.value)
     assert info.value.loc is not None and info.value.loc.file == __file__
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_batch_norm_in_training_mode_compiles_and_matches_eager(dtype):
+    """Batch statistics of a half input, as torch's decomposition takes them: in f32, only the
+    output rounded (the converter had kept the half dtype throughout)."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(3, track_running_stats=False)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([0.5, 2.0, -1.0]))
+        bn.bias.copy_(torch.tensor([0.1, -0.3, 4.0]))
+    model = Fn(lambda s, x: s.mods[0](x) * 2, bn).to(dtype).train()
+    x = (torch.randn(2, 3, 6, 5) * 3 + 1).to(dtype)
+    cm = fexplore.compile(model, (x,))
+    assert all(r.verification.ok for r in cm.stages)
+    with torch.no_grad():
+        want = model(x)
+    tol = {torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(cm(x), want, rtol=tol, atol=tol)
+
+
+def test_a_half_batch_norm_updating_its_running_statistics_is_refused_as_a_mutation():
+    """torch returns the functional form's updated running statistics in f32 for a half input:
+    the converter gave them the input's dtype, and ingestion stopped on it as a converter bug
+    (FX403) before the buffer update it should name."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).to(torch.bfloat16).train()
+    with pytest.raises(fexplore.errors.FexploreError) as info:
+        fexplore.compile(model, (torch.randn(2, 3, 6, 6, dtype=torch.bfloat16),))
+    assert info.value.code == "FX401" and "running_mean" in str(info.value)

@@ -261,10 +261,10 @@ def _batch_norm(ctx):
     if target == "aten.batch_norm.default":
         return y
     # in eval mode nothing is saved: torch returns empty tensors for the mean and 1/std (and
-    # the functional form the running statistics, unchanged)
+    # the functional form the running statistics, unchanged but f32 when they came in half)
     saved = (_empty_result(ctx, 1), _empty_result(ctx, 2))
     if target == "aten._native_batch_norm_legit_functional.default":
-        return (y, *saved, mean, var)
+        return (y, *saved, _as_result(ctx, mean, 3), _as_result(ctx, var, 4))
     return (y, *saved)
 
 
@@ -273,13 +273,26 @@ def _empty_result(ctx, i):
     return ctx.emit("full", [], {"shape": t.shape, "value": 0, "dtype": t.dtype})
 
 
+def _as_result(ctx, v, i):
+    """`v` in the dtype torch gives result i."""
+    dt = ctx.out_type(i).dtype
+    return v if v.type.dtype == dt else ctx.emit("cast", [v], {"dtype": dt})
+
+
 def _batch_norm_training(ctx, target, x, w, b, running_mean, running_var, momentum, eps):
     """Training-mode batch norm normalizes with the batch's own statistics (mean and biased
     variance over every axis but the channels); the functional forms also return the saved
-    mean and 1/std and the updated running statistics, whose variance is the unbiased one."""
+    mean and 1/std and the updated running statistics, whose variance is the unbiased one.
+
+    A half-precision input is normalized in f32, as torch's decomposition does; each result is
+    then rounded to the dtype torch gives it: the output and the saved statistics to the input's,
+    the functional form's updated running statistics stay f32."""
     rank, c = x.type.rank, x.type.shape[1]
     axes = (0,) + tuple(range(2, rank))
     per_channel = (1, c) + (1,) * (rank - 2)
+    out_dtype = x.type.dtype
+    if out_dtype in (DType.f16, DType.bf16):
+        x = ctx.emit("cast", [x], {"dtype": DType.f32})
     mean = ctx.emit("mean", [x], {"axes": axes, "keepdim": True})
     var = ctx.emit("var", [x], {"axes": axes, "keepdim": True, "correction": 0})
     invstd = ctx.emit("rsqrt", [ctx.emit("add", [var, float(eps)])])
@@ -288,12 +301,15 @@ def _batch_norm_training(ctx, target, x, w, b, running_mean, running_var, moment
         y = ctx.emit("mul", [y, ctx.emit("reshape", [w], {"shape": per_channel})])
     if b is not None:
         y = ctx.emit("add", [y, ctx.emit("reshape", [b], {"shape": per_channel})])
+    if y.type.dtype != out_dtype:
+        y = ctx.emit("cast", [y], {"dtype": out_dtype})
     if target == "aten.batch_norm.default":
         return y
     save_mean = ctx.emit("reshape", [mean], {"shape": (c,)})
     save_invstd = ctx.emit("reshape", [invstd], {"shape": (c,)})
+    saved = (_as_result(ctx, save_mean, 1), _as_result(ctx, save_invstd, 2))
     if target != "aten._native_batch_norm_legit_functional.default":
-        return (y, save_mean, save_invstd)
+        return (y, *saved)
     n = 1
     for ax in axes:
         n = n * x.type.shape[ax]
@@ -301,11 +317,14 @@ def _batch_norm_training(ctx, target, x, w, b, running_mean, running_var, moment
                                 float(n) / max(float(n) - 1.0, 1.0) if isinstance(n, int)
                                 else ctx.emit("div", [n, n - 1])])
     m = float(momentum)
+    if running_mean.type.dtype != mean.type.dtype:   # half running statistics, updated in f32
+        running_mean, running_var = (ctx.emit("cast", [r], {"dtype": mean.type.dtype})
+                                     for r in (running_mean, running_var))
     new_mean = ctx.emit("add", [ctx.emit("mul", [running_mean, 1.0 - m]),
                                 ctx.emit("mul", [save_mean, m])])
     new_var = ctx.emit("add", [ctx.emit("mul", [running_var, 1.0 - m]),
                                ctx.emit("mul", [unbiased, m])])
-    return (y, save_mean, save_invstd, new_mean, new_var)
+    return (y, *saved, _as_result(ctx, new_mean, 3), _as_result(ctx, new_var, 4))
 
 
 @converter("aten.layer_norm.default", "aten.native_layer_norm.default")
