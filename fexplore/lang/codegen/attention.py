@@ -770,11 +770,13 @@ class _Pieces:
             shift = len(self.lead) - (rank - 2)
             index = {i: (self.index.get(i + shift, "0") if m.shape[i] != 1 else "0") for i in range(rank - 2)}
             off = f" - {self.offset}" if self.offset else ""
-            seq = (f"{self.seq}.start{off}", f"{self.seq}.stop{off}") if m.shape[-2] != 1 else ("0", "1")
+            # a view of rank 1 (a vector along D, broadcast over the sequence) has no sequence axis
+            seq = {} if rank < 2 else \
+                {rank - 2: (f"{self.seq}.start{off}", f"{self.seq}.stop{off}") if m.shape[-2] != 1 else ("0", "1")}
             out = []
             for c0, c1 in zip(cuts, cuts[1:]):
                 try:
-                    text, order = m.box(index, {rank - 2: seq, rank - 1: (str(c0), str(c1))})
+                    text, order = m.box(index, {**seq, rank - 1: (str(c0), str(c1))})
                 except ValueError:
                     self.fail(self.producer.get(v.name), "a view that is not a unit-stride box of its input")
                 if order != sorted(order):

@@ -132,6 +132,9 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
     for o in body.outputs:
         if o.name in in_prologue:
             fail(producer[o.name], "a prologue value leaves the region")
+    for n in epilogue:   # its tiles are the activations' (rows x K), not the output's (rows x N)
+        if any(x.name in in_prologue for x in n.inputs):
+            fail(n, "an epilogue operand from the prologue (a view or norm of the activations)")
 
     # -- the domain: the contraction's output, (lead..., N) -----------------------------------------
     out_t = first.outputs[0].type
