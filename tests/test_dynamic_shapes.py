@@ -36,3 +36,27 @@ def test_length_outside_the_compiled_range_is_a_clear_error():
     hi = cm.graph.symbols["seq"][1]
     with pytest.raises(fexplore.errors.InputError, match="outside the compiled range"):
         cm(torch.randint(0, 100, (1, hi + 1)))
+
+
+class EveryThirdRow(torch.nn.Module):
+    def forward(self, x):
+        return x[1::3] * 2
+
+
+def test_a_guard_pinned_length_narrows_the_range_to_exactly_where_torch_runs():
+    """torch pins floor(s/3 + 1/3), the length of x[1::3], to 1 by a guard: its exported program
+    runs a batch of 2 to 4 only. The compile holds the batch to the same sizes; in floats the
+    length at 5 was 1.9999999999999998, and a batch of 5 ran with one row where eager has two."""
+    model, dyn = EveryThirdRow(), ({0: torch.export.Dim.AUTO},)
+    cm = fexplore.compile(model, (torch.randn(4, 2),), dynamic_shapes=dyn)
+    exported = torch.export.export(model, (torch.randn(4, 2),), dynamic_shapes=dyn).module()
+    for batch in range(2, 8):
+        x = torch.randn(batch, 2)
+        try:
+            want = exported(x)
+        except AssertionError:   # torch's guard fails: the compile refuses it too
+            with pytest.raises(fexplore.errors.InputError, match="outside the compiled range"):
+                cm(x)
+        else:
+            torch.testing.assert_close(cm(x), want)
+    assert cm.graph.symbols[next(iter(cm.graph.symbols))] == (2, 4)

@@ -9,9 +9,12 @@ print, parse or evaluate a dim.
 from __future__ import annotations
 
 import inspect
+import math
+from fractions import Fraction
 
 import sympy
 import torch
+from sympy.printing.pycode import PythonCodePrinter
 
 from fexplore.ir.types import canon_dim, symbol
 
@@ -93,7 +96,7 @@ class SymbolTable:
         example = (known if known is not None else self.shape_env.var_to_val).get(to_torch.get(n))
         if example is None:
             return False
-        value = sympy.lambdify(n, ir_dim, "math")
+        value = _exact_function(n, ir_dim)
         v0 = int(example)
         if value(v0) != size:
             return False
@@ -181,3 +184,19 @@ def _dim_names(user_inputs, dynamic_shapes, forward) -> dict:
             if name and isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                 out.setdefault(size.node.expr, name)
     return out
+
+
+class _ExactPrinter(PythonCodePrinter):
+    """Python source of a dim expression in exact arithmetic: its rationals as Fractions."""
+
+    def _print_Rational(self, e):
+        return f"Fraction({e.p}, {e.q})"
+
+
+def _exact_function(n: sympy.Symbol, expr):
+    """``expr`` as a function of the integer ``n``, evaluated exactly. In floats a torch length
+    such as floor(s/3 + 1/3) is 1.9999999999999998 at s = 5 and floors to 1, so a guard's range
+    reached sizes where it fails (fuzz seed 1530032)."""
+    f = sympy.lambdify(n, expr, modules=[{"Fraction": Fraction, "math": math}, "math"], printer=_ExactPrinter)
+    return lambda v: f(Fraction(v))
+
