@@ -60,3 +60,28 @@ def test_a_guard_pinned_length_narrows_the_range_to_exactly_where_torch_runs():
         else:
             torch.testing.assert_close(cm(x), want)
     assert cm.graph.symbols[next(iter(cm.graph.symbols))] == (2, 4)
+
+
+class ConvPoolStem(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 3, 2, 1)
+        return torch.nn.functional.avg_pool2d(y, 2)
+
+
+def test_a_cnn_with_a_dynamic_image_size_runs_at_sizes_it_was_not_compiled_at():
+    """Pooling over symbolic spatial dims (an image of any height and width): one graph, each
+    size scheduled on the chip and equal to eager."""
+    torch.manual_seed(0)
+    model = ConvPoolStem().eval()
+    h, w = torch.export.Dim("h", min=8, max=64), torch.export.Dim("w", min=8, max=64)
+    cm = fexplore.compile(model, (torch.randn(1, 3, 16, 20),), dynamic_shapes=({2: h, 3: w},), target="tiny")
+    assert [str(d) for d in cm.graph.inputs[0].type.shape[2:]] == ["h", "w"]
+    for size in ((16, 20), (9, 33), (64, 11)):
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+    assert not cm.codegen_bugs

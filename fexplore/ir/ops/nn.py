@@ -154,8 +154,9 @@ def _pool_type_with(dilation_of):
             raise TypeRuleError("pooling takes NCHW input")
         (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
         dh, dw = dilation_of(a)
-        if not (isinstance(x.shape[2], int) and isinstance(x.shape[3], int)):
-            raise TypeRuleError("pooling needs static spatial dims")
+        if a["ceil_mode"] and not (isinstance(x.shape[2], int) and isinstance(x.shape[3], int)):
+            # whether the last window starts inside the input depends on the size
+            raise TypeRuleError("ceil_mode pooling needs static spatial dims")
         oh = _pool_out(x.shape[2], kh, sh, ph, dh, a["ceil_mode"])
         ow = _pool_out(x.shape[3], kw, sw, pw, dw, a["ceil_mode"])
         return [TensorType((x.shape[0], x.shape[1], oh, ow), x.dtype)]

@@ -382,6 +382,14 @@ def _unbatched_pool(conv, spatial: int = 2):
     return wrapped
 
 
+def _static_if_ceil_mode(x, ceil_mode: bool) -> None:
+    """A ceil_mode window count over a symbolic size is not one expression (whether the last
+    window starts inside the input depends on the size): such a pool is refused, not mistyped."""
+    if ceil_mode and not all(isinstance(d, int) for d in x.type.shape[2:]):
+        raise NotImplementedError("ceil_mode pooling over a symbolic spatial dim (its last window "
+                                  "depends on the size); export that dim static, or ceil_mode=False")
+
+
 @converter("aten.max_pool2d.default", "aten.max_pool2d_with_indices.default")
 @_unbatched_pool
 def _max_pool(ctx, x):
@@ -390,6 +398,7 @@ def _max_pool(ctx, x):
     attrs = {"kernel": k, "stride": _pair(stride), "padding": _pair(ctx.arg(3, "padding", (0,))),
              "dilation": _pair(ctx.arg(4, "dilation", (1,))),
              "ceil_mode": bool(ctx.arg(5, "ceil_mode", False))}
+    _static_if_ceil_mode(x, attrs["ceil_mode"])
     if str(ctx.node.target) == "aten.max_pool2d.default":
         return ctx.emit("max_pool2d", [x], attrs)
     return ctx.emit("max_pool2d_with_indices", [x], attrs, n_results=2)
@@ -400,6 +409,7 @@ def _max_pool(ctx, x):
 def _avg_pool(ctx, x):
     k = _pair(ctx.arg(1, "kernel_size"))
     stride = ctx.arg(2, "stride") or k
+    _static_if_ceil_mode(x, bool(ctx.arg(4, "ceil_mode", False)))
     return ctx.emit("avg_pool2d", [x], {
         "kernel": k, "stride": _pair(stride), "padding": _pair(ctx.arg(3, "padding", (0,))),
         "ceil_mode": bool(ctx.arg(4, "ceil_mode", False)),
