@@ -383,10 +383,14 @@ def _same_type(got: TensorType, want: TensorType, fake: torch.Tensor, symbols: S
 
 
 def _pinned_equal(got, want, torch_dim, symbols: SymbolTable) -> bool:
-    """A static dim on one side and an expression on the other that torch's guards pin to it;
-    the expression's symbol is then held to the sizes where the guard holds."""
-    if isinstance(got, int) == isinstance(want, int):
+    """A static dim on one side and an expression on the other that torch's guards pin to it,
+    or two expressions they make equal (a pinned slice's length inside a concatenation's,
+    ``s + 1`` for torch's ``s + floor(s/3 + 1/3)``); the symbol is then held to the sizes where
+    the guard holds."""
+    if isinstance(got, int) and isinstance(want, int):
         return False
+    if not isinstance(got, int) and not isinstance(want, int):
+        return symbols.proves_equal(got, torch_dim) and symbols.rely_on(want - got, 0)
     size, expr = (got, want) if isinstance(got, int) else (want, got)
     return symbols.proves_equal(got, torch_dim) and symbols.rely_on(expr, size)
 
