@@ -43,13 +43,23 @@ class EveryThirdRow(torch.nn.Module):
         return x[1::3] * 2
 
 
-def test_a_guard_pinned_length_narrows_the_range_to_exactly_where_torch_runs():
+class LinspaceOverHalfTheRows(torch.nn.Module):
+    def forward(self, x):
+        return x.amax(), torch.linspace(-1, 1, x[1::2].shape[0])
+
+
+@pytest.mark.parametrize("model, batch, sizes", [(EveryThirdRow(), 4, (2, 4)),
+                                                 (LinspaceOverHalfTheRows(), 5, (4, 5))])
+def test_the_compiled_range_is_exactly_where_torchs_guards_hold(model, batch, sizes):
     """torch pins floor(s/3 + 1/3), the length of x[1::3], to 1 by a guard: its exported program
-    runs a batch of 2 to 4 only. The compile holds the batch to the same sizes; in floats the
-    length at 5 was 1.9999999999999998, and a batch of 5 ran with one row where eager has two."""
-    model, dyn = EveryThirdRow(), ({0: torch.export.Dim.AUTO},)
-    cm = fexplore.compile(model, (torch.randn(4, 2),), dynamic_shapes=dyn)
-    exported = torch.export.export(model, (torch.randn(4, 2),), dynamic_shapes=dyn).module()
+    runs a batch of 2 to 4 only (in floats the length at 5 was 1.9999999999999998, and a batch of
+    5 ran with one row where eager has two). linspace's steps, x[1::2]'s length, become the
+    example's 2 with a guard on the batch that no dim of the program shows (a batch of 6 gave 2
+    values where eager has 3). The compile holds the batch to the sizes torch runs."""
+    dyn = ({0: torch.export.Dim.AUTO},)
+    example = torch.randn(batch, 2)
+    cm = fexplore.compile(model, (example,), dynamic_shapes=dyn)
+    exported = torch.export.export(model, (example,), dynamic_shapes=dyn).module()
     for batch in range(2, 8):
         x = torch.randn(batch, 2)
         try:
@@ -59,7 +69,7 @@ def test_a_guard_pinned_length_narrows_the_range_to_exactly_where_torch_runs():
                 cm(x)
         else:
             torch.testing.assert_close(cm(x), want)
-    assert cm.graph.symbols[next(iter(cm.graph.symbols))] == (2, 4)
+    assert cm.graph.symbols[next(iter(cm.graph.symbols))] == sizes
 
 
 class ConvPoolStem(torch.nn.Module):

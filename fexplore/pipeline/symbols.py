@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from fractions import Fraction
 
 import sympy
@@ -21,6 +22,9 @@ from fexplore.ir.types import canon_dim, symbol
 
 # How far ``SymbolTable.rely_on`` looks either side of the example size for where a guard holds.
 _GUARD_SCAN = 4096
+
+# An input's size in torch's guard code: L['x'].size()[0]
+_INPUT_SIZE = re.compile(r"L\['([A-Za-z_][A-Za-z0-9_]*)'\]\.size\(\)\[(\d+)\]")
 
 
 class SymbolTable:
@@ -97,19 +101,67 @@ class SymbolTable:
         if example is None:
             return False
         value = _exact_function(n, ir_dim)
-        v0 = int(example)
-        if value(v0) != size:
+        return self._narrow(n.name, int(example), lambda v: value(v) == size)
+
+    def _narrow(self, name: str, v0: int, holds) -> bool:
+        """Narrow symbol ``name``'s range to the sizes around ``v0`` where ``holds(size)``
+        (False, nothing narrowed, when it fails at ``v0`` itself)."""
+        if not holds(v0):
             return False
-        lo, hi = self.ranges[n.name]
+        lo, hi = self.ranges[name]
         a = v0
-        while a - 1 >= lo and v0 - a < _GUARD_SCAN and value(a - 1) == size:
+        while a - 1 >= lo and v0 - a < _GUARD_SCAN and holds(a - 1):
             a -= 1
         b = v0
-        while (hi is None or b + 1 <= hi) and b - v0 < _GUARD_SCAN and value(b + 1) == size:
+        while (hi is None or b + 1 <= hi) and b - v0 < _GUARD_SCAN and holds(b + 1):
             b += 1
         # equal that far up (a Min with a constant): taken as equal for every larger size
-        self.ranges[n.name] = (a, hi if b - v0 >= _GUARD_SCAN else b)
+        self.ranges[name] = (a, hi if b - v0 >= _GUARD_SCAN else b)
         return True
+
+    def hold_input_guards(self, guards, input_shapes: dict) -> list[str]:
+        """Narrow each symbol's range to where torch's guards on the input sizes hold.
+
+        torch.export records guards its tracing relied on that no dim of the program shows
+        (``linspace(-1, 1, x[1::2].shape[0])`` makes its steps the example's 2 and guards
+        ``x.size()[0] // 2 == 2``); its exported program refuses inputs that fail them, and so
+        must the compile. ``guards``: Python over ``L['name'].size()[i]`` (the export's
+        ``_guards_code``); ``input_shapes``: each user input's IR shape by name. A guard on one
+        symbol narrows it around the example's size; the others (over two symbols, or inputs
+        inside containers) are returned, not held."""
+        known = getattr(self.shape_env, "backed_var_to_val", None) if self.shape_env is not None else None
+        if self.shape_env is not None and known is None:
+            known = self.shape_env.var_to_val
+        to_torch = {v: k for k, v in self.to_ir.items()}
+        left = []
+        for code in guards or ():
+            dims = []
+
+            def size(m):
+                shape = input_shapes.get(m.group(1))
+                axis = int(m.group(2))
+                if shape is None or axis >= len(shape):
+                    raise LookupError(m.group(0))
+                dims.append(shape[axis])
+                return f"({shape[axis]})"
+            try:
+                text = _INPUT_SIZE.sub(size, code)
+            except LookupError:
+                left.append(code)
+                continue
+            free = {d for d in dims if not isinstance(d, int)}
+            if "L[" in text or len(free) != 1 or not isinstance(next(iter(free)), sympy.Symbol):
+                left.append(code)
+                continue
+            (n,) = free
+            example = (known or {}).get(to_torch.get(n))
+            if example is None or n.name not in self.ranges:
+                left.append(code)
+                continue
+            test = compile(text, "<guard>", "eval")
+            if not self._narrow(n.name, int(example), lambda v: bool(eval(test, {}, {n.name: v}))):
+                left.append(code)
+        return left
 
     def expr(self, e):
         if isinstance(e, (int, float)):
