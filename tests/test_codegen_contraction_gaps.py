@@ -170,3 +170,28 @@ def test_a_one_row_einsum_is_a_kernel_or_a_clear_refusal_never_a_codegen_bug(eq,
     cm = fexplore.compile(OneRowEinsum(eq, w).eval(), (torch.randn(*a),))
     assert not cm.codegen_bugs, cm.codegen_bugs   # before: NotImplementedError in the generator
     assert bool(cm.verification["ok"].all()), cm.verification
+
+
+class SelectedRowLinear(torch.nn.Module):
+    def __init__(self, k, pick):
+        super().__init__()
+        self.lin = torch.nn.Linear(k, 17)
+        self.pick = pick
+
+    def forward(self, x):
+        return torch.relu(self.lin(self.pick(x))) + 1
+
+
+@pytest.mark.parametrize("shape, pick", [((3, 5), lambda x: x.select(0, 2)), ((2, 3, 5), lambda x: x[1, 2]),
+                                         ((4, 3, 40), lambda x: x[2])],
+                         ids=["row_of_a_matrix", "vector_of_a_3d_tensor", "matrix_of_a_3d_tensor"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_linear_of_selected_rows_is_one_kernel(shape, pick, precision):
+    """Every leading axis selected away (a vector into a linear) still leaves the box a row axis
+    for the contraction's m (fuzz seed 1560162: the kernel did not trace and ran on the host)."""
+    torch.manual_seed(0)
+    model, x = SelectedRowLinear(shape[-1], pick).eval(), torch.randn(*shape)
+    cm = fexplore.compile(model, (x,), target="tiny", precision=precision)
+    assert not cm.codegen_bugs, cm.codegen_bugs
+    assert [k.kernel.kind for k in cm.kernels] == ["contraction"]
+    assert bool(cm.verification["ok"].all()), cm.verification

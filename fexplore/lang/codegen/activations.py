@@ -69,11 +69,14 @@ class RowAccess:
         # a domain of one row (every leading axis size 1): the box keeps its last axis as M's unit axis
         m_unit = base_lead[-1] if base_lead and last not in (g_of.get(i + shift) for i in range(len(base_lead))) \
             else None
+        # every leading axis selected away (one vector's row, x[0] @ w.T): the last selected
+        # axis is M's unit axis, else the box would have no row axis
+        m_selected = max(selected) if selected and not base_lead else None
         for a in range(len(self.base_shape) - 1):
             size = self.base_shape[a]
             if a in selected:
                 spec.append(str(size))
-                idx.append(str(selected[a]))
+                idx.append(f"{selected[a]}:{selected[a] + 1}" if a == m_selected else str(selected[a]))
                 continue
             i = base_lead.index(a) + shift
             s = offset.get(a, 0)
