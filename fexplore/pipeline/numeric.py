@@ -414,15 +414,33 @@ def narrowed_outputs(g: Graph, oracle) -> list[bool] | None:
 
 def policy_noise_of(oracle, k: int, g: Graph) -> list[float | None] | None:
     """Eager's error under the compile's reduced-precision policy on input set ``k``, per output
-    (None for an output ``g`` does not narrow; None in all: no policy, not measured, or ``g``
-    narrows nothing)."""
+    (None for an output the policy moves neither in ``g`` nor in eager; None in all: no policy,
+    not measured, or ``g`` narrows nothing).
+
+    Once ``g`` carries the policy (`carries_policy`), an output it does not narrow by dtype
+    is allowed its measured error too: one the model rounds to bf16 by itself at the end shows
+    no narrower dtype, yet the policy's operands upstream move it (fuzz seed 1530844: a layer
+    norm over two near-equal values, then the model's own cast). An output the policy does not
+    reach measured no error, and is allowed none."""
     noise = getattr(oracle, "policy_noise", None)
     if not noise:
         return None
     narrowed = narrowed_outputs(g, oracle)
-    if not narrowed or not any(narrowed):
+    if not narrowed or not (any(narrowed) or carries_policy(g)):
         return None
-    return [e if n else None for e, n in zip(noise[k], narrowed)]
+    return [e if n or e else None for e, n in zip(noise[k], narrowed)]
+
+
+def carries_policy(g: Graph) -> bool:
+    """Whether ``g`` has the precision stage's narrowed contractions: operands narrower than the
+    result they accumulate into (``out_dtype``, which only that stage sets). The graphs of the
+    stages before it compute as the model does."""
+    for n in g.walk():
+        out = dict(n.attrs).get("out_dtype")
+        floats = [v.type.dtype for v in n.inputs if v.type.dtype in _NARROW_FIRST]
+        if out in _NARROW_FIRST and any(_NARROW_FIRST.index(d) < _NARROW_FIRST.index(out) for d in floats):
+            return True
+    return False
 
 
 def compare_with_oracle(g: Graph, oracle, k: int, got: Sequence[np.ndarray]):
