@@ -363,3 +363,36 @@ def test_dft_matches_onnxs_own_expected_outputs(opset_name):
         got = np.asarray(got[0] if isinstance(got, (list, tuple)) else got)
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def _ml_model(nodes, inputs, outputs):
+    """A model of the classical-ML domain only (as scikit-learn exporters write one)."""
+    g = helper.make_graph(nodes, "g", inputs, outputs)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1),
+                                               helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("dtype, threshold", [(np.float32, 0.25), (np.int64, 1.5), (np.int64, -2.0)])
+def test_binarizer_matches_onnx_runtime_and_the_spec(dtype, threshold):
+    """ONNX Runtime runs float inputs only; integers are checked against the spec's x > t."""
+    x = (np.random.default_rng(0).standard_normal((3, 7)) * 3).astype(dtype)
+    t = {np.float32: F, np.int64: TensorProto.INT64}[dtype]
+    m = _ml_model([helper.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", threshold=threshold)],
+                  [vi("x", [3, 7], t)], [vi("y", None, t)])
+    floats = dtype == np.float32
+    got = fexplore.compile(m, (x,), verify=floats)(x)[0]
+    assert got.dtype == dtype and got.any() and not got.all()
+    np.testing.assert_array_equal(got, ort(m, [x])[0] if floats else (x > threshold).astype(dtype))
+
+
+@pytest.mark.parametrize("xshape, idx", [((3, 4), [3, 0, 0]), ((2, 3, 5), [[4, 1], [2, 2]]), ((6,), [5, 1])],
+                         ids=["matrix", "3d_by_2d_indices", "vector"])
+def test_array_feature_extractor_matches_onnx_runtime(xshape, idx):
+    x = np.random.default_rng(1).standard_normal(xshape).astype(np.float32)
+    i = np.array(idx, dtype=np.int64)
+    m = _ml_model([helper.make_node("ArrayFeatureExtractor", ["x", "i"], ["y"], domain="ai.onnx.ml")],
+                  [vi("x", list(xshape)), vi("i", list(i.shape), TensorProto.INT64)], [vi("y", None)])
+    want = ort(m, [x, i])[0]
+    got = fexplore.compile(m, (x, i), target="tiny")(x, i)[0]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)

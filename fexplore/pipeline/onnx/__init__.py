@@ -5,8 +5,8 @@ registered by ``(domain, op type, opset range)`` with ``onnx_converter``. Import
 package fills the registry.
 """
 
-from . import (attention, control, einsum, elementwise, loss, movement, nn, recurrent,  # noqa: F401
-               quant, reduction, resize, sampling, spectral)  # noqa: F401  (fill the registry)
+from . import (attention, control, einsum, elementwise, loss, ml, movement, nn,  # noqa: F401
+               recurrent, quant, reduction, resize, sampling, spectral)  # noqa: F401  (fill the registry)
 from . import out_of_scope  # noqa: F401,E402  (last: it never shadows a real converter)
 from .importer import (OnnxIngested, OnnxModelError, check_frozen, graph_inputs, ingest_onnx,
                        is_onnx_model, load_model)
