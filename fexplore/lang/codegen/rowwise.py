@@ -246,12 +246,23 @@ def _aligned_shapes(body, inputs: Inputs, label: str):
         if len(mixed) > 1:
             raise UnsupportedRegionError(n.op.name, label, "mixes a reduced value with unreduced ones")
         if n.op.name in vector.REDUCTIONS or n.op.name == "var":
+            r = n.inputs[0].type.rank
+            axes = n.attrs["axes"] if "axes" in n.attrs else ()
+            if r > 1 and sorted({a % r for a in axes} if axes else range(r)) != [r - 1]:
+                # (a whole-tensor mean, fusion's norm of a scalar statistic, fuzz seed 1590649)
+                raise UnsupportedRegionError(n.op.name, label, f"reduces axes {list(axes) or 'all'}; the "
+                                             "vector part reduces the last axis only", loc=n.loc, node=n)
             src = shapes[n.inputs[0].name]
             shapes[out.name] = src[:-1] + (1,)
             if not n.attrs["keepdim"]:
                 dropped.add(out.name)
         else:
-            shapes[out.name] = tuple(np.broadcast_shapes(*(shapes[x.name] for x in args)))
+            try:
+                shapes[out.name] = tuple(np.broadcast_shapes(*(shapes[x.name] for x in args)))
+            except ValueError:
+                raise UnsupportedRegionError(n.op.name, label, "its operands do not broadcast to one tile grid: "
+                                             + ", ".join(f"{x.name} {list(shapes[x.name])}" for x in args),
+                                             loc=n.loc, node=n) from None
             if mixed == {True}:
                 dropped.add(out.name)
     return shapes, dropped
