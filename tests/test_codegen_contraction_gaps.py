@@ -195,3 +195,21 @@ def test_a_linear_of_selected_rows_is_one_kernel(shape, pick, precision):
     assert not cm.codegen_bugs, cm.codegen_bugs
     assert [k.kernel.kind for k in cm.kernels] == ["contraction"]
     assert bool(cm.verification["ok"].all()), cm.verification
+
+
+class OneSlicedRowAgainstABatch(torch.nn.Module):
+    def forward(self, x, y):
+        return x.narrow(0, 1, 1) @ y.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_sliced_activation_broadcast_along_the_batch_reads_its_own_row(precision):
+    """x[1:2] against a batch of 2: the generator indexed the slice by the batch's loop variable
+    plus the start, so batch b read x[b + 1] (a wrong kernel, caught by the lower stage's check;
+    out of bounds for fuzz seed 720646). Such a region is now lowered as its parts."""
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3, 5), torch.randn(2, 6, 5)
+    cm = fexplore.compile(OneSlicedRowAgainstABatch(), (x, y), precision=precision)
+    assert not cm.codegen_bugs, cm.codegen_bugs
+    assert bool(cm.verification["ok"].all()), cm.verification
+    assert "contraction" in [k.kernel.kind for k in cm.kernels]

@@ -155,6 +155,10 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
                 epi_params.append((x, aligned(x.type.shape, rank)))
     pats = [pattern(s[:-1], lead) for _, s in epi_params]
     a_lead = aligned(first.inputs[0].type.shape[:-1], len(lead))
+    if access.indexed and any(a == 1 and d != 1 for a, d in zip(a_lead, lead)):
+        # a slice or select of the input's rows indexes its boxes by the domain's loop variables
+        # (plus the start): one such row broadcast along a batch would be read at b + start
+        fail(first, "a sliced or selected activation broadcast along the batch")
     a_pat = tuple(OWN if access.indexed and d != 1 else p for p, d in zip(pattern(a_lead, lead), lead))
     pats.append(a_pat)
     if batched_b:
