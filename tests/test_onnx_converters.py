@@ -387,12 +387,19 @@ def test_binarizer_matches_onnx_runtime_and_the_spec(dtype, threshold):
 
 @pytest.mark.parametrize("xshape, idx", [((3, 4), [3, 0, 0]), ((2, 3, 5), [[4, 1], [2, 2]]), ((6,), [5, 1])],
                          ids=["matrix", "3d_by_2d_indices", "vector"])
-def test_array_feature_extractor_matches_onnx_runtime(xshape, idx):
+@pytest.mark.parametrize("constant", [False, True], ids=["input_indices", "constant_indices"])
+def test_array_feature_extractor_matches_onnx_runtime(xshape, idx, constant):
     x = np.random.default_rng(1).standard_normal(xshape).astype(np.float32)
     i = np.array(idx, dtype=np.int64)
-    m = _ml_model([helper.make_node("ArrayFeatureExtractor", ["x", "i"], ["y"], domain="ai.onnx.ml")],
-                  [vi("x", list(xshape)), vi("i", list(i.shape), TensorProto.INT64)], [vi("y", None)])
-    want = ort(m, [x, i])[0]
-    got = fexplore.compile(m, (x, i), target="tiny")(x, i)[0]
+    node = helper.make_node("ArrayFeatureExtractor", ["x", "i"], ["y"], domain="ai.onnx.ml")
+    if constant:   # an initializer: converted as a known array, in its own shape
+        g = helper.make_graph([node], "g", [vi("x", list(xshape))], [vi("y", None)], [numpy_helper.from_array(i, "i")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1), helper.make_opsetid("", 13)])
+        args = (x,)
+    else:
+        m = _ml_model([node], [vi("x", list(xshape)), vi("i", list(i.shape), TensorProto.INT64)], [vi("y", None)])
+        args = (x, i)
+    want = ort(m, list(args))[0]
+    got = fexplore.compile(m, args, target="tiny")(*args)[0]
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from .elementwise import cast
-from .movement import _nonneg_indices
+from .movement import nonneg_indices
 from .registry import OnnxContext, onnx_converter
 
 ML = "ai.onnx.ml"
@@ -32,7 +32,8 @@ def _array_feature_extractor(ctx: OnnxContext):
     x, idx = ctx.input(0), ctx.input(1)
     if x.type.rank == 1:
         x = ctx.emit("reshape", [x], {"shape": (1,) + tuple(x.type.shape)})
+    last = x.type.rank - 1
+    idx = nonneg_indices(ctx, idx, x.type.shape[last])   # (a known constant: in its own shape)
     if idx.type.rank != 1:
         idx = ctx.emit("reshape", [idx], {"shape": (math.prod(idx.type.shape),)})
-    last = x.type.rank - 1
-    return ctx.emit("index", [x, _nonneg_indices(ctx, idx, x.type.shape[last])], {"axes": (last,)})
+    return ctx.emit("index", [x, idx], {"axes": (last,)})

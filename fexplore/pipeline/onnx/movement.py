@@ -178,7 +178,7 @@ def _slice(ctx):
     return x
 
 
-def _nonneg_indices(ctx, idx, size):
+def nonneg_indices(ctx, idx, size):
     """Indices with negative ones counted from the end (the IR's gathers take 0..size-1)."""
     known = ctx.importer.lookup_known(ctx.onnx.input[1])
     if known is not None and isinstance(size, int):
@@ -206,7 +206,7 @@ def _gather(ctx):
         # one known position: x[..., i, ...], the IR's select (as torch's x[:, 0] becomes)
         i = int(known)
         return ctx.emit("select", [x], {"axis": ax, "index": i + size if i < 0 else i})
-    idx = _nonneg_indices(ctx, idx, x.type.shape[ax])
+    idx = nonneg_indices(ctx, idx, x.type.shape[ax])
     return ctx.emit("index", [x, idx], {"axes": (ax,)})
 
 
@@ -214,7 +214,7 @@ def _gather(ctx):
 def _gather_elements(ctx):
     x, idx = ctx.input(0), ctx.input(1)
     ax = axis(ctx.attr("axis", 0), x.type.rank)
-    return ctx.emit("gather", [x, _nonneg_indices(ctx, idx, x.type.shape[ax])], {"axis": ax})
+    return ctx.emit("gather", [x, nonneg_indices(ctx, idx, x.type.shape[ax])], {"axis": ax})
 
 
 @onnx_converter("GatherND")
