@@ -138,13 +138,12 @@ def ingest(ep: torch.export.ExportedProgram, *, name: str = "forward", dynamic_s
            forward=None, values: dict | None = None) -> Ingested:
     """`values`: the real tensors of state exported as meta twins (`export.real_state`), by
     qualified name; they become the constants' payloads."""
-    user_fakes = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"
-                  and _input_kind(ep, n.name) == InputKind.USER_INPUT]
+    users = [n for n in ep.graph.nodes if n.op == "placeholder" and _input_kind(ep, n.name) == InputKind.USER_INPUT]
+    user_fakes = [n.meta.get("val") for n in users]
     symbols = build_symbol_table(ep, user_fakes, dynamic_shapes, forward)
     symbols.hold_input_guards(getattr(ep, "_guards_code", None), {
-        n.name: tuple(symbols.dim(d) for d in n.meta["val"].shape) for n in ep.graph.nodes
-        if n.op == "placeholder" and _input_kind(ep, n.name) == InputKind.USER_INPUT
-        and isinstance(n.meta.get("val"), torch.Tensor)})
+        n.name: tuple(symbols.dim(d) for d in fake.shape) for n, fake in zip(users, user_fakes)
+        if isinstance(fake, torch.Tensor)})
     values_of: dict = {}
     graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True, values=values or {}, made=values_of)
     graph.symbols.update(symbols.ranges)

@@ -436,7 +436,7 @@ def carries_policy(g: Graph) -> bool:
     result they accumulate into (``out_dtype``, which only that stage sets). The graphs of the
     stages before it compute as the model does."""
     for n in g.walk():
-        out = dict(n.attrs).get("out_dtype")
+        out = n.attrs["out_dtype"] if "out_dtype" in n.attrs else None
         floats = [v.type.dtype for v in n.inputs if v.type.dtype in _NARROW_FIRST]
         if out in _NARROW_FIRST and any(_NARROW_FIRST.index(d) < _NARROW_FIRST.index(out) for d in floats):
             return True

@@ -91,17 +91,25 @@ class SymbolTable:
         does, instead of computing with a wrong size. False (nothing narrowed) when ``ir_dim``
         has another number of symbols, or the example itself does not satisfy it."""
         free = sympy.sympify(ir_dim).free_symbols
-        to_torch = {v: k for k, v in self.to_ir.items()}
-        if len(free) != 1 or self.shape_env is None:
+        if len(free) != 1:
             return False
         (n,) = free
-        # (backed_var_to_val in newer torch, which deprecates var_to_val; older torch has only that)
-        known = getattr(self.shape_env, "backed_var_to_val", None)
-        example = (known if known is not None else self.shape_env.var_to_val).get(to_torch.get(n))
+        example = self._example(n)
         if example is None:
             return False
         value = _exact_function(n, ir_dim)
-        return self._narrow(n.name, int(example), lambda v: value(v) == size)
+        return self._narrow(n.name, example, lambda v: value(v) == size)
+
+    def _example(self, ir_symbol) -> int | None:
+        """The size the export's example inputs gave an IR symbol, or None (no shape environment,
+        or a symbol torch did not make)."""
+        if self.shape_env is None:
+            return None
+        # (backed_var_to_val in newer torch, which deprecates var_to_val; older torch has only that)
+        known = getattr(self.shape_env, "backed_var_to_val", None)
+        to_torch = {v: k for k, v in self.to_ir.items()}
+        v = (known if known is not None else self.shape_env.var_to_val).get(to_torch.get(ir_symbol))
+        return None if v is None else int(v)
 
     def _narrow(self, name: str, v0: int, holds) -> bool:
         """Narrow symbol ``name``'s range to the sizes around ``v0`` where ``holds(size)``
@@ -119,7 +127,7 @@ class SymbolTable:
         self.ranges[name] = (a, hi if b - v0 >= _GUARD_SCAN else b)
         return True
 
-    def hold_input_guards(self, guards, input_shapes: dict) -> list[str]:
+    def hold_input_guards(self, guards, input_shapes: dict) -> None:
         """Narrow each symbol's range to where torch's guards on the input sizes hold.
 
         torch.export records guards its tracing relied on that no dim of the program shows
@@ -128,40 +136,15 @@ class SymbolTable:
         must the compile. ``guards``: Python over ``L['name'].size()[i]`` (the export's
         ``_guards_code``); ``input_shapes``: each user input's IR shape by name. A guard on one
         symbol narrows it around the example's size; the others (over two symbols, or inputs
-        inside containers) are returned, not held."""
-        known = getattr(self.shape_env, "backed_var_to_val", None) if self.shape_env is not None else None
-        if self.shape_env is not None and known is None:
-            known = self.shape_env.var_to_val
-        to_torch = {v: k for k, v in self.to_ir.items()}
-        left = []
+        inside containers) are not held."""
         for code in guards or ():
-            dims = []
-
-            def size(m):
-                shape = input_shapes.get(m.group(1))
-                axis = int(m.group(2))
-                if shape is None or axis >= len(shape):
-                    raise LookupError(m.group(0))
-                dims.append(shape[axis])
-                return f"({shape[axis]})"
-            try:
-                text = _INPUT_SIZE.sub(size, code)
-            except LookupError:
-                left.append(code)
+            one = _one_symbol_guard(code, input_shapes)
+            if one is None:
                 continue
-            free = {d for d in dims if not isinstance(d, int)}
-            if "L[" in text or len(free) != 1 or not isinstance(next(iter(free)), sympy.Symbol):
-                left.append(code)
-                continue
-            (n,) = free
-            example = (known or {}).get(to_torch.get(n))
-            if example is None or n.name not in self.ranges:
-                left.append(code)
-                continue
-            test = compile(text, "<guard>", "eval")
-            if not self._narrow(n.name, int(example), lambda v: bool(eval(test, {}, {n.name: v}))):
-                left.append(code)
-        return left
+            n, test = one
+            example = self._example(n)
+            if example is not None and n.name in self.ranges:
+                self._narrow(n.name, example, lambda v: bool(eval(test, {}, {n.name: v})))
 
     def expr(self, e):
         if isinstance(e, (int, float)):
@@ -251,4 +234,26 @@ def _exact_function(n: sympy.Symbol, expr):
     reached sizes where it fails (fuzz seed 1530032)."""
     f = sympy.lambdify(n, expr, modules=[{"Fraction": Fraction, "math": math}, "math"], printer=_ExactPrinter)
     return lambda v: f(Fraction(v))
+
+
+def _one_symbol_guard(code: str, input_shapes: dict):
+    """(the IR symbol, the guard compiled over it) of a guard that reads input sizes which are
+    that one symbol or static, else None."""
+    dims = []
+
+    def size(m):
+        shape = input_shapes.get(m.group(1))
+        axis = int(m.group(2))
+        if shape is None or axis >= len(shape):
+            raise LookupError(m.group(0))
+        dims.append(shape[axis])
+        return f"({shape[axis]})"
+    try:
+        text = _INPUT_SIZE.sub(size, code)
+    except LookupError:   # an input the guard names that is not a tensor argument
+        return None
+    free = {d for d in dims if not isinstance(d, int)}
+    if "L[" in text or len(free) != 1 or not isinstance(next(iter(free)), sympy.Symbol):
+        return None
+    return next(iter(free)), compile(text, "<guard>", "eval")
 

@@ -246,12 +246,9 @@ def _aligned_shapes(body, inputs: Inputs, label: str):
         if len(mixed) > 1:
             raise UnsupportedRegionError(n.op.name, label, "mixes a reduced value with unreduced ones")
         if n.op.name in vector.REDUCTIONS or n.op.name == "var":
-            r = n.inputs[0].type.rank
-            axes = n.attrs["axes"] if "axes" in n.attrs else ()
-            if r > 1 and sorted({a % r for a in axes} if axes else range(r)) != [r - 1]:
-                # (a whole-tensor mean, fusion's norm of a scalar statistic, fuzz seed 1590649)
-                raise UnsupportedRegionError(n.op.name, label, f"reduces axes {list(axes) or 'all'}; the "
-                                             "vector part reduces the last axis only", loc=n.loc, node=n)
+            if not vector.reduces_last_axis_only(n):
+                # before shaping it as one (a whole-tensor mean in a norm region, fuzz seed 1590649)
+                raise UnsupportedRegionError(n.op.name, label, vector.not_last_axis(n), loc=n.loc, node=n)
             src = shapes[n.inputs[0].name]
             shapes[out.name] = src[:-1] + (1,)
             if not n.attrs["keepdim"]:

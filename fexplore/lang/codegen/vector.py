@@ -99,11 +99,8 @@ class VectorEmitter:
 
     def _check_last_axis(self, node: Node, last_axis: int) -> None:
         rank = node.inputs[0].type.rank
-        axes = node.attrs["axes"] if "axes" in node.attrs else ()
-        norm = sorted({a % rank for a in axes}) if axes else list(range(rank))
-        if norm != [rank - 1] and not (rank == 1 and norm == [0]):
-            self.unsupported(node, f"reduces axes {list(axes) or 'all'}; the vector part reduces the last "
-                                   f"axis only")
+        if not reduces_last_axis_only(node):
+            self.unsupported(node, not_last_axis(node))
         if last_axis != rank - 1:
             self.unsupported(node, "reduces an axis that is not the tile's last")
 
@@ -213,3 +210,17 @@ def _is_literal(a: str) -> bool:
 
 def _paren(a: str) -> str:
     return f"({a})" if a.startswith("-") else a
+
+
+def reduces_last_axis_only(node: Node) -> bool:
+    """Whether a reduction reduces its input's last axis and no other (a vector's only axis)."""
+    rank = node.inputs[0].type.rank
+    axes = node.attrs["axes"] if "axes" in node.attrs else ()
+    return (sorted({a % rank for a in axes}) if axes else list(range(rank))) == [rank - 1]
+
+
+def not_last_axis(node: Node) -> str:
+    """Why the vector part refuses a reduction `reduces_last_axis_only` rejects."""
+    axes = node.attrs["axes"] if "axes" in node.attrs else ()
+    return f"reduces axes {list(axes) or 'all'}; the vector part reduces the last axis only"
+

@@ -409,10 +409,11 @@ def _max_pool(ctx, x):
 def _avg_pool(ctx, x):
     k = _pair(ctx.arg(1, "kernel_size"))
     stride = ctx.arg(2, "stride") or k
-    _static_if_ceil_mode(x, bool(ctx.arg(4, "ceil_mode", False)))
+    ceil_mode = bool(ctx.arg(4, "ceil_mode", False))
+    _static_if_ceil_mode(x, ceil_mode)
     return ctx.emit("avg_pool2d", [x], {
         "kernel": k, "stride": _pair(stride), "padding": _pair(ctx.arg(3, "padding", (0,))),
-        "ceil_mode": bool(ctx.arg(4, "ceil_mode", False)),
+        "ceil_mode": ceil_mode,
         "count_include_pad": bool(ctx.arg(5, "count_include_pad", True)),
         "divisor": ctx.arg(6, "divisor_override")})
 
