@@ -95,3 +95,27 @@ def test_a_cnn_with_a_dynamic_image_size_runs_at_sizes_it_was_not_compiled_at():
         with torch.no_grad():
             torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
     assert not cm.codegen_bugs
+
+
+class ResNetStem(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 7, stride=2, padding=3)
+
+    def forward(self, x):
+        return torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 3, 2, 1)
+
+
+def test_two_stride_2_windows_in_a_row_over_a_dynamic_image_size():
+    """A stride-2 conv, then a stride-2 pool (ResNet's stem): the type rules nest the floors,
+    floor(floor(h/2 - 1/2)/2) + 1, where torch writes floor(h/4 - 1/4) + 1; the two are read as
+    one dim (ingestion had refused HF's ResNet and RegNet as a converter bug)."""
+    torch.manual_seed(0)
+    model = ResNetStem().eval()
+    h, w = torch.export.Dim("h", min=16, max=128), torch.export.Dim("w", min=16, max=128)
+    cm = fexplore.compile(model, (torch.randn(1, 3, 64, 64),), dynamic_shapes=({2: h, 3: w},), target="tiny")
+    for size in ((64, 64), (37, 100), (128, 16)):
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+    assert not cm.codegen_bugs

@@ -151,8 +151,35 @@ def canon_dim(d) -> Dim:
     if isinstance(d, sympy.Expr):
         if d.is_Integer:
             return int(d)
-        return d
+        return _flat_floors(d) if d.has(sympy.floor) else d
     raise TypeError(f"not a dim: {d!r}")
+
+
+def _flat_floors(e: sympy.Expr) -> sympy.Expr:
+    """floor(floor(X)/n + k/n) as floor(X/n + k/n) (n, k integers, n > 0): equal, since
+    floor((floor(X) + k)/n) = floor((X + k)/n). Two stride-2 windows in a row (a conv, then a
+    pool) give the nested form; torch's shape arithmetic gives the flat one, and each side must
+    read the other's dim as the same."""
+    def flat(arg):
+        inner = [t for t in sympy.Add.make_args(arg) if t.has(sympy.floor)]
+        if len(inner) != 1:
+            return None
+        coeff, rest = inner[0].as_coeff_Mul()
+        const = arg - inner[0]
+        if not (isinstance(rest, sympy.floor) and coeff.is_Rational and coeff > 0 and coeff.p == 1
+                and const.is_Rational and (const * coeff.q).is_Integer):
+            return None
+        return sympy.floor(rest.args[0] * coeff + const)
+
+    def rewrite(f):
+        g = flat(f.args[0])
+        return f if g is None else g
+    for _ in range(8):   # each pass removes one level of nesting
+        e2 = e.replace(lambda x: isinstance(x, sympy.floor), rewrite)
+        if e2 == e:
+            return e
+        e = e2
+    return e
 
 
 def dim_str(d: Dim) -> str:
