@@ -119,3 +119,45 @@ def test_two_stride_2_windows_in_a_row_over_a_dynamic_image_size():
         with torch.no_grad():
             torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
     assert not cm.codegen_bugs
+
+
+class TakesArgs(torch.nn.Module):
+    def forward(self, *args):
+        return args[0] * 2 + args[1]
+
+
+class TakesAPair(torch.nn.Module):
+    def forward(self, pair, scale):
+        return pair[0] @ pair[1] * scale
+
+
+class TakesKeywords(torch.nn.Module):
+    def forward(self, x, y=None):
+        return x - y
+
+
+ROWS, SEQ = torch.export.Dim("rows", min=2, max=32), torch.export.Dim("seq", min=2, max=64)
+
+
+@pytest.mark.parametrize("model, inputs, spec, types", [
+    (TakesArgs(), (torch.randn(3, 8), torch.randn(3, 8)), (({0: ROWS, 1: SEQ}, {0: ROWS, 1: SEQ}),),
+     ["f32[rows, seq]", "f32[rows, seq]"]),
+    (TakesArgs(), (torch.randn(3, 8), torch.randn(3, 8)), {"args": ({0: ROWS}, {0: ROWS})},
+     ["f32[rows, 8]", "f32[rows, 8]"]),
+    (TakesAPair(), ((torch.randn(4, 8), torch.randn(8, 5)), torch.randn(())), (({0: ROWS}, {1: SEQ}), None),
+     ["f32[rows, 8]", "f32[8, seq]", "f32[]"]),
+    (TakesKeywords(), (torch.randn(3, 8), torch.randn(3, 8)), {"y": {1: SEQ}, "x": {1: SEQ}},
+     ["f32[3, seq]", "f32[3, seq]"]),
+], ids=["star-args", "star-args-by-name", "a-tuple-input", "by-keyword-out-of-order"])
+def test_symbols_are_named_after_the_users_dims_whatever_the_signature(model, inputs, spec, types):
+    """The spec follows the forward's signature: a ``*args`` forward (a wrapper around a Hugging
+    Face model) takes one tuple of specs, a container input a container of them. The symbols were
+    torch's (``s50``) for these, as only one flat spec per input was read."""
+    cm = fexplore.compile(model, inputs, dynamic_shapes=spec)
+    assert [str(v.type) for v in cm.graph.inputs] == types
+    # and it runs at other sizes of those dims: each symbolic dim three longer
+    leaves, tree = torch.utils._pytree.tree_flatten(inputs)
+    grown = [torch.randn([n if isinstance(d, int) else n + 3 for d, n in zip(v.type.shape, t.shape)])
+             for v, t in zip(cm.graph.inputs, leaves)]
+    grown = torch.utils._pytree.tree_unflatten(grown, tree)
+    torch.testing.assert_close(cm(*grown), model(*grown), rtol=1.3e-6, atol=1e-5)

@@ -1,4 +1,5 @@
-"""Model outputs keep their structure (tuples, dicts, dataclasses) through compile."""
+"""Model inputs and outputs through compile: outputs keep their structure (tuples, dicts,
+dataclasses), and example inputs that share memory do not make a program of aliased inputs."""
 
 from dataclasses import dataclass
 
@@ -43,3 +44,34 @@ def test_dicts_tuples_and_dataclasses_come_back_as_they_went_in():
     torch.testing.assert_close(got["pair"][1], want["pair"][1])
     torch.testing.assert_close(got["pred"].logits, want["pred"].logits)
     torch.testing.assert_close(got["pred"].hidden, want["pred"].hidden)
+
+
+class SelfAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, q, k, v):
+        return self.mha(q, k, v, need_weights=False)[0]
+
+
+class Halves(torch.nn.Module):
+    def forward(self, a, b):
+        return a * 2 + b
+
+
+def test_example_inputs_that_share_memory_compile_to_a_model_of_separate_inputs():
+    """``mha(x, x, x)`` as the example: torch.export traces inputs that alias as one tensor, and
+    its program reads ``v`` for ``q`` and ``k``. The compile stopped with "stage 'ingest' changed
+    the model's numbers" (and with verify=False ran the wrong model on separate inputs)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    for model, example, other in [(SelfAttention().eval(), (x, x, x), (x, torch.randn(2, 5, 16), torch.randn(2, 5, 16))),
+                                  (Halves(), (x, x[0]), (x, torch.randn(5, 16))),
+                                  (Halves(), (x[1], x[1].clone()), (torch.randn(5, 16), x[0]))]:
+        cm = fexplore.compile(model, example)
+        assert cm.verification["ok"].all()
+        with torch.no_grad():
+            torch.testing.assert_close(cm(*other), model(*other), rtol=1.3e-6, atol=1e-5)
+            torch.testing.assert_close(cm(*example), model(*example), rtol=1.3e-6, atol=1e-5)
+    assert example[0].data_ptr() == x[1].data_ptr()   # the user's inputs are theirs still

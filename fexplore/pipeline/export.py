@@ -52,6 +52,7 @@ def export_model(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None):
     ``init_empty_weights`` and ``torch.device("meta")`` builds with real buffers make) is exported
     with meta twins of its real tensors, as torch.export cannot mix devices; `real_state` gives
     their values back to ingestion, so a causal mask or a rotary table stays known."""
+    args = _unaliased(args)
     with warnings.catch_warnings():
         # torch.export's own pytree deprecation chatter, not the user's business
         warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
@@ -63,6 +64,28 @@ def export_model(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None):
 
         with _reparametrize_module(model, twins):   # the user's model is itself again after
             return _export(model, args, dynamic_shapes)
+
+
+def _unaliased(args):
+    """The example inputs with each tensor that shares memory with an earlier one replaced by a
+    copy of its values. torch.export traces inputs that alias as one tensor (``mha(x, x, x)``
+    exports a program that reads ``v`` for ``q`` and ``k`` too), and a compiled model takes each
+    input on its own: it must compute what eager does when they differ."""
+    seen: set[int] = set()
+    copied = False
+
+    def one(a):
+        nonlocal copied
+        if not isinstance(a, torch.Tensor) or a.is_meta or a.numel() == 0:
+            return a
+        storage = a.untyped_storage().data_ptr()
+        if storage in seen:
+            copied = True
+            return a.clone()
+        seen.add(storage)
+        return a
+    out = torch.utils._pytree.tree_map(one, args)
+    return out if copied else args   # a cache object rebuilt by the map is not the user's own
 
 
 def _meta_twin(t: torch.Tensor) -> torch.Tensor:

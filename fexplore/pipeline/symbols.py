@@ -180,7 +180,7 @@ def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
     """Name torch's symbols after the user's Dims, matching the dynamic_shapes spec against the
     example inputs' dims; ranges come from the ExportedProgram's range constraints."""
     table = SymbolTable(_shape_env(user_inputs))
-    names = _dim_names(user_inputs, dynamic_shapes, forward)
+    names = _dim_names(user_inputs, dynamic_shapes, forward, ep.call_spec.in_spec)
     for sym, vr in ep.range_constraints.items():
         # an unbounded end is sympy's oo or torch's int_oo (which calls itself finite); a size
         # read from data (.item(), a tensor of split points) may be unbounded below too
@@ -199,26 +199,58 @@ def _shape_env(fakes):
     return None
 
 
-def _dim_names(user_inputs, dynamic_shapes, forward) -> dict:
-    """{torch symbol: user Dim name} for the input dims declared dynamic."""
+def _dim_names(user_inputs, dynamic_shapes, forward, in_spec=None) -> dict:
+    """{torch symbol: user Dim name} for the input dims declared dynamic.
+
+    ``dynamic_shapes`` follows the forward's signature (a dict by parameter name, or one entry per
+    parameter, where a ``*args`` parameter takes a tuple and a container input a container of
+    specs); ``in_spec``, the export's pytree spec of (args, kwargs), puts the flat user inputs
+    back in that structure so each tensor meets its own spec."""
     if not dynamic_shapes:
         return {}
-    if isinstance(dynamic_shapes, dict):
-        params = list(inspect.signature(forward).parameters)
-        specs = [dynamic_shapes.get(p) for p in params[:len(user_inputs)]]
-    else:
-        specs = list(dynamic_shapes)
     out = {}
-    for fake, spec in zip(user_inputs, specs):
+    for fake, spec in _tensor_specs(user_inputs, dynamic_shapes, forward, in_spec):
         if spec is None or not hasattr(fake, "shape"):
             continue
         items = spec.items() if isinstance(spec, dict) else enumerate(spec)
         for axis, dim in items:
+            if not isinstance(axis, int) or axis >= len(fake.shape):
+                continue
             size = fake.shape[axis]
             name = getattr(dim, "__name__", None)
             if name and isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                 out.setdefault(size.node.expr, name)
     return out
+
+
+def _tensor_specs(user_inputs, dynamic_shapes, forward, in_spec):
+    """(input tensor, its dims spec) pairs, walking the inputs' structure and the spec's together."""
+    import torch.utils._pytree as pytree
+
+    try:
+        args, kwargs = pytree.tree_unflatten(list(user_inputs), in_spec)
+        bound = inspect.signature(forward).bind(*args, **kwargs).arguments
+    except Exception:   # no spec or signature to go by: the inputs in order, one spec each
+        specs = dynamic_shapes.values() if isinstance(dynamic_shapes, dict) else dynamic_shapes
+        yield from zip(user_inputs, specs)
+        return
+    if isinstance(dynamic_shapes, dict):
+        pairs = [(v, dynamic_shapes.get(k)) for k, v in bound.items()]
+    else:
+        pairs = list(zip(bound.values(), dynamic_shapes))
+    while pairs:
+        value, spec = pairs.pop(0)
+        if spec is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            yield value, spec
+        elif isinstance(value, dict) and isinstance(spec, dict):
+            pairs[:0] = [(v, spec.get(k)) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)) and isinstance(spec, (list, tuple)):
+            pairs[:0] = list(zip(value, spec))
+        elif type(value) in pytree.SUPPORTED_NODES and isinstance(spec, (list, tuple)):
+            # a class registered with pytree (a cache object): its spec follows its flat children
+            pairs[:0] = list(zip(pytree.SUPPORTED_NODES[type(value)].flatten_fn(value)[0], spec))
 
 
 class _ExactPrinter(PythonCodePrinter):
