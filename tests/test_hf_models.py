@@ -601,6 +601,42 @@ def test_hf_model_in_bf16(name):
 
 
 
+# A sequence length decided per call, as a serving stack runs prompts: one compile with the
+# sequence axis of the token ids (and mask) dynamic, each length then lowered and scheduled on its
+# own, every op on the chip at every length (phi3: a zero-width rotary half of [1, heads, seq, 0])
+DYNAMIC_SEQUENCE = ["gpt2", "llama_left_padded", "mixtral", "bert", "deepseek_v3", "phi3"]
+
+
+def _at_length(inputs, length: int):
+    """The inputs at another sequence length: fresh token ids, and a mask whose second row is
+    left-padded by a third."""
+    g = torch.Generator().manual_seed(length)
+    ids = torch.randint(0, VOCAB, (inputs[0].shape[0], length), generator=g)
+    if len(inputs) == 1:
+        return (ids,)
+    mask = torch.ones_like(ids)
+    mask[-1, :length // 3] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("name", DYNAMIC_SEQUENCE)
+def test_hf_model_with_a_dynamic_sequence_length(name):
+    model, inputs = build(name)
+    seq = torch.export.Dim("seq", min=2, max=48)
+    spec = tuple({1: seq} for _ in inputs)
+    cm = fexplore.compile(model, inputs, dynamic_shapes=spec if "mask" in inspect.signature(
+        model.forward).parameters else (spec,))
+    assert cm.graph.symbols["seq"][0] >= 2 and cm.verification["ok"].all()
+    for length in (5, 13):
+        args = _at_length(inputs, length)
+        want = _eager(model, args)
+        _assert_spread(want)
+        torch.testing.assert_close(cm(*args), want, rtol=1.3e-6, atol=2e-5)
+        made = cm.schedules.for_inputs([a.numpy() for a in args])
+        assert not [k.name for k in made.schedule.kernels if k.how == "host"], length
+    assert not cm.codegen_bugs, cm.codegen_bugs
+
+
 # Models loaded in a narrow dtype themselves (``torch_dtype=torch.bfloat16``, or ``.half()``): every op
 # reads and writes bf16/f16, the paths a float32 model under the bf16 policy never takes (a mean's
 # cast, T5's f16 clamp, attention with the model's own operand dtype)

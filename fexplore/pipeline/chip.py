@@ -3,9 +3,9 @@ per-kernel report.
 
 A model compiled with static shapes has one schedule, made by the schedule stage. A model with
 symbolic dims is scheduled per static size, as NPU serving stacks compile prefill and decode
-buckets: the first call with a new size specializes the final graph to it, lowers and schedules
-it, and caches the schedule (``Schedules.made`` lists them, with their simulated latency). With
-declared buckets and ``pad_safe=True``, a size between buckets runs padded on the next bucket up
+buckets: the first call with a new size specializes the final graph to it, folds what became
+constant, lowers and schedules it, and caches the schedule (``Schedules.made`` lists them, with
+their simulated latency). With declared buckets and ``pad_safe=True``, a size between buckets runs padded on the next bucket up
 (pipeline/buckets.py); ``Schedules.padded`` lists those calls with what the padding cost.
 """
 
@@ -107,12 +107,18 @@ class Schedules:
         return tuple(sorted((str(k), int(v)) for k, v in bound.items() if str(k) in self.graph.symbols))
 
     def _make(self, key) -> MadeSchedule:
+        from .stages.fold import fold
         from .stages.lower import lower
         from .stages.schedule import schedule
         from .stages.shapes import specialize
 
         t0 = time.perf_counter()
-        g = specialize(self.graph, **dict(key)) if key else self.graph
+        g = self.graph
+        if key:
+            # at a static size, what only the size decided is constant: an arange(seq) of
+            # positions, a full() of the batch's shape fold as the static compile folds them,
+            # instead of reaching the chip as ops it has no kernel for (host ops)
+            g = fold(specialize(g, **dict(key)), self.options).graph
         low = lower(g, self.options).lowering
         result = schedule(g, self.options, lowering=low)
         if result.schedule is None:   # e.g. empty tensors: the caller runs the interpreter

@@ -93,7 +93,8 @@ def fold(graph: Graph, options) -> StageResult:
 def _all_empty(node: Node) -> bool:
     """Every result has no elements (a static shape with a 0 in it): a slice of nothing, a rotary
     half of a zero-width rotation, whatever reads them elementwise."""
-    return not node.regions and bool(node.outputs) and all(_empty(v) for v in node.outputs)
+    return not node.regions and bool(node.outputs) and \
+        all(v.type.is_static and _empty(v) for v in node.outputs)   # a constant needs its shape
 
 
 def _drop_empty_operands(rw: Rewriter, node: Node, ins) -> bool:
@@ -111,7 +112,9 @@ def _drop_empty_operands(rw: Rewriter, node: Node, ins) -> bool:
 
 
 def _empty(v) -> bool:
-    return v.type.is_static and 0 in v.type.shape
+    """No elements: a dim that is 0 whatever the symbols are (a zero-width rotary half of a
+    [1, heads, seq, 0] slice is empty at every sequence length)."""
+    return any(isinstance(d, int) and d == 0 for d in v.type.shape)
 
 
 # the operands whose emptiness makes a write into a copy of input 0 write nothing
