@@ -90,6 +90,40 @@ def test_a_wrong_rewrite_is_caught_and_the_divergent_node_named():
         ex.result
 
 
+def _sizes_at_the_example(graph: Graph, options) -> StageResult:
+    """A deliberately wrong rewrite that holds at the traced size only: every symbolic value in
+    an attribute (the row count a mean divides by) taken at the example's 6."""
+    at_example = {ir.symbol(name): 6 for name in graph.symbols}
+
+    def pinned(v):
+        return int(v.xreplace(at_example)) if hasattr(v, "xreplace") else v
+    nodes = [Node(n.op, n.inputs, type(n.attrs)({k: pinned(v) for k, v in n.attrs.items()}),
+                  n.outputs, n.loc, n.regions) for n in graph.nodes]
+    return StageResult(Graph(graph.name, graph.inputs, graph.constants, nodes, graph.outputs,
+                             graph.symbols))
+
+
+class MeanByHand(torch.nn.Module):
+    def forward(self, x):
+        return x.sum(0) / x.shape[0]
+
+
+def test_a_rewrite_right_only_at_the_traced_size_is_caught():
+    """With symbolic dims, a random input set is at another size in the compiled range: a stage
+    that replaced ``n`` by the example's 6 computes the example's numbers exactly, and passed
+    when every set had the example's shapes."""
+    rows = torch.export.Dim("n", min=3, max=64)
+    options = CompileOptions(dynamic_shapes=({0: rows},))
+    ex = Exploration(MeanByHand(), (torch.randn(6, 3),), options,
+                     stages=[Stage("broken", _sizes_at_the_example)])
+    ex.run_all()
+    ingest, broken = ex.records
+    assert ingest.verification.ok and broken.verification.structural_ok
+    assert "value=6" in str(broken.after) and "value=n" in str(ingest.after)
+    assert not broken.verification.numeric.ok
+    assert broken.verification.numeric.input_sets == 2
+
+
 def test_compile_options_are_validated():
     model, inputs = ZOO["mlp"]()
     with pytest.raises(fexplore.errors.ConfigError, match="precision"):

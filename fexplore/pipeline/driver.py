@@ -17,7 +17,8 @@ from fexplore.ir import DType, verify
 from .compiled import CompiledModel
 from .export import export_model, real_state
 from .ingest import Ingested, ingest
-from .numeric import Oracle, check_graph, compute_dtype, first_divergent_from_export, to_torch, tolerance_of
+from .numeric import (Oracle, check_graph, compute_dtype, first_divergent_from_export, shapes_at_another_size, to_torch,
+                      tolerance_of)
 from .options import CompileOptions
 from .passmanager import PassManager
 from .stage import Stage, StageRecord, Verification, graph_stats
@@ -222,11 +223,15 @@ class Exploration:
                               random_sets=self.options.random_input_sets, seed=self.options.seed)
         # the twin's exact narrow ops (a dispatch mode: a Python call per op) only where the model
         # computes in f16/bf16; elsewhere they would change nothing
-        narrow = compute_dtype(self._ingested.graph) in (DType.f16, DType.bf16)
+        g = self._ingested.graph
+        narrow = compute_dtype(g) in (DType.f16, DType.bf16)
+        examples = [tuple(x.shape) for x in torch.utils._pytree.tree_leaves(self.example_inputs)
+                    if isinstance(x, torch.Tensor)]
         with _model_untouched(self.model):
             return Oracle(self.model, self.example_inputs,
                           random_sets=self.options.random_input_sets, seed=self.options.seed,
-                          precision=self.options.precision, exact_narrow=narrow)
+                          precision=self.options.precision, exact_narrow=narrow,
+                          resized=shapes_at_another_size(g, examples))
 
     def _verify_hook(self, rec: StageRecord) -> None:
         if not self.options.verify:

@@ -17,7 +17,10 @@ import copy
 from dataclasses import dataclass
 from typing import Sequence
 
+import math
+
 import numpy as np
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -91,10 +94,15 @@ class Oracle:
     each output eager's own rounding noise (``noise``: max |eager - the f64 twin|, 0 where the f64
     run is not possible; ``f64_note`` says why). A random set the model itself refuses
     (it raises: the set breaks an invariant of its inputs, such as a count of special tokens)
-    is dropped, and ``dropped_sets`` says why."""
+    is dropped, and ``dropped_sets`` says why.
+
+    ``resized``: for a model compiled with symbolic dims, each tensor input's shape at another
+    size in the compiled range (``shapes_at_another_size``); the first random set takes it, so
+    every stage is checked at a size it was not traced at too."""
 
     def __init__(self, model: torch.nn.Module, example_args: tuple, *, random_sets: int = 1,
-                 seed: int = 0, precision: str = "fp32", exact_narrow: bool = True):
+                 seed: int = 0, precision: str = "fp32", exact_narrow: bool = True,
+                 resized: list | None = None):
         self.input_sets: list[list[np.ndarray]] = []
         self.expected: list[list[np.ndarray]] = []
         self.noise: list[list[float]] = []
@@ -110,6 +118,9 @@ class Oracle:
         flat, spec = pytree.tree_flatten(example_args)
         rng = np.random.default_rng(seed)
         sets = [flat] + [[_like(x, rng) for x in flat] for _ in range(random_sets)]
+        if resized is not None and random_sets:
+            shapes = iter(resized)
+            sets[1] = [_like(x, rng, next(shapes)) if isinstance(x, torch.Tensor) else x for x in flat]
         self.dropped_sets: list[str] = []
         twin, self.f64_note = _f64_twin(model)
         for i, leaves in enumerate(sets):
@@ -152,6 +163,37 @@ class Oracle:
         # per output, the narrowest over every set
         self.model_dtypes = own if self.model_dtypes is None else \
             [min(a, b, key=_NARROW_FIRST.index) for a, b in zip(self.model_dtypes, own)]
+
+
+def shapes_at_another_size(g: Graph, example_shapes: list) -> list | None:
+    """Each graph input's shape (``example_shapes``: theirs in the example) with every symbol one
+    more than the example's size, one less at the top of its range: an odd step, where a floor
+    in a length (x[1::3], a stride-2 window) turns, as in the guard ranges fuzzing found wrong.
+    None for a static graph, when no symbol can move, or when an input dim is an expression of
+    a symbol no dim shows bare."""
+    if not g.symbols or len(example_shapes) != len(g.inputs):
+        return None
+    example = {}
+    for v, shape in zip(g.inputs, example_shapes):
+        for d, n in zip(v.type.shape, shape):
+            if isinstance(d, sympy.Symbol):
+                example[d] = int(n)
+    moved = {}
+    for sym, n in example.items():
+        lo, hi = g.symbols.get(sym.name, (n, n))
+        moved[sym] = n + 1 if (hi is None or n + 1 <= hi) else (n - 1 if n - 1 >= lo else n)
+    if moved == example:
+        return None
+    out = []
+    for v in g.inputs:
+        shape = []
+        for d in v.type.shape:
+            size = sympy.sympify(sympy.sympify(d).xreplace(moved))
+            if not size.is_Integer:
+                return None
+            shape.append(int(size))
+        out.append(tuple(shape))
+    return out
 
 
 def _f64_twin(model: torch.nn.Module):
@@ -223,18 +265,18 @@ def _f32_noise(twin, leaves, spec, outs32, exact_narrow: bool = True):
     return noise, None
 
 
-def _like(x, rng: np.random.Generator):
-    """A fresh input of the same spec: floats with the example's spread, ints within the
-    example's range (token ids stay valid), bools at random. A single float (a temperature, a
-    scale) keeps its sign and size within a factor of two, as a model expects of it. An example
-    sorted along its last axis gives a sorted one: searchsorted's and bucketize's boundaries
-    must be, and torch's result on unsorted ones is unspecified."""
+def _like(x, rng: np.random.Generator, shape: tuple | None = None):
+    """A fresh input of the same spec (of ``shape``, when given): floats with the example's
+    spread, ints within the example's range (token ids stay valid), bools at random. A single
+    float (a temperature, a scale) keeps its sign and size within a factor of two, as a model
+    expects of it. An example sorted along its last axis gives a sorted one: searchsorted's and
+    bucketize's boundaries must be, and torch's result on unsorted ones is unspecified."""
     if not isinstance(x, torch.Tensor):
         return x
-    shape = tuple(x.shape)
+    shape = tuple(x.shape) if shape is None else tuple(shape)
     if x.dtype == torch.bool:
         a = rng.random(shape) < 0.5
-    elif x.dtype.is_floating_point and x.numel() == 1:
+    elif x.dtype.is_floating_point and x.numel() == 1 and math.prod(shape) == 1:
         a = x.double().numpy() * rng.uniform(0.5, 1.5)
     elif x.dtype.is_floating_point:
         # the spread of the finite values: an example with -inf (a mask) would otherwise give
