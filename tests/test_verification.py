@@ -108,14 +108,35 @@ class MeanByHand(torch.nn.Module):
         return x.sum(0) / x.shape[0]
 
 
-def test_a_rewrite_right_only_at_the_traced_size_is_caught():
+def _mean_by_hand_onnx():
+    """MeanByHand in ONNX: the row count from Shape, the rows a dim_param."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+             helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+             helper.make_node("Div", ["s", "nf"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor("axes", TensorProto.INT64, [1], [0]),
+                           helper.make_tensor("zero", TensorProto.INT64, [], [0])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("door", ["torch", "onnx"])
+def test_a_rewrite_right_only_at_the_traced_size_is_caught(door):
     """With symbolic dims, a random input set is at another size in the compiled range: a stage
     that replaced ``n`` by the example's 6 computes the example's numbers exactly, and passed
     when every set had the example's shapes."""
-    rows = torch.export.Dim("n", min=3, max=64)
-    options = CompileOptions(dynamic_shapes=({0: rows},))
-    ex = Exploration(MeanByHand(), (torch.randn(6, 3),), options,
-                     stages=[Stage("broken", _sizes_at_the_example)])
+    x = torch.randn(6, 3)
+    if door == "torch":
+        rows = torch.export.Dim("n", min=3, max=64)
+        ex = Exploration(MeanByHand(), (x,), CompileOptions(dynamic_shapes=({0: rows},)),
+                         stages=[Stage("broken", _sizes_at_the_example)])
+    else:
+        ex = Exploration(_mean_by_hand_onnx(), (x.numpy(),), CompileOptions(),
+                         stages=[Stage("broken", _sizes_at_the_example)])
     ex.run_all()
     ingest, broken = ex.records
     assert ingest.verification.ok and broken.verification.structural_ok

@@ -61,6 +61,8 @@ class OnnxOracle:
 
     def __init__(self, ingested: OnnxIngested, example_inputs, *, random_sets: int = 1,
                  seed: int = 0):
+        from ..numeric import shapes_at_another_size
+
         self.input_sets: list[list[np.ndarray]] = []
         self.expected: list[list[np.ndarray]] = []
         self.noise: list[list[float]] = []
@@ -75,6 +77,12 @@ class OnnxOracle:
         flat = [np.asarray(a) for a in example_inputs]
         sets = [flat] + [[a if i in ingested.frozen else _like(a, rng) for i, a in enumerate(flat)]
                          for _ in range(random_sets)]
+        # with dim_param dims, the first random set at another size (as numeric.Oracle does)
+        free = [i for i in range(len(flat)) if i not in ingested.frozen]
+        resized = shapes_at_another_size(ingested.graph, [flat[i].shape for i in free])
+        if resized is not None and random_sets:
+            shapes = dict(zip(free, resized))
+            sets[1] = [_like(a, rng, shapes[i]) if i in shapes else a for i, a in enumerate(flat)]
         for k, arrays in enumerate(sets):
             try:
                 outs = run_session(sess, names, arrays)
@@ -127,18 +135,20 @@ class _TwinReference:
         return [np.asarray(o).astype(d) if d in _WIDENED else o for o, d in zip(outs, self.dtypes)]
 
 
-def _like(a: np.ndarray, rng) -> np.ndarray:
+def _like(a: np.ndarray, rng, shape: tuple | None = None) -> np.ndarray:
+    """A fresh input like ``a`` (of ``shape``, when given)."""
+    shape = a.shape if shape is None else tuple(shape)
     if a.dtype == np.bool_:
-        return rng.random(a.shape) < 0.5
+        return rng.random(shape) < 0.5
     if a.dtype.kind == "f" or a.dtype in _WIDENED:   # numpy calls bf16 a "V" kind
         x = a.astype(np.float64)
         finite = x[np.isfinite(x)]
         std = float(finite.std()) if finite.size > 1 else 1.0
         mean = float(finite.mean()) if finite.size else 0.0
-        return np.asarray(rng.standard_normal(a.shape) * (std or 1.0) + mean).astype(a.dtype)
+        return np.asarray(rng.standard_normal(shape) * (std or 1.0) + mean).astype(a.dtype)
     lo, hi = (a.min(), a.max()) if a.size else (0, 1)
     # drawn in the input's own dtype: a u64 value above i64's range is a valid bound
-    return np.asarray(rng.integers(lo, hi, size=a.shape, dtype=a.dtype, endpoint=True))
+    return np.asarray(rng.integers(lo, hi, size=shape, dtype=a.dtype, endpoint=True))
 
 
 def _noise(twin, names, arrays, outs) -> list[float]:
