@@ -16,6 +16,7 @@ import math
 
 import re
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -635,6 +636,28 @@ def test_hf_model_with_a_dynamic_sequence_length(name):
         made = cm.schedules.for_inputs([a.numpy() for a in args])
         assert not [k.name for k in made.schedule.kernels if k.how == "host"], length
     assert not cm.codegen_bugs, cm.codegen_bugs
+
+
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_hf_encoder_decoder_with_dynamic_source_and_target_lengths(name):
+    """Two symbols, each length its own. T5's relative-position buckets, a constant at static
+    lengths, are computed on the chip here: the log of a zero distance is -inf, cast to an int
+    and then not chosen, as in torch, and the simulator says nothing of it (it warned)."""
+    model, inputs = build(name)
+    src, tgt = torch.export.Dim("src", min=2, max=32), torch.export.Dim("tgt", min=2, max=32)
+    cm = fexplore.compile(model, inputs, dynamic_shapes=(({1: src}, None, {1: tgt}),))
+    assert set(cm.graph.symbols) == {"src", "tgt"} and cm.verification["ok"].all()
+    g = torch.Generator().manual_seed(0)
+    for n_src, n_tgt in ((11, 3), (5, 9)):
+        args = (torch.randint(0, VOCAB, (1, n_src), generator=g), None,
+                torch.randint(0, VOCAB, (1, n_tgt), generator=g))
+        want = _eager(model, args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            got = cm(*args)
+        torch.testing.assert_close(got, want, rtol=1.3e-6, atol=2e-5)
+        made = cm.schedules.for_inputs([a.numpy() for a in args if a is not None])
+        assert not [k.name for k in made.schedule.kernels if k.how == "host"]
 
 
 # Models loaded in a narrow dtype themselves (``torch_dtype=torch.bfloat16``, or ``.half()``): every op
