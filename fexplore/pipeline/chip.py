@@ -3,9 +3,10 @@ per-kernel report.
 
 A model compiled with static shapes has one schedule, made by the schedule stage. A model with
 symbolic dims is scheduled per static size, as NPU serving stacks compile prefill and decode
-buckets: the first call with a new size specializes the final graph to it, folds what became
-constant, lowers and schedules it, and caches the schedule (``Schedules.made`` lists them, with
-their simulated latency). With declared buckets and ``pad_safe=True``, a size between buckets runs padded on the next bucket up
+buckets: the first call with a new size specializes the ingested graph to it, runs the graph
+stages on it as a static compile at that size would (what only the size decided folds, attention
+over a mask sliced to the length is recognized, tiles fit the real sizes), lowers and schedules
+it, and caches the schedule (``Schedules.made`` lists them, with their simulated latency). With declared buckets and ``pad_safe=True``, a size between buckets runs padded on the next bucket up
 (pipeline/buckets.py); ``Schedules.padded`` lists those calls with what the padding cost.
 """
 
@@ -48,9 +49,14 @@ class Call:
 class Schedules:
     """The schedules of one CompiledModel, by static size."""
 
-    def __init__(self, graph, options, static_schedule=None):
+    def __init__(self, graph, options, static_schedule=None, *, ingested=None, graph_stages=()):
+        """``graph``: the compile's final graph; ``ingested``: its ingest stage's graph, and
+        ``graph_stages`` the (name, function) of the stages between ingest and lower, from which
+        a size's graph is compiled (without them, the final graph is specialized instead)."""
         self.graph = graph
         self.options = options
+        self.ingested = ingested
+        self.graph_stages = list(graph_stages)
         self.buckets = check_buckets(graph, options.buckets) if graph.symbols else {}
         self._by_size: dict[tuple, MadeSchedule] = {}
         self._padded: dict[tuple, PaddedCalls] = {}
@@ -107,26 +113,45 @@ class Schedules:
         return tuple(sorted((str(k), int(v)) for k, v in bound.items() if str(k) in self.graph.symbols))
 
     def _make(self, key) -> MadeSchedule:
-        from .stages.fold import fold
         from .stages.lower import lower
         from .stages.schedule import schedule
-        from .stages.shapes import specialize
 
         t0 = time.perf_counter()
-        g = self.graph
-        if key:
-            # at a static size, what only the size decided is constant: an arange(seq) of
-            # positions, a full() of the batch's shape fold as the static compile folds them,
-            # instead of reaching the chip as ops it has no kernel for (host ops)
-            g = fold(specialize(g, **dict(key)), self.options).graph
+        g, problems = self._graph_at(key) if key else (self.graph, [])
         low = lower(g, self.options).lowering
         result = schedule(g, self.options, lowering=low)
+        bugs = tuple(problems) + tuple(low.codegen_bugs)
         if result.schedule is None:   # e.g. empty tensors: the caller runs the interpreter
-            made = MadeSchedule(key, None, 0, 0.0, time.perf_counter() - t0, result.stats.get("why", ""),
-                                tuple(low.codegen_bugs))
+            made = MadeSchedule(key, None, 0, 0.0, time.perf_counter() - t0, result.stats.get("why", ""), bugs)
             self._by_size[key] = made
             return made
-        return self._remember(key, result.schedule, time.perf_counter() - t0, low.codegen_bugs)
+        return self._remember(key, result.schedule, time.perf_counter() - t0, bugs)
+
+    def _graph_at(self, key) -> tuple:
+        """The final graph at one static size, and what went wrong making it (a stage that
+        raised at this size: a bug, reported with the kernel generators' in ``codegen_bugs``).
+
+        Compiled from the ingested graph at that size, so it is the graph a static compile makes.
+        Specializing the symbolic compile's final graph instead keeps what was decided without
+        the size: the positions' arange and the rotary tables computed on every call, attention
+        over a mask sliced to the length left as three kernels (GPT's took twice the cycles of
+        the static compile's). That is the fallback, its constants folded."""
+        from fexplore.ir import verify
+
+        from .stages.fold import fold
+        from .stages.shapes import specialize
+
+        problems = []
+        if self.ingested is not None and self.graph_stages:
+            g, name = specialize(self.ingested, **dict(key)), "specialize"
+            try:
+                for name, run in self.graph_stages:
+                    g = run(g, self.options).graph
+                verify(g, stage=f"{name} at {dict(key)}")
+                return g, problems
+            except Exception as e:  # noqa: BLE001 - any stage's failure at this size is reported
+                problems.append(f"stage {name} at {dict(key)}: {type(e).__name__}: {str(e).splitlines()[0]}")
+        return fold(specialize(self.graph, **dict(key)), self.options, regions=True).graph, problems
 
     @property
     def made(self):

@@ -112,8 +112,15 @@ class CompiledModel:
             return None
         if getattr(self, "_schedules", None) is None:
             from .chip import Schedules
+            from .stages import GRAPH_STAGE_LIST
 
-            self._schedules = Schedules(self.graph, self.options, self.schedule)
+            # a size's graph is compiled by this compile's graph stages, when they are the
+            # standard ones (an exploration with stages of its own specializes its final graph)
+            standard = [(st.name, st.run) for st in GRAPH_STAGE_LIST if st.name not in ("lower", "schedule")]
+            names = [r.name for r in self.stages]
+            restage = standard if names[1:1 + len(standard)] == [n for n, _ in standard] else ()
+            self._schedules = Schedules(self.graph, self.options, self.schedule,
+                                        ingested=self.stages[0].after, graph_stages=restage)
             # the schedule stage's view lists the schedules made (for symbolic dims, per size)
             self["schedule"].schedules = self._schedules
         return self._schedules

@@ -22,7 +22,11 @@ from .rewrite import Rewriter
 _NEVER_FOLD = {"expand"}  # materializing a broadcast only bloats the constant pool
 
 
-def fold(graph: Graph, options) -> StageResult:
+def fold(graph: Graph, options, *, regions: bool = False) -> StageResult:
+    """``regions``: fold a region node (a fused region, a control-flow op) whose inputs are all
+    constant too. The stage runs before fusion and leaves control flow alone; a graph specialized
+    to a static size after fusion (``chip.Schedules``) folds its constant regions, such as the
+    rotary tables a fused region computes from the now-known positions."""
     limit = options.fold_limit_bytes
     users = graph.users()
     rw = Rewriter(graph)
@@ -59,7 +63,7 @@ def fold(graph: Graph, options) -> StageResult:
             rw.replace(node.output, ins[0])
             rw.record("write-of-nothing", [node.output.name])
             continue
-        if not _foldable(node, ins):
+        if not _foldable(node, ins, regions):
             rw.keep(node)
             continue
         nbytes = sum(int(v.type.nbytes()) for v in node.outputs)
@@ -129,8 +133,8 @@ def _writes_nothing(node: Node, ins) -> bool:
     return any(_empty(v) for v in (ins[2:] if which is None else [ins[i] for i in which]))
 
 
-def _foldable(node: Node, ins) -> bool:
-    if node.regions or node.op.name in _NEVER_FOLD:
+def _foldable(node: Node, ins, regions: bool = False) -> bool:
+    if (node.regions and not regions) or node.op.name in _NEVER_FOLD:
         return False
     if not all(isinstance(v, Constant) for v in ins):
         return False
