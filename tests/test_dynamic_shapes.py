@@ -157,11 +157,17 @@ ROWS, SEQ = torch.export.Dim("rows", min=2, max=32), torch.export.Dim("seq", min
      ["f32[rows, 8]", "f32[8, seq]", "f32[]"]),
     (TakesKeywords(), (torch.randn(3, 8), torch.randn(3, 8)), {"y": {1: SEQ}, "x": {1: SEQ}},
      ["f32[3, seq]", "f32[3, seq]"]),
-], ids=["star-args", "star-args-by-name", "a-tuple-input", "by-keyword-out-of-order"])
+    (TakesKeywords(), (torch.randn(3, 8), torch.randn(3, 8)),
+     {"x": {1: torch.export.Dim.AUTO}, "y": {1: torch.export.Dim.AUTO}}, ["f32[3, x_dim1]", "f32[3, x_dim1]"]),
+    (TakesAPair(), ((torch.randn(4, 8), torch.randn(8, 5)), torch.randn(())),
+     (({0: torch.export.Dim.DYNAMIC}, {1: SEQ}), None), ["f32[pair_0_dim0, 8]", "f32[8, seq]", "f32[]"]),
+], ids=["star-args", "star-args-by-name", "a-tuple-input", "by-keyword-out-of-order", "auto", "dynamic-in-a-tuple"])
 def test_symbols_are_named_after_the_users_dims_whatever_the_signature(model, inputs, spec, types):
     """The spec follows the forward's signature: a ``*args`` forward (a wrapper around a Hugging
     Face model) takes one tuple of specs, a container input a container of them. The symbols were
-    torch's (``s50``) for these, as only one flat spec per input was read."""
+    torch's (``s50``) for these, as only one flat spec per input was read. A ``Dim.AUTO`` or
+    ``Dim.DYNAMIC`` dim is named after its input and axis (torch unifies the two AUTO dims that
+    ``x - y`` makes equal into one)."""
     cm = fexplore.compile(model, inputs, dynamic_shapes=spec)
     assert [str(v.type) for v in cm.graph.inputs] == types
     # and it runs at other sizes of those dims: each symbolic dim three longer

@@ -200,7 +200,8 @@ def _shape_env(fakes):
 
 
 def _dim_names(user_inputs, dynamic_shapes, forward, in_spec=None) -> dict:
-    """{torch symbol: user Dim name} for the input dims declared dynamic.
+    """{torch symbol: IR name} for the input dims declared dynamic: the user's Dim's name, or for
+    a ``Dim.AUTO`` / ``Dim.DYNAMIC`` dim the input's and axis's (``x_dim0``), not torch's ``s77``.
 
     ``dynamic_shapes`` follows the forward's signature (a dict by parameter name, or one entry per
     parameter, where a ``*args`` parameter takes a tuple and a container input a container of
@@ -208,23 +209,29 @@ def _dim_names(user_inputs, dynamic_shapes, forward, in_spec=None) -> dict:
     back in that structure so each tensor meets its own spec."""
     if not dynamic_shapes:
         return {}
-    out = {}
-    for fake, spec in _tensor_specs(user_inputs, dynamic_shapes, forward, in_spec):
+    named, unnamed = {}, {}
+    for fake, spec, path in _tensor_specs(user_inputs, dynamic_shapes, forward, in_spec):
         if spec is None or not hasattr(fake, "shape"):
             continue
         items = spec.items() if isinstance(spec, dict) else enumerate(spec)
         for axis, dim in items:
-            if not isinstance(axis, int) or axis >= len(fake.shape):
+            if dim is None or not isinstance(axis, int) or axis >= len(fake.shape):
                 continue
             size = fake.shape[axis]
+            if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
+                continue
             name = getattr(dim, "__name__", None)
-            if name and isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
-                out.setdefault(size.node.expr, name)
-    return out
+            if name:
+                named.setdefault(size.node.expr, name)
+            elif path:
+                unnamed.setdefault(size.node.expr, re.sub(r"\W", "_", f"{path}_dim{axis}"))
+    return {**unnamed, **named}   # a symbol a Dim names somewhere takes that name
 
 
 def _tensor_specs(user_inputs, dynamic_shapes, forward, in_spec):
-    """(input tensor, its dims spec) pairs, walking the inputs' structure and the spec's together."""
+    """(input tensor, its dims spec, its path) triples, walking the inputs' structure and the
+    spec's together; the path names the parameter and the place in it (``args_1``, ``pair_0``),
+    or is None without a signature to go by."""
     import torch.utils._pytree as pytree
 
     try:
@@ -232,25 +239,26 @@ def _tensor_specs(user_inputs, dynamic_shapes, forward, in_spec):
         bound = inspect.signature(forward).bind(*args, **kwargs).arguments
     except Exception:   # no spec or signature to go by: the inputs in order, one spec each
         specs = dynamic_shapes.values() if isinstance(dynamic_shapes, dict) else dynamic_shapes
-        yield from zip(user_inputs, specs)
+        yield from ((x, spec, None) for x, spec in zip(user_inputs, specs))
         return
     if isinstance(dynamic_shapes, dict):
-        pairs = [(v, dynamic_shapes.get(k)) for k, v in bound.items()]
+        pairs = [(v, dynamic_shapes.get(k), k) for k, v in bound.items()]
     else:
-        pairs = list(zip(bound.values(), dynamic_shapes))
+        pairs = [(v, spec, k) for (k, v), spec in zip(bound.items(), dynamic_shapes)]
     while pairs:
-        value, spec = pairs.pop(0)
+        value, spec, path = pairs.pop(0)
         if spec is None:
             continue
         if isinstance(value, torch.Tensor):
-            yield value, spec
+            yield value, spec, path
         elif isinstance(value, dict) and isinstance(spec, dict):
-            pairs[:0] = [(v, spec.get(k)) for k, v in value.items()]
+            pairs[:0] = [(v, spec.get(k), f"{path}_{k}") for k, v in value.items()]
         elif isinstance(value, (list, tuple)) and isinstance(spec, (list, tuple)):
-            pairs[:0] = list(zip(value, spec))
+            pairs[:0] = [(v, sp, f"{path}_{i}") for i, (v, sp) in enumerate(zip(value, spec))]
         elif type(value) in pytree.SUPPORTED_NODES and isinstance(spec, (list, tuple)):
             # a class registered with pytree (a cache object): its spec follows its flat children
-            pairs[:0] = list(zip(pytree.SUPPORTED_NODES[type(value)].flatten_fn(value)[0], spec))
+            children = pytree.SUPPORTED_NODES[type(value)].flatten_fn(value)[0]
+            pairs[:0] = [(v, sp, f"{path}_{i}") for i, (v, sp) in enumerate(zip(children, spec))]
 
 
 class _ExactPrinter(PythonCodePrinter):
