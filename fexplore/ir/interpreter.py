@@ -65,7 +65,9 @@ def bind_symbols(g: Graph, arrays: Sequence[np.ndarray]) -> dict:
         val = bindings.get(symbol(name))
         if val is not None and (val < lo or (hi is not None and val > hi)):
             raise InputError(f"dim {name}={val} is outside the compiled range [{lo}, {hi}]",
-                             hint="recompile with a wider torch.export.Dim range")
+                             hint="the range is the Dim's, narrowed to where torch's guards on the "
+                                  "sizes hold (where the traced program is the model's); recompile "
+                                  "with a wider Dim range, or an example of the sizes you call with")
     return bindings
 
 
