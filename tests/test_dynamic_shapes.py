@@ -198,3 +198,55 @@ def test_a_stage_that_fails_at_one_size_is_reported_and_the_call_still_runs(monk
         with torch.no_grad():
             torch.testing.assert_close(cm(x), model(x), rtol=1.3e-6, atol=2e-5)
     assert cm.codegen_bugs == ["stage fusion at {'seq': 7}: RuntimeError: no fusion at 7"]
+
+
+class Resize(torch.nn.Module):
+    def __init__(self, **how):
+        super().__init__()
+        self.how = how
+
+    def forward(self, x):
+        return torch.nn.functional.interpolate(x, **self.how)
+
+
+class ResizeTo(torch.nn.Module):
+    """A feature map brought to another's size, as a segmentation head's does."""
+
+    def forward(self, coarse, fine):
+        up = torch.nn.functional.interpolate(coarse, size=fine.shape[-2:], mode="bilinear")
+        return up + fine
+
+
+class FlipAndRoll(torch.nn.Module):
+    def forward(self, x):
+        return torch.flip(x, [0, 1]) * 2 + torch.roll(x, shifts=(3, -1), dims=(0, 1))
+
+
+H, W = torch.export.Dim("h", min=4, max=40), torch.export.Dim("w", min=4, max=40)
+IMAGE = ({2: H, 3: W},)
+
+
+@pytest.mark.parametrize("model, example, spec", [
+    (Resize(scale_factor=2, mode="bilinear"), (torch.randn(1, 3, 8, 10),), IMAGE),
+    (Resize(scale_factor=1.7, mode="bilinear"), (torch.randn(1, 3, 8, 10),), IMAGE),
+    (Resize(scale_factor=2, mode="bilinear", align_corners=True), (torch.randn(1, 3, 8, 10),), IMAGE),
+    (Resize(scale_factor=2, mode="nearest"), (torch.randn(1, 3, 8, 10),), IMAGE),
+    (Resize(scale_factor=1.5, mode="nearest"), (torch.randn(1, 3, 8, 10),), IMAGE),
+    (ResizeTo(), (torch.randn(1, 3, 5, 6), torch.randn(1, 3, 12, 14)),
+     ({2: torch.export.Dim("a", min=2, max=20), 3: torch.export.Dim("b", min=2, max=20)}, {2: H, 3: W})),
+    (FlipAndRoll(), (torch.randn(6, 7),),
+     ({0: torch.export.Dim("r", min=4, max=30), 1: torch.export.Dim("c", min=2, max=30)},)),
+], ids=["bilinear-x2", "bilinear-x1.7", "bilinear-align-corners", "nearest-x2", "nearest-x1.5",
+        "bilinear-to-a-size", "flip-and-roll"])
+def test_resizing_flipping_and_rolling_over_symbolic_sizes(model, example, spec):
+    """Their index tables and interpolation matrices depend on the sizes: with symbolic sizes
+    they were refused (FX400). They are IR ops over arange(size) now, which a size's compile
+    folds to the constants a static compile has; every size runs on the chip."""
+    cm = fexplore.compile(model, example, dynamic_shapes=spec)
+    assert cm.graph.symbols and cm.verification["ok"].all()
+    for grow in (3, 7):
+        args = tuple(torch.randn([n + grow if i >= t.dim() - 2 else n for i, n in enumerate(t.shape)])
+                     for t in example)
+        torch.testing.assert_close(cm(*args), model(*args), rtol=1.3e-6, atol=2e-6)
+        made = cm.schedules.for_inputs([a.numpy() for a in args])
+        assert not [k.name for k in made.schedule.kernels if k.how == "host"]

@@ -660,6 +660,28 @@ def test_hf_encoder_decoder_with_dynamic_source_and_target_lengths(name):
         assert not [k.name for k in made.schedule.kernels if k.how == "host"]
 
 
+@pytest.mark.parametrize("name", ["resnet", "convnext", "segformer"])
+def test_hf_vision_model_with_a_dynamic_image_size(name):
+    """One compile for every image size in the range: strided convs and pools over symbolic
+    sizes (ResNet's stem nests two floors), and SegFormer's decode head, which resizes each stage's
+    features to the first stage's size with bilinear interpolation (refused before: the
+    interpolation matrices depend on the sizes)."""
+    model, (image,) = build(name)
+    h, w = torch.export.Dim("h", min=16, max=96), torch.export.Dim("w", min=16, max=96)
+    cm = fexplore.compile(model, (image,), dynamic_shapes=(({2: h, 3: w},),))
+    assert set(cm.graph.symbols) == {"h", "w"} and cm.verification["ok"].all()
+    g = torch.Generator().manual_seed(0)
+    for size in ((40, 32), (24, 56)):
+        x = torch.randn(image.shape[0], image.shape[1], *size, generator=g)
+        want = _eager(model, (x,))
+        _assert_spread(want)
+        for got, ref in zip(_leaves(cm(x)), _leaves(want)):
+            torch.testing.assert_close(got, ref, rtol=1.3e-6, atol=2e-5)
+        made = cm.schedules.for_inputs([x.numpy()])
+        assert not [k.name for k in made.schedule.kernels if k.how == "host"], size
+    assert not cm.codegen_bugs, cm.codegen_bugs
+
+
 # Models loaded in a narrow dtype themselves (``torch_dtype=torch.bfloat16``, or ``.half()``): every op
 # reads and writes bf16/f16, the paths a float32 model under the bf16 policy never takes (a mean's
 # cast, T5's f16 clamp, attention with the model's own operand dtype)

@@ -463,9 +463,11 @@ def _flip(ctx):
     for d in ctx.args[1]:
         ax = _axis(d, x.type.rank)
         size = x.type.shape[ax]
-        if not isinstance(size, int):
-            raise NotImplementedError("flip along a symbolic dim")
-        x = _gather_axis(ctx, x, ax, np.arange(size - 1, -1, -1))
+        if isinstance(size, int):
+            x = _gather_axis(ctx, x, ax, np.arange(size - 1, -1, -1))
+        else:   # size - 1 - arange(size): a constant again once the size is known
+            idx = ctx.emit("sub", [ctx.value(size - 1), positions(ctx, size, DType.i64)])
+            x = ctx.emit("index", [x, idx], {"axes": (ax,)})
     return x
 
 
@@ -478,10 +480,19 @@ def _roll(ctx):
     for s, d in zip(shifts, dims):
         ax = _axis(d, x.type.rank)
         size = x.type.shape[ax]
-        if not isinstance(size, int):
-            raise NotImplementedError("roll along a symbolic dim")
-        x = _gather_axis(ctx, x, ax, (np.arange(size) - s) % size)
+        if isinstance(size, int):
+            x = _gather_axis(ctx, x, ax, (np.arange(size) - s) % size)
+        else:   # (arange(size) - shift) mod size
+            moved = ctx.emit("sub", [positions(ctx, size, DType.i64), ctx.value(int(s))])
+            idx = ctx.emit("remainder", [moved, ctx.value(size)])
+            x = ctx.emit("index", [x, idx], {"axes": (ax,)})
     return x
+
+
+def positions(ctx, n, dtype: DType) -> Value:
+    """arange(n) of ``dtype``: the positions along a dim of size ``n`` (an int or a symbol)."""
+    zero, one = (0.0, 1.0) if dtype.is_float else (0, 1)
+    return ctx.emit("arange", [], {"start": zero, "end": n, "step": one, "dtype": dtype})
 
 
 @converter("aten.upsample_nearest2d.vec", "aten.upsample_nearest2d.default")
@@ -489,16 +500,38 @@ def _upsample_nearest(ctx):
     x = ctx.args[0]
     oh, ow = ctx.out_type().shape[-2:]
     h, w = x.type.shape[-2:]
-    if not all(isinstance(d, int) for d in (oh, ow, h, w)):
-        raise NotImplementedError("nearest upsampling with symbolic sizes")
     if str(ctx.node.target).endswith(".vec"):   # (input, output_size, scale_factors)
         scales = ctx.arg(2, "scale_factors") or (None, None)
     else:                                      # (input, output_size, scales_h, scales_w)
         scales = (ctx.arg(2, "scales_h"), ctx.arg(3, "scales_w"))
-    ih, iw = _nearest_source(h, oh, scales[0]), _nearest_source(w, ow, scales[1])
-    rows = ctx.b.literal(ih.reshape(oh, 1).astype(np.int64), f"{ctx.node.name}.rows")
-    cols = ctx.b.literal(iw.reshape(1, ow).astype(np.int64), f"{ctx.node.name}.cols")
+    if all(isinstance(d, int) for d in (oh, ow, h, w)):
+        ih, iw = _nearest_source(h, oh, scales[0]), _nearest_source(w, ow, scales[1])
+        rows = ctx.b.literal(ih.reshape(oh, 1).astype(np.int64), f"{ctx.node.name}.rows")
+        cols = ctx.b.literal(iw.reshape(1, ow).astype(np.int64), f"{ctx.node.name}.cols")
+    else:
+        rows = ctx.emit("reshape", [_nearest_source_ir(ctx, h, oh, scales[0])], {"shape": (oh, 1)})
+        cols = ctx.emit("reshape", [_nearest_source_ir(ctx, w, ow, scales[1])], {"shape": (1, ow)})
     return ctx.emit("index", [x, rows, cols], {"axes": (x.type.rank - 2, x.type.rank - 1)})
+
+
+def _nearest_source_ir(ctx, n_in, n_out, scale) -> Value:
+    """``_nearest_source`` in IR ops, for sizes known only at run time (they fold to the same
+    constant once the sizes are). Without a scale, in / out in float32 gives the two special
+    cases by itself (1.0 and 0.5 are exact); with one, they are chosen where the sizes say."""
+    ratio = ctx.scalar(np.float32(1.0 / scale), DType.f32) if scale else ctx.emit(
+        "div", [ctx.value(n_in, DType.f32) if isinstance(n_in, int) else
+                ctx.emit("cast", [ctx.value(n_in)], {"dtype": DType.f32}),
+                ctx.value(n_out, DType.f32) if isinstance(n_out, int) else
+                ctx.emit("cast", [ctx.value(n_out)], {"dtype": DType.f32})])
+    src = ctx.emit("floor", [ctx.emit("mul", [positions(ctx, n_out, DType.f32), ratio])])
+    src = ctx.emit("minimum", [ctx.emit("cast", [src], {"dtype": DType.i64}), ctx.value(n_in - 1)])
+    if scale:
+        i = positions(ctx, n_out, DType.i64)
+        halves = ctx.emit("div", [i, ctx.value(2)], {"rounding": "floor"})
+        doubled = ctx.emit("eq", [ctx.value(n_out), ctx.value(2 * n_in)])
+        same = ctx.emit("eq", [ctx.value(n_out), ctx.value(n_in)])
+        src = ctx.emit("where", [same, i, ctx.emit("where", [doubled, halves, src])])
+    return src
 
 
 def _nearest_source(n_in: int, n_out: int, scale) -> np.ndarray:

@@ -628,21 +628,52 @@ def _upsample_bilinear(ctx):
     scales = ctx.arg(3, "scale_factors") if str(ctx.node.target).endswith(".vec") else None
     oh, ow = ctx.out_type().shape[-2:]
     h, w = x.type.shape[-2:]
-    if not all(isinstance(d, int) for d in (oh, ow, h, w)):
-        raise NotImplementedError("bilinear upsampling with symbolic sizes")
     if not x.type.dtype.is_float:
         raise NotImplementedError(f"bilinear upsampling of a {x.type.dtype} image (torch "
                                   "interpolates integer images in its own fixed-point arithmetic)")
     sh = sw = None
     if scales:
         sh, sw = scales
-    a_h = _interp_matrix(h, oh, align, sh)
-    a_w = _interp_matrix(w, ow, align, sw)
-    dt = x.type.dtype.numpy
-    rows = ctx.b.literal(a_h.astype(dt), f"{ctx.node.name}.rows")
-    cols = ctx.b.literal(np.ascontiguousarray(a_w.T).astype(dt), f"{ctx.node.name}.cols")
+    if all(isinstance(d, int) for d in (oh, ow, h, w)):
+        dt = x.type.dtype.numpy
+        rows = ctx.b.literal(_interp_matrix(h, oh, align, sh).astype(dt), f"{ctx.node.name}.rows")
+        cols = ctx.b.literal(np.ascontiguousarray(_interp_matrix(w, ow, align, sw).T).astype(dt),
+                             f"{ctx.node.name}.cols")
+    else:   # an image size known at run time: the same matrices, built by IR ops from the sizes
+        rows = _interp_matrix_ir(ctx, h, oh, align, sh, x.type.dtype)
+        cols = ctx.emit("permute", [_interp_matrix_ir(ctx, w, ow, align, sw, x.type.dtype)], {"perm": (1, 0)})
     y = ctx.emit("matmul", [rows, x])
     return ctx.emit("matmul", [y, cols])
+
+
+def _interp_matrix_ir(ctx, size, out, align_corners: bool, scale, dtype):
+    """``_interp_matrix`` in IR ops, for sizes that are symbols: each output row's source position
+    from arange(out), its two neighbours and weights, and a one-hot of each against arange(size).
+    Once the sizes are known the whole of it folds to the constant ``_interp_matrix`` gives."""
+    from .movement import positions
+
+    def f32(n):   # a size as an f32 scalar
+        return ctx.value(float(n), DType.f32) if isinstance(n, int) else \
+            ctx.emit("cast", [ctx.value(n)], {"dtype": DType.f32})
+    i = positions(ctx, out, DType.f32)
+    if align_corners:
+        ratio = ctx.emit("div", [f32(size - 1), ctx.emit("maximum", [f32(out - 1), ctx.value(1.0, DType.f32)])])
+        src = ctx.emit("mul", [i, ratio])
+    else:
+        ratio = ctx.value(1.0 / scale, DType.f32) if scale else ctx.emit("div", [f32(size), f32(out)])
+        centre = ctx.emit("mul", [ctx.emit("add", [i, ctx.value(0.5, DType.f32)]), ratio])
+        src = ctx.emit("maximum", [ctx.emit("sub", [centre, ctx.value(0.5, DType.f32)]), ctx.value(0.0, DType.f32)])
+    last = f32(size - 1)
+    lo = ctx.emit("minimum", [ctx.emit("floor", [src]), last])
+    hi = ctx.emit("minimum", [ctx.emit("add", [lo, ctx.value(1.0, DType.f32)]), last])
+    frac = ctx.emit("sub", [src, lo])
+    column = ctx.emit("reshape", [positions(ctx, size, DType.f32)], {"shape": (1, size)})
+
+    def weight(at, w):   # w[i] where column j is at[i], else 0
+        hit = ctx.emit("eq", [column, ctx.emit("reshape", [at], {"shape": (out, 1)})])
+        return ctx.emit("where", [hit, ctx.emit("reshape", [w], {"shape": (out, 1)}), ctx.value(0.0, DType.f32)])
+    m = ctx.emit("add", [weight(lo, ctx.emit("sub", [ctx.value(1.0, DType.f32), frac])), weight(hi, frac)])
+    return m if dtype == DType.f32 else ctx.emit("cast", [m], {"dtype": dtype})
 
 
 def _interp_matrix(size: int, out: int, align_corners: bool, scale) -> np.ndarray:
