@@ -250,3 +250,39 @@ def test_resizing_flipping_and_rolling_over_symbolic_sizes(model, example, spec)
         torch.testing.assert_close(cm(*args), model(*args), rtol=1.3e-6, atol=2e-6)
         made = cm.schedules.for_inputs([a.numpy() for a in args])
         assert not [k.name for k in made.schedule.kernels if k.how == "host"]
+
+
+class Prefix(torch.nn.Module):
+    """x's first columns, as many as y has: traced for y no wider than x (torch's guard
+    ``y.size()[1] <= x.size()[1]``, over two sizes, which no range of either holds)."""
+
+    def forward(self, x, y):
+        return x[:, :y.shape[1]] * 2 + y
+
+
+class PrefixOfThrice(torch.nn.Module):
+    def forward(self, *args):
+        x, y = args
+        return x[:, :3 * y.shape[1]].sum(-1, keepdim=True) + y
+
+
+def test_a_guard_over_two_sizes_is_held_on_every_call():
+    """A call that breaks it was a raw TypeError from deep in the IR (a slice past its input);
+    torch's exported program refuses it, and so does the compiled model, naming the guard in IR
+    dims. The guard holds through containers (``L['args'][1]``), and the verification's set at
+    another size is not one that breaks it (3*y <= x fails at 11 and 4 from 10 and 3)."""
+    auto = torch.export.Dim.AUTO
+    cm = fexplore.compile(Prefix(), (torch.randn(2, 10), torch.randn(2, 6)),
+                          dynamic_shapes=({1: auto}, {1: auto}))
+    x, y = torch.randn(2, 12), torch.randn(2, 7)
+    torch.testing.assert_close(cm(x, y), Prefix()(x, y))
+    with pytest.raises(fexplore.errors.InputError, match=r"break \(y_dim1\) <= \(x_dim1\)"):
+        cm(torch.randn(2, 5), torch.randn(2, 8))
+
+    cm = fexplore.compile(PrefixOfThrice(), (torch.randn(2, 10), torch.randn(2, 3)),
+                          dynamic_shapes=(({1: auto}, {1: auto}),))
+    assert cm.verification["ok"].all()
+    x, y = torch.randn(2, 13), torch.randn(2, 4)
+    torch.testing.assert_close(cm(x, y), PrefixOfThrice()(x, y))
+    with pytest.raises(fexplore.errors.InputError, match=r"break 3\*\(args_1_dim1\) <= \(args_0_dim1\)"):
+        cm(torch.randn(2, 11), torch.randn(2, 4))

@@ -200,11 +200,31 @@ class CompiledModel:
                              detail=f"  expected {self._ingested.in_spec}\n  got      {spec}",
                              hint="call it as you called the model for the compile: the same "
                                   "number of arguments, the same nesting, the same keywords")
+        self._check_size_relations(args, kwargs)
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         if any(x.is_meta for x in tensors):
             raise InputError("meta tensors have shapes but no values: there is nothing to compute with",
                              hint="cm.simulate() with no inputs runs timing only; give real tensors to run")
         return [to_numpy(x) for x in tensors]
+
+    def _check_size_relations(self, args, kwargs) -> None:
+        """Refuse sizes that break a guard torch's trace relies on over several of them, as its
+        exported program does (``x[:, :y.shape[1]]`` is traced for y no wider than x)."""
+        ing = self._ingested
+        if not ing.size_relations or ing.signature is None:
+            return
+        from .symbols import broken_relation
+
+        try:
+            named = ing.signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return   # the structure check above speaks for a call of another shape
+        broken = broken_relation(ing.size_relations, named)
+        if broken is not None:
+            raise InputError(f"these input sizes break {broken}, which the traced program relies on",
+                             hint="torch.export recorded it while tracing (its exported program "
+                                  "refuses these sizes too); call with sizes that meet it, or "
+                                  "export with examples that show the sizes you will use")
 
     def _onnx_inputs(self, args, kwargs):
         from .onnx import check_frozen

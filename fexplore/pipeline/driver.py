@@ -227,11 +227,27 @@ class Exploration:
         narrow = compute_dtype(g) in (DType.f16, DType.bf16)
         examples = [tuple(x.shape) for x in torch.utils._pytree.tree_leaves(self.example_inputs)
                     if isinstance(x, torch.Tensor)]
+        resized = shapes_at_another_size(g, examples)
+        if resized is not None and not self._sizes_meet_relations(resized):
+            resized = None   # the other size breaks a guard over several sizes: not one to check at
         with _model_untouched(self.model):
             return Oracle(self.model, self.example_inputs,
                           random_sets=self.options.random_input_sets, seed=self.options.seed,
-                          precision=self.options.precision, exact_narrow=narrow,
-                          resized=shapes_at_another_size(g, examples))
+                          precision=self.options.precision, exact_narrow=narrow, resized=resized)
+
+    def _sizes_meet_relations(self, shapes) -> bool:
+        """Whether tensor inputs of these shapes meet torch's guards over several sizes."""
+        from .symbols import broken_relation
+
+        ing = self._ingested
+        if not ing.size_relations or ing.signature is None:
+            return True
+        shapes = iter(shapes)
+        leaves, spec = torch.utils._pytree.tree_flatten(self.example_inputs)
+        sized = [torch.empty(next(shapes), device="meta") if isinstance(x, torch.Tensor) else x
+                 for x in leaves]
+        named = ing.signature.bind(*torch.utils._pytree.tree_unflatten(sized, spec)).arguments
+        return broken_relation(ing.size_relations, named) is None
 
     def _verify_hook(self, rec: StageRecord) -> None:
         if not self.options.verify:

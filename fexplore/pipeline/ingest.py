@@ -8,6 +8,7 @@ The model's input and output structure (tuples, dicts, dataclasses) is kept as p
 
 from __future__ import annotations
 
+import inspect
 import operator
 import os
 import re
@@ -53,6 +54,10 @@ class Ingested:
     # the exported program's call nodes (by name) -> the IR value (or tuple) each became: how a
     # wrong ingest is traced to the op of the model it came from (`numeric.first_divergent_from_export`)
     values_of: dict = field(default_factory=dict)
+    # torch's guards over several input sizes, which each call's inputs must meet
+    # (`symbols.SymbolTable.relations`), and the forward's signature their code reads by
+    size_relations: list = field(default_factory=list)
+    signature: Any = None
 
 
 def tensor_payload(t: torch.Tensor) -> np.ndarray:
@@ -147,7 +152,9 @@ def ingest(ep: torch.export.ExportedProgram, *, name: str = "forward", dynamic_s
     values_of: dict = {}
     graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True, values=values or {}, made=values_of)
     graph.symbols.update(symbols.ranges)
-    return Ingested(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, ep, values_of)
+    signature = inspect.signature(forward) if forward is not None else None
+    return Ingested(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, ep, values_of,
+                    symbols.relations, signature)
 
 
 def _input_kind(ep, placeholder_name: str):

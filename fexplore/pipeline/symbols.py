@@ -23,8 +23,9 @@ from fexplore.ir.types import canon_dim, symbol
 # How far ``SymbolTable.rely_on`` looks either side of the example size for where a guard holds.
 _GUARD_SCAN = 4096
 
-# An input's size in torch's guard code: L['x'].size()[0]
-_INPUT_SIZE = re.compile(r"L\['([A-Za-z_][A-Za-z0-9_]*)'\]\.size\(\)\[(\d+)\]")
+# An input's size in torch's guard code: L['x'].size()[0], or inside a container of the
+# forward's arguments L['args'][1].size()[0] (the input torch names args_1)
+_INPUT_SIZE = re.compile(r"L\['([A-Za-z_][A-Za-z0-9_]*)'\]((?:\[\d+\])*)\.size\(\)\[(\d+)\]")
 
 
 class SymbolTable:
@@ -35,6 +36,9 @@ class SymbolTable:
         self.ranges: dict[str, tuple[int, int | None]] = {}
         # torch's ShapeEnv of the export: the facts its guards established about the symbols
         self.shape_env = shape_env
+        # torch's guards over several symbols (``y.size()[1] <= x.size()[1]``), which no range
+        # can hold: (torch's code, the same in IR dims), checked on each call's inputs
+        self.relations: list[tuple[str, str]] = []
 
     def add(self, torch_sym: sympy.Symbol, name: str, lo: int, hi: int | None) -> None:
         taken = {s.name for s in self.to_ir.values()}
@@ -128,23 +132,28 @@ class SymbolTable:
         return True
 
     def hold_input_guards(self, guards, input_shapes: dict) -> None:
-        """Narrow each symbol's range to where torch's guards on the input sizes hold.
+        """Hold torch's guards on the input sizes, as its exported program does.
 
         torch.export records guards its tracing relied on that no dim of the program shows
         (``linspace(-1, 1, x[1::2].shape[0])`` makes its steps the example's 2 and guards
         ``x.size()[0] // 2 == 2``); its exported program refuses inputs that fail them, and so
         must the compile. ``guards``: Python over ``L['name'].size()[i]`` (the export's
-        ``_guards_code``); ``input_shapes``: each user input's IR shape by name. A guard on one
-        symbol narrows it around the example's size; the others (over two symbols, or inputs
-        inside containers) are not held."""
+        ``_guards_code``); ``input_shapes``: each user input's IR shape by placeholder name. A
+        guard on one symbol narrows its range around the example's size; a guard over several
+        (``y.size()[1] <= x.size()[1]``) is kept in ``relations``, for each call to check."""
         for code in guards or ():
-            one = _one_symbol_guard(code, input_shapes)
-            if one is None:
+            readable = _in_ir_dims(code, input_shapes)
+            if readable is None:   # an input the guard names that is not a tensor argument
                 continue
-            n, test = one
-            example = self._example(n)
-            if example is not None and n.name in self.ranges:
-                self._narrow(n.name, example, lambda v: bool(eval(test, {}, {n.name: v})))
+            text, free, bare = readable
+            if len(free) == 1 and bare:   # over one input size itself: a range holds it
+                (n,) = free
+                test = compile(text, "<guard>", "eval")
+                example = self._example(n)
+                if example is not None and n.name in self.ranges:
+                    self._narrow(n.name, example, lambda v: bool(eval(test, {}, {n.name: v})))
+            elif len(free) > 1:
+                self.relations.append((code, text))
 
     def expr(self, e):
         if isinstance(e, (int, float)):
@@ -182,6 +191,8 @@ def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
     table = SymbolTable(_shape_env(user_inputs))
     names = _dim_names(user_inputs, dynamic_shapes, forward, ep.call_spec.in_spec)
     for sym, vr in ep.range_constraints.items():
+        if not sym.is_Symbol:   # a range of an expression of sizes (2*s): its guard says the same
+            continue
         # an unbounded end is sympy's oo or torch's int_oo (which calls itself finite); a size
         # read from data (.item(), a tensor of split points) may be unbounded below too
         lo = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
@@ -276,24 +287,40 @@ def _exact_function(n: sympy.Symbol, expr):
     return lambda v: f(Fraction(v))
 
 
-def _one_symbol_guard(code: str, input_shapes: dict):
-    """(the IR symbol, the guard compiled over it) of a guard that reads input sizes which are
-    that one symbol or static, else None."""
+def _in_ir_dims(code: str, input_shapes: dict):
+    """(a guard's code with each input size written as its IR dim, the IR dims' free symbols,
+    whether each such dim is a symbol itself), or None when it reads something other than the
+    size of a tensor input."""
     dims = []
 
     def size(m):
-        shape = input_shapes.get(m.group(1))
-        axis = int(m.group(2))
+        name = m.group(1) + "".join(f"_{i}" for i in re.findall(r"\d+", m.group(2)))
+        shape = input_shapes.get(name)
+        axis = int(m.group(3))
         if shape is None or axis >= len(shape):
             raise LookupError(m.group(0))
         dims.append(shape[axis])
         return f"({shape[axis]})"
     try:
         text = _INPUT_SIZE.sub(size, code)
-    except LookupError:   # an input the guard names that is not a tensor argument
+    except LookupError:
         return None
-    free = {d for d in dims if not isinstance(d, int)}
-    if "L[" in text or len(free) != 1 or not isinstance(next(iter(free)), sympy.Symbol):
+    if "L[" in text:
         return None
-    return next(iter(free)), compile(text, "<guard>", "eval")
+    symbolic = [sympy.sympify(d) for d in dims if not isinstance(d, int)]
+    free = set().union(*(d.free_symbols for d in symbolic))
+    return text, free, all(d.is_Symbol for d in symbolic)
 
+
+def broken_relation(relations, inputs) -> str | None:
+    """The first of torch's guards over several sizes (``SymbolTable.relations``) that the call's
+    inputs fail, in IR dims (``(y_dim1) <= (x_dim1)``); None when all hold. ``inputs``: the
+    forward's arguments by parameter name, as torch's guard code reads them (``L['x']``)."""
+    for code, text in relations:
+        try:
+            ok = bool(eval(code, {}, {"L": inputs}))
+        except Exception:  # noqa: BLE001 - a guard this call's structure cannot answer is not ours to hold
+            continue
+        if not ok:
+            return text
+    return None
