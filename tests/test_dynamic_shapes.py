@@ -1,6 +1,9 @@
-"""Acceptance: GPT- and Llama-style models exported with a dynamic sequence length run correctly
-at two different lengths from one ingested graph."""
+"""Dynamic shapes: one compile with symbolic dims runs correctly at every size of its range, each
+size on a program equal to a static compile's; the range and the relations between sizes are
+those torch's guards hold; symbols are named after the user's Dims whatever the signature; the
+ops whose tables depend on the sizes (resizing, flip, roll) compile over symbolic sizes."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -278,6 +281,9 @@ def test_a_guard_over_two_sizes_is_held_on_every_call():
     torch.testing.assert_close(cm(x, y), Prefix()(x, y))
     with pytest.raises(fexplore.errors.InputError, match=r"break \(y_dim1\) <= \(x_dim1\)"):
         cm(torch.randn(2, 5), torch.randn(2, 8))
+    # a program asked for directly at such sizes: refused as input, not a TypeError from the IR
+    with pytest.raises(fexplore.errors.InputError, match="cannot run at"):
+        cm.schedules.for_inputs([np.zeros((2, 5), np.float32), np.zeros((2, 8), np.float32)])
 
     cm = fexplore.compile(PrefixOfThrice(), (torch.randn(2, 10), torch.randn(2, 3)),
                           dynamic_shapes=(({1: auto}, {1: auto}),))

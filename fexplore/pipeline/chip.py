@@ -141,6 +141,16 @@ class Schedules:
         from .stages.fold import fold
         from .stages.shapes import specialize
 
+        from fexplore.errors import InputError
+        from fexplore.ir.ops.rules import TypeRuleError
+
+        try:
+            specialize(self.graph, **dict(key))
+        except TypeRuleError as e:   # sizes in range where an op of the program has no meaning
+            raise InputError(f"the compiled program cannot run at {dict(key)}: {e}",
+                             hint="the model's own shape logic rules these sizes out (eager raises "
+                                  "too, or its traced program would be another); call with "
+                                  "sizes the model takes") from None
         problems = []
         if self.ingested is not None and self.graph_stages:
             g, name = specialize(self.ingested, **dict(key)), "specialize"
