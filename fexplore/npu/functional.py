@@ -40,6 +40,7 @@ def prepare_dram(program: Program, inputs: dict) -> dict[str, np.ndarray]:
                          + (f"unknown inputs {unknown}" if unknown else ""),
                          hint=f"inputs are {sorted(expected)}")
     dram = {}
+    written = _written_storages(program)
     for name, t in program.tensors.items():
         if t.kind == "view":
             continue
@@ -47,13 +48,31 @@ def prepare_dram(program: Program, inputs: dict) -> dict[str, np.ndarray]:
             arr = np.asarray(inputs[name])
             if tuple(arr.shape) != t.shape:
                 raise InputError(f"input {name!r}: expected shape {t.shape}, got {tuple(arr.shape)}")
-            dram[name] = arr.astype(dtypes.numpy_dtype(t.dtype), copy=True)
+            want = dtypes.numpy_dtype(t.dtype)
+            if name in written or arr.dtype != want:
+                dram[name] = arr.astype(want, copy=True)
+            else:
+                # only read (the weights): the caller's array itself, read-only, not a copy of
+                # every weight per call; a command that wrote it would raise, not change the model
+                dram[name] = arr.view()
+                dram[name].flags.writeable = False
         else:
             dram[name] = _fresh(t.shape, t.dtype)
     for name, t in program.tensors.items():  # a view shares its storage's array
         if t.kind == "view":
             dram[name] = dram[t.storage].reshape(t.shape)
     return dram
+
+
+def _written_storages(program: Program) -> set[str]:
+    """The DRAM storages some command writes (stores, scatters, host ops' results)."""
+    out = set()
+    for c in program.commands:
+        if isinstance(c, Host):
+            out.update(r.tensor.storage for r in c.dst)
+        elif isinstance(c, (Store, Scatter)):
+            out.add(c.dst.tensor.storage)
+    return out
 
 
 def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
