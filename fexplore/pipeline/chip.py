@@ -6,7 +6,8 @@ symbolic dims is scheduled per static size, as NPU serving stacks compile prefil
 buckets: the first call with a new size specializes the ingested graph to it, runs the graph
 stages on it as a static compile at that size would (what only the size decided folds, attention
 over a mask sliced to the length is recognized, tiles fit the real sizes), lowers and schedules
-it, and caches the schedule (``Schedules.made`` lists them, with their simulated latency). With declared buckets and ``pad_safe=True``, a size between buckets runs padded on the next bucket up
+it, and caches the schedule (``Schedules.made`` lists them, with their simulated latency). With
+declared buckets and ``pad_safe=True``, a size between buckets runs padded on the next bucket up
 (pipeline/buckets.py); ``Schedules.padded`` lists those calls with what the padding cost.
 """
 
@@ -136,16 +137,15 @@ class Schedules:
         the size: the positions' arange and the rotary tables computed on every call, attention
         over a mask sliced to the length left as three kernels (GPT's took twice the cycles of
         the static compile's). That is the fallback, its constants folded."""
+        from fexplore.errors import InputError
         from fexplore.ir import verify
+        from fexplore.ir.ops.rules import TypeRuleError
 
         from .stages.fold import fold
         from .stages.shapes import specialize
 
-        from fexplore.errors import InputError
-        from fexplore.ir.ops.rules import TypeRuleError
-
         try:
-            specialize(self.graph, **dict(key))
+            final = specialize(self.graph, **dict(key))
         except TypeRuleError as e:   # sizes in range where an op of the program has no meaning
             raise InputError(f"the compiled program cannot run at {dict(key)}: {e}",
                              hint="the model's own shape logic rules these sizes out (eager raises "
@@ -161,7 +161,7 @@ class Schedules:
                 return g, problems
             except Exception as e:  # noqa: BLE001 - any stage's failure at this size is reported
                 problems.append(f"stage {name} at {dict(key)}: {type(e).__name__}: {str(e).splitlines()[0]}")
-        return fold(specialize(self.graph, **dict(key)), self.options, regions=True).graph, problems
+        return fold(final, self.options, regions=True).graph, problems
 
     @property
     def made(self):
