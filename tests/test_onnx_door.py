@@ -167,3 +167,58 @@ def test_torchscript_exporter_models_fuse_as_the_torch_door(name, tmp_path):
     assert all(r.verification.ok for r in ex.records)
     view = TwoDoors(fused.after, fexplore.explore(model, inputs)["fusion"].after)
     assert view.same, view.diff
+
+
+def _attention_model(causal: bool, past: bool, window=None):
+    """ONNX Attention over a symbolic sequence (and a cache of symbolic length)."""
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, "seq", 8]) for n in "qkv"]
+    names, outs = ["q", "k", "v"], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if past:
+        ins += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, "past", 8]) for n in ("pk", "pv")]
+        names += ["", "pk", "pv"]
+        outs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("k_all", "v_all")]
+    attrs = {"is_causal": int(causal)}
+    if window is not None:
+        attrs["left_window_size"] = window
+    node = helper.make_node("Attention", names, [o.name for o in outs], **attrs)
+    graph = helper.make_graph([node], "attention", ins, outs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24 if window else 23)])
+
+
+def _attention_inputs(rng, seq, past_len, past):
+    xs = [rng.standard_normal((1, 2, seq, 8)).astype(np.float32) for _ in range(3)]
+    return xs + ([rng.standard_normal((1, 2, past_len, 8)).astype(np.float32) for _ in range(2)] if past else [])
+
+
+@pytest.mark.parametrize("past", [False, True], ids=["prefill", "on-a-cache"])
+def test_causal_attention_over_a_symbolic_sequence_runs_at_every_length(past):
+    """Causality over lengths known at run time was refused; its mask is IR ops over the
+    positions now (query i sees keys up to past + i), folded to a constant at each size."""
+    model, rng = _attention_model(True, past), np.random.default_rng(0)
+    cm = fexplore.compile(model, tuple(_attention_inputs(rng, 6, 4, past)))
+    assert set(cm.graph.symbols) == ({"seq", "past"} if past else {"seq"})
+    sess, names = session(model), [i.name for i in model.graph.input]
+    for seq, past_len in ((9, 3), (3, 7)):
+        xs = _attention_inputs(rng, seq, past_len, past)
+        for got, want in zip(cm(*xs), run_session(sess, names, xs)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        made = cm.schedules.for_inputs(xs)
+        assert not [k.name for k in made.schedule.kernels if k.how == "host"]
+
+
+def test_a_sliding_window_over_a_symbolic_sequence_equals_the_static_compiles():
+    """ONNX Runtime has no left_window_size yet: the mask over symbolic lengths is checked
+    against the constant mask a static compile at the same lengths builds."""
+    rng = np.random.default_rng(1)
+    dynamic = fexplore.compile(_attention_model(True, True, window=2), tuple(_attention_inputs(rng, 6, 4, True)),
+                               verify=False)
+    for seq, past_len in ((9, 3), (4, 6)):
+        xs = _attention_inputs(rng, seq, past_len, True)
+        fixed = _attention_model(True, True, window=2)
+        for vi, x in zip(fixed.graph.input, xs):
+            for d, n in zip(vi.type.tensor_type.shape.dim, x.shape):
+                d.dim_value = n
+        static = fexplore.compile(fixed, tuple(xs), verify=False)
+        assert not static.graph.symbols
+        for got, want in zip(dynamic(*xs), static(*xs)):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

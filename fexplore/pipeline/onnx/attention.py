@@ -3,7 +3,8 @@ scaled_dot_product_attention, so fusion forms the same attention region from bot
 
 3-D inputs are split into heads first; a KV cache (past_key, past_value) is concatenated and
 returned as present_key/present_value. Causality counts from the end of the cache (query i sees
-keys up to past + i) and sliding windows are static masks built here; a score softcap or a
+keys up to past + i) and sliding windows are masks built here (constants, or for symbolic lengths
+IR ops over the positions that fold to the same constants at each size); a score softcap or a
 requested qk_matmul_output takes the op apart into matmul/softmax, since the IR's attention
 keeps its scores inside.
 """
@@ -55,14 +56,17 @@ def _attention(ctx: OnnxContext):
     present_k, present_v = k, v
     q_len, kv_len = q.type.shape[2], k.type.shape[2]
     offset = past_k.type.shape[2] if past_k is not None else 0
-    if not all(isinstance(d, int) for d in (q_len, kv_len, offset)):
-        raise NotImplementedError("Attention with symbolic sequence lengths")
+    known = all(isinstance(d, int) for d in (q_len, kv_len, offset))
     causal = bool(ctx.attr("is_causal", 0))
     left, right = ctx.attr("left_window_size"), ctx.attr("right_window_size")
     if ctx.has_input(6):   # an external cache: each batch row's own length
+        if not known:
+            raise NotImplementedError("Attention over an external cache with symbolic lengths")
         static = _lengths_mask(ctx, ctx.input(6), q_len, kv_len, causal, left, right)
-    else:
+    elif known:
         static = _static_mask(q_len, kv_len, offset, causal, left, right)
+    else:
+        static = _positions_mask(ctx, q_len, kv_len, offset, causal, left, right)
     mask = _full_mask(ctx, mask, static, kv_len, q.type.dtype)
     scale = ctx.attr("scale")
     gqa = q.type.shape[1] != k.type.shape[1]
@@ -81,6 +85,33 @@ def _attention(ctx: OnnxContext):
         y = _reshape_to(ctx, y, (b, s, h * d))
     outs = (y, present_k, present_v, qk)
     return outs[:len(ctx.onnx.output)]
+
+
+def _positions_mask(ctx, q_len, kv_len, offset, causal, left, right):
+    """``_static_mask`` for lengths known at run time (a symbolic sequence, a cache of symbolic
+    length): the same bool (q, kv) mask, built by IR ops over the positions, which a size's
+    compile folds to ``_static_mask``'s constant. None when it allows everything."""
+    if not causal and (left is None or left < 0) and (right is None or right < 0):
+        return None
+
+    def positions(n, shape):
+        at = ctx.emit("arange", [], {"start": 0, "end": n, "step": 1, "dtype": DType.i64})
+        return ctx.emit("reshape", [at], {"shape": shape})
+    i = positions(q_len, (q_len, 1))
+    if not (isinstance(offset, int) and offset == 0):   # query i sits at past + i
+        i = ctx.emit("add", [i, ctx.emit("full", [], {"shape": (), "value": offset, "dtype": DType.i64})])
+    diff = ctx.emit("sub", [i, positions(kv_len, (1, kv_len))])   # query position - key index
+    tests = []
+    if causal:
+        tests.append(ctx.emit("ge", [diff, ctx.scalar(0, DType.i64)]))
+    if left is not None and left >= 0:
+        tests.append(ctx.emit("le", [diff, ctx.scalar(left, DType.i64)]))
+    if right is not None and right >= 0:
+        tests.append(ctx.emit("ge", [diff, ctx.scalar(-right, DType.i64)]))
+    ok = tests[0]
+    for t in tests[1:]:
+        ok = ctx.emit("logical_and", [ok, t])
+    return ok
 
 
 def _lengths_mask(ctx, lengths, q_len, kv_len, causal, left, right):
@@ -111,6 +142,8 @@ def _full_mask(ctx, mask, static, kv_len, dtype):
     static causal/window mask: bool where both are bool, else additive floats."""
     if mask is not None and mask.type.shape[-1] != kv_len:
         pad = kv_len - mask.type.shape[-1]
+        if not isinstance(pad, int):
+            raise NotImplementedError("an Attention mask shorter than a symbolic key length")
         is_bool = mask.type.dtype == DType.bool
         mask = ctx.emit("pad", [mask], {"pads": (0, pad), "value": 0 if is_bool else float("-inf")})  # bool: False
     if static is None:
