@@ -292,3 +292,23 @@ def test_a_guard_over_two_sizes_is_held_on_every_call():
     torch.testing.assert_close(cm(x, y), PrefixOfThrice()(x, y))
     with pytest.raises(fexplore.errors.InputError, match=r"break 3\*\(args_1_dim1\) <= \(args_0_dim1\)"):
         cm(torch.randn(2, 11), torch.randn(2, 4))
+
+
+class LastColumns(torch.nn.Module):
+    """x[:, -n:] with n a symbolic length: XLM's input_ids[:, -slen:]."""
+
+    def forward(self, x, y):
+        return x[:, -x.shape[1]:] * 2, x[:, -y.shape[1]:] + y
+
+
+def test_a_slice_from_a_symbolic_negative_start_counts_from_the_end():
+    """torch gives the start as -n; it was kept as -n with an end of 0, an empty slice in the
+    interpreter's meaning at every size (the verification's run at another size crashed on it)."""
+    auto = torch.export.Dim.AUTO
+    model = LastColumns()
+    cm = fexplore.compile(model, (torch.randn(2, 9), torch.randn(2, 4)), dynamic_shapes=({1: auto}, {1: auto}))
+    assert cm.verification["ok"].all()
+    for cols, tail in ((11, 3), (6, 5)):
+        x, y = torch.randn(2, cols), torch.randn(2, tail)
+        for got, want in zip(cm(x, y), model(x, y)):
+            torch.testing.assert_close(got, want)

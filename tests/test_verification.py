@@ -145,6 +145,39 @@ def test_a_rewrite_right_only_at_the_traced_size_is_caught(door):
     assert broken.verification.numeric.input_sets == 2
 
 
+def _slice_from_the_end(graph: Graph, options) -> StageResult:
+    """A deliberately wrong rewrite whose types still check: x[:, 1:] (start 1, end n) as start
+    1 - n, end 0, the same length in symbols but an empty slice in Python's meaning."""
+    nodes = []
+    for n in graph.nodes:
+        attrs = n.attrs
+        if n.op.name == "slice" and attrs["start"] == 1:
+            size = n.inputs[0].type.shape[attrs["axis"]]
+            attrs = type(attrs)({**dict(attrs), "start": 1 - size, "end": 0})
+        nodes.append(Node(n.op, n.inputs, attrs, n.outputs, n.loc, n.regions))
+    return StageResult(Graph(graph.name, graph.inputs, graph.constants, nodes, graph.outputs,
+                             graph.symbols))
+
+
+class AllButFirst(torch.nn.Module):
+    def forward(self, x):
+        return x[:, 1:] * 2
+
+
+def test_a_stage_whose_graph_does_not_run_fails_its_check_instead_of_crashing():
+    """The interpreter's own assertion (a slice gave 0 columns where its type says n - 1) came out
+    of the compile raw; XLM with a dynamic sequence hit it, its x[:, -n:] ingested as that."""
+    rows = torch.export.Dim("n", min=3, max=64)
+    ex = Exploration(AllButFirst(), (torch.randn(2, 6),), CompileOptions(dynamic_shapes=({1: rows},)),
+                     stages=[Stage("broken", _slice_from_the_end)])
+    ex.run_all()
+    broken = ex.records[1]
+    assert broken.verification.structural_ok and not broken.verification.numeric.ok
+    assert "does not run on input set 0: AssertionError" in broken.verification.numeric.detail
+    with pytest.raises(NumericMismatchError, match="stage 'broken'"):
+        ex.result
+
+
 def test_compile_options_are_validated():
     model, inputs = ZOO["mlp"]()
     with pytest.raises(fexplore.errors.ConfigError, match="precision"):

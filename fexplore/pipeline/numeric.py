@@ -390,7 +390,13 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
     worst_abs = worst_rel = 0.0
     ok, detail = True, None
     for k, (inputs, want, noise) in enumerate(zip(oracle.input_sets, oracle.expected, oracle.noise)):
-        got = accept_tie_order(g, inputs, run(g, inputs), want)
+        try:
+            got = accept_tie_order(g, inputs, run(g, inputs), want)
+        except Exception as e:  # noqa: BLE001 - a graph that does not run is a failed check, not a crash
+            if ok:
+                ok, detail = False, (f"the graph does not run on input set {k}: {type(e).__name__}: "
+                                     f"{str(e).splitlines()[0] if str(e) else ''}")
+            continue
         a, r, good, d = compare(got, want, tols, noise, policy_noise_of(oracle, k, g),
                                 getattr(oracle, "precision", ""))
         worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
@@ -398,7 +404,10 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
             ok, detail = False, d
     divergent = None
     if not ok and before is not None:
-        divergent = first_divergent(before, g, oracle.input_sets[0], tol or tolerance_of(g, oracle))
+        try:
+            divergent = first_divergent(before, g, oracle.input_sets[0], tol or tolerance_of(g, oracle))
+        except Exception:  # noqa: BLE001 - the failure is reported; the bisection could not run
+            divergent = None
     worst_noise = max((n for ns in oracle.noise for n in ns), default=0.0)
     described = _described(tols) or str(tolerance_of(g, oracle))
     if worst_noise:

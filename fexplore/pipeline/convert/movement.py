@@ -104,7 +104,10 @@ def _repeat_interleave(ctx):
 
 
 def _clamp_index(v, size):
-    """torch's slice bound rules: negative counts from the end, then clamp to [0, size]."""
+    """torch's slice bound rules: negative counts from the end, then clamp to [0, size]. A
+    symbolic bound counts from the end when it is negative at every size (XLM's x[:, -n:] with
+    n the sequence length: start -seq is 0, where it was kept as -seq and the slice was empty at
+    sizes the verification had not tried)."""
     if v is None:
         return None
     if isinstance(v, int):
@@ -115,6 +118,9 @@ def _clamp_index(v, size):
         if isinstance(size, int):
             return max(0, min(v, size))
         return max(0, v) if isinstance(v, int) else v
+    if isinstance(v, sympy.Expr) and v.is_negative:   # -seq (x[:, -n:] with n the length)
+        v = sympy.simplify(size + v)
+        return sympy.Max(0, v) if not (v.is_nonnegative or v.is_negative) else (v if v.is_nonnegative else 0)
     return v
 
 
