@@ -120,7 +120,9 @@ def _clamp_index(v, size):
         return max(0, v) if isinstance(v, int) else v
     if isinstance(v, sympy.Expr) and v.is_negative:   # -seq (x[:, -n:] with n the length)
         v = sympy.simplify(size + v)
-        return sympy.Max(0, v) if not (v.is_nonnegative or v.is_negative) else (v if v.is_nonnegative else 0)
+        if v.is_negative:
+            return 0
+        return v if v.is_nonnegative else sympy.Max(0, v)
     return v
 
 
@@ -524,11 +526,8 @@ def _nearest_source_ir(ctx, n_in, n_out, scale) -> Value:
     """``_nearest_source`` in IR ops, for sizes known only at run time (they fold to the same
     constant once the sizes are). Without a scale, in / out in float32 gives the two special
     cases by itself (1.0 and 0.5 are exact); with one, they are chosen where the sizes say."""
-    ratio = ctx.scalar(np.float32(1.0 / scale), DType.f32) if scale else ctx.emit(
-        "div", [ctx.value(n_in, DType.f32) if isinstance(n_in, int) else
-                ctx.emit("cast", [ctx.value(n_in)], {"dtype": DType.f32}),
-                ctx.value(n_out, DType.f32) if isinstance(n_out, int) else
-                ctx.emit("cast", [ctx.value(n_out)], {"dtype": DType.f32})])
+    ratio = ctx.scalar(np.float32(1.0 / scale), DType.f32) if scale else \
+        ctx.emit("div", [ctx.value(n_in, DType.f32), ctx.value(n_out, DType.f32)])
     src = ctx.emit("floor", [ctx.emit("mul", [positions(ctx, n_out, DType.f32), ratio])])
     src = ctx.emit("minimum", [ctx.emit("cast", [src], {"dtype": DType.i64}), ctx.value(n_in - 1)])
     if scale:

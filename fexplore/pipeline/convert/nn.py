@@ -652,27 +652,26 @@ def _interp_matrix_ir(ctx, size, out, align_corners: bool, scale, dtype):
     Once the sizes are known the whole of it folds to the constant ``_interp_matrix`` gives."""
     from .movement import positions
 
-    def f32(n):   # a size as an f32 scalar
-        return ctx.value(float(n), DType.f32) if isinstance(n, int) else \
-            ctx.emit("cast", [ctx.value(n)], {"dtype": DType.f32})
+    def f32(n):   # a number or a size as an f32 scalar
+        return ctx.value(n, DType.f32)
     i = positions(ctx, out, DType.f32)
     if align_corners:
-        ratio = ctx.emit("div", [f32(size - 1), ctx.emit("maximum", [f32(out - 1), ctx.value(1.0, DType.f32)])])
+        ratio = ctx.emit("div", [f32(size - 1), ctx.emit("maximum", [f32(out - 1), f32(1.0)])])
         src = ctx.emit("mul", [i, ratio])
     else:
-        ratio = ctx.value(1.0 / scale, DType.f32) if scale else ctx.emit("div", [f32(size), f32(out)])
-        centre = ctx.emit("mul", [ctx.emit("add", [i, ctx.value(0.5, DType.f32)]), ratio])
-        src = ctx.emit("maximum", [ctx.emit("sub", [centre, ctx.value(0.5, DType.f32)]), ctx.value(0.0, DType.f32)])
+        ratio = f32(1.0 / scale) if scale else ctx.emit("div", [f32(size), f32(out)])
+        centre = ctx.emit("mul", [ctx.emit("add", [i, f32(0.5)]), ratio])
+        src = ctx.emit("maximum", [ctx.emit("sub", [centre, f32(0.5)]), f32(0.0)])
     last = f32(size - 1)
     lo = ctx.emit("minimum", [ctx.emit("floor", [src]), last])
-    hi = ctx.emit("minimum", [ctx.emit("add", [lo, ctx.value(1.0, DType.f32)]), last])
+    hi = ctx.emit("minimum", [ctx.emit("add", [lo, f32(1.0)]), last])
     frac = ctx.emit("sub", [src, lo])
     column = ctx.emit("reshape", [positions(ctx, size, DType.f32)], {"shape": (1, size)})
 
     def weight(at, w):   # w[i] where column j is at[i], else 0
         hit = ctx.emit("eq", [column, ctx.emit("reshape", [at], {"shape": (out, 1)})])
-        return ctx.emit("where", [hit, ctx.emit("reshape", [w], {"shape": (out, 1)}), ctx.value(0.0, DType.f32)])
-    m = ctx.emit("add", [weight(lo, ctx.emit("sub", [ctx.value(1.0, DType.f32), frac])), weight(hi, frac)])
+        return ctx.emit("where", [hit, ctx.emit("reshape", [w], {"shape": (out, 1)}), f32(0.0)])
+    m = ctx.emit("add", [weight(lo, ctx.emit("sub", [f32(1.0), frac])), weight(hi, frac)])
     return m if dtype == DType.f32 else ctx.emit("cast", [m], {"dtype": dtype})
 
 

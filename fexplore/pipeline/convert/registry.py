@@ -198,7 +198,7 @@ class ConvertContext:
     def value(self, x, dtype: DType | None = None) -> Value:
         """A tensor operand: Values pass through; Python numbers and dims become 0-d constants
         (ints i64, floats f32, bools bool: torch's weak scalar types, see promote_types), or of
-        ``dtype`` when given."""
+        ``dtype`` when given (a symbolic size too: its value once the size is known)."""
         if isinstance(x, Value):
             return x
         if dtype is not None and isinstance(x, (int, float)) and not isinstance(x, bool):
@@ -210,7 +210,7 @@ class ConvertContext:
         if isinstance(x, float):
             return self.scalar(x, DType.f32)
         if isinstance(x, sympy.Expr):  # a symbolic size used as a tensor operand
-            return self.emit("full", [], {"shape": (), "value": x, "dtype": DType.i64})
+            return self.emit("full", [], {"shape": (), "value": x, "dtype": dtype or DType.i64})
         raise TypeError(f"cannot use {x!r} as a tensor operand")
 
     def scalar(self, v, dtype: DType) -> Constant:

@@ -15,6 +15,7 @@ import numpy as np
 
 from fexplore.ir import DType
 
+from ..convert.movement import positions
 from .elementwise import only_use_of, scalar_like
 from .movement import _reshape_to
 from .registry import OnnxContext, onnx_converter
@@ -94,13 +95,12 @@ def _positions_mask(ctx, q_len, kv_len, offset, causal, left, right):
     if not causal and (left is None or left < 0) and (right is None or right < 0):
         return None
 
-    def positions(n, shape):
-        at = ctx.emit("arange", [], {"start": 0, "end": n, "step": 1, "dtype": DType.i64})
-        return ctx.emit("reshape", [at], {"shape": shape})
-    i = positions(q_len, (q_len, 1))
+    def along(n, shape):
+        return ctx.emit("reshape", [positions(ctx, n, DType.i64)], {"shape": shape})
+    i = along(q_len, (q_len, 1))
     if not (isinstance(offset, int) and offset == 0):   # query i sits at past + i
-        i = ctx.emit("add", [i, ctx.emit("full", [], {"shape": (), "value": offset, "dtype": DType.i64})])
-    diff = ctx.emit("sub", [i, positions(kv_len, (1, kv_len))])   # query position - key index
+        i = ctx.emit("add", [i, ctx.value(offset)])
+    diff = ctx.emit("sub", [i, along(kv_len, (1, kv_len))])   # query position - key index
     tests = []
     if causal:
         tests.append(ctx.emit("ge", [diff, ctx.scalar(0, DType.i64)]))
