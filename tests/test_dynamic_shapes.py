@@ -312,3 +312,45 @@ def test_a_slice_from_a_symbolic_negative_start_counts_from_the_end():
         x, y = torch.randn(2, cols), torch.randn(2, tail)
         for got, want in zip(cm(x, y), model(x, y)):
             torch.testing.assert_close(got, want)
+
+
+class CachedAttention(torch.nn.Module):
+    """One decode step over key and value caches given separately: the new token's key and value
+    appended, attention over the lot, the grown caches returned (a serving stack's decode step)."""
+
+    def __init__(self, width=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(width, 3 * width)
+
+    def forward(self, x, keys, values):
+        b, t, w = x.shape
+        q, k, v = (p.reshape(b, t, self.heads, -1).transpose(1, 2) for p in self.qkv(x).chunk(3, -1))
+        keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+        y = torch.nn.functional.scaled_dot_product_attention(q, keys, values)
+        return y.transpose(1, 2).reshape(b, t, w), keys, values
+
+
+def test_key_and_value_caches_of_one_dynamic_length():
+    """torch's trace of attention does not guard that the key and value lengths agree, so caches
+    exported with ``Dim.AUTO`` got a symbol each, and the attention over them was refused
+    (FX403: 'q, k, v do not fit together'). They are one symbol in the IR; the decode step
+    runs at other cache lengths, and caches that disagree are refused when the call binds them."""
+    torch.manual_seed(0)
+    model = CachedAttention().eval()
+    auto = torch.export.Dim.AUTO
+    example = (torch.randn(1, 1, 16), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8))
+    cm = fexplore.compile(model, example, dynamic_shapes=(None, {2: auto}, {2: auto}))
+    assert cm.verification["ok"].all()
+    assert [str(v.type) for v in cm.graph.inputs] == ["f32[1, 1, 16]", "f32[1, 2, keys_dim2, 8]",
+                                                       "f32[1, 2, keys_dim2, 8]"]
+    for past in (3, 17):
+        inputs = (torch.randn(1, 1, 16), torch.randn(1, 2, past, 8), torch.randn(1, 2, past, 8))
+        with torch.no_grad():
+            want = model(*inputs)
+        for got, w in zip(cm(*inputs), want):
+            torch.testing.assert_close(got, w)
+        made = cm.schedules.for_inputs([x.numpy() for x in inputs])
+        assert not [k.name for k in made.schedule.kernels if k.how == "host"]
+    with pytest.raises(fexplore.errors.InputError, match="keys_dim2 is 5 elsewhere but 6"):
+        cm(torch.randn(1, 1, 16), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8))

@@ -498,6 +498,23 @@ def attention_bool_mask_with_padding_rows():
     return b.region(b("attention", q, k, v, mask), kind="attention"), b.arrays
 
 
+def decode_step_with_a_head_dim_of_1():
+    """Blenderbot's decode step at d_model 32 over 32 heads: the new key and value appended to
+    the cache, one query, a boolean mask. The head split [.., 32] -> [.., 32, 1] left its size-1
+    axis out of the view's map, and q's tile was read one axis short (FK111 in the contraction)."""
+    b = Body(21)
+    keys = b.input("keys", (1, 1, 4, 6, 1))
+    values = b.input("values", (1, 1, 4, 6, 1))
+    q, k, v = (b.input(name, (1, 1, 4)) for name in ("q_in", "k_in", "v_in"))
+    keep = b.input("keep", (1, 1, 1, 7), DType.bool, data=np.random.default_rng(0).random((1, 1, 1, 7)) > 0.2)
+
+    def heads(x):
+        return b("permute", b("reshape", x, shape=(1, 1, 4, 1)), perm=(0, 2, 1, 3))
+    k = b("concat", b("select", keys, axis=0, index=0), heads(k), axis=2)
+    v = b("concat", b("select", values, axis=0, index=0), heads(v), axis=2)
+    return b.region(k, v, b("attention", heads(q), k, v, keep, scale=1.0), kind="attention"), b.arrays
+
+
 def causal_attention_odd_sizes(S=45, T=45):
     b = Body(13)
     q = b.input("q", (1, 1, S, 12))
@@ -511,7 +528,7 @@ def causal_attention_fewer_queries_than_keys():
 
 
 HAND_BUILT = {f.__name__: f for f in (causal_attention_odd_sizes, causal_attention_fewer_queries_than_keys,
-                                      attention_bool_mask_with_padding_rows,
+                                      attention_bool_mask_with_padding_rows, decode_step_with_a_head_dim_of_1,
                                       sdpa_gqa_float_mask_odd_sizes, written_out_attention_single_head_bool_mask,
                                       conv_strided_padded_dilated, residual_block_with_projection_shortcut,
                                       linear_with_unusual_epilogue, batched_matmul_batch1_single_head,

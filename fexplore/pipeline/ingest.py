@@ -149,12 +149,29 @@ def ingest(ep: torch.export.ExportedProgram, *, name: str = "forward", dynamic_s
     symbols.hold_input_guards(getattr(ep, "_guards_code", None), {
         n.name: tuple(symbols.dim(d) for d in fake.shape) for n, fake in zip(users, user_fakes)
         if isinstance(fake, torch.Tensor)})
+    _tie_attention_lengths(ep.graph_module, symbols)
     values_of: dict = {}
     graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True, values=values or {}, made=values_of)
     graph.symbols.update(symbols.ranges)
     signature = inspect.signature(forward) if forward is not None else None
     return Ingested(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, ep, values_of,
                     symbols.relations, signature)
+
+
+def _tie_attention_lengths(gm: torch.fx.GraphModule, symbols: SymbolTable) -> None:
+    """Attention's key and value lengths are one length, but torch's trace of
+    ``scaled_dot_product_attention`` does not guard it: a decode step whose key and value caches
+    are exported with ``Dim.AUTO`` gets a symbol for each, and an attention over lengths that
+    may differ has no meaning. The IR gives them one symbol (``SymbolTable.tie``), so the
+    attention types and a call with caches that disagree is refused when its sizes are bound."""
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and isinstance(getattr(gm, node.target, None), torch.fx.GraphModule):
+            _tie_attention_lengths(getattr(gm, node.target), symbols)
+        if node.op != "call_function" or "scaled_dot_product" not in str(node.target):
+            continue
+        k, v = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[1:3])
+        if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() >= 2 and v.dim() >= 2:
+            symbols.tie(k.shape[-2], v.shape[-2])
 
 
 def _input_kind(ep, placeholder_name: str):

@@ -39,14 +39,59 @@ class SymbolTable:
         # torch's guards over several symbols (``y.size()[1] <= x.size()[1]``), which no range
         # can hold: (torch's code, the same in IR dims), checked on each call's inputs
         self.relations: list[tuple[str, str]] = []
+        # torch symbols ``tie`` made an expression of another's IR symbol
+        self.tied: set[sympy.Symbol] = set()
 
     def add(self, torch_sym: sympy.Symbol, name: str, lo: int, hi: int | None) -> None:
-        taken = {s.name for s in self.to_ir.values()}
+        taken = {s.name for s in self.to_ir.values() if isinstance(s, sympy.Symbol)}
         base, k = name, 1
         while name in taken:
             name, k = f"{base}_{k}", k + 1
         self.to_ir[torch_sym] = symbol(name)
         self.ranges[name] = (lo, hi)
+
+    def tie(self, a, b) -> bool:
+        """Make two torch dims one IR dim, where an op means them equal but torch's trace did
+        not guard it, so each kept its own symbol: attention's key and value lengths, from two
+        cache inputs exported with ``Dim.AUTO``, are ``keys_dim3 + 1`` and ``values_dim3 + 1``,
+        and the attention they feed has no meaning unless they agree.
+
+        The symbol of ``b`` that the equality solves for (``values_dim3``) becomes ``a``'s
+        symbol plus a constant; its range narrows the one left, and a call whose inputs
+        disagree is refused when its sizes are bound. False (nothing tied) when the two are
+        not a symbol each apart from a constant, or the examples do not agree."""
+        ia, ib = self.dim(a), self.dim(b)
+        diff = sympy.expand(sympy.sympify(ib) - sympy.sympify(ia))
+        if diff == 0:
+            return True
+        free = sorted(diff.free_symbols, key=str)
+        if len(free) != 2:
+            return False
+        owned = {s.name: t for s, t in self._to_torch().items()}
+        keep = next(iter(sympy.sympify(ia).free_symbols & set(free)), None)
+        drop = next(iter(sympy.sympify(ib).free_symbols - {keep}), None)
+        if keep is None or drop is None or drop.name not in owned or \
+                not {keep.name, drop.name} <= set(self.ranges):
+            return False
+        solved = sympy.solve(diff, drop)
+        if len(solved) != 1 or not (solved[0] - keep).is_Integer:
+            return False
+        offset = int(solved[0] - keep)
+        known_keep, known_drop = self._example(keep), self._example(drop)
+        if known_keep is not None and known_drop is not None and known_drop != known_keep + offset:
+            return False
+        lo, hi = self.ranges[keep.name]
+        dlo, dhi = self.ranges.pop(drop.name)
+        lo = max(lo, dlo - offset)
+        hi = hi if dhi is None else (dhi - offset if hi is None else min(hi, dhi - offset))
+        self.ranges[keep.name] = (lo, hi)
+        self.to_ir[owned[drop.name]] = keep + offset
+        self.tied.add(owned[drop.name])
+        return True
+
+    def _to_torch(self) -> dict:
+        """{IR symbol: the torch symbol it was made for} (not the ones ``tie`` pointed at it)."""
+        return {s: t for t, s in self.to_ir.items() if t not in self.tied}
 
     def dim(self, d):
         """A torch dim (int, SymInt or sympy expr) as an IR dim."""
@@ -66,7 +111,7 @@ class SymbolTable:
         if self.shape_env is None:
             return False
         want = torch_dim.node.expr if isinstance(torch_dim, torch.SymInt) else sympy.Integer(torch_dim)
-        to_torch = {v: k for k, v in self.to_ir.items()}
+        to_torch = self._to_torch()
         got = sympy.sympify(ir_dim)
         if not got.free_symbols <= set(to_torch):
             return False
@@ -111,7 +156,7 @@ class SymbolTable:
             return None
         # (backed_var_to_val in newer torch, which deprecates var_to_val; older torch has only that)
         known = getattr(self.shape_env, "backed_var_to_val", None)
-        to_torch = {v: k for k, v in self.to_ir.items()}
+        to_torch = self._to_torch()
         v = (known if known is not None else self.shape_env.var_to_val).get(to_torch.get(ir_symbol))
         return None if v is None else int(v)
 

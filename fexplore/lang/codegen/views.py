@@ -149,4 +149,12 @@ def _split_groups(old, new):
         if size != d:
             return None
         groups.append(axes)
-    return groups if all(d == 1 for d in new[j:]) else None
+    if any(d != 1 for d in new[j:]):
+        return None
+    # trailing size-1 axes (a head dim of 1: [.., H] -> [.., H, 1]) belong to the last axis that
+    # has any: left out, a box of the view read them away (the tile one axis short)
+    last = next((g for g in reversed(groups) if g), groups[-1] if groups else None)
+    if last is None:
+        return None if j < len(new) else groups
+    last.extend(range(j, len(new)))
+    return groups
