@@ -354,3 +354,30 @@ def test_key_and_value_caches_of_one_dynamic_length():
         assert not [k.name for k in made.schedule.kernels if k.how == "host"]
     with pytest.raises(fexplore.errors.InputError, match="keys_dim2 is 5 elsewhere but 6"):
         cm(torch.randn(1, 1, 16), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8))
+
+
+class LastRowOfAMaskBuffer(torch.nn.Module):
+    """GPT-Neo's causal mask: a static buffer sliced from the current length on
+    (``bias[:, :, k - q:k, :k]``), a static shape with a symbolic start."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mask", torch.tril(torch.ones(64, 64, dtype=torch.bool)))
+
+    def forward(self, x):
+        n = x.shape[1]
+        return torch.where(self.mask[n - 1:n, :n], x, -1.0)
+
+
+def test_a_static_shape_with_a_symbolic_start_is_no_codegen_bug():
+    """The symbolic compile's lower stage generated a slice kernel that named the length it is
+    not given (NameError: keys_dim3 is not defined, a codegen bug in every GPT-Neo decode step
+    with a dynamic cache length); a symbolic attribute waits for the size's compile, like a
+    symbolic shape."""
+    model = LastRowOfAMaskBuffer()
+    cm = fexplore.compile(model, (torch.randn(3, 9),), dynamic_shapes=({1: torch.export.Dim.AUTO},))
+    assert cm.verification["ok"].all() and not cm.codegen_bugs
+    for n in (5, 20):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(cm(x), model(x))
+    assert not cm.codegen_bugs

@@ -33,6 +33,8 @@ naming the op; the lower stage will run such a node on the host.
 
 from __future__ import annotations
 
+import sympy
+
 from fexplore.ir import DType, Node
 from fexplore.npu import get_target
 
@@ -55,6 +57,12 @@ _NOT_YET = {"embedding": "gather", "gather": "gather", "index": "gather", "permu
             "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling"}
 
 
+def _symbolic(attr) -> bool:
+    if isinstance(attr, (tuple, list)):
+        return any(_symbolic(a) for a in attr)
+    return isinstance(attr, sympy.Basic) and bool(attr.free_symbols)
+
+
 def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> GeneratedKernel:
     """The kernel for `node` on `target` (a preset name or an NPUConfig). `head_layout`: how an
     attention reads the node's output (see `attention.heads_read`), for a contraction to make
@@ -62,8 +70,12 @@ def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> Gen
     cfg = get_target(target)
     values = list(node.inputs) + list(node.outputs) + \
         [v for n in (node.regions[0].nodes if node.regions else []) for v in n.outputs]
-    if any(not isinstance(d, int) for v in values for d in v.type.shape):
-        # a symbolic graph's schedule is made per size, from the graph specialized to it
+    nodes = [node] + (list(node.regions[0].nodes) if node.regions else [])
+    if any(not isinstance(d, int) for v in values for d in v.type.shape) or \
+            any(_symbolic(a) for n in nodes for a in n.attrs.values()):
+        # a symbolic graph's schedule is made per size, from the graph specialized to it (a
+        # static shape with a symbolic attribute, a slice of a mask buffer from the cache
+        # length on, is as unknown until then: its kernel would name a size it is not given)
         raise UnsupportedRegionError(node.op.name, region_label(node), "symbolic sizes (specialize the "
                                      "shapes first)", loc=node.loc)
     if any(v.type.dtype == DType.f64 for v in values):
