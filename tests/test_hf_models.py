@@ -682,6 +682,71 @@ def test_hf_vision_model_with_a_dynamic_image_size(name):
     assert not cm.codegen_bugs, cm.codegen_bugs
 
 
+# A decode step whose cache length is decided per call, as a serving stack runs it: one compile
+# with the cache's position axis dynamic (``Dim.AUTO``, as transformers' own export helpers give
+# it), then every step's length lowered and scheduled on its own
+def _decoder(name):
+    common = dict(vocab_size=VOCAB, max_position_embeddings=64, use_cache=True)
+    if name == "qwen2":
+        return T.Qwen2ForCausalLM(T.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                num_attention_heads=4, num_key_value_heads=2, **common))
+    if name == "gpt_neo":   # its causal mask buffer is sliced from the cache length on
+        return T.GPTNeoForCausalLM(T.GPTNeoConfig(hidden_size=32, num_layers=2, num_heads=4,
+                                                  attention_types=[[["global", "local"], 1]],
+                                                  window_size=256, **common))
+    # Blenderbot at d_model 32 over 32 heads: a head dim of 1
+    return T.BlenderbotForCausalLM(T.BlenderbotConfig(d_model=32, encoder_layers=1, decoder_layers=1, decoder_attention_heads=32,
+                                                      decoder_ffn_dim=64, **common))
+
+
+def _tensor_cache(model, length: int, seed: int):
+    with torch.no_grad():
+        layers = model(torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed)),
+                       use_cache=True)[1].layers
+    return torch.stack([c.keys for c in layers]), torch.stack([c.values for c in layers])
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gpt_neo", "blenderbot"])
+def test_hf_decode_step_with_a_dynamic_cache_length(name):
+    """The key and value caches get a symbol each from torch (its trace of attention does not
+    guard that they agree): every such decode step was refused (FX403), and they are one length
+    now. GPT-Neo's mask slice from the cache length on was a codegen bug in the symbolic
+    compile; Blenderbot's head dim of 1 another, at every length."""
+    torch.manual_seed(0)
+    decoder = _decoder(name).eval()
+    step = TensorCacheDecodeStep(decoder)
+    keys, values = _tensor_cache(decoder, 6, 0)
+    auto = torch.export.Dim.AUTO
+    cm = fexplore.compile(step, (_ids(1), keys, values), dynamic_shapes=(None, {3: auto}, {3: auto}))
+    assert len(cm.graph.symbols) == 1 and cm.verification["ok"].all()
+    for length in (3, 17):
+        args = (_ids(1),) + _tensor_cache(decoder, length, length)
+        want = _eager(step, args)
+        _assert_spread(want[0])
+        for got, ref in zip(cm(*args), want):
+            torch.testing.assert_close(got, ref, rtol=1.3e-6, atol=2e-5)
+        made = cm.schedules.for_inputs([a.numpy() for a in args])
+        assert not [k.name for k in made.schedule.kernels if k.how == "host"], length
+    assert not cm.codegen_bugs, cm.codegen_bugs
+
+
+def test_hf_decode_step_on_a_dynamic_cache_object_of_dynamic_length():
+    """The DynamicCache itself as the input, its spec following its flat children: four cache
+    tensors, one length."""
+    model, (ids, cache) = build("llama_decode_dynamic_cache")
+    children = pytree.SUPPORTED_NODES[type(cache)].flatten_fn(cache)[0]
+    cm = fexplore.compile(model, (ids, cache), dynamic_shapes=(None, [{2: torch.export.Dim.AUTO}] * len(children)))
+    assert len(cm.graph.symbols) == 1 and cm.verification["ok"].all()
+    for length in (3, 17):
+        with torch.no_grad():
+            cache = model.model(_ids(length), use_cache=True)[1]
+        args = (_ids(1), cache)
+        want = _eager(model, args)
+        for got, ref in zip(_leaves(cm(*args)), _leaves(want)):
+            torch.testing.assert_close(got, ref, rtol=1.3e-6, atol=2e-5)
+    assert not cm.codegen_bugs, cm.codegen_bugs
+
+
 # Models loaded in a narrow dtype themselves (``torch_dtype=torch.bfloat16``, or ``.half()``): every op
 # reads and writes bf16/f16, the paths a float32 model under the bf16 policy never takes (a mean's
 # cast, T5's f16 clamp, attention with the model's own operand dtype)
