@@ -170,6 +170,24 @@ def test_a_rank_sort_that_breaks_ties_the_wrong_way_is_caught():
     assert wrong.source != x.kernel.source and not codegen.check_kernel(x.node, wrong, arrays).ok
 
 
+def test_a_sort_longer_than_a_row_of_comparisons_compares_in_chunks():
+    """A (rows, tile, K) comparison against the whole axis overflowed the SRAM once K passed about
+    800 elements on tiny (a codegen bug, fuzz seed 1731088, argsort of 1025): the axis is now
+    compared against in chunks that fit, each chunk's count added into the place. Here on tiny
+    with a quarter of its SRAM, so 300 elements (NaN, ties, descending, stable) take three chunks."""
+    import dataclasses
+
+    from fexplore.npu import get_target
+
+    small = dataclasses.replace(get_target("tiny"), name="tiny-16k", sram_bytes_per_pe=16 * 1024)
+    fn = lambda x: torch.sort(x, dim=-1, descending=True, stable=True)  # noqa: E731
+    x = torch.where(torch.arange(300) % 11 == 0, float("nan"), torch.randint(0, 40, (2, 300)).float())
+    node = _lowered(fn, (x,), "sort").node
+    gk = codegen.generate(node, small)
+    assert "for js in fl.range(fl.tiles(K, 102))" in gk.source
+    assert codegen.check_kernel(node, gk, [x.numpy()]).ok
+
+
 def test_a_wrong_kernel_is_caught():
     """check_kernel is not vacuous for these kernels: topk picking minima instead fails."""
     import dataclasses

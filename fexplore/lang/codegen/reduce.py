@@ -28,6 +28,7 @@ its middle axis on the vector unit into an accumulator of (rows, columns):
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from fexplore.ir import DType, Node
@@ -307,16 +308,18 @@ def _running_extreme(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
 
 def _rank_sort(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
     """Per row (and column) of the (R, K, C) view: each element's place along K is the count of the
-    elements that go before it, compared in tiles of `ti` elements against the whole axis (a
-    (rows, ti, K) comparison); its value and its position are then scattered to that place. The
-    tiles of one row are items of their own, so a long sort spreads over the PEs."""
+    elements that go before it, compared in tiles of `ti` elements against the axis in chunks of
+    `tj` (a (rows, ti, tj) comparison; the whole axis at once where it fits); its value and its
+    position are then scattered to that place. The tiles of one row are items of their own, so a
+    long sort spreads over the PEs."""
     descending, floats = n.attrs["descending"], n.inputs[0].type.dtype.is_float
     values, indices = _outputs(w, n, "(R, K, C)", "R K C")
     index_row(w, cfg, "IOTA", K, 3, 1, "the position of each element along K")
-    # about ten (rows, ti, K) tiles live at once (comparisons, masks and their conversions)
-    room = max(1, cfg.sram_bytes_per_pe // (2 * STAGES * 4 * 10 * K))
-    rows = max(1, min(R, room))
-    ti = max(1, min(K, room // rows))
+    # about ten (rows, ti, tj) tiles live at once (comparisons, masks and their conversions)
+    room = max(1, cfg.sram_bytes_per_pe // (2 * STAGES * 4 * 10))
+    tj = min(K, room)
+    rows = max(1, min(R, room // tj))
+    ti = max(1, min(K, room // (rows * tj)))
     w("# the scatters below are a permutation and cover every place, but which places is data: the")
     w("# outputs are first stored whole (zeros) so the kernel writes every element it returns")
     w(f"for rs, c in fl.parallel(fl.tiles(R, {rows}), range(C), stages=stages):")
@@ -325,23 +328,37 @@ def _rank_sort(w, n: Node, cfg, x: str, R: int, K: int, C: int) -> None:
         w(f"fl.store({indices}[rs, :, c:c + 1], fl.zeros((rs, K, 1)).astype(fl.i64))")
     w(f"for rs, c, its in fl.parallel(fl.tiles(R, {rows}), range(C), fl.tiles(K, {ti}), stages=stages):")
     with w.indent():
-        w("jrow = fl.load(IOTA[:, :, :]).transpose(0, 2, 1)   # (1, 1, K): each element's position")
-        w(f"row = fl.load({x}[rs, :, c:c + 1]).transpose(0, 2, 1)   # (rows, 1, K): what each is compared against")
         w(f"xi, ii = fl.load({x}[rs, its, c:c + 1]), fl.load(IOTA[:, its, :])   # (rows, ti, 1): a tile of "
           f"elements, their positions")
         if floats:
-            w("row_nan, xi_nan = fl.isnan(row), fl.isnan(xi)")
-            w("# j goes before i: ordered before it (NaN after every number), or equal and earlier")
-            if descending:
-                w("ordered = fl.logical_and(fl.logical_not(xi_nan), fl.logical_or(row_nan, row > xi))")
+            w("xi_nan = fl.isnan(xi)")
+        whole = tj == K
+        if not whole:
+            w(f"place = fl.zeros((rs, its, 1))   # counted over the axis {tj} elements at a time")
+            w(f"for js in fl.range(fl.tiles(K, {tj})):")
+        js, width = (":", "K") if whole else ("js", "tj")
+        with w.indent() if not whole else contextlib.nullcontext():
+            w(f"jrow = fl.load(IOTA[:, {js}, :]).transpose(0, 2, 1)   # (1, 1, {width}): each element's position")
+            w(f"row = fl.load({x}[rs, {js}, c:c + 1]).transpose(0, 2, 1)   # (rows, 1, {width}): what each is "
+              f"compared against")
+            if floats:
+                w("row_nan = fl.isnan(row)")
+                w("# j goes before i: ordered before it (NaN after every number), or equal and earlier")
+                if descending:
+                    w("ordered = fl.logical_and(fl.logical_not(xi_nan), fl.logical_or(row_nan, row > xi))")
+                else:
+                    w("ordered = fl.logical_and(fl.logical_not(row_nan), fl.logical_or(xi_nan, row < xi))")
+                w("tied = fl.logical_and(fl.logical_or(row == xi, fl.logical_and(row_nan, xi_nan)), jrow < ii)")
             else:
-                w("ordered = fl.logical_and(fl.logical_not(row_nan), fl.logical_or(xi_nan, row < xi))")
-            w("tied = fl.logical_and(fl.logical_or(row == xi, fl.logical_and(row_nan, xi_nan)), jrow < ii)")
-        else:
-            w("# j goes before i: ordered before it, or equal and earlier")
-            w(f"ordered = row {'>' if descending else '<'} xi")
-            w("tied = fl.logical_and(row == xi, jrow < ii)")
-        w("place = fl.logical_or(ordered, tied).astype(fl.f32).sum(axis=2).astype(fl.i64)   # (rows, ti, 1)")
+                w("# j goes before i: ordered before it, or equal and earlier")
+                w(f"ordered = row {'>' if descending else '<'} xi")
+                w("tied = fl.logical_and(row == xi, jrow < ii)")
+            count = "fl.logical_or(ordered, tied).astype(fl.f32).sum(axis=2)"
+            if whole:
+                w(f"place = {count}   # (rows, ti, 1)")
+            else:
+                w(f"fl.add(place, {count}, out=place)")
+        w("place = place.astype(fl.i64)")
         w(f"fl.scatter({values}[rs, :, c:c + 1], place, xi, axis=1, mode=\"elements\")")
         w(f"fl.scatter({indices}[rs, :, c:c + 1], place, (ii + fl.zeros(xi.shape)).astype(fl.i64), axis=1, "
           f"mode=\"elements\")")
