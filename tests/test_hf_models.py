@@ -747,6 +747,34 @@ def test_hf_decode_step_on_a_dynamic_cache_object_of_dynamic_length():
     assert not cm.codegen_bugs, cm.codegen_bugs
 
 
+def test_hf_decode_steps_on_a_static_cache_updated_in_place():
+    """transformers' StaticCache, the serving kind: fixed-size key and value tensors and a
+    position counter, all updated in place by the step (torch.export: USER_INPUT_MUTATION, which
+    was refused). One static compile serves every step; three steps in a row, each on the cache
+    the one before wrote, match eager's, logits and the cache alike, every op on the chip."""
+    torch.manual_seed(0)
+    decoder = _llm(T.LlamaForCausalLM, T.LlamaConfig, use_cache=True)[0].model
+    register_cache_pytrees_for_model(decoder)
+    cache = T.StaticCache(config=decoder.config, max_cache_len=16)
+    with torch.no_grad():
+        decoder(_ids(6), use_cache=True, **{_cache_keyword(decoder): cache})
+    step = DecodeStep(decoder)
+    ours, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
+    cm = fexplore.compile(step, (_ids(1), cache))
+    assert cm.verification["ok"].all() and len(cm._ingested.input_mutations) == 6
+    assert not [k.name for k in cm.schedule.kernels if k.how == "host"]
+    for _ in range(3):
+        ids = _ids(1)
+        got = cm(ids, ours)
+        with torch.no_grad():
+            want = step(ids, theirs)
+        _assert_spread(want[0])
+        torch.testing.assert_close(got[0], want[0], rtol=1.3e-6, atol=2e-5)
+        for a, b in zip(_leaves(ours), _leaves(theirs)):
+            torch.testing.assert_close(a, b, rtol=1.3e-6, atol=2e-5)
+    assert int(ours.layers[0].cumulative_length) == 9
+
+
 # Models loaded in a narrow dtype themselves (``torch_dtype=torch.bfloat16``, or ``.half()``): every op
 # reads and writes bf16/f16, the paths a float32 model under the bf16 policy never takes (a mean's
 # cast, T5's f16 clamp, attention with the model's own operand dtype)

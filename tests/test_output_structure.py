@@ -1,7 +1,10 @@
 """Model inputs and outputs through compile: outputs keep their structure (tuples, dicts,
-dataclasses), and example inputs that share memory do not make a program of aliased inputs."""
+dataclasses), example inputs that share memory do not make a program of aliased inputs, and an
+input the model updates in place is updated by each call, as eager updates it."""
 
 from dataclasses import dataclass
+
+import pytest
 
 import torch
 
@@ -75,3 +78,51 @@ def test_example_inputs_that_share_memory_compile_to_a_model_of_separate_inputs(
             torch.testing.assert_close(cm(*other), model(*other), rtol=1.3e-6, atol=1e-5)
             torch.testing.assert_close(cm(*example), model(*example), rtol=1.3e-6, atol=1e-5)
     assert example[0].data_ptr() == x[1].data_ptr()   # the user's inputs are theirs still
+
+
+class WritesIntoItsCache(torch.nn.Module):
+    """A decode step's cache update in place (``index_copy_`` at the step's position), then reads
+    of the updated cache; and a running count updated in place (``add_``)."""
+
+    def forward(self, x, cache, position, count):
+        cache.index_copy_(1, position, x)
+        count.add_(1)
+        return cache.sum(1) * count, x + 1
+
+
+def test_an_input_the_model_updates_in_place_is_updated_by_each_call():
+    """torch.export gives the update as an output of the program (USER_INPUT_MUTATION), and its
+    exported program writes it back into the caller's tensor. The compile refused it (FX401);
+    the updates are now outputs of the graph after the model's own, verified at every stage like
+    them, and each call writes them back. The compile itself leaves the example inputs as they were."""
+    model = WritesIntoItsCache()
+    example = (torch.randn(2, 1), torch.zeros(2, 5), torch.tensor([3]), torch.ones(()))
+    before = [t.clone() for t in example]
+    cm = fexplore.compile(model, example)
+    assert all(torch.equal(a, b) for a, b in zip(example, before))
+    assert cm.verification["ok"].all()
+    assert [str(v.type) for v in cm.graph.outputs] == ["f32[2]", "f32[2, 1]", "f32[2, 5]", "f32[]"]
+    ours = (torch.zeros(2, 5), torch.ones(()))
+    theirs = tuple(t.clone() for t in ours)
+    for step in range(3):   # three steps: each reads what the one before wrote
+        x, position = torch.randn(2, 1), torch.tensor([step])
+        got, want = cm(x, ours[0], position, ours[1]), model(x, theirs[0], position, theirs[1])
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        torch.testing.assert_close(ours, theirs)
+    assert float(ours[1]) == 4.0 and bool((ours[0][:, :3] != 0).all())
+
+
+def test_a_model_that_updates_its_own_buffer_is_still_refused():
+    class Counts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(()))
+
+        def forward(self, x):
+            self.count.add_(1)
+            return x * self.count
+
+    with pytest.raises(fexplore.errors.ExportError, match="mutates count") as info:
+        fexplore.compile(Counts(), (torch.randn(3),))
+    assert "which the model may update in place" in info.value.hint

@@ -296,3 +296,28 @@ def test_the_divergence_is_the_tie_not_torch_uninitialized_memory():
         fexplore.compile(TiesAfterAnEmptyBuffer(), (torch.randn(1, 9) - 1.0,))
     assert "first divergent node: %topk" in e.value.message, e.value.message
     assert "its indices do not" in e.value.message
+
+
+class WritesIntoItsInput(torch.nn.Module):
+    def forward(self, x, cache):
+        cache.mul_(0.5).add_(x)
+        return cache.sum(0)
+
+
+def _forget_the_update(graph: Graph, options) -> StageResult:
+    """A deliberately wrong rewrite: the input's in-place update dropped (its old value out)."""
+    outs = list(graph.outputs[:-1]) + [graph.inputs[1]]
+    return StageResult(Graph(graph.name, graph.inputs, graph.constants, graph.nodes, outs, graph.symbols))
+
+
+def test_an_update_of_an_input_in_place_is_verified_like_an_output():
+    """The new value of an input the model updates in place is an output of the graph; a stage
+    that loses it computes the same model output and is still caught."""
+    inputs = (torch.randn(4, 3), torch.randn(4, 3))
+    ex = Exploration(WritesIntoItsInput(), inputs, CompileOptions(), stages=[Stage("broken", _forget_the_update)])
+    ex.run_all()
+    ingest, broken = ex.records
+    assert ingest.verification.ok and len(ingest.after.outputs) == 2
+    assert broken.verification.structural_ok and not broken.verification.numeric.ok
+    with pytest.raises(NumericMismatchError, match="stage 'broken'"):
+        ex.result

@@ -76,11 +76,20 @@ class CompiledModel:
         """Whether the model came in through the ONNX door (numpy in, numpy out)."""
         return self._ingested.out_spec is None and hasattr(self._ingested, "frozen")
 
-    def _structure(self, outs):
+    def _structure(self, outs, args=(), kwargs=None):
         """Outputs as the model gives them: the torch model's structure (torch tensors), or
-        for an ONNX model a list of numpy arrays in the graph's output order."""
+        for an ONNX model a list of numpy arrays in the graph's output order. The inputs the
+        model updates in place (their new values follow its outputs) are written into the
+        caller's tensors, as torch's exported program does."""
         if self.is_onnx:
             return [np.asarray(o) for o in outs]
+        updated = self._ingested.input_mutations
+        if updated:
+            tensors = [x for x in pytree.tree_leaves((args, kwargs or {})) if isinstance(x, torch.Tensor)]
+            outs, new = outs[:len(outs) - len(updated)], outs[len(outs) - len(updated):]
+            with torch.no_grad():
+                for i, value in zip(updated, new):
+                    tensors[i].copy_(to_torch(value))
         return pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
 
     def __call__(self, *args, **kwargs):
@@ -93,7 +102,7 @@ class CompiledModel:
             outs = run(self.graph, arrays)
         else:
             outs = call.outputs(call.made.schedule.simulate(call.arrays))
-        return self._structure(outs)
+        return self._structure(outs, args, kwargs)
 
     # -- on the chip -----------------------------------------------------------------------
 
@@ -153,7 +162,7 @@ class CompiledModel:
             raise InputError(f"nothing to simulate for these inputs: {call.made.why}")
         res = call.made.schedule.simulate(call.arrays)
         outs = call.outputs(res)
-        res.model_outputs = self._structure(outs)
+        res.model_outputs = self._structure(outs, args, kwargs)
         return res
 
     @property

@@ -17,7 +17,7 @@ from fexplore.ir import DType, verify
 from .compiled import CompiledModel
 from .export import export_model, real_state
 from .ingest import Ingested, ingest
-from .numeric import (Oracle, check_graph, compute_dtype, first_divergent_from_export, shapes_at_another_size, to_torch,
+from .numeric import (Oracle, UpdatesAsOutputs, check_graph, compute_dtype, first_divergent_from_export, shapes_at_another_size, to_torch,
                       tolerance_of)
 from .options import CompileOptions
 from .passmanager import PassManager
@@ -230,8 +230,11 @@ class Exploration:
         resized = shapes_at_another_size(g, examples)
         if resized is not None and not self._sizes_meet_relations(resized):
             resized = None   # the other size breaks a guard over several sizes: not one to check at
+        model = self.model
+        if self._ingested.input_mutations:
+            model = UpdatesAsOutputs(model, self._ingested.input_mutations)
         with _model_untouched(self.model):
-            return Oracle(self.model, self.example_inputs,
+            return Oracle(model, self.example_inputs,
                           random_sets=self.options.random_input_sets, seed=self.options.seed,
                           precision=self.options.precision, exact_narrow=narrow, resized=resized)
 

@@ -58,6 +58,10 @@ class Ingested:
     # (`symbols.SymbolTable.relations`), and the forward's signature their code reads by
     size_relations: list = field(default_factory=list)
     signature: Any = None
+    # the graph inputs the model updates in place, by input index, in the order their new values
+    # follow the model's own outputs among the graph's outputs (torch's exported program writes
+    # them back into the caller's tensors, and so does each call of the compiled model)
+    input_mutations: list = field(default_factory=list)
 
 
 def tensor_payload(t: torch.Tensor) -> np.ndarray:
@@ -151,11 +155,13 @@ def ingest(ep: torch.export.ExportedProgram, *, name: str = "forward", dynamic_s
         if isinstance(fake, torch.Tensor)})
     _tie_attention_lengths(ep.graph_module, symbols)
     values_of: dict = {}
-    graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True, values=values or {}, made=values_of)
+    mutations: list = []
+    graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True, values=values or {}, made=values_of,
+                           mutations=mutations)
     graph.symbols.update(symbols.ranges)
     signature = inspect.signature(forward) if forward is not None else None
     return Ingested(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, ep, values_of,
-                    symbols.relations, signature)
+                    symbols.relations, signature, mutations)
 
 
 def _tie_attention_lengths(gm: torch.fx.GraphModule, symbols: SymbolTable) -> None:
@@ -182,8 +188,11 @@ def _input_kind(ep, placeholder_name: str):
 
 
 def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str,
-                   top: bool, values: dict | None = None, made: dict | None = None) -> Graph:
-    """`made`, if given, is filled with each call node's name -> the value(s) it became."""
+                   top: bool, values: dict | None = None, made: dict | None = None,
+                   mutations: list | None = None) -> Graph:
+    """`made`, if given, is filled with each call node's name -> the value(s) it became;
+    `mutations` with the index of each input the model updates in place, in the order their
+    new values are put after the model's outputs."""
     values = values or {}
     b = GraphBuilder(symbols)
     env: dict[str, Any] = {}
@@ -224,6 +233,8 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
                 made[n.name] = env[n.name]
         elif n.op == "output":
             flat = n.args[0]
+            kinds = [spec.kind for spec in ep.graph_signature.output_specs] if top else []
+            updated = {}
             if top:
                 _check_outputs(ep)
             for i, o in enumerate(flat):
@@ -235,7 +246,14 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
                     raise ExportError(f"model output {i} is not a tensor ({v!r})",
                                       hint="fexplore compiles models whose outputs are tensors "
                                            "(in tuples, lists, dicts or dataclasses)")
+                if kinds and kinds[i] == OutputKind.USER_INPUT_MUTATION:
+                    updated[inputs.index(env[ep.graph_signature.output_specs[i].target])] = v
+                    continue
                 outputs.append(v)
+            for index in sorted(updated):   # the inputs' new values, after the model's outputs
+                outputs.append(updated[index])
+                if mutations is not None:
+                    mutations.append(index)
     used = {v.name for node in b.nodes for v in node.inputs} | {v.name for v in outputs}
     constants = [c for c in b.constants if c.name in used]  # tied weights leave orphans
     return Graph(name, inputs, constants, b.nodes, outputs, {})
@@ -243,12 +261,13 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
 
 def _check_outputs(ep) -> None:
     for spec in ep.graph_signature.output_specs:
-        if spec.kind != OutputKind.USER_OUTPUT:
+        if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.USER_INPUT_MUTATION):
             what = spec.target or spec.arg.name
             raise ExportError(
                 f"the model mutates {what} in place ({spec.kind.name})",
-                hint="fexplore compiles pure functions: pass state (a KV cache, say) in as an "
-                     "input and return its new value instead of updating a buffer in place")
+                hint="fexplore compiles models without state of their own: pass the state (a KV "
+                     "cache, say) in as an input, which the model may update in place, or return "
+                     "its new value, instead of updating a buffer of the model")
 
 
 def _fake_type(val: torch.Tensor, symbols: SymbolTable) -> TensorType:

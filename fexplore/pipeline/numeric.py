@@ -89,6 +89,26 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(a, copy=True))
 
 
+class UpdatesAsOutputs(torch.nn.Module):
+    """A model that updates some of its inputs in place, as the pure function the compiled graph
+    is: it runs on copies of the tensor inputs and returns, after the model's own outputs, the
+    new values of the inputs it updated (``updated``: their indices among the tensor inputs, in
+    the graph's order). The oracle's input sets stay what they were, and each set's expected
+    outputs include the updates, so every stage is checked on them too."""
+
+    def __init__(self, model: torch.nn.Module, updated: list):
+        super().__init__()
+        self.model, self.updated = model, list(updated)
+
+    def forward(self, *args, **kwargs):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        leaves = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        out = self.model(*args, **kwargs)
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        return out, [tensors[i] for i in self.updated]
+
+
 class Oracle:
     """Eager PyTorch outputs for the example inputs and ``random_sets`` fresh input sets, and for
     each output eager's own rounding noise (``noise``: max |eager - the f64 twin|, 0 where the f64

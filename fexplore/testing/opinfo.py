@@ -140,6 +140,7 @@ class Case:
     module: torch.nn.Module
     inputs: tuple
     describe: str = ""
+    after: list = field(default_factory=list)   # the inputs as eager leaves them (``_eager``)
 
     def fresh_inputs(self) -> tuple:
         """Copies of the inputs: an op that writes into an argument (running statistics, say)
@@ -254,11 +255,14 @@ def _describe(sample) -> str:
 # -- running one case ------------------------------------------------------------------------------
 
 def _eager(case: Case):
-    """Eager outputs as a flat list of tensors, or None with the reason they are not a test."""
+    """Eager outputs as a flat list of tensors, or None with the reason they are not a test. The
+    inputs as eager leaves them (an op that updates an argument in place: running statistics)
+    go to ``case.after``."""
     torch.manual_seed(0)
+    inputs = case.fresh_inputs()
     try:
         with torch.no_grad():
-            out = case.module(*case.fresh_inputs())
+            out = case.module(*inputs)
     except Exception as e:
         return None, f"eager raises {type(e).__name__}"
     leaves = pytree.tree_leaves(out)
@@ -266,7 +270,15 @@ def _eager(case: Case):
         return None, "eager's output is not tensors"
     if any(x.layout != torch.strided for x in leaves):   # a complex one is in its real layout (OneOp)
         return None, "eager's output is sparse"
+    case.after = [x.detach().clone() for x in inputs]
     return [x.detach().clone() for x in leaves], ""
+
+
+def _inputs_differ(case: Case, inputs) -> str | None:
+    """What differs between the inputs after a run and after eager's (None when they agree): an
+    op that updates an argument in place must update it as eager does."""
+    bad = _compare(inputs, case.after, [0.0] * len(inputs))
+    return None if bad is None else f"its inputs after the call: {bad}"
 
 
 def _compare(got, want, noise, graph=None, inputs=()) -> str | None:
@@ -319,11 +331,12 @@ def export_reference(case: Case, want, noise) -> tuple[str, str]:
             ep = torch.export.export(case.module, case.fresh_inputs(), strict=False)
             ep = ep.run_decompositions()
             torch.manual_seed(0)
+            inputs = case.fresh_inputs()
             with torch.no_grad():
-                out = ep.module()(*case.fresh_inputs())
+                out = ep.module()(*inputs)
     except Exception as e:
         return "fail", f"{type(e).__name__}: {_first_line(str(e))}"
-    bad = _compare(pytree.tree_leaves(out), want, noise)
+    bad = _compare(pytree.tree_leaves(out), want, noise) or _inputs_differ(case, inputs)
     return ("fail", f"differs from eager: {bad}") if bad else ("pass", "")
 
 
@@ -349,7 +362,7 @@ def run_fexplore(case: Case, want, noise) -> tuple[str, str, str]:
     bugs = cm.codegen_bugs
     if bugs:   # a generator that raised: its node ran on the host, right but not on the chip
         return "raw", f"codegen bug behind a host fallback: {_first_line(bugs[0])}", ""
-    bad = _compare(pytree.tree_leaves(out), want, noise, cm.graph, case.inputs)
+    bad = _compare(pytree.tree_leaves(out), want, noise, cm.graph, case.inputs) or _inputs_differ(case, inputs)
     return ("wrong", bad, "") if bad else ("pass", "", "")
 
 
