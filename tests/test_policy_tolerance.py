@@ -178,7 +178,8 @@ class Attend(torch.nn.Module):
 def test_attention_under_the_policy_rounds_q_k_v_and_nothing_else_whichever_kernel_eager_picks(rank):
     """Eager's 3-d attention is its math path (a scaling and two bmm), the 4-d one a fused CPU
     kernel; under the policy both are the IR's attention (q, k, v rounded, the rest wide) and the
-    chip's (the probabilities rounded too), the larger error of the two. Rounding the math path's
+    chip's (the exponentials rounded too, and normalized by their rounded sum), the larger error
+    of the two. Rounding the math path's
     bmm operands instead rounds ``q * scale`` (seed 720379)."""
     g = torch.Generator().manual_seed(0)
     shape = (1,) * (rank - 3) + (2, 6, 5)
@@ -189,6 +190,9 @@ def test_attention_under_the_policy_rounds_q_k_v_and_nothing_else_whichever_kern
     r = [t.bfloat16().double() for t in (q, k, v)]
     p = torch.softmax(r[0] @ r[1].transpose(-1, -2) / 5 ** 0.5, -1)
     ir_way = float(((p @ r[2]) - want.double()).abs().max())
-    # the chip's kernel also rounds the probabilities, the second product's operand (seed 1270235)
-    chip_way = float(((p.bfloat16().double() @ r[2]) - want.double()).abs().max())
+    # the chip's kernel also rounds the probabilities, the second product's operand (seed 1270235):
+    # the exponentials less the row maximum, then divided by their rounded sum (seed 1740735)
+    s = r[0] @ r[1].transpose(-1, -2) / 5 ** 0.5
+    e = torch.exp(s - s.amax(-1, keepdim=True)).bfloat16().double()
+    chip_way = float(((e @ r[2]) / e.sum(-1, keepdim=True) - want.double()).abs().max())
     assert errors[0] == pytest.approx(max(ir_way, chip_way), rel=1e-3)
