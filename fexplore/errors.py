@@ -235,8 +235,9 @@ class ExportError(FexploreError):
     code = "FX401"
     doc = ErrorDoc(
         when="torch.export cannot capture the model: the model raises on its example inputs, "
-             "mutates its own buffers in forward, takes or returns something other than tensors, "
-             "or a dynamic-shape range is one the model does not support.",
+             "takes or returns something other than tensors, updates a buffer that has no value "
+             "(a model on the meta device), or a dynamic-shape range is one the model does not "
+             "support.",
         example="class M(torch.nn.Module):\n"
                 "    def forward(self, x):\n"
                 "        return x @ torch.ones(3, 3)   # x is (2, 4): the model itself fails",

@@ -1,7 +1,9 @@
 """Model inputs and outputs through compile: outputs keep their structure (tuples, dicts,
-dataclasses), example inputs that share memory do not make a program of aliased inputs, and an
-input the model updates in place is updated by each call, as eager updates it."""
+dataclasses), example inputs that share memory do not make a program of aliased inputs, an input
+the model updates in place is updated by each call, as eager updates it, and the buffers it
+updates are state the compiled model carries."""
 
+import copy
 from dataclasses import dataclass
 
 import pytest
@@ -113,16 +115,47 @@ def test_an_input_the_model_updates_in_place_is_updated_by_each_call():
     assert float(ours[1]) == 4.0 and bool((ours[0][:, :3] != 0).all())
 
 
-def test_a_model_that_updates_its_own_buffer_is_still_refused():
-    class Counts(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("count", torch.zeros(()))
+class Counts(torch.nn.Module):
+    """A buffer the model updates in forward, read after the update."""
 
-        def forward(self, x):
-            self.count.add_(1)
-            return x * self.count
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+        self.fc = torch.nn.Linear(3, 3)
 
-    with pytest.raises(fexplore.errors.ExportError, match="mutates count") as info:
-        fexplore.compile(Counts(), (torch.randn(3),))
-    assert "which the model may update in place" in info.value.hint
+    def forward(self, x):
+        self.count.add_(1)
+        return self.fc(x) * self.count
+
+
+@pytest.mark.parametrize("make, shape", [
+    (Counts, (2, 3)),
+    # training mode: the batch's statistics, and the running ones updated (three buffers)
+    (lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()).train(),
+     (2, 3, 8, 8)),
+], ids=["counter", "batch-norm-training"])
+def test_buffers_the_model_updates_are_state_the_compiled_model_carries(make, shape):
+    """torch.export gives a buffer's update as an output of the program (BUFFER_MUTATION), which
+    was refused (FX401). The buffers are inputs of the graph after the user's, their new values
+    outputs after the model's own, verified at every stage; the compiled model carries them from
+    call to call (``cm.state``), as the model carries its buffers, and the compile leaves the
+    user's model as it was."""
+    torch.manual_seed(0)
+    model = make()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cm = fexplore.compile(model, (torch.randn(shape),))
+    assert cm.verification["ok"].all()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    twin = copy.deepcopy(model)
+    for _ in range(3):
+        x = torch.randn(shape)
+        with torch.no_grad():
+            want = twin(x)
+        torch.testing.assert_close(cm(x), want, rtol=1.3e-6, atol=1e-5)
+        buffers = dict(twin.named_buffers())
+        assert set(cm.state) == set(buffers)
+        for name, value in cm.state.items():
+            torch.testing.assert_close(value, buffers[name])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    cm.reset_state()
+    assert all(torch.equal(before[k], v) for k, v in cm.state.items())

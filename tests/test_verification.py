@@ -189,17 +189,18 @@ def test_compile_options_are_validated():
 
 
 def test_bad_models_get_clear_errors_not_tracebacks():
-    class Mutates(torch.nn.Module):
+    class Counts(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.register_buffer("count", torch.zeros(1))
 
         def forward(self, x):
             self.count.add_(1)
-            return x * 2
+            return x * self.count
 
-    with pytest.raises(fexplore.errors.ExportError, match="mutates count"):
-        fexplore.compile(Mutates(), (torch.randn(2),))
+    with pytest.raises(fexplore.errors.ExportError, match="updates its buffer count in place, and it is on "
+                                                         "the meta device"):
+        fexplore.compile(Counts().to("meta"), (torch.randn(2, device="meta"),))
 
     class Determinant(torch.nn.Module):
         def forward(self, x):
@@ -304,17 +305,29 @@ class WritesIntoItsInput(torch.nn.Module):
         return cache.sum(0)
 
 
+class CountsCalls(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x, y):
+        self.count.add_(1)
+        return (x + y).sum(0)
+
+
 def _forget_the_update(graph: Graph, options) -> StageResult:
-    """A deliberately wrong rewrite: the input's in-place update dropped (its old value out)."""
-    outs = list(graph.outputs[:-1]) + [graph.inputs[1]]
+    """A deliberately wrong rewrite: the last update dropped (the value it updates, unchanged,
+    out instead: the input's, or the buffer's, both the graph's last input)."""
+    outs = list(graph.outputs[:-1]) + [graph.inputs[-1]]
     return StageResult(Graph(graph.name, graph.inputs, graph.constants, graph.nodes, outs, graph.symbols))
 
 
-def test_an_update_of_an_input_in_place_is_verified_like_an_output():
-    """The new value of an input the model updates in place is an output of the graph; a stage
-    that loses it computes the same model output and is still caught."""
+@pytest.mark.parametrize("model", [WritesIntoItsInput(), CountsCalls()], ids=["input", "buffer"])
+def test_an_update_in_place_is_verified_like_an_output(model):
+    """The new value of an input or a buffer the model updates in place is an output of the
+    graph; a stage that loses it computes the same model output and is still caught."""
     inputs = (torch.randn(4, 3), torch.randn(4, 3))
-    ex = Exploration(WritesIntoItsInput(), inputs, CompileOptions(), stages=[Stage("broken", _forget_the_update)])
+    ex = Exploration(model, inputs, CompileOptions(), stages=[Stage("broken", _forget_the_update)])
     ex.run_all()
     ingest, broken = ex.records
     assert ingest.verification.ok and len(ingest.after.outputs) == 2

@@ -40,6 +40,19 @@ class CompiledModel:
         self.stages = list(records)
         self.options = options
         self._ingested = ingested
+        self.reset_state()
+
+    @property
+    def state(self) -> dict:
+        """The buffers the model updates in forward (a counter, a static KV cache), by qualified
+        name, as the calls so far left them: the compiled model carries them from call to call,
+        as the model carries its buffers (which the compile leaves untouched). Empty for a model
+        without such buffers."""
+        return self._state
+
+    def reset_state(self) -> None:
+        """Start again from the buffers' values at compile time."""
+        self._state = {k: v.clone() for k, v in getattr(self._ingested, "state", {}).items()}
 
     @property
     def graph(self) -> Graph:
@@ -83,6 +96,10 @@ class CompiledModel:
         caller's tensors, as torch's exported program does."""
         if self.is_onnx:
             return [np.asarray(o) for o in outs]
+        if self._state:   # the buffers' new values come last
+            outs, new = outs[:len(outs) - len(self._state)], outs[len(outs) - len(self._state):]
+            for name, value in zip(list(self._state), new):
+                self._state[name] = to_torch(value).clone()
         updated = self._ingested.input_mutations
         if updated:
             tensors = [x for x in pytree.tree_leaves((args, kwargs or {})) if isinstance(x, torch.Tensor)]
@@ -214,7 +231,7 @@ class CompiledModel:
         if any(x.is_meta for x in tensors):
             raise InputError("meta tensors have shapes but no values: there is nothing to compute with",
                              hint="cm.simulate() with no inputs runs timing only; give real tensors to run")
-        return [to_numpy(x) for x in tensors]
+        return [to_numpy(x) for x in tensors] + [to_numpy(v) for v in self._state.values()]
 
     def _check_size_relations(self, args, kwargs) -> None:
         """Refuse sizes that break a guard torch's trace relies on over several of them, as its

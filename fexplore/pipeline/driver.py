@@ -17,7 +17,7 @@ from fexplore.ir import DType, verify
 from .compiled import CompiledModel
 from .export import export_model, real_state
 from .ingest import Ingested, ingest
-from .numeric import (Oracle, UpdatesAsOutputs, check_graph, compute_dtype, first_divergent_from_export, shapes_at_another_size, to_torch,
+from .numeric import (AsPureFunction, Oracle, check_graph, compute_dtype, first_divergent_from_export, shapes_at_another_size, to_torch,
                       tolerance_of)
 from .options import CompileOptions
 from .passmanager import PassManager
@@ -207,7 +207,8 @@ class Exploration:
         """The first op where the ingested graph leaves torch's exported program, on the example
         inputs and then on each of the oracle's random sets (a tie among equal values, say, may
         show on a random set only)."""
-        leaves = torch.utils._pytree.tree_leaves(self.example_inputs)
+        # the buffers the model updates are the graph's last inputs (their values: the oracle's)
+        leaves = torch.utils._pytree.tree_leaves(self.example_inputs) + list(self._ingested.state.values())
         sets = [leaves]
         for arrays in self._oracle.input_sets[1:]:
             fresh = iter(arrays)
@@ -226,15 +227,18 @@ class Exploration:
         g = self._ingested.graph
         narrow = compute_dtype(g) in (DType.f16, DType.bf16)
         examples = [tuple(x.shape) for x in torch.utils._pytree.tree_leaves(self.example_inputs)
-                    if isinstance(x, torch.Tensor)]
+                    if isinstance(x, torch.Tensor)] + [tuple(v.shape) for v in self._ingested.state.values()]
         resized = shapes_at_another_size(g, examples)
         if resized is not None and not self._sizes_meet_relations(resized):
             resized = None   # the other size breaks a guard over several sizes: not one to check at
-        model = self.model
-        if self._ingested.input_mutations:
-            model = UpdatesAsOutputs(model, self._ingested.input_mutations)
+        model, example = self.model, self.example_inputs
+        ing = self._ingested
+        if ing.input_mutations or ing.state:
+            model = AsPureFunction(model, ing.input_mutations, list(ing.state))
+            if ing.state:   # the buffers' values as they are now: the graph's last inputs
+                example = tuple(example) + ([v.clone() for v in ing.state.values()],)
         with _model_untouched(self.model):
-            return Oracle(model, self.example_inputs,
+            return Oracle(model, example,
                           random_sets=self.options.random_input_sets, seed=self.options.seed,
                           precision=self.options.precision, exact_narrow=narrow, resized=resized)
 

@@ -62,6 +62,11 @@ class Ingested:
     # follow the model's own outputs among the graph's outputs (torch's exported program writes
     # them back into the caller's tensors, and so does each call of the compiled model)
     input_mutations: list = field(default_factory=list)
+    # the buffers the model updates in forward (a counter, a static KV cache): {qualified name:
+    # value when compiled}, in order. Each is a graph input after the user's inputs, and its new
+    # value a graph output after the inputs' updates; the compiled model carries it from call to
+    # call, as the model carries its buffer
+    state: dict = field(default_factory=dict)
 
 
 def tensor_payload(t: torch.Tensor) -> np.ndarray:
@@ -156,12 +161,13 @@ def ingest(ep: torch.export.ExportedProgram, *, name: str = "forward", dynamic_s
     _tie_attention_lengths(ep.graph_module, symbols)
     values_of: dict = {}
     mutations: list = []
+    state: dict = {}
     graph = _convert_graph(ep.graph_module, ep, symbols, name, top=True, values=values or {}, made=values_of,
-                           mutations=mutations)
+                           mutations=mutations, state=state)
     graph.symbols.update(symbols.ranges)
     signature = inspect.signature(forward) if forward is not None else None
     return Ingested(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, ep, values_of,
-                    symbols.relations, signature, mutations)
+                    symbols.relations, signature, mutations, state)
 
 
 def _tie_attention_lengths(gm: torch.fx.GraphModule, symbols: SymbolTable) -> None:
@@ -189,16 +195,19 @@ def _input_kind(ep, placeholder_name: str):
 
 def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str,
                    top: bool, values: dict | None = None, made: dict | None = None,
-                   mutations: list | None = None) -> Graph:
+                   mutations: list | None = None, state: dict | None = None) -> Graph:
     """`made`, if given, is filled with each call node's name -> the value(s) it became;
     `mutations` with the index of each input the model updates in place, in the order their
-    new values are put after the model's outputs."""
+    new values are put after the model's outputs; `state` with each buffer the model updates
+    (its value now), which becomes an input after the user's."""
     values = values or {}
     b = GraphBuilder(symbols)
     env: dict[str, Any] = {}
     inputs: list[Value] = []
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs} if top else {}
     outputs: list[Value] = []
+    updated_buffers = set(ep.graph_signature.buffers_to_mutate.values()) if top else set()
+    state_inputs: list[Value] = []
 
     for n in gm.graph.nodes:
         if n.op == "placeholder":
@@ -209,6 +218,17 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
                 if tensor is None:
                     tensor = ep.constants[spec.target]
                 tensor = values.get(spec.target, tensor)
+                if spec.target in updated_buffers:   # state: an input, not a constant to fold
+                    if tensor.is_meta:
+                        raise ExportError(f"the model updates its buffer {spec.target} in place, and it "
+                                          "is on the meta device: there is no value to start from",
+                                          hint="compile the model with real buffers")
+                    v = Value(b._unique(spec.target.replace(".", "_")), _fake_type(n.meta["val"], symbols))
+                    env[n.name] = v
+                    state_inputs.append(v)
+                    if state is not None:
+                        state[spec.target] = tensor.detach().clone()
+                    continue
                 env[n.name] = b.param(spec.target, tensor, spec.target)
             elif spec is not None and spec.kind != InputKind.USER_INPUT:
                 raise ExportError(f"unsupported model input kind {spec.kind.name} ({n.name})")
@@ -234,7 +254,8 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
         elif n.op == "output":
             flat = n.args[0]
             kinds = [spec.kind for spec in ep.graph_signature.output_specs] if top else []
-            updated = {}
+            updated, new_state = {}, {}
+            inputs += state_inputs
             if top:
                 _check_outputs(ep)
             for i, o in enumerate(flat):
@@ -249,11 +270,16 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
                 if kinds and kinds[i] == OutputKind.USER_INPUT_MUTATION:
                     updated[inputs.index(env[ep.graph_signature.output_specs[i].target])] = v
                     continue
+                if kinds and kinds[i] == OutputKind.BUFFER_MUTATION:
+                    new_state[ep.graph_signature.output_specs[i].target] = v
+                    continue
                 outputs.append(v)
             for index in sorted(updated):   # the inputs' new values, after the model's outputs
                 outputs.append(updated[index])
                 if mutations is not None:
                     mutations.append(index)
+            if state is not None:   # then the buffers' new values, in the order they come in
+                outputs += [new_state[name] for name in state]
     used = {v.name for node in b.nodes for v in node.inputs} | {v.name for v in outputs}
     constants = [c for c in b.constants if c.name in used]  # tied weights leave orphans
     return Graph(name, inputs, constants, b.nodes, outputs, {})
@@ -261,13 +287,13 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
 
 def _check_outputs(ep) -> None:
     for spec in ep.graph_signature.output_specs:
-        if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.USER_INPUT_MUTATION):
+        if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.USER_INPUT_MUTATION,
+                             OutputKind.BUFFER_MUTATION):
             what = spec.target or spec.arg.name
             raise ExportError(
-                f"the model mutates {what} in place ({spec.kind.name})",
-                hint="fexplore compiles models without state of their own: pass the state (a KV "
-                     "cache, say) in as an input, which the model may update in place, or return "
-                     "its new value, instead of updating a buffer of the model")
+                f"the model's output {what} is of a kind fexplore does not compile ({spec.kind.name})",
+                hint="compile the model in eval mode for inference: outputs, inputs and buffers "
+                     "it updates in place are compiled; gradients and losses are not")
 
 
 def _fake_type(val: torch.Tensor, symbols: SymbolTable) -> TensorType:

@@ -89,24 +89,34 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(a, copy=True))
 
 
-class UpdatesAsOutputs(torch.nn.Module):
-    """A model that updates some of its inputs in place, as the pure function the compiled graph
-    is: it runs on copies of the tensor inputs and returns, after the model's own outputs, the
-    new values of the inputs it updated (``updated``: their indices among the tensor inputs, in
-    the graph's order). The oracle's input sets stay what they were, and each set's expected
-    outputs include the updates, so every stage is checked on them too."""
+class AsPureFunction(torch.nn.Module):
+    """A model that updates some of its inputs or buffers in place, as the pure function the
+    compiled graph is, for the oracle: it runs on copies of the tensor inputs and returns, after
+    the model's own outputs, the new values of the inputs it updated (``updated``: their indices
+    among the tensor inputs, in the graph's order) and of the buffers it updated (``state``: their
+    qualified names). The buffers' values come in as a last argument, a list, and are written
+    into a copy of the model before it runs (in place: what else holds them, a cache object,
+    sees them), so the user's model is untouched. The oracle's input sets stay what they were,
+    and each set's expected outputs include the updates, so every stage is checked on them."""
 
-    def __init__(self, model: torch.nn.Module, updated: list):
+    def __init__(self, model: torch.nn.Module, updated: list, state: list):
         super().__init__()
-        self.model, self.updated = model, list(updated)
+        self.model = copy.deepcopy(model) if state else model
+        self.updated, self.state = list(updated), list(state)
 
     def forward(self, *args, **kwargs):
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if self.state:
+            *args, values = args
+        leaves, spec = pytree.tree_flatten((tuple(args), kwargs))
         leaves = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
         args, kwargs = pytree.tree_unflatten(leaves, spec)
+        buffers = dict(self.model.named_buffers(remove_duplicate=False))
+        with torch.no_grad():
+            for name, value in zip(self.state, values if self.state else ()):
+                buffers[name].copy_(value)
         out = self.model(*args, **kwargs)
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-        return out, [tensors[i] for i in self.updated]
+        return out, [tensors[i] for i in self.updated], [buffers[name].clone() for name in self.state]
 
 
 class Oracle:
@@ -581,10 +591,14 @@ def first_divergent_from_export(ingested, inputs, tol: Tolerance) -> str | None:
     flat = list(inputs)
     tensors = [to_numpy(x) for x in flat if isinstance(x, torch.Tensor)]
     run(ingested.graph, tensors, hook=lambda n, outs: ours.update({v.name: (n, o) for v, o in zip(n.outputs, outs)}))
+    state = getattr(ingested, "state", {})   # the buffers the model updates: the last inputs
+    values = dict(zip(state, flat[len(flat) - len(state):])) if state else {}
     args, user = [], iter(flat)
     for spec in ep.graph_signature.input_specs:
         if spec.kind == InputKind.USER_INPUT:
             args.append(next(user))
+        elif spec.target in values:
+            args.append(values[spec.target])
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             t = ep.state_dict.get(spec.target)
             args.append(t if t is not None else ep.constants[spec.target])
