@@ -91,9 +91,10 @@ class CompiledModel:
 
     def _structure(self, outs, args=(), kwargs=None):
         """Outputs as the model gives them: the torch model's structure (torch tensors), or
-        for an ONNX model a list of numpy arrays in the graph's output order. The inputs the
-        model updates in place (their new values follow its outputs) are written into the
-        caller's tensors, as torch's exported program does."""
+        for an ONNX model a list of numpy arrays in the graph's output order. After the model's
+        outputs come the new values of the inputs it updates in place, written into the caller's
+        tensors as torch's exported program does, then those of the buffers it updates, kept in
+        ``state`` for the next call."""
         if self.is_onnx:
             return [np.asarray(o) for o in outs]
         if self._state:   # the buffers' new values come last

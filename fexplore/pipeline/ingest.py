@@ -252,37 +252,41 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
             if made is not None:
                 made[n.name] = env[n.name]
         elif n.op == "output":
-            flat = n.args[0]
-            kinds = [spec.kind for spec in ep.graph_signature.output_specs] if top else []
-            updated, new_state = {}, {}
             inputs += state_inputs
             if top:
                 _check_outputs(ep)
-            for i, o in enumerate(flat):
-                if isinstance(o, torch.fx.Node) and is_complex(o):
-                    raise ExportError(f"model output {i} is a complex tensor",
-                                      hint="return torch.view_as_real(z) instead")
-                v = env.get(o.name) if isinstance(o, torch.fx.Node) else o
-                if not isinstance(v, Value):
-                    raise ExportError(f"model output {i} is not a tensor ({v!r})",
-                                      hint="fexplore compiles models whose outputs are tensors "
-                                           "(in tuples, lists, dicts or dataclasses)")
-                if kinds and kinds[i] == OutputKind.USER_INPUT_MUTATION:
-                    updated[inputs.index(env[ep.graph_signature.output_specs[i].target])] = v
-                    continue
-                if kinds and kinds[i] == OutputKind.BUFFER_MUTATION:
-                    new_state[ep.graph_signature.output_specs[i].target] = v
-                    continue
-                outputs.append(v)
-            for index in sorted(updated):   # the inputs' new values, after the model's outputs
-                outputs.append(updated[index])
-                if mutations is not None:
-                    mutations.append(index)
-            if state is not None:   # then the buffers' new values, in the order they come in
-                outputs += [new_state[name] for name in state]
+            outputs = _outputs(n.args[0], env, ep.graph_signature.output_specs if top else None, inputs,
+                               mutations, state)
     used = {v.name for node in b.nodes for v in node.inputs} | {v.name for v in outputs}
     constants = [c for c in b.constants if c.name in used]  # tied weights leave orphans
     return Graph(name, inputs, constants, b.nodes, outputs, {})
+
+
+def _outputs(flat, env, specs, inputs, mutations, state) -> list[Value]:
+    """The graph's outputs: the model's own, then the new values of the inputs it updates in
+    place (in input order, each index put in `mutations`), then those of the buffers it updates
+    (in the order of `state`). `specs`: the exported program's output specs (None inside a
+    subgraph, whose outputs are all its own)."""
+    own, updated, new_state = [], {}, {}
+    for i, o in enumerate(flat):
+        if isinstance(o, torch.fx.Node) and is_complex(o):
+            raise ExportError(f"model output {i} is a complex tensor",
+                              hint="return torch.view_as_real(z) instead")
+        v = env.get(o.name) if isinstance(o, torch.fx.Node) else o
+        if not isinstance(v, Value):
+            raise ExportError(f"model output {i} is not a tensor ({v!r})",
+                              hint="fexplore compiles models whose outputs are tensors "
+                                   "(in tuples, lists, dicts or dataclasses)")
+        kind = specs[i].kind if specs else OutputKind.USER_OUTPUT
+        if kind == OutputKind.USER_INPUT_MUTATION:
+            updated[inputs.index(env[specs[i].target])] = v
+        elif kind == OutputKind.BUFFER_MUTATION:
+            new_state[specs[i].target] = v
+        else:
+            own.append(v)
+    if mutations is not None:
+        mutations += sorted(updated)
+    return own + [updated[i] for i in sorted(updated)] + [new_state[name] for name in (state or {})]
 
 
 def _check_outputs(ep) -> None:
