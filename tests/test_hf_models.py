@@ -747,13 +747,22 @@ def test_hf_decode_step_on_a_dynamic_cache_object_of_dynamic_length():
     assert not cm.codegen_bugs, cm.codegen_bugs
 
 
-def test_hf_decode_steps_on_a_static_cache_updated_in_place():
+def _static_cache_decoder(name):
+    if name == "llama":
+        return _llm(T.LlamaForCausalLM, T.LlamaConfig, use_cache=True)[0].model
+    # a BERT decoder reads its position ids from the cache's counter (.item()) at run time
+    return T.BertLMHeadModel(T.BertConfig(**_ENC, is_decoder=True, use_cache=True)).eval()
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_hf_decode_steps_on_a_static_cache_updated_in_place(name):
     """transformers' StaticCache, the serving kind: fixed-size key and value tensors and a
     position counter, all updated in place by the step (torch.export: USER_INPUT_MUTATION, which
     was refused). One static compile serves every step; three steps in a row, each on the cache
-    the one before wrote, match eager's, logits and the cache alike, every op on the chip."""
+    the one before wrote, match eager's, logits and the cache alike, every op on the chip. BERT's
+    positions, sliced at the counter read by .item(), were read from position 0 (FX301)."""
     torch.manual_seed(0)
-    decoder = _llm(T.LlamaForCausalLM, T.LlamaConfig, use_cache=True)[0].model
+    decoder = _static_cache_decoder(name)
     register_cache_pytrees_for_model(decoder)
     cache = T.StaticCache(config=decoder.config, max_cache_len=16)
     with torch.no_grad():

@@ -387,6 +387,47 @@ def test_bincount_is_refused_with_a_dense_alternative():
     assert "largest input value" in str(info.value) and "one_hot" in info.value.hint
 
 
+class PositionsFromACounter(torch.nn.Module):
+    """BERT-family decoders over a static cache: ``position_ids[:, n:n + seq]`` with ``n`` the
+    cache's counter read by ``.item()``, a slice of a static length from a position read at run
+    time."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(64.0).reshape(1, 64) * 0.5)
+
+    def forward(self, x, counter):
+        n = counter.item()
+        return x + self.table[:, n:n + x.shape[1]]
+
+
+class RollsByACounter(torch.nn.Module):
+    def forward(self, x, counter):
+        return x.roll(counter.item(), 1)   # THE ROLL LINE
+
+
+def test_a_slice_from_a_position_read_from_a_tensor_is_taken_at_run_time():
+    """The slice's start was torch's placeholder for the value (``u0``), read as 0: a silently
+    wrong ingest, caught only by the numeric check. It is a gather at start + arange(length) now,
+    right at every counter."""
+    model = PositionsFromACounter()
+    x = torch.randn(1, 3)
+    cm = fexplore.compile(model, (x, torch.tensor(5)))
+    assert cm.verification["ok"].all()
+    for n in (0, 7, 61):
+        torch.testing.assert_close(cm(x, torch.tensor(n)), model(x, torch.tensor(n)))
+
+
+def test_another_op_given_a_value_read_from_a_tensor_is_refused_by_name_and_line():
+    """A value read by ``.item()`` anywhere else than a slice's start is refused clearly (it was a
+    raw 'Cannot convert symbols to int' out of a converter)."""
+    with pytest.raises(UnsupportedOperatorError) as info:
+        fexplore.compile(RollsByACounter(), (torch.randn(1, 5), torch.tensor(1)))
+    err = info.value
+    assert "read from a tensor's contents" in str(err) and "index_select" in err.hint
+    assert err.loc.file == __file__ and err.loc.line == _line_of(RollsByACounter.forward, "THE ROLL LINE")
+
+
 # -- multimodal token merging (LLaVA) --------------------------------------------------------------
 
 class LlavaMerge(nn.Module):

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
@@ -318,6 +319,9 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
         return r
     val = n.meta.get("val")
     target = op_key(n.target)
+    if target.startswith("aten._local_scalar_dense") and isinstance(val, torch.SymInt) and \
+            val.node.expr.is_Symbol and isinstance(env.get(n.args[0].name), Value):
+        symbols.read_from[val.node.expr] = env[n.args[0].name]   # .item(): the tensor it reads
     if target.startswith(_SKIPPED) or (val is None and "assert" in target):
         return None
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
@@ -326,6 +330,7 @@ def _convert_call(n, env, b: GraphBuilder, ep, symbols: SymbolTable):
         return val
     loc = source_loc(n)
     _refuse_data_dependent(n, target, loc)
+    _refuse_values_read_from_data(n, target, loc)
     if _touches_complex(n):
         conv = COMPLEX_CONVERTERS.get(target)
         if conv is None:
@@ -427,6 +432,30 @@ def _refuse_data_dependent(n, target: str, loc) -> None:
                      "on every token weighted by its routing weight (or scatter/index_add into "
                      "fixed-capacity slots) instead of each expert's tokens from "
                      "torch.where(mask)")
+
+
+# ops whose converter takes an argument read from a tensor's contents at run time
+# (``convert.movement.read_position``): a slice of a static length from such a position
+_TAKE_VALUES_READ_FROM_DATA = ("aten.slice.Tensor", "aten.slice_copy.Tensor")
+
+
+def _refuse_values_read_from_data(n, target: str, loc) -> None:
+    """An argument torch names with an unbacked symbol (``u0``) was read from a tensor's contents
+    (``.item()``): the value is only known when the program runs. A converter that cannot take
+    it at run time would be handed torch's placeholder for it (a slice from ``u0`` read as from
+    0), so such an op is refused here, by name and line."""
+    if target.startswith(_TAKE_VALUES_READ_FROM_DATA):
+        return
+    for a in pytree.tree_leaves((n.args, n.kwargs)):
+        v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if isinstance(v, torch.SymInt) and free_unbacked_symbols(v):
+            raise UnsupportedOperatorError(
+                target, loc=loc,
+                reason=f"an argument of it ({a.name}) is a value read from a tensor's contents "
+                       "(.item(), int(t)): the compiled program would fix it at the example's",
+                hint="keep the value a tensor and compute with it (torch.gather or index_select "
+                     "at positions made from it, a mask from a comparison with arange), or pass "
+                     "it as a Python int when it does not change between calls")
 
 
 def op_key(target) -> str:

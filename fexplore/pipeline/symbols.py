@@ -41,6 +41,9 @@ class SymbolTable:
         self.relations: list[tuple[str, str]] = []
         # torch symbols ``tie`` made an expression of another's IR symbol
         self.tied: set[sympy.Symbol] = set()
+        # torch's unbacked symbols of values read from a tensor (``.item()``: ``u0``) -> the IR
+        # value of the 0-d tensor read: a converter that can take the value at run time does
+        self.read_from: dict[sympy.Symbol, object] = {}
 
     def add(self, torch_sym: sympy.Symbol, name: str, lo: int, hi: int | None) -> None:
         taken = {s.name for s in self.to_ir.values() if isinstance(s, sympy.Symbol)}

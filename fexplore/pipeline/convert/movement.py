@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 import sympy
+import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from fexplore.ir import DType, Value
 
@@ -131,6 +133,10 @@ def _slice(ctx):
     x = ctx.args[0]
     ax = _axis(ctx.arg(1, "dim", 0), x.type.rank)
     size = x.type.shape[ax]
+    fx_start = ctx.node.args[2] if len(ctx.node.args) > 2 else ctx.node.kwargs.get("start")
+    start_at_run_time = read_position(ctx, fx_start)
+    if start_at_run_time is not None:
+        return _slice_from_a_position_read_from_data(ctx, x, ax, size, start_at_run_time)
     start = _clamp_index(ctx.arg(2, "start", 0), size) or 0
     end = _clamp_index(ctx.arg(3, "end", sys.maxsize), size)
     step = ctx.arg(4, "step", 1)
@@ -142,6 +148,39 @@ def _slice(ctx):
     if start == 0 and step == 1 and _same(end, size):
         return x
     return ctx.emit("slice", [x], {"axis": ax, "start": start, "end": end, "step": step})
+
+
+def read_position(ctx, fx_arg) -> Value | None:
+    """An index argument torch read from a tensor's contents (``.item()``: its unbacked ``u0``,
+    or ``u0 + c``) as an IR value computed when the program runs: the i64 vector [u0 + c].
+    None for an argument known from the shapes (an int or a size expression)."""
+    v = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
+    if not isinstance(v, torch.SymInt) or not free_unbacked_symbols(v):
+        return None
+    expr = v.node.expr
+    read = [u for u in expr.free_symbols if u in ctx.b.symbols.read_from]
+    offset = expr - read[0] if len(read) == 1 and len(expr.free_symbols) == 1 else None
+    if offset is None or not offset.is_Integer:
+        raise NotImplementedError(f"an index read from a tensor's contents as {expr}: only a value "
+                                  "read (.item()) plus a constant is taken at run time")
+    item = ctx.b.symbols.read_from[read[0]]
+    item = item if item.type.dtype == DType.i64 else ctx.emit("cast", [item], {"dtype": DType.i64})
+    item = _reshape_to(ctx, item, (1,))
+    return item if offset == 0 else ctx.emit("add", [item, ctx.value(int(offset))])
+
+
+def _slice_from_a_position_read_from_data(ctx, x, ax, size, start):
+    """x[start:start + length] along ``ax``, with ``start`` known when the program runs (a
+    position read from a cache's counter) and the length known now (torch's trace asserts it):
+    the positions start + arange(length) gathered, each counted from the end when negative."""
+    length = ctx.out_type().shape[ax]
+    step = ctx.arg(4, "step", 1)
+    if step != 1 or not isinstance(length, int):
+        raise NotImplementedError("a slice from a position read from a tensor's contents (.item()) "
+                                  "with a step or a symbolic length")
+    at = ctx.emit("add", [positions(ctx, length, DType.i64), start])
+    at = ctx.emit("where", [ctx.emit("lt", [at, ctx.value(0)]), ctx.emit("add", [at, ctx.value(size)]), at])
+    return ctx.emit("index", [x, at], {"axes": (ax,)})
 
 
 def _slice_end(start, length, step):
