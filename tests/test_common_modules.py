@@ -1,6 +1,8 @@
 """Modules and functions real models use beyond the zoo: each compiles, verifies after every
 stage, and matches eager. (The project is measured on real models; these are their parts.)"""
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -181,11 +183,20 @@ def test_a_half_batch_norm_in_training_mode_compiles_and_matches_eager(dtype):
     torch.testing.assert_close(cm(x), want, rtol=tol, atol=tol)
 
 
-def test_a_half_batch_norm_updating_its_running_statistics_is_refused_as_a_mutation():
-    """torch returns the functional form's updated running statistics in f32 for a half input:
-    the converter gave them the input's dtype, and ingestion stopped on it as a converter bug
-    (FX403) before the buffer update it should name."""
+def test_a_half_batch_norm_updating_its_running_statistics_carries_them_as_state():
+    """torch returns the functional form's updated running statistics in f32 for a half input
+    (the converter gave them the input's dtype: FX403), then writes them into the bf16 buffers.
+    The buffers are state the compiled model carries: after two calls they are eager's."""
+    torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).to(torch.bfloat16).train()
-    with pytest.raises(fexplore.errors.FexploreError) as info:
-        fexplore.compile(model, (torch.randn(2, 3, 6, 6, dtype=torch.bfloat16),))
-    assert info.value.code == "FX401" and "running_mean" in str(info.value)
+    cm = fexplore.compile(model, (torch.randn(2, 3, 6, 6, dtype=torch.bfloat16),))
+    assert all(r.verification.ok for r in cm.stages)
+    twin = copy.deepcopy(model)
+    for _ in range(2):
+        x = torch.randn(2, 3, 6, 6, dtype=torch.bfloat16)
+        with torch.no_grad():
+            want = twin(x)
+        torch.testing.assert_close(cm(x), want, rtol=2e-2, atol=2e-2)
+    for name, value in twin.named_buffers():
+        assert cm.state[name].dtype == value.dtype
+        torch.testing.assert_close(cm.state[name], value, rtol=2e-2, atol=2e-2)
