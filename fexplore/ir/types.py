@@ -142,6 +142,14 @@ def is_static(d: Dim) -> bool:
     return isinstance(d, int)
 
 
+def names_a_symbol(attr) -> bool:
+    """Whether an attribute value (a slice bound, a reshape target, a tuple of them) is an
+    expression of symbolic dims, so only a size's specialization gives it a value."""
+    if isinstance(attr, (tuple, list)):
+        return any(names_a_symbol(a) for a in attr)
+    return isinstance(attr, sympy.Basic) and bool(attr.free_symbols)
+
+
 def canon_dim(d) -> Dim:
     """Normalize a dim: plain ints stay ints; sympy integers become ints; expressions stay exprs."""
     if isinstance(d, bool):

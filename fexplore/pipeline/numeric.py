@@ -591,7 +591,7 @@ def first_divergent_from_export(ingested, inputs, tol: Tolerance) -> str | None:
     flat = list(inputs)
     tensors = [to_numpy(x) for x in flat if isinstance(x, torch.Tensor)]
     run(ingested.graph, tensors, hook=lambda n, outs: ours.update({v.name: (n, o) for v, o in zip(n.outputs, outs)}))
-    state = getattr(ingested, "state", {})   # the buffers the model updates: the last inputs
+    state = ingested.state   # the buffers the model updates: the last inputs
     values = dict(zip(state, flat[len(flat) - len(state):])) if state else {}
     args, user = [], iter(flat)
     for spec in ep.graph_signature.input_specs:

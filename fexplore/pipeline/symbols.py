@@ -63,23 +63,19 @@ class SymbolTable:
         symbol plus a constant; its range narrows the one left, and a call whose inputs
         disagree is refused when its sizes are bound. False (nothing tied) when the two are
         not a symbol each apart from a constant, or the examples do not agree."""
-        ia, ib = self.dim(a), self.dim(b)
-        diff = sympy.expand(sympy.sympify(ib) - sympy.sympify(ia))
-        if diff == 0:
+        ia, ib = sympy.sympify(self.dim(a)), sympy.sympify(self.dim(b))
+        if sympy.expand(ia - ib) == 0:
             return True
-        free = sorted(diff.free_symbols, key=str)
-        if len(free) != 2:
+        if len(ia.free_symbols) != 1 or len(ib.free_symbols) != 1:
             return False
+        (keep,), (drop,) = ia.free_symbols, ib.free_symbols
         owned = {s.name: t for s, t in self._to_torch().items()}
-        keep = next(iter(sympy.sympify(ia).free_symbols & set(free)), None)
-        drop = next(iter(sympy.sympify(ib).free_symbols - {keep}), None)
-        if keep is None or drop is None or drop.name not in owned or \
-                not {keep.name, drop.name} <= set(self.ranges):
+        if keep == drop or drop.name not in owned or not {keep.name, drop.name} <= set(self.ranges):
             return False
-        solved = sympy.solve(diff, drop)
-        if len(solved) != 1 or not (solved[0] - keep).is_Integer:
+        # ia = keep + ca and ib = drop + cb are equal where drop = keep + (ca - cb)
+        if not ((ia - keep).is_Integer and (ib - drop).is_Integer):
             return False
-        offset = int(solved[0] - keep)
+        offset = int((ia - keep) - (ib - drop))
         known_keep, known_drop = self._example(keep), self._example(drop)
         if known_keep is not None and known_drop is not None and known_drop != known_keep + offset:
             return False

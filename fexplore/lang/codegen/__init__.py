@@ -33,9 +33,8 @@ naming the op; the lower stage will run such a node on the host.
 
 from __future__ import annotations
 
-import sympy
-
 from fexplore.ir import DType, Node
+from fexplore.ir.types import names_a_symbol
 from fexplore.npu import get_target
 
 from .check import KernelCheck, check_kernel
@@ -57,12 +56,6 @@ _NOT_YET = {"embedding": "gather", "gather": "gather", "index": "gather", "permu
             "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling"}
 
 
-def _symbolic(attr) -> bool:
-    if isinstance(attr, (tuple, list)):
-        return any(_symbolic(a) for a in attr)
-    return isinstance(attr, sympy.Basic) and bool(attr.free_symbols)
-
-
 def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> GeneratedKernel:
     """The kernel for `node` on `target` (a preset name or an NPUConfig). `head_layout`: how an
     attention reads the node's output (see `attention.heads_read`), for a contraction to make
@@ -72,7 +65,7 @@ def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> Gen
         [v for n in (node.regions[0].nodes if node.regions else []) for v in n.outputs]
     nodes = [node] + (list(node.regions[0].nodes) if node.regions else [])
     if any(not isinstance(d, int) for v in values for d in v.type.shape) or \
-            any(_symbolic(a) for n in nodes for a in n.attrs.values()):
+            any(names_a_symbol(a) for n in nodes for a in n.attrs.values()):
         # a symbolic graph's schedule is made per size, from the graph specialized to it (a
         # static shape with a symbolic attribute, a slice of a mask buffer from the cache
         # length on, is as unknown until then: its kernel would name a size it is not given)

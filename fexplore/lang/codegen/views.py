@@ -149,12 +149,11 @@ def _split_groups(old, new):
         if size != d:
             return None
         groups.append(axes)
-    if any(d != 1 for d in new[j:]):
+    trailing = list(range(j, len(new)))
+    if any(new[t] != 1 for t in trailing) or (trailing and not groups):
         return None
     # trailing size-1 axes (a head dim of 1: [.., H] -> [.., H, 1]) belong to the last axis that
     # has any: left out, a box of the view read them away (the tile one axis short)
-    last = next((g for g in reversed(groups) if g), groups[-1] if groups else None)
-    if last is None:
-        return None if j < len(new) else groups
-    last.extend(range(j, len(new)))
+    if trailing:
+        next((g for g in reversed(groups) if g), groups[-1]).extend(trailing)
     return groups

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from fexplore.ir import Constant, Graph, Node, TensorType, evaluate_node
+from fexplore.ir.types import names_a_symbol
 
 from ..stage import StageResult
 from .rewrite import Rewriter
@@ -140,13 +141,7 @@ def _foldable(node: Node, ins, regions: bool = False) -> bool:
         return False
     if not all(v.type.is_static for v in node.outputs):
         return False
-    return not any(_symbolic(a) for a in node.attrs.values())
-
-
-def _symbolic(v) -> bool:
-    if isinstance(v, tuple):
-        return any(_symbolic(x) for x in v)
-    return hasattr(v, "free_symbols")
+    return not any(names_a_symbol(a) for a in node.attrs.values())
 
 
 def _is_const(rw: Rewriter, v) -> bool:
