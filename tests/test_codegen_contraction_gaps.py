@@ -213,3 +213,31 @@ def test_a_sliced_activation_broadcast_along_the_batch_reads_its_own_row(precisi
     assert not cm.codegen_bugs, cm.codegen_bugs
     assert bool(cm.verification["ok"].all()), cm.verification
     assert "contraction" in [k.kernel.kind for k in cm.kernels]
+
+
+class PermutedVectorLinear(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.lin = torch.nn.Linear(k, 17)
+
+    def forward(self, x):
+        return self.lin(x.transpose(0, 1).flatten())
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (5, 1), (1, 1)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_vector_flattened_from_a_transpose_is_one_contraction_kernel(shape, precision):
+    """A linear of a 1-d vector made by permuting then flattening a matrix: every axis is K and the
+    result has no row axis; the box reads the input in its own layout along a unit row axis (fuzz
+    seed 1790371: IndexError in the generator, the linear on the host). A transpose that moves
+    only axes of one is a reshape (simplify's unit-axis-permute-as-reshape), a free view."""
+    torch.manual_seed(0)
+    model, x = PermutedVectorLinear(shape[0] * shape[1]).eval(), torch.randn(*shape)
+    cm = fexplore.compile(model, (x,), target="tiny", precision=precision)
+    assert not cm.codegen_bugs, cm.codegen_bugs
+    assert [k.kernel.kind for k in cm.kernels] == ["contraction"]
+    assert bool(cm.verification["ok"].all()), cm.verification
+    unit_only = sum(d != 1 for d in shape) <= 1
+    assert ("unit-axis-permute-as-reshape" in cm["simplify"].stats["rules_fired"]) == unit_only
+    tol = dict(rtol=2e-2, atol=2e-2) if precision == "bf16" else {}
+    torch.testing.assert_close(cm(x), model(x).detach(), **tol)

@@ -150,6 +150,10 @@ class PermutedAccess:
         used = [a for a in lead if a is not None] + k_axes
         if len(set(used)) != len(used) or any(shape[a] != 1 for a in range(len(shape)) if a not in used):
             fail(chain[-1], "an unexpected permutation")
+        if len(used) == len(shape) and not any(a is not None for a in lead):
+            # every axis is K (a vector contracted: one row, M = 1): the input is viewed with a
+            # leading axis of one for the row to be read along
+            return cls((1,) + shape, [None] * len(lead), [a + 1 for a in k_axes])
         return cls(shape, lead, k_axes)
 
     def k_loop_vars(self) -> str:
@@ -178,6 +182,7 @@ class PermutedAccess:
         the last one of size > 1, by its tile; in a batched matmul the last leading axis is M
         even when it has size 1 and the batch axes before it are not), merged K axes by the K
         loop's."""
+        lead = lead or (1,)   # a vector's result: its one row has no axis
         big = [i for i, d in enumerate(lead) if d != 1]
         m_axis = len(lead) - 1 if batched or not big else big[-1]
         group_of = {i: j for j, i in enumerate(a for a in big if a != m_axis)}
