@@ -604,6 +604,9 @@ case("max_pool2d", "ceil", [randn(1, 2, 7, 8)], _maxpool((3, 3), (2, 3), ceil_mo
 case("max_pool2d", "ceil-pad-dil", [randn(1, 1, 8, 7)],
      _maxpool((2, 3), (3, 2), (1, 1), (2, 1), ceil_mode=True),
      kernel=(2, 3), stride=(3, 2), padding=(1, 1), dilation=(2, 1), ceil_mode=True)
+case("max_pool2d", "window-beyond-input", [randn(1, 3, 2, 3)],
+     _maxpool((1 << 15, 1 << 15), (1 << 15, 1 << 15), ceil_mode=True),
+     kernel=(1 << 15, 1 << 15), stride=(1 << 15, 1 << 15), ceil_mode=True)
 case("max_pool2d", "negative-values", [-positive(1, 1, 5, 5)], _maxpool((2, 2), (2, 2), (1, 1)),
      kernel=(2, 2), stride=(2, 2), padding=(1, 1))
 case("max_pool2d", "bf16", [randn(1, 2, 6, 6, dtype=bf16)], _maxpool((3, 3), (2, 2), (1, 1)),
@@ -635,6 +638,13 @@ for cip in (True, False):
     case("avg_pool2d", f"ceil-pad-s3-{tag}", [randn(1, 1, 8, 8)],
          _avgpool((4, 4), (3, 3), (2, 2), ceil_mode=True, count_include_pad=cip),
          kernel=(4, 4), stride=(3, 3), padding=(2, 2), ceil_mode=True, count_include_pad=cip)
+# a window far larger than the input (EfficientNet's AvgPool2d(hidden_dim, ceil_mode=True) over a
+# 2x2 map): one partial window; the reference must not pad the input out to the window's size
+BIG = 1 << 15
+for cip in (True, False):
+    case("avg_pool2d", f"window-beyond-input-{'incl' if cip else 'excl'}", [randn(1, 3, 2, 3)],
+         _avgpool((BIG, BIG), (BIG, BIG), (1, 1), ceil_mode=True, count_include_pad=cip),
+         kernel=(BIG, BIG), stride=(BIG, BIG), padding=(1, 1), ceil_mode=True, count_include_pad=cip)
 case("avg_pool2d", "divisor", [randn(1, 2, 6, 6)], _avgpool((3, 3), (2, 2), (1, 1), divisor=5),
      kernel=(3, 3), stride=(2, 2), padding=(1, 1), divisor=5)
 case("avg_pool2d", "divisor-ceil", [randn(1, 2, 7, 7)],

@@ -135,6 +135,10 @@ def _cases():
             # (torch's answer on unsorted boundaries is unspecified; OpInfo's bucketize samples)
             "bucketize_sorted_input": (Fn(lambda s, x, edges: torch.bucketize(x, edges, right=True)),
                                        (r(4, 5), torch.sort(r(7)).values)),
+            # EfficientNet's head: AvgPool2d(hidden_dim=2560, ceil_mode=True) over a 2x2 map, one
+            # window far larger than the input (the reference once padded the input to 2560^2)
+            "pool_window_beyond_the_input": (Fn(lambda s, x: s.mods[0](x) + s.mods[1](x), nn.AvgPool2d(
+                2560, ceil_mode=True), nn.MaxPool2d(2560, ceil_mode=True)), (r(1, 8, 2, 3),)),
             # multi-query attention: one key/value head broadcast over the query heads
             "attention_shared_kv_head": (Fn(lambda s, q, k, v: F.scaled_dot_product_attention(
                 q, k, v)), (r(2, 4, 5, 8), r(2, 1, 5, 8), r(2, 1, 5, 8))),

@@ -168,6 +168,11 @@ def _pool_windows(x, a, fill, dilation=(1, 1)):
     (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
     oh, ow = _pool_type_with(lambda _: dilation)(
         [TensorType(x.shape, DType.f32)], a)[0].shape[2:]
+    # taps past the padded input only ever see the fill, which no max or sum keeps: a window
+    # larger than the input (EfficientNet's final AvgPool2d(2560, ceil_mode=True) on a 2x2 map)
+    # is cut to the taps that can land inside instead of padding the input to the window's size
+    kh = min(kh, (x.shape[2] + 2 * ph - 1) // dilation[0] + 1)
+    kw = min(kw, (x.shape[3] + 2 * pw - 1) // dilation[1] + 1)
     # pad enough on the bottom/right for ceil_mode's partial windows
     need_h = (oh - 1) * sh + dilation[0] * (kh - 1) + 1
     need_w = (ow - 1) * sw + dilation[1] * (kw - 1) + 1
