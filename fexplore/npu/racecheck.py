@@ -14,8 +14,8 @@ the dependencies were derived:
 - SRAM addresses: two buffers of one PE whose address ranges overlap must not be alive at the same
   time (alive: from the start of the first command that touches a buffer to the end of the last).
 
-DRAM is tracked per element (a last-writer end time and a latest-reader end time for each element
-of every storage some command writes), so partly overlapping boxes, views and tilings are exact;
+DRAM is tracked per element (the last writer and the latest-ending reader of each element of
+every storage some command writes), so partly overlapping boxes, views and tilings are exact;
 storages nothing writes (inputs, weights) have no hazards and cost nothing.
 """
 
@@ -101,9 +101,12 @@ def _memory_order(program, trace) -> list[str]:
             last_w[b] = i
             last_r.pop(b, None)
 
-    # DRAM storages some command writes, per element
+    # DRAM storages some command writes, per element: the id of its last writer and of its
+    # latest-ending reader since (4 bytes each; the end times are looked up by id, so a storage's
+    # tracks cost 8 bytes an element, not the 32 of times and ids kept side by side)
     written = {r.tensor.storage for c in cmds for r, w in dram_accesses(c) if w}
-    tracks: dict[str, tuple[np.ndarray, ...]] = {}
+    ends_of = np.append(np.asarray(end, dtype=np.float64), -np.inf)   # id -1 (none) ends at -inf
+    tracks: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for c in cmds:
         i, s = c.id, start[c.id]
         for ref, write in dram_accesses(c):
@@ -112,24 +115,22 @@ def _memory_order(program, trace) -> list[str]:
                 continue
             if t.storage not in tracks:
                 n = int(np.prod(t.storage_shape))
-                tracks[t.storage] = (np.full(n, -np.inf), np.full(n, -1, np.int64),
-                                     np.full(n, -np.inf), np.full(n, -1, np.int64))
+                tracks[t.storage] = (np.full(n, -1, np.int32), np.full(n, -1, np.int32))
             # views into the tracks (the Ellipsis keeps a 0-d box an array, not a scalar copy)
-            w_end, w_id, r_end, r_id = (a.reshape(t.shape)[(*ref.slices, ...)] for a in tracks[t.storage])
-            prior = [(w_end, w_id, "reads DRAM it writes" if not write else "both write DRAM")]
+            w_id, r_id = (a.reshape(t.shape)[(*ref.slices, ...)] for a in tracks[t.storage])
+            prior = [(w_id, "reads DRAM it writes" if not write else "both write DRAM")]
             if write:
-                prior.append((r_end, r_id, "overwrites DRAM it reads"))
-            for ends, ids, what in prior:
+                prior.append((r_id, "overwrites DRAM it reads"))
+            for ids, what in prior:
+                ends = ends_of[ids]
                 if ends.size and ends.max() > s + _EPS:
                     ends = np.where(ids == i, -np.inf, ends)   # a command reading what it writes
                     if ends.max() > s + _EPS:
                         late(i, int(ids.reshape(-1)[int(np.argmax(ends))]), f"{what}: {t.storage}")
             if write:
-                w_end[...], w_id[...] = end[i], i
-                r_end[...], r_id[...] = -np.inf, -1
+                w_id[...], r_id[...] = i, -1
             else:
-                later = end[i] > r_end
-                r_end[later], r_id[later] = end[i], i
+                r_id[end[i] > ends_of[r_id]] = i
     return found
 
 
