@@ -205,6 +205,23 @@ class NumericMismatchError(VerificationError):
             "the check.")
 
 
+class VerificationMemoryError(VerificationError):
+    """A stage's check could not run: it needs more memory than there is. Nothing is known to
+    be wrong with the program; it is not checked."""
+
+    code = "FX303"
+    doc = ErrorDoc(
+        when="A stage's check runs out of memory: it runs the stage's program in numpy (the IR "
+             "interpreter, each kernel, the scheduled program) on the example inputs and on "
+             "random input sets, and a real-sized model can hold a tensor too large for the "
+             "machine (a mixture of experts that gathers each token's expert weights). The "
+             "program is not known to be wrong; it could not be checked.",
+        example="fexplore.compile(full_size_moe, inputs)   # gathers 128 experts' 2048x1024 weights",
+        fix="Verify a smaller configuration of the same architecture (fewer layers or experts, a "
+            "shorter sequence) or fewer random input sets (random_input_sets=0); "
+            "compile(..., verify=False) skips the checks.")
+
+
 class UnsupportedOperatorError(FexploreError):
     """The model uses an op fexplore has no converter for, or one it cannot compile as used
     (``reason`` says why: a result whose size depends on the data, a complex operand...)."""

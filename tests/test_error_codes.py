@@ -15,7 +15,7 @@ from fexplore import ir
 from fexplore import lang as fl
 from fexplore.errors import (ConfigError, ControlFlowError, ExportError, FexploreError, InputError,
                              NumericMismatchError, ParseError, UnsupportedOperatorError,
-                             VerificationError)
+                             VerificationError, VerificationMemoryError)
 from fexplore.lang.codegen import UnsupportedRegionError
 from fexplore.npu import ProgramBuilder, get_target
 from fexplore.npu.errors import HazardError, IndexOutOfRangeError, ProgramError, SRAMOverflowError
@@ -172,6 +172,28 @@ def test_FX301_a_custom_op_registered_with_a_wrong_reference():
     assert "first divergent node: %twice = " in e.value.message and "fexplore_catalog.twice" in e.value.message
     # with the right reference the same model compiles
     fexplore.compile(UsesTwice(), (torch.randn(4, 5),))
+
+
+def test_FX303_a_check_that_runs_out_of_memory_is_not_called_a_wrong_program():
+    def needs_a_petabyte(x):
+        np.empty((1 << 47,))   # what a real-sized tensor asks of a small machine
+        return x * 2
+
+    fexplore.register_op(torch.ops.fexplore_catalog.twice, reference=needs_a_petabyte)
+    try:
+        with pytest.raises(VerificationMemoryError) as e:
+            fexplore.compile(UsesTwice(), (torch.randn(4, 5),))
+    finally:
+        fexplore.register_op(torch.ops.fexplore_catalog.twice)
+    check(e.value, VerificationMemoryError, message="stage 'ingest': its check ran out of memory",
+          hint="verify=False")
+    assert "Unable to allocate" in e.value.message
+    # not a verdict on the program: with the checks off the same model compiles
+    fexplore.register_op(torch.ops.fexplore_catalog.twice, reference=needs_a_petabyte)
+    try:
+        assert fexplore.compile(UsesTwice(), (torch.randn(4, 5),), verify=False).stages
+    finally:
+        fexplore.register_op(torch.ops.fexplore_catalog.twice)
 
 
 class PicksByTopk(torch.nn.Module):

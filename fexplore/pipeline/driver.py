@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import torch
 
-from fexplore.errors import FexploreError, NumericMismatchError, VerificationError
+from fexplore.errors import FexploreError, NumericMismatchError, VerificationError, VerificationMemoryError
 from fexplore.ir import DType, verify
 
 from .compiled import CompiledModel
@@ -259,6 +259,15 @@ class Exploration:
     def _verify_hook(self, rec: StageRecord) -> None:
         if not self.options.verify:
             return
+        try:
+            self._verify(rec)
+        except MemoryError as e:   # the check could not run: no verdict on the program
+            raise VerificationMemoryError(
+                f"stage '{rec.name}': its check ran out of memory ({str(e).splitlines()[0] if str(e) else 'MemoryError'})",
+                hint="verify a smaller configuration of the model, or pass random_input_sets=0; "
+                     "compile(..., verify=False) skips the checks") from None
+
+    def _verify(self, rec: StageRecord) -> None:
         try:
             verify(rec.after, stage=rec.name)
             structural = (True, None)

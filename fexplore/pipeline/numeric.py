@@ -422,6 +422,8 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
     for k, (inputs, want, noise) in enumerate(zip(oracle.input_sets, oracle.expected, oracle.noise)):
         try:
             got = accept_tie_order(g, inputs, run(g, inputs), want)
+        except MemoryError:   # no verdict: the compile says the check could not run
+            raise
         except Exception as e:  # noqa: BLE001 - a graph that does not run is a failed check, not a crash
             if ok:
                 ok, detail = False, (f"the graph does not run on input set {k}: {type(e).__name__}: "
