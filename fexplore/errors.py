@@ -254,7 +254,9 @@ class ExportError(FexploreError):
         when="torch.export cannot capture the model: the model raises on its example inputs, "
              "takes or returns something other than tensors, updates a buffer that has no value "
              "(a model on the meta device), or a dynamic-shape range is one the model does not "
-             "support.",
+             "support. Or it captures a program that, run by torch itself, computes different "
+             "numbers from the model (an op whose decomposition differs from its eager kernel), "
+             "while ingest agrees with that program op by op.",
         example="class M(torch.nn.Module):\n"
                 "    def forward(self, x):\n"
                 "        return x @ torch.ones(3, 3)   # x is (2, 4): the model itself fails",

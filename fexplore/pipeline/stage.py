@@ -55,6 +55,7 @@ class NumericCheck:
     first_divergent: str | None = None  # the first node whose value left the previous stage's
     detail: str | None = None
     eager_noise: float = 0.0  # eager's own f32 error (vs an f64 run): what max_abs compares to
+    export_differs: bool = False  # ingest: torch's exported program, run by torch, misses eager too
 
 
 @dataclass
