@@ -23,7 +23,7 @@ A kernel is composed from parts, chosen by what the region holds, never by a who
     movement.py     slice, select, split, concat, pad, expand (plain ops) as DMA box copies; tril/triu
     reduce.py       reductions (var too) over any neighbouring axes, argmax/argmin, cumsum/cumprod,
                     topk, sort, global average pooling
-    pool.py         max / avg / adaptive-avg pooling: windowed reductions over (W / stride, stride) views
+    pool.py         max / avg / adaptive-avg pooling: windowed reductions over (W / stride, stride) views, bins of unequal sizes as separable sums
     boxes.py        the free views, tile sizes and tile loops those box copies walk
     domain.py       the iteration space, leading axes merged when every operand allows it
 

@@ -1,5 +1,5 @@
-"""The pooling kernel: max_pool2d, avg_pool2d and adaptive_avg_pool2d (equal bins) as windowed
-reductions on the vector unit.
+"""The pooling kernel: max_pool2d, avg_pool2d and adaptive_avg_pool2d as windowed reductions on the
+vector unit.
 
 The NCHW input is seen as planes (P = N * C) of rows. An item is a tile of planes and a band of
 output rows; it loads the input rows the band's windows cover, whole (one unit-stride box per
@@ -12,6 +12,12 @@ cells it reaches inside (the accumulator starts at -inf for max, 0 for a sum). A
 windows count different numbers of cells (count_include_pad=False, ceil_mode's last windows)
 divides by a per-cell count made the same way.
 Global average pooling (an output of 1 x 1) is a mean over H and W: the reduction part writes it.
+
+Adaptive bins that do not divide the input (PSPNet's and UperNet's pyramid pooling: 16 rows into
+3 or 6 bins, or 1 into 6) are no windows at one stride: bin i spans rows [i*H//OH,
+ceil((i+1)*H/OH)). Their sum is separable: the rows of each output row's bin are summed into a
+tile of whole input rows, then the columns of each output column's bin into the result, and each
+cell divided by its bin's cell count, as torch divides (`_adaptive_bins`).
 """
 
 from __future__ import annotations
@@ -42,8 +48,7 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
         raise UnsupportedRegionError(op, label, "an empty tensor", loc=n.loc)
     if op == "adaptive_avg_pool2d":
         if H % OH or W % OW:
-            raise UnsupportedRegionError(op, label, f"adaptive bins of unequal sizes ({H}x{W} -> {OH}x{OW}): "
-                                                    f"only bins that divide the input are written", loc=n.loc)
+            return _adaptive_bins(node, cfg)
         KH, KW, SH, SW, PH, PW, DH, DW = H // OH, W // OW, H // OH, W // OW, 0, 0, 1, 1
     else:
         (KH, KW), (SH, SW), (PH, PW) = n.attrs["kernel"], n.attrs["stride"], n.attrs["padding"]
@@ -133,3 +138,79 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
         w("return OUT")
     return GeneratedKernel(fname, "pooling", w.text(), cfg, tuple(sig.params),
                            (Result(0, tuple(y.type.shape)),), (op,))
+
+
+def _adaptive_bins(node: Node, cfg) -> GeneratedKernel:
+    """adaptive_avg_pool2d whose bins do not divide the input: per band of output rows, the input
+    rows its bins cover are loaded once; each bin's rows are added into a row sum (input width),
+    each bin's columns of that into the result, and each cell divided by its bin's size."""
+    from fexplore.ir.ops.nn import adaptive_bins
+
+    body = body_of(node)
+    n = body.nodes[0]
+    x, y = n.inputs[0], n.outputs[0]
+    N, Cc, H, W = x.type.shape
+    OH, OW = y.type.shape[2:]
+    P = N * Cc
+    bins_h, bins_w = adaptive_bins(H, OH), adaptive_bins(W, OW)
+    tallest = max(b - a for a, b in bins_h)
+    # live tiles, in output-row tiles (OW wide): the input rows of a band (its rows' share of H,
+    # plus one bin's height), the row sums (W wide), the result and the counts
+    live = 3 + -(-(-(-H // OH) + tallest) * W // OW) + -(-W // OW)
+    planes, rows, cols = tile_sizes((P, OH, OW), cfg, live=live)
+    if cols < OW:
+        raise UnsupportedRegionError(n.op.name, region_label(node),
+                                     f"an output row of {OW} does not fit one tile on {cfg.name}", loc=n.loc)
+    while -(-P // planes) * -(-OH // rows) < cfg.num_pes and rows > 1:   # an item for every PE
+        rows = -(-rows // 2)
+    names = Names({"stages", "win", "acc", "part", "ps", "ohs", "rows", "planes", "top", "bottom", "sums",
+                   "cnt", "i", "j", "r", "c", "r0", "r1", "c0", "c1", "BINS_H", "BINS_W"})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    inputs = Inputs.of(node, body)
+    sig = Signature(names, inputs)
+    xname = sig.add(x, (P, H, W), spec(["P", "H", "W"], (P, H, W), {"P", "H", "W"}))
+    w = Writer()
+    header(w, node, body, "pooling", sig.header, inputs.literals)
+    w()
+    w()
+    w(f'@fl.kernel(target="{cfg.name}")')
+    w(f"def {fname}({', '.join(sig.annotations)}, *, planes: int = {planes}, rows: int = {rows}, "
+      f"stages: int = {STAGES}):")
+    with w.indent():
+        w(f"P, H, W, OH, OW = {P}, {H}, {W}, {OH}, {OW}")
+        w("# the input rows and columns of each output row's and column's bin: [i*H//OH, ceil((i+1)*H/OH))")
+        w(f"BINS_H = {bins_h}")
+        w(f"BINS_W = {bins_w}")
+        w(f'OUT = fl.output((P, OH, OW), {fl_dtype(y.type.dtype)}, axes="P _ _")')
+        w("for ps, ohs in fl.parallel(fl.tiles(P, planes), fl.tiles(OH, rows), stages=stages):")
+        with w.indent():
+            w("top, bottom = BINS_H[ohs.start][0], BINS_H[ohs.stop - 1][1]")
+            w("win = fl.load(" + xname + "[ps, top:bottom, :])")
+            w("sums = fl.zeros((ps, ohs, W))   # per output row: its bin's rows added up")
+            w("cnt = fl.zeros((1, ohs, OW))    # per output cell: its bin's cell count")
+            w("for i in range(ohs.start, ohs.stop):")
+            with w.indent():
+                w("r0, r1 = BINS_H[i]")
+                w("part = sums[:, i - ohs.start:i - ohs.start + 1, :]")
+                w("for r in range(r0, r1):")
+                with w.indent():
+                    w("fl.add(part, win[:, r - top:r - top + 1, :], out=part)")
+                w("part = cnt[:, i - ohs.start:i - ohs.start + 1, :]")
+                w("fl.add(part, float(r1 - r0), out=part)")
+            w("acc = fl.zeros((ps, ohs, OW))")
+            w("for j, (c0, c1) in enumerate(BINS_W):")
+            with w.indent():
+                w("part = acc[:, :, j:j + 1]")
+                w("for c in range(c0, c1):")
+                with w.indent():
+                    w("fl.add(part, sums[:, :, c:c + 1], out=part)")
+                w("part = cnt[:, :, j:j + 1]")
+                w("fl.mul(part, float(c1 - c0), out=part)")
+            result = "acc / cnt"
+            if y.type.dtype != DType.f32:
+                result = f"({result}).astype({fl_dtype(y.type.dtype)})"
+            w(f"fl.store(OUT[ps, ohs, :], {result})")
+        w("return OUT")
+    return GeneratedKernel(fname, "pooling", w.text(), cfg, tuple(sig.params),
+                           (Result(0, tuple(y.type.shape)),), (n.op.name, "unequal bins"))
