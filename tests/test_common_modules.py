@@ -62,6 +62,14 @@ def _cases():
                 x, size=(5, 7), mode="bilinear", align_corners=False)), (r(1, 2, 3, 3),)),
             "interpolate_bilinear_aligned": (Fn(lambda s, x: F.interpolate(
                 x, scale_factor=2, mode="bilinear", align_corners=True)), (r(1, 2, 3, 4),)),
+            # antialiased resizing (a vision model resizing its position embeddings or an image):
+            # shrinking averages every cell an output covers, growing interpolates; once FX400
+            "interpolate_antialias_bilinear": (Fn(lambda s, x: F.interpolate(
+                x, size=(5, 11), mode="bilinear", antialias=True) + F.interpolate(
+                x, size=(16, 3), mode="bilinear", antialias=True, align_corners=True).sum()),
+                (r(2, 3, 9, 7),)),
+            "interpolate_antialias_bicubic": (Fn(lambda s, x: F.interpolate(
+                x, scale_factor=(0.37, 1.7), mode="bicubic", antialias=True)), (r(1, 2, 19, 13),)),
             "einsum": (Fn(lambda s, a, b: torch.einsum("bij,bjk->bik", a, b)),
                        (r(2, 3, 4), r(2, 4, 5))),
             "flip_roll": (Fn(lambda s, x: torch.flip(x, [1]) + torch.roll(x, 1, 0)), (r(3, 4),)),

@@ -646,6 +646,74 @@ def _upsample_bilinear(ctx):
     return ctx.emit("matmul", [y, cols])
 
 
+@converter("aten._upsample_bilinear2d_aa.default", "aten._upsample_bilinear2d_aa.vec",
+           "aten._upsample_bicubic2d_aa.default", "aten._upsample_bicubic2d_aa.vec")
+def _upsample_antialiased(ctx):
+    """Antialiased resizing (``F.interpolate(..., antialias=True)``, how vision models resize
+    position embeddings and images): like bilinear, two contractions with constant matrices, whose
+    rows are torch's antialiasing filter stretched over the input cells an output cell covers
+    when it shrinks the image (``_antialias_matrix``)."""
+    x = ctx.args[0]
+    cubic = "bicubic" in str(ctx.node.target)
+    align = bool(ctx.arg(2, "align_corners", False))
+    if str(ctx.node.target).endswith(".vec"):
+        sh, sw = ctx.arg(3, "scale_factors") or (None, None)
+    else:
+        sh, sw = ctx.arg(3, "scales_h"), ctx.arg(4, "scales_w")
+    oh, ow = ctx.out_type().shape[-2:]
+    h, w = x.type.shape[-2:]
+    if not x.type.dtype.is_float:
+        raise NotImplementedError(f"antialiased resizing of a {x.type.dtype} image (torch resizes "
+                                  "integer images in its own fixed-point arithmetic)")
+    if not all(isinstance(d, int) for d in (oh, ow, h, w)):
+        raise NotImplementedError("antialiased resizing of an image whose size is known only at run "
+                                  "time (its filter's width depends on the sizes)")
+    dt = x.type.dtype.numpy
+    rows = ctx.b.literal(_antialias_matrix(h, oh, align, sh, cubic).astype(dt), f"{ctx.node.name}.rows")
+    cols = ctx.b.literal(np.ascontiguousarray(_antialias_matrix(w, ow, align, sw, cubic).T).astype(dt),
+                         f"{ctx.node.name}.cols")
+    y = ctx.emit("matmul", [rows, x])
+    return ctx.emit("matmul", [y, cols])
+
+
+def _antialias_matrix(size: int, out: int, align_corners: bool, scale, cubic: bool) -> np.ndarray:
+    """(out, size) weights of torch's antialiased interpolation along one axis (its CPU kernel's
+    rule, in float32 as torch computes it for float images): output i is centred at
+    ratio * (i + 0.5) of the input; when the image shrinks (ratio > 1) the filter (a triangle, or
+    Keys' cubic with a = -0.5) is stretched by the ratio, so each output averages every input cell
+    it covers; the weights of a row are normalized to sum to one."""
+    f32 = np.float32
+    if align_corners:
+        ratio = f32((size - 1) / (out - 1)) if out > 1 else f32(0.0)
+    else:
+        ratio = f32(1.0 / scale) if scale else f32(size / out)
+    half = f32(2.0 if cubic else 1.0)            # the filter's half width, in input cells at ratio 1
+    support = half * ratio if ratio >= 1 else half
+    widest = int(np.ceil(support)) * 2 + 1
+    invscale = f32(1.0) / ratio if ratio >= 1 else f32(1.0)
+
+    def filt(t):
+        t = abs(t)
+        if cubic:
+            a = f32(-0.5)
+            if t < 1:
+                return ((a + 2) * t - (a + 3)) * t * t + 1
+            return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a if t < 2 else f32(0.0)
+        return f32(1.0) - t if t < 1 else f32(0.0)
+
+    m = np.zeros((out, size), dtype=np.float32)
+    for i in range(out):
+        centre = ratio * f32(i + 0.5)
+        lo = max(int(centre - support + f32(0.5)), 0)
+        n = min(max(min(int(centre + support + f32(0.5)), size) - lo, 0), widest)
+        wts = np.array([filt(f32(j + lo - centre + f32(0.5)) * invscale) for j in range(n)], dtype=np.float32)
+        total = wts.sum(dtype=np.float32)
+        if total != 0:
+            wts = wts / total
+        m[i, lo:lo + n] = wts
+    return m
+
+
 def _interp_matrix_ir(ctx, size, out, align_corners: bool, scale, dtype):
     """``_interp_matrix`` in IR ops, for sizes that are symbols: each output row's source position
     from arange(out), its two neighbours and weights, and a one-hot of each against arange(size).
