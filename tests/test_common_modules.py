@@ -212,3 +212,17 @@ def test_a_half_batch_norm_updating_its_running_statistics_carries_them_as_state
     for name, value in twin.named_buffers():
         assert cm.state[name].dtype == value.dtype
         torch.testing.assert_close(cm.state[name], value, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("precision, bound", [("bf16", 0.02), ("fp8", 0.15)])
+def test_an_antialiased_resize_under_a_narrow_policy_is_held_to_eagers_error_under_it(mode, precision, bound):
+    """Ingest makes the resize two matmuls, which the policy narrows: eager's twin under the policy
+    rounds the resize's input as well (policy_noise), or the check holds the chip's narrowed
+    contractions to f32's tolerance (FX301 at the precision stage)."""
+    model = Fn(lambda s, x: F.interpolate(x, size=(6, 5), mode=mode, antialias=True)).eval()
+    x = torch.randn(1, 4, 13, 9)
+    cm = fexplore.compile(model, (x,), precision=precision, target="tiny")
+    assert cm.verification["ok"].all(), cm.verification
+    err = float((cm(x) - model(x)).abs().max())
+    assert 0 < err < bound

@@ -35,7 +35,8 @@ POLICY_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
 # The aten contractions eager reaches from what the precision stage narrows, and which of their
 # arguments are its narrowed operands (biases, the added term of addmm, masks stay wide).
-# upsample_bilinear is in the list because ingestion makes it two matmuls.
+# upsample_bilinear and the antialiased resizes are in the list because ingestion makes each two
+# matmuls.
 _OPERANDS = {
     "aten.mm.default": (0, 1), "aten.bmm.default": (0, 1), "aten.mv.default": (0, 1),
     "aten.dot.default": (0, 1), "aten.addmm.default": (1, 2), "aten.baddbmm.default": (1, 2),
@@ -45,6 +46,8 @@ _OPERANDS = {
     "aten._scaled_dot_product_efficient_attention.default": (0, 1, 2),
     "aten._scaled_dot_product_attention_math.default": (0, 1, 2),
     "aten.upsample_bilinear2d.vec": (0,), "aten.upsample_bilinear2d.default": (0,),
+    "aten._upsample_bilinear2d_aa.vec": (0,), "aten._upsample_bilinear2d_aa.default": (0,),
+    "aten._upsample_bicubic2d_aa.vec": (0,), "aten._upsample_bicubic2d_aa.default": (0,),
     # composite ops, which reach the mode whole inside a torch.cond branch (``eager_modes``)
     "aten.linear.default": (0, 1), "aten.matmul.default": (0, 1),
     "aten.conv1d.default": (0, 1), "aten.conv2d.default": (0, 1), "aten.conv3d.default": (0, 1),
