@@ -70,21 +70,10 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
     # an item's window rows per output row (SH, plus the window's height once) and its columns (W
     # for OW outputs): how many accumulator-sized tiles it takes
     window = -(-((SH + DH * (KH - 1)) * W) // OW)
-    planes, rows, cols = tile_sizes((P, OH, OW), cfg, live=3 + window)
-    if cols < OW:
-        raise UnsupportedRegionError(op, label, f"an output row of {OW} does not fit one tile on {cfg.name}",
-                                     loc=n.loc)
-    while -(-P // planes) * -(-OH // rows) < cfg.num_pes and rows > 1:   # an item for every PE
-        rows = -(-rows // 2)
-    names = Names({"stages", "win", "acc", "part", "ps", "ohs", "kh", "kw", "p0", "p1", "q0", "q1", "r", "c",
-                   "top", "bottom", "rows", "planes", "rows_in", "cols_in", "covered", "cnt"})
-    fname = kernel_name(node)
-    names.taken.add(fname)
-    inputs = Inputs.of(node, body)
-    sig = Signature(names, inputs)
-    xname = sig.add(x, (P, H, W), spec(["P", "H", "W"], (P, H, W), {"P", "H", "W"}))
-    w = Writer()
-    header(w, node, body, "pooling", sig.header, inputs.literals)
+    planes, rows, fname, sig, xname, w = _opening(
+        node, cfg, live=3 + window, taken={"stages", "win", "acc", "part", "ps", "ohs", "kh", "kw", "p0", "p1",
+                                          "q0", "q1", "r", "c", "top", "bottom", "rows", "planes", "rows_in",
+                                          "cols_in", "covered", "cnt"})
     for line in conv.COVERED.splitlines():   # the convolutions' helper, read when it is written
         w(line)
     w()
@@ -157,21 +146,9 @@ def _adaptive_bins(node: Node, cfg) -> GeneratedKernel:
     # live tiles, in output-row tiles (OW wide): the input rows of a band (its rows' share of H,
     # plus one bin's height), the row sums (W wide), the result and the counts
     live = 3 + -(-(-(-H // OH) + tallest) * W // OW) + -(-W // OW)
-    planes, rows, cols = tile_sizes((P, OH, OW), cfg, live=live)
-    if cols < OW:
-        raise UnsupportedRegionError(n.op.name, region_label(node),
-                                     f"an output row of {OW} does not fit one tile on {cfg.name}", loc=n.loc)
-    while -(-P // planes) * -(-OH // rows) < cfg.num_pes and rows > 1:   # an item for every PE
-        rows = -(-rows // 2)
-    names = Names({"stages", "win", "acc", "part", "ps", "ohs", "rows", "planes", "top", "bottom", "sums",
-                   "cnt", "i", "j", "r", "c", "r0", "r1", "c0", "c1", "BINS_H", "BINS_W"})
-    fname = kernel_name(node)
-    names.taken.add(fname)
-    inputs = Inputs.of(node, body)
-    sig = Signature(names, inputs)
-    xname = sig.add(x, (P, H, W), spec(["P", "H", "W"], (P, H, W), {"P", "H", "W"}))
-    w = Writer()
-    header(w, node, body, "pooling", sig.header, inputs.literals)
+    planes, rows, fname, sig, xname, w = _opening(
+        node, cfg, live=live, taken={"stages", "win", "acc", "part", "ps", "ohs", "rows", "planes", "top", "bottom",
+                                    "sums", "cnt", "i", "j", "r", "c", "r0", "r1", "c0", "c1", "BINS_H", "BINS_W"})
     w()
     w()
     w(f'@fl.kernel(target="{cfg.name}")')
@@ -214,3 +191,30 @@ def _adaptive_bins(node: Node, cfg) -> GeneratedKernel:
         w("return OUT")
     return GeneratedKernel(fname, "pooling", w.text(), cfg, tuple(sig.params),
                            (Result(0, tuple(y.type.shape)),), (n.op.name, "unequal bins"))
+
+
+def _opening(node: Node, cfg, live: int, taken: set):
+    """(planes, rows, name, signature, input's name, writer) of a pooling kernel: its output tiled
+    as planes x rows of whole output rows, with `live` such tiles in SRAM and an item for every PE
+    where the rows allow; the input a parameter of (P, H, W) planes; the header comment written."""
+    body = body_of(node)
+    n = body.nodes[0]
+    x, y = n.inputs[0], n.outputs[0]
+    N, Cc, H, W = x.type.shape
+    OH, OW = y.type.shape[2:]
+    P = N * Cc
+    planes, rows, cols = tile_sizes((P, OH, OW), cfg, live=live)
+    if cols < OW:
+        raise UnsupportedRegionError(n.op.name, region_label(node),
+                                     f"an output row of {OW} does not fit one tile on {cfg.name}", loc=n.loc)
+    while -(-P // planes) * -(-OH // rows) < cfg.num_pes and rows > 1:   # an item for every PE
+        rows = -(-rows // 2)
+    names = Names(set(taken))
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    inputs = Inputs.of(node, body)
+    sig = Signature(names, inputs)
+    xname = sig.add(x, (P, H, W), spec(["P", "H", "W"], (P, H, W), {"P", "H", "W"}))
+    w = Writer()
+    header(w, node, body, "pooling", sig.header, inputs.literals)
+    return planes, rows, fname, sig, xname, w
