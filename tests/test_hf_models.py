@@ -412,6 +412,14 @@ def segformer():  # overlapping patch embeddings, efficient attention, an upsamp
     return Out(_conditioned(T.SegformerForSemanticSegmentation(c))), (_image(),)
 
 
+def upernet():  # pyramid pooling over a 2x2 map into 1, 2, 3 and 6 bins (3 and 6 do not divide it)
+    backbone = T.ConvNextConfig(num_channels=3, num_stages=4, hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1],
+                                out_features=["stage1", "stage2", "stage3", "stage4"])
+    c = T.UperNetConfig(backbone_config=backbone, hidden_size=16, use_auxiliary_head=False, num_labels=4,
+                        pool_scales=[1, 2, 3, 6])
+    return Out(_conditioned(T.UperNetForSemanticSegmentation(c))), (_image(64),)
+
+
 # -- speech ---------------------------------------------------------------------------------------
 
 def whisper():  # encoder over mel features, and a decoder step over its output
@@ -526,7 +534,7 @@ FACTORIES = {f.__name__: f for f in [
     lfm2, mpt, xglm, gemma3, mixtral, mixtral_batched_mm, qwen2_moe, phimoe, olmoe, deepseek_v3, mamba, rwkv, llama_decode_dynamic_cache, qwen2_decode_tensor_cache,
     # encoders, vision, speech, multimodal, encoder-decoders
     bert, roberta, distilbert, albert, deberta_v2, fnet, vit, deit, dinov2, swin, convnext, resnet,
-    bit, segformer, whisper, wav2vec2, hubert, clip, llava, t5, t5_decode_step, bart]}
+    bit, segformer, upernet, whisper, wav2vec2, hubert, clip, llava, t5, t5_decode_step, bart]}
 
 
 def build(name):
