@@ -229,15 +229,12 @@ class PermutedVectorLinear(torch.nn.Module):
 def test_a_vector_flattened_from_a_transpose_is_one_contraction_kernel(shape, precision):
     """A linear of a 1-d vector made by permuting then flattening a matrix: every axis is K and the
     result has no row axis; the box reads the input in its own layout along a unit row axis (fuzz
-    seed 1790371: IndexError in the generator, the linear on the host). A transpose that moves
-    only axes of one is a reshape (simplify's unit-axis-permute-as-reshape), a free view."""
+    seed 1790371: IndexError in the generator, the linear on the host)."""
     torch.manual_seed(0)
     model, x = PermutedVectorLinear(shape[0] * shape[1]).eval(), torch.randn(*shape)
     cm = fexplore.compile(model, (x,), target="tiny", precision=precision)
     assert not cm.codegen_bugs, cm.codegen_bugs
     assert [k.kernel.kind for k in cm.kernels] == ["contraction"]
     assert bool(cm.verification["ok"].all()), cm.verification
-    unit_only = sum(d != 1 for d in shape) <= 1
-    assert ("unit-axis-permute-as-reshape" in cm["simplify"].stats["rules_fired"]) == unit_only
     tol = dict(rtol=2e-2, atol=2e-2) if precision == "bf16" else {}
     torch.testing.assert_close(cm(x), model(x).detach(), **tol)

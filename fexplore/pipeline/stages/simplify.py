@@ -60,19 +60,6 @@ def _identity_permute(rw, n, ins, made):
     return None
 
 
-@rule("unit-axis-permute-as-reshape")
-def _unit_axis_permute(rw, n, ins, made):
-    """A permute that moves only axes of size 1 (the others keep their order) moves no data of a
-    row-major tensor: it is a reshape, which the kernels read as a free view, where a permute
-    would make them read the input through a transposing box."""
-    if n.op.name != "permute" or ins[0].type.layout is not None or n.output.type.layout is not None:
-        return None
-    kept = [a for a in n.attrs["perm"] if ins[0].type.shape[a] != 1]
-    if kept != sorted(kept):
-        return None
-    return rw.emit("reshape", [ins[0]], {"shape": tuple(n.output.type.shape)}, name=n.output.name, loc=n.loc)
-
-
 @rule("cancel-transpose-pair")
 def _permute_pair(rw, n, ins, made):
     if n.op.name != "permute":
