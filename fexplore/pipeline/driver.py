@@ -207,14 +207,19 @@ class Exploration:
         """The first op where the ingested graph leaves torch's exported program, on the example
         inputs and then on each of the oracle's random sets (a tie among equal values, say, may
         show on a random set only)."""
-        # the buffers the model updates are the graph's last inputs (their values: the oracle's)
-        leaves = torch.utils._pytree.tree_leaves(self.example_inputs) + list(self._ingested.state.values())
-        sets = [leaves]
-        for arrays in self._oracle.input_sets[1:]:
-            fresh = iter(arrays)
-            sets.append([to_torch(next(fresh)) if isinstance(x, torch.Tensor) else x for x in leaves])
         tol = tolerance_of(g, self._oracle)
+        sets = (self._input_leaves(k) for k in range(len(self._oracle.input_sets)))
         return next((d for d in (first_divergent_from_export(self._ingested, s, tol) for s in sets) if d), None)
+
+    def _input_leaves(self, k: int) -> list:
+        """The program's flat inputs on the oracle's input set ``k`` (0: the example inputs
+        themselves): the model's input leaves, then the buffers it updates (the graph's last
+        inputs; their values the oracle's)."""
+        leaves = torch.utils._pytree.tree_leaves(self.example_inputs) + list(self._ingested.state.values())
+        if k == 0:
+            return leaves
+        fresh = iter(self._oracle.input_sets[k])
+        return [to_torch(next(fresh)) if isinstance(x, torch.Tensor) else x for x in leaves]
 
     def _export_misses_eager(self, g) -> bool:
         """Whether torch's exported program itself, run by torch, misses eager on one of the
@@ -224,12 +229,10 @@ class Exploration:
         ing = self._ingested
         if ing.input_mutations or ing.state:
             return False
-        leaves, spec = torch.utils._pytree.tree_flatten(self.example_inputs)
+        spec = torch.utils._pytree.tree_structure(self.example_inputs)
         program = ing.exported.module()
-        for k, arrays in enumerate(self._oracle.input_sets):
-            fresh = iter(arrays)
-            args = torch.utils._pytree.tree_unflatten(
-                [to_torch(next(fresh)) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+        for k in range(len(self._oracle.input_sets)):
+            args = torch.utils._pytree.tree_unflatten(self._input_leaves(k), spec)
             try:
                 with torch.no_grad():
                     out = program(*args)

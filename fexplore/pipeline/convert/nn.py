@@ -635,15 +635,21 @@ def _upsample_bilinear(ctx):
     if scales:
         sh, sw = scales
     if all(isinstance(d, int) for d in (oh, ow, h, w)):
-        dt = x.type.dtype.numpy
-        rows = ctx.b.literal(_interp_matrix(h, oh, align, sh).astype(dt), f"{ctx.node.name}.rows")
-        cols = ctx.b.literal(np.ascontiguousarray(_interp_matrix(w, ow, align, sw).T).astype(dt),
-                             f"{ctx.node.name}.cols")
-    else:   # an image size known at run time: the same matrices, built by IR ops from the sizes
-        rows = _interp_matrix_ir(ctx, h, oh, align, sh, x.type.dtype)
-        cols = ctx.emit("permute", [_interp_matrix_ir(ctx, w, ow, align, sw, x.type.dtype)], {"perm": (1, 0)})
+        return _resized(ctx, x, _interp_matrix(h, oh, align, sh), _interp_matrix(w, ow, align, sw))
+    # an image size known at run time: the same matrices, built by IR ops from the sizes
+    rows = _interp_matrix_ir(ctx, h, oh, align, sh, x.type.dtype)
+    cols = ctx.emit("permute", [_interp_matrix_ir(ctx, w, ow, align, sw, x.type.dtype)], {"perm": (1, 0)})
     y = ctx.emit("matmul", [rows, x])
     return ctx.emit("matmul", [y, cols])
+
+
+def _resized(ctx, x, rows: np.ndarray, cols: np.ndarray):
+    """``rows @ x @ cols^T`` with the (out, size) weight matrices of each axis as constants in
+    x's dtype: a separable resize as two contractions."""
+    dt = x.type.dtype.numpy
+    r = ctx.b.literal(rows.astype(dt), f"{ctx.node.name}.rows")
+    c = ctx.b.literal(np.ascontiguousarray(cols.T).astype(dt), f"{ctx.node.name}.cols")
+    return ctx.emit("matmul", [ctx.emit("matmul", [r, x]), c])
 
 
 @converter("aten._upsample_bilinear2d_aa.default", "aten._upsample_bilinear2d_aa.vec",
@@ -668,12 +674,7 @@ def _upsample_antialiased(ctx):
     if not all(isinstance(d, int) for d in (oh, ow, h, w)):
         raise NotImplementedError("antialiased resizing of an image whose size is known only at run "
                                   "time (its filter's width depends on the sizes)")
-    dt = x.type.dtype.numpy
-    rows = ctx.b.literal(_antialias_matrix(h, oh, align, sh, cubic).astype(dt), f"{ctx.node.name}.rows")
-    cols = ctx.b.literal(np.ascontiguousarray(_antialias_matrix(w, ow, align, sw, cubic).T).astype(dt),
-                         f"{ctx.node.name}.cols")
-    y = ctx.emit("matmul", [rows, x])
-    return ctx.emit("matmul", [y, cols])
+    return _resized(ctx, x, _antialias_matrix(h, oh, align, sh, cubic), _antialias_matrix(w, ow, align, sw, cubic))
 
 
 def _antialias_matrix(size: int, out: int, align_corners: bool, scale, cubic: bool) -> np.ndarray:
