@@ -590,6 +590,23 @@ def test_video_net_3d_is_one_contraction_per_conv3d():
     model.bn.running_var.uniform_(0.5, 1.5)
     cm = _compile_and_match(model, (torch.randn(1, 3, 4, 16, 16),))
     assert _ops(cm.stages[0].after).count("conv2d") == 2
+    # MaxPool3d exports with its indices, unused here: simplify makes both of its 2-d passes plain
+    # max pools, which are vector kernels (the indices form ran on the host)
+    assert cm["simplify"].stats["rules_fired"]["drop-unused-pool-indices"] == 2
+    assert "max_pool2d_with_indices" not in _ops(cm["simplify"].after)
+    assert not cm.lowering.host_ops, [(h.op, h.reason) for h in cm.lowering.host_ops]
+
+
+def test_max_pool_indices_stay_where_they_are_read():
+    """Indices that something reads keep the indices form (unpooling needs them): the rule looks
+    at uses, not at the op alone."""
+    def pool(x):
+        y, where = F.max_pool2d(x, 2, return_indices=True)
+        return F.max_unpool2d(y * 2, where, 2), F.max_pool2d(x, 3, 1, 1, return_indices=True)[0]
+
+    cm = _compile_and_match(Fn(pool), (torch.randn(1, 2, 6, 6),))
+    ops = _ops(cm["simplify"].after)
+    assert ops.count("max_pool2d_with_indices") == 1 and ops.count("max_pool2d") == 1
 
 
 def _nd_cases():

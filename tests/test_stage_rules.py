@@ -96,6 +96,29 @@ graph @g(%x: f32[2, 3, 4]) {
 }
 """)
 
+# the second pool's indices are read by nothing: it becomes a plain max pool; the first one's
+# are read, and it keeps them
+CASES['simplify-drop-unused-pool-indices'] = dict(
+    stage='simplify', options={}, rules=['drop-unused-pool-indices'],
+    before="""\
+graph @g(%x: f32[1, 2, 5, 5]) {
+  %y: f32[1, 2, 3, 3], %where: i64[1, 2, 3, 3] = max_pool2d_with_indices(%x) {kernel=[3, 3], padding=[1, 1], stride=[2, 2]}
+  %z: f32[1, 2, 2, 2], %at: i64[1, 2, 2, 2] = max_pool2d_with_indices(%y) {kernel=[2, 2], stride=[1, 1]}
+  %i: f32[1, 2, 3, 3] = cast(%where) {dtype=f32}
+  %s: f32[1, 2, 3, 3] = add(%y, %i)
+  return %z, %s
+}
+""",
+    after="""\
+graph @g(%x: f32[1, 2, 5, 5]) {
+  %y: f32[1, 2, 3, 3], %where: i64[1, 2, 3, 3] = max_pool2d_with_indices(%x) {kernel=[3, 3], padding=[1, 1], stride=[2, 2]}
+  %z: f32[1, 2, 2, 2] = max_pool2d(%y) {kernel=[2, 2], stride=[1, 1]}
+  %i: f32[1, 2, 3, 3] = cast(%where) {dtype=f32}
+  %s: f32[1, 2, 3, 3] = add(%y, %i)
+  return %z, %s
+}
+""")
+
 CASES['layout'] = dict(
     stage='layout', options={}, rules=['insert-relayout'],
     before="""\
