@@ -128,6 +128,16 @@ CASES = {
                                               (r(1, 300, 5, 7),), "adaptive_avg_pool2d", "pooling"),
     "adaptive_avg_pool_from_one_cell": (lambda x: F.adaptive_avg_pool2d(x, 6), (r(1, 8, 1, 1),),
                                         "adaptive_avg_pool2d", "pooling"),
+    # the indices read: by unpooling; returned, over small integers (ties: the first in the window
+    # wins), dilated, padded and ceil_mode; and the 3-d pool's two passes
+    "max_pool_indices_unpooled": (lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2),
+                                  (r(2, 3, 8, 6),), "max_pool2d_with_indices", "pooling"),
+    "max_pool_indices_ties_dilated": (lambda x: F.max_pool2d(x, 3, 2, 1, dilation=2, ceil_mode=True,
+                                                             return_indices=True),
+                                      (torch.randint(0, 3, (2, 3, 11, 9)).float(),),
+                                      "max_pool2d_with_indices", "pooling"),
+    "max_pool3d_indices": (lambda x: F.max_pool3d(x, (2, 3, 3), (2, 2, 2), (1, 1, 1), return_indices=True),
+                           (r(1, 2, 5, 9, 7),), "max_pool2d_with_indices", "pooling"),
 }
 
 

@@ -591,7 +591,7 @@ def test_video_net_3d_is_one_contraction_per_conv3d():
     cm = _compile_and_match(model, (torch.randn(1, 3, 4, 16, 16),))
     assert _ops(cm.stages[0].after).count("conv2d") == 2
     # MaxPool3d exports with its indices, unused here: simplify makes both of its 2-d passes plain
-    # max pools, which are vector kernels (the indices form ran on the host)
+    # max pools (the cheaper kernel; the indices form carries positions too)
     assert cm["simplify"].stats["rules_fired"]["drop-unused-pool-indices"] == 2
     assert "max_pool2d_with_indices" not in _ops(cm["simplify"].after)
     assert not cm.lowering.host_ops, [(h.op, h.reason) for h in cm.lowering.host_ops]

@@ -13,6 +13,12 @@ windows count different numbers of cells (count_include_pad=False, ceil_mode's l
 divides by a per-cell count made the same way.
 Global average pooling (an output of 1 x 1) is a mean over H and W: the reduction part writes it.
 
+max_pool2d_with_indices (unpooling reads the indices) carries, beside the running max, where it
+is: each window offset's cells' flat positions in the plane (h * W + w, from two index rows the
+kernel writes once) replace the accumulator's where that offset's value wins. A value wins when it
+is greater, when the cell has no value yet (its first tap inside the input), or when it is the
+first NaN: the first maximum in torch's scan order, as the IR's reference has it.
+
 Adaptive bins that do not divide the input (PSPNet's and UperNet's pyramid pooling: 16 rows into
 3 or 6 bins, or 1 into 6) are no windows at one stride: bin i spans rows [i*H//OH,
 ceil((i+1)*H/OH)). Their sum is separable: the rows of each output row's bin are summed into a
@@ -24,14 +30,16 @@ from __future__ import annotations
 
 from fexplore.ir import DType, Node
 
-from .boxes import STAGES, spec, tile_sizes
+from .boxes import STAGES, index_row, spec, tile_sizes
 from . import conv
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
 from .source import Names, Writer, fl_dtype
 
-POOLS = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"}
+POOLS = {"max_pool2d", "max_pool2d_with_indices", "avg_pool2d", "adaptive_avg_pool2d"}
+# positions are carried as f32 beside the running max: exact up to 2^24 cells a plane
+_MAX_POSITIONS = 1 << 24
 
 
 def generate_pool(node: Node, cfg) -> GeneratedKernel:
@@ -52,10 +60,14 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
         KH, KW, SH, SW, PH, PW, DH, DW = H // OH, W // OW, H // OH, W // OW, 0, 0, 1, 1
     else:
         (KH, KW), (SH, SW), (PH, PW) = n.attrs["kernel"], n.attrs["stride"], n.attrs["padding"]
-        DH, DW = n.attrs["dilation"] if op == "max_pool2d" else (1, 1)
+        DH, DW = n.attrs["dilation"] if op.startswith("max_pool2d") else (1, 1)
+    indices = op == "max_pool2d_with_indices"
+    if indices and H * W > _MAX_POSITIONS:
+        raise UnsupportedRegionError(op, label, f"a plane of {H * W} cells: its positions are not exact "
+                                     "in f32", loc=n.loc)
     need_h, need_w = (OH - 1) * SH + DH * (KH - 1) + 1, (OW - 1) * SW + DW * (KW - 1) + 1
     divisor, counted = None, None
-    if op != "max_pool2d":
+    if not op.startswith("max_pool2d"):
         divisor = n.attrs["divisor"] if op == "avg_pool2d" else None
         if divisor is None:
             whole = need_h <= H + 2 * PH and need_w <= W + 2 * PW
@@ -71,9 +83,10 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
     # for OW outputs): how many accumulator-sized tiles it takes
     window = -(-((SH + DH * (KH - 1)) * W) // OW)
     planes, rows, fname, sig, xname, w = _opening(
-        node, cfg, live=3 + window, taken={"stages", "win", "acc", "part", "ps", "ohs", "kh", "kw", "p0", "p1",
-                                          "q0", "q1", "r", "c", "top", "bottom", "rows", "planes", "rows_in",
-                                          "cols_in", "covered", "cnt"})
+        node, cfg, live=3 + window + (3 if indices else 0),
+        taken={"stages", "win", "acc", "part", "ps", "ohs", "kh", "kw", "p0", "p1", "q0", "q1", "r", "c", "top",
+               "bottom", "rows", "planes", "rows_in", "cols_in", "covered", "cnt", "n", "js", "HPOS", "WPOS", "at",
+               "spot", "hpos", "wpos", "tap", "pos", "won"})
     for line in conv.COVERED.splitlines():   # the convolutions' helper, read when it is written
         w(line)
     w()
@@ -81,12 +94,16 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
     w(f'@fl.kernel(target="{cfg.name}")')
     w(f"def {fname}({', '.join(sig.annotations)}, *, planes: int = {planes}, rows: int = {rows}, "
       f"stages: int = {STAGES}):")
-    maxing = op == "max_pool2d"
+    maxing = op.startswith("max_pool2d")
     fill = 'float("-inf")' if maxing else "0.0"
     with w.indent():
         w(f"P, H, W, OH, OW = {P}, {H}, {W}, {OH}, {OW}")
         w(f"KH, KW, SH, SW, DH, DW, PH, PW = {KH}, {KW}, {SH}, {SW}, {DH}, {DW}, {PH}, {PW}")
         w(f'OUT = fl.output((P, OH, OW), {fl_dtype(y.type.dtype)}, axes="P _ _")')
+        if indices:
+            w(f'AT = fl.output((P, OH, OW), {fl_dtype(n.outputs[1].type.dtype)}, axes="P _ _")')
+            index_row(w, cfg, "HPOS", H, 3, 1, "the row of each input cell")
+            index_row(w, cfg, "WPOS", W, 3, 2, "the column of each input cell")
         w("# a band of output rows per item: the input rows its windows cover, loaded whole; each window")
         w("# offset is a stepped slice of them (rows SH apart, columns SW apart), reduced into the part of")
         w("# the band whose windows it reaches inside the input (the padding adds nothing)")
@@ -95,19 +112,34 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
             w("rows_in = covered(ohs, H, KH, SH, DH, PH)   # (offset, first, stop output row) inside the input")
             w("cols_in = covered(slice(0, OW), W, KW, SW, DW, PW)")
             w(f"acc = fl.full((ps, ohs, OW), {fill})")
+            if indices:
+                w("at = fl.full((ps, ohs, OW), -1.0)   # where each cell's max is; -1: no value yet")
             w("if rows_in and cols_in:")
             with w.indent():
                 w("top = min(p0 * SH + kh * DH - PH for kh, p0, p1 in rows_in)")
                 w("bottom = max((p1 - 1) * SH + kh * DH - PH + 1 for kh, p0, p1 in rows_in)")
                 w(f"win = fl.load({xname}[ps, top:bottom, :])")
+                if indices:
+                    w("hpos = fl.load(HPOS[:, top:bottom, :]) * W   # each loaded row's first position")
+                    w("wpos = fl.load(WPOS)")
                 w("for kh, p0, p1 in rows_in:")
                 with w.indent():
                     w("for kw, q0, q1 in cols_in:")
                     with w.indent():
                         w("r, c = p0 * SH + kh * DH - PH - top, q0 * SW + kw * DW - PW   # the first input cell")
                         w("part = acc[:, p0 - ohs.start:p1 - ohs.start, q0:q1]")
-                        w(f"fl.{'maximum' if maxing else 'add'}(part, win[:, r:r + (p1 - p0 - 1) * SH + 1:SH, "
-                          f"c:c + (q1 - q0 - 1) * SW + 1:SW], out=part)")
+                        if not indices:
+                            w(f"fl.{'maximum' if maxing else 'add'}(part, win[:, r:r + (p1 - p0 - 1) * SH + 1:SH, "
+                              f"c:c + (q1 - q0 - 1) * SW + 1:SW], out=part)")
+                        else:
+                            w("spot = at[:, p0 - ohs.start:p1 - ohs.start, q0:q1]")
+                            w("tap = win[:, r:r + (p1 - p0 - 1) * SH + 1:SH, c:c + (q1 - q0 - 1) * SW + 1:SW]")
+                            w("pos = hpos[:, r:r + (p1 - p0 - 1) * SH + 1:SH, :] + wpos[:, :, c:c + (q1 - q0 - 1) * SW + 1:SW]")
+                            w("# greater, the cell's first value, or the first NaN: the first maximum in scan order")
+                            w("won = fl.logical_or(fl.logical_or(tap > part, spot < 0.0),")
+                            w("                    fl.logical_and(fl.isnan(tap), fl.logical_not(fl.isnan(part))))")
+                            w("fl.where(won, pos, spot, out=spot)")
+                            w("fl.where(won, tap, part, out=part)")
             if counted is not None:
                 hc, wc, pc, qc = counted
                 what = "the padded input" if pc == 0 and (PH or PW) else "the input"
@@ -124,9 +156,11 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
                 result = f"({result}).astype({fl_dtype(y.type.dtype)})" if not maxing else \
                     f"acc.astype({fl_dtype(y.type.dtype)})"
             w(f"fl.store(OUT[ps, ohs, :], {result})")
-        w("return OUT")
-    return GeneratedKernel(fname, "pooling", w.text(), cfg, tuple(sig.params),
-                           (Result(0, tuple(y.type.shape)),), (op,))
+            if indices:
+                w("fl.store(AT[ps, ohs, :], at.astype(fl.i64))")
+        w("return (OUT, AT)" if indices else "return OUT")
+    results = tuple(Result(i, tuple(v.type.shape)) for i, v in enumerate(n.outputs))
+    return GeneratedKernel(fname, "pooling", w.text(), cfg, tuple(sig.params), results, (op,))
 
 
 def _adaptive_bins(node: Node, cfg) -> GeneratedKernel:

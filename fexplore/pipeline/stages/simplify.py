@@ -222,8 +222,8 @@ def _used_names(graph: Graph) -> set[str]:
 def _drop_unused_pool_indices(rw: Rewriter, node: Node, ins, used: set[str], made) -> bool:
     """max_pool2d_with_indices whose indices nothing reads is max_pool2d. torch's MaxPool3d and
     max_pool2d(return_indices=...) export the indices form whether or not they are used, and the
-    3-d pool is two 2-d passes of it (`convert.nn._max_pool3d`): the plain pool is a vector kernel,
-    the indices form is not."""
+    3-d pool is two 2-d passes of it (`convert.nn._max_pool3d`). The plain pool's kernel is the
+    cheaper one: the indices form carries each maximum's position beside it."""
     if node.op.name != "max_pool2d_with_indices" or node.outputs[1].name in used:
         return False
     y = rw.emit("max_pool2d", [ins[0]], dict(node.attrs), name=node.outputs[0].name, loc=node.loc,
