@@ -155,6 +155,21 @@ def test_plain_op_becomes_a_kernel(case, target, precision):
     assert bool(cm.verification["ok"].all()), cm.verification
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_max_pool_indices_of_nan_windows_are_torchs(target):
+    """A NaN is a window's maximum, and torch's kernel keeps the last NaN it meets (it takes a value
+    that is greater or NaN); among equal values the first. The kernel and the IR's reference both
+    give eager's values and indices, NaNs in the example inputs included."""
+    x = torch.randint(0, 3, (1, 2, 6, 7)).float()
+    x[0, 0, 0, 1] = x[0, 0, 1, 0] = x[0, 1, 4, 4] = float("nan")   # two NaNs in one window, one alone
+    fn = Fn(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True))
+    cm = fexplore.compile(fn, (x,), target=target)
+    assert not cm.lowering.host_ops and bool(cm.verification["ok"].all())
+    (values, where), (want_values, want_where) = cm(x), fn(x)
+    assert torch.equal(where, want_where) and torch.isnan(want_values).any()
+    torch.testing.assert_close(values, want_values, equal_nan=True)
+
+
 def _lowered(fn, inputs, op, target="tiny"):
     cm = fexplore.compile(Fn(fn), inputs, target=target, precision="fp32", verify=False)
     low = cm.stages[-1].lowering

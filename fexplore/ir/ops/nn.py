@@ -202,13 +202,19 @@ def _max_pool_indices_type(ins, a):
 
 def _max_pool_indices_ref(xs, a):
     """torch's max_pool2d_with_indices: each window's max and where it is, as a flat index into
-    its (H, W) plane; the first maximum in the window wins."""
+    its (H, W) plane; the first maximum in the window wins, except that a NaN is the maximum and
+    the last NaN wins (torch's kernel takes a value that is greater or NaN)."""
     x = _f(xs[0])
     h, w = x.shape[2:]
     fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
     win = _pool_windows(x, a, fill, a["dilation"])
     flat = win.reshape(win.shape[:4] + (-1,))
-    pos = np.argmax(flat, axis=-1)[..., None]
+    pos = np.argmax(flat, axis=-1)
+    if x.dtype.kind == "f":
+        nan = np.isnan(flat)
+        last_nan = flat.shape[-1] - 1 - np.argmax(nan[..., ::-1], axis=-1)
+        pos = np.where(nan.any(axis=-1), last_nan, pos)
+    pos = pos[..., None]
     plane = np.arange(h * w, dtype=np.int64).reshape(1, 1, h, w)
     where = _pool_windows(plane, a, -1, a["dilation"])
     where = np.broadcast_to(where.reshape(where.shape[:4] + (-1,)), flat.shape)

@@ -16,8 +16,8 @@ Global average pooling (an output of 1 x 1) is a mean over H and W: the reductio
 max_pool2d_with_indices (unpooling reads the indices) carries, beside the running max, where it
 is: each window offset's cells' flat positions in the plane (h * W + w, from two index rows the
 kernel writes once) replace the accumulator's where that offset's value wins. A value wins when it
-is greater, when the cell has no value yet (its first tap inside the input), or when it is the
-first NaN: the first maximum in torch's scan order, as the IR's reference has it.
+is greater, when the cell has no value yet (its first tap inside the input), or when it is NaN: as
+torch's kernel, the first maximum in scan order, or the last NaN.
 
 Adaptive bins that do not divide the input (PSPNet's and UperNet's pyramid pooling: 16 rows into
 3 or 6 bins, or 1 into 6) are no windows at one stride: bin i spans rows [i*H//OH,
@@ -135,9 +135,8 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
                             w("spot = at[:, p0 - ohs.start:p1 - ohs.start, q0:q1]")
                             w("tap = win[:, r:r + (p1 - p0 - 1) * SH + 1:SH, c:c + (q1 - q0 - 1) * SW + 1:SW]")
                             w("pos = hpos[:, r:r + (p1 - p0 - 1) * SH + 1:SH, :] + wpos[:, :, c:c + (q1 - q0 - 1) * SW + 1:SW]")
-                            w("# greater, the cell's first value, or the first NaN: the first maximum in scan order")
-                            w("won = fl.logical_or(fl.logical_or(tap > part, spot < 0.0),")
-                            w("                    fl.logical_and(fl.isnan(tap), fl.logical_not(fl.isnan(part))))")
+                            w("# greater, the cell's first value, or a NaN: torch's first maximum, or its last NaN")
+                            w("won = fl.logical_or(fl.logical_or(tap > part, spot < 0.0), fl.isnan(tap))")
                             w("fl.where(won, pos, spot, out=spot)")
                             w("fl.where(won, tap, part, out=part)")
             if counted is not None:
