@@ -43,14 +43,11 @@ _MAX_POSITIONS = 1 << 24
 
 
 def generate_pool(node: Node, cfg) -> GeneratedKernel:
-    body = body_of(node)
-    n = body.nodes[0]
+    n, x, y = _pool_of(node)
     label = region_label(node)
-    x, y = n.inputs[0], n.outputs[0]
     if any(not isinstance(d, int) for d in tuple(x.type.shape) + tuple(y.type.shape)):
         raise UnsupportedRegionError(n.op.name, label, "symbolic sizes (specialize the shapes first)", loc=n.loc)
-    N, Cc, H, W = x.type.shape
-    OH, OW = y.type.shape[2:]
+    P, H, W, OH, OW = _planes(x, y)
     op = n.op.name
     if 0 in tuple(x.type.shape) + tuple(y.type.shape):
         raise UnsupportedRegionError(op, label, "an empty tensor", loc=n.loc)
@@ -78,7 +75,6 @@ def generate_pool(node: Node, cfg) -> GeneratedKernel:
                 counted = (H + 2 * PH, W + 2 * PW, 0, 0) if with_pad else (H, W, PH, PW)
             else:
                 divisor = KH * KW
-    P = N * Cc
     # an item's window rows per output row (SH, plus the window's height once) and its columns (W
     # for OW outputs): how many accumulator-sized tiles it takes
     window = -(-((SH + DH * (KH - 1)) * W) // OW)
@@ -168,12 +164,8 @@ def _adaptive_bins(node: Node, cfg) -> GeneratedKernel:
     each bin's columns of that into the result, and each cell divided by its bin's size."""
     from fexplore.ir.ops.nn import adaptive_bins
 
-    body = body_of(node)
-    n = body.nodes[0]
-    x, y = n.inputs[0], n.outputs[0]
-    N, Cc, H, W = x.type.shape
-    OH, OW = y.type.shape[2:]
-    P = N * Cc
+    n, x, y = _pool_of(node)
+    P, H, W, OH, OW = _planes(x, y)
     bins_h, bins_w = adaptive_bins(H, OH), adaptive_bins(W, OW)
     tallest = max(b - a for a, b in bins_h)
     # live tiles, in output-row tiles (OW wide): the input rows of a band (its rows' share of H,
@@ -231,11 +223,8 @@ def _opening(node: Node, cfg, live: int, taken: set):
     as planes x rows of whole output rows, with `live` such tiles in SRAM and an item for every PE
     where the rows allow; the input a parameter of (P, H, W) planes; the header comment written."""
     body = body_of(node)
-    n = body.nodes[0]
-    x, y = n.inputs[0], n.outputs[0]
-    N, Cc, H, W = x.type.shape
-    OH, OW = y.type.shape[2:]
-    P = N * Cc
+    n, x, y = _pool_of(node)
+    P, H, W, OH, OW = _planes(x, y)
     planes, rows, cols = tile_sizes((P, OH, OW), cfg, live=live)
     if cols < OW:
         raise UnsupportedRegionError(n.op.name, region_label(node),
@@ -251,3 +240,15 @@ def _opening(node: Node, cfg, live: int, taken: set):
     w = Writer()
     header(w, node, body, "pooling", sig.header, inputs.literals)
     return planes, rows, fname, sig, xname, w
+
+
+def _pool_of(node: Node):
+    """(the pooling op, its input, its first result) of a pooling node or region."""
+    n = body_of(node).nodes[0]
+    return n, n.inputs[0], n.outputs[0]
+
+
+def _planes(x, y) -> tuple[int, ...]:
+    """(P, H, W, OH, OW): an NCHW pool's N * C planes and its input's and output's plane sizes."""
+    N, Cc, H, W = x.type.shape
+    return (N * Cc, H, W) + tuple(y.type.shape[2:])

@@ -164,13 +164,10 @@ def _round(graph: Graph, rewrites: list[Rewrite]) -> Graph:
     rw = Rewriter(graph)
     made: dict[str, Node] = {}  # value name -> the node that now produces it
     seen: dict[tuple, Node] = {}  # CSE table
-    used = _used_names(graph)
     _dedupe_constants(rw)
     for node in graph.nodes:
         ins = [rw.lookup(v) for v in node.inputs]
         if len(node.outputs) == 1 and not node.regions and _apply_rules(rw, node, ins, made):
-            continue
-        if _drop_unused_pool_indices(rw, node, ins, used, made):
             continue
         key = None if node.regions else (node.op.name, tuple(v.name for v in ins), node.attrs)
         if key is not None and key in seen:
@@ -206,34 +203,6 @@ def _apply_rules(rw: Rewriter, node: Node, ins, made) -> bool:
     return False
 
 
-def _used_names(graph: Graph) -> set[str]:
-    """Names of the values something reads: a node (in a region body too) or the graph's outputs."""
-    used = {v.name for v in graph.outputs}
-    stack = list(graph.nodes)
-    while stack:
-        n = stack.pop()
-        used.update(v.name for v in n.inputs)
-        for r in n.regions:
-            stack.extend(r.nodes)
-            used.update(v.name for v in r.outputs)
-    return used
-
-
-def _drop_unused_pool_indices(rw: Rewriter, node: Node, ins, used: set[str], made) -> bool:
-    """max_pool2d_with_indices whose indices nothing reads is max_pool2d. torch's MaxPool3d and
-    max_pool2d(return_indices=...) export the indices form whether or not they are used, and the
-    3-d pool is two 2-d passes of it (`convert.nn._max_pool3d`). The plain pool's kernel is the
-    cheaper one: the indices form carries each maximum's position beside it."""
-    if node.op.name != "max_pool2d_with_indices" or node.outputs[1].name in used:
-        return False
-    y = rw.emit("max_pool2d", [ins[0]], dict(node.attrs), name=node.outputs[0].name, loc=node.loc,
-                layout=node.outputs[0].type.layout)
-    made[y.name] = rw.nodes[-1]
-    rw.replace(node.outputs[0], y)
-    rw.record("drop-unused-pool-indices", [v.name for v in node.outputs], [y.name])
-    return True
-
-
 def _dedupe_constants(rw: Rewriter) -> None:
     """Identical literal or folded constants (same type and content) become one."""
     first: dict[tuple, Constant] = {}
@@ -248,13 +217,25 @@ def _dedupe_constants(rw: Rewriter) -> None:
             first[key] = c
 
 
+# A multi-result op whose extra results nothing reads, and the op that computes its first result
+# alone. torch's MaxPool3d and max_pool2d(return_indices=...) export the indices form whether or
+# not the indices are used (and the 3-d pool is two 2-d passes of it, `convert.nn._max_pool3d`):
+# the plain pool's kernel is the cheaper one, the indices form carries each maximum's position.
+_FIRST_RESULT_ONLY = {"max_pool2d_with_indices": ("max_pool2d", "drop-unused-pool-indices")}
+
+
 def _dce(rw: Rewriter) -> Graph:
-    """Drop nodes none of whose results are used (every op is pure)."""
+    """Drop nodes none of whose results are used (every op is pure), and compute only the first
+    result of an op whose others nothing reads, where it has a single-result twin."""
     outs = [rw.lookup(v) for v in rw.graph.outputs]
     live = {v.name for v in outs}
     kept = []
     for n in reversed(rw.nodes):
         if any(v.name in live for v in n.outputs):
+            twin = _FIRST_RESULT_ONLY.get(n.op.name)
+            if twin is not None and not any(v.name in live for v in n.outputs[1:]):
+                rw.record(twin[1], [v.name for v in n.outputs], [n.outputs[0].name])
+                n = Node(twin[0], n.inputs, dict(n.attrs), n.outputs[:1], n.loc)
             kept.append(n)
             live.update(v.name for v in n.inputs)
         else:
