@@ -8,10 +8,11 @@ each one (structure, then numbers against PyTorch eager).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import torch
 
-from fexplore.errors import ExportError, FexploreError, NumericMismatchError, VerificationError, VerificationMemoryError
+from fexplore.errors import ConfigError, ExportError, FexploreError, NumericMismatchError, VerificationError, VerificationMemoryError
 from fexplore.ir import DType, verify
 
 from .compiled import CompiledModel
@@ -29,6 +30,11 @@ from .stages.schedule import check_schedule
 
 # The graph stages after ingestion, in DESIGN.md's order.
 GRAPH_STAGES: list[Stage] = list(GRAPH_STAGE_LIST)
+
+# The options ingestion and every stage's check depend on: torch.export's dims; the oracle's input
+# sets (seed, random_input_sets); whether there are checks at all. A fork changing one shares no
+# stage. (The oracle's precision policy noise is rebuilt by a fork that changes the precision.)
+INGEST_READS = frozenset({"dynamic_shapes", "seed", "random_input_sets", "verify"})
 
 
 class Exploration:
@@ -53,6 +59,7 @@ class Exploration:
         self.options = options
         self.graph_stages = list(GRAPH_STAGES if stages is None else stages)
         self.records: list[StageRecord] = []
+        self.shared = 0   # of the records, how many a fork took from its parent (see fork)
         self._ingested: Ingested | None = None
         self._oracle: Oracle | None = None
         self._result: CompiledModel | None = None
@@ -122,10 +129,43 @@ class Exploration:
             self._result = CompiledModel(self.records, self._ingested, self.options)
         return self._result
 
+    def fork(self, **changes) -> "Exploration":
+        """The same model and inputs compiled with some options changed (``target``,
+        ``precision``, ``pe_fusion``, ...): the stages already run that read none of the changed
+        options are shared with this exploration (`Stage.reads`), not run again, and the fork
+        steps on from the first one that does. ``ex.fork(precision="bf16")`` after ``fusion``
+        starts at the precision stage; ``ex.fork(target="tiny")`` at layout. This exploration is
+        left as it was."""
+        try:
+            options = self.options.replace(**changes)
+        except TypeError:
+            known = ", ".join(f.name for f in dataclasses.fields(CompileOptions))
+            raise ConfigError(f"fork() takes compile options; got {', '.join(sorted(changes))}",
+                              hint=f"the options are {known}") from None
+        changed = {name for name in changes if _differs(name, self.options, options)}
+        shared = 0
+        if not changed & INGEST_READS:
+            for rec, reads in zip(self.records, [frozenset()] + [s.reads for s in self.graph_stages]):
+                if reads is None or changed & reads:
+                    break
+                shared += 1
+        fork = Exploration.__new__(Exploration)
+        fork.__dict__.update(self.__dict__)
+        fork.options = options
+        fork.records = [dataclasses.replace(r, options=options, schedules=None) for r in self.records[:shared]]
+        fork.shared = shared
+        fork._ingested = self._ingested if shared else None
+        # the oracle measures eager's error under the precision policy (its policy noise)
+        fork._oracle = self._oracle if shared and "precision" not in changed else None
+        fork._result = None
+        fork._pm = PassManager(fork.graph_stages, hooks=[fork._verify_hook])
+        return fork
+
     def __repr__(self) -> str:
         done = [r.name for r in self.records]
         todo = self.stage_names[len(done):]
-        return f"<Exploration done={done} next={todo}>"
+        forked = f" ({self.shared} shared with the exploration it was forked from)" if self.shared else ""
+        return f"<Exploration done={done} next={todo}{forked}>"
 
     # -- views (rendering lives in fexplore.viz, imported only when asked for) -------------
 
@@ -318,6 +358,20 @@ class Exploration:
         elif structural[0] and rec.lowering is not None:
             kernels = check_lowering(rec.after, rec.lowering, self._oracle)
         rec.verification = Verification(structural[0], structural[1], numeric, kernels)
+
+
+def _differs(name: str, old: CompileOptions, new: CompileOptions) -> bool:
+    """Whether option ``name`` differs: a target by its chip ("rngd" is the rngd preset); a value
+    that cannot be compared (torch.export Dims) is taken to differ unless it is the same object."""
+    if name == "target":
+        return old.chip != new.chip
+    a, b = getattr(old, name), getattr(new, name)
+    if a is b:
+        return False
+    try:
+        return bool(a != b)
+    except Exception:  # noqa: BLE001 - an object without a truthful ==
+        return True
 
 
 def _as_numpy(x):

@@ -41,6 +41,10 @@ class Stage:
     run: Callable[[Graph, Any], StageResult]
     doc: str = ""
     uses_lowering: bool = False  # run(graph, options, lowering=<the previous stage's Lowering>)
+    # the compile options (field names) its result depends on: an exploration forked with other
+    # values of none of them shares this stage's record (driver.Exploration.fork); None, a stage
+    # of one's own that did not say, is taken to read them all. A test holds the stages to theirs.
+    reads: frozenset | None = None
 
 
 @dataclass
