@@ -903,3 +903,29 @@ def test_a_convolution_epilogue_reads_a_relaid_out_residual():
     for target in TARGETS:
         gk = _check(node, arrays, target)
         assert gk.kind == "convolution" and sum(p.name.startswith("res") for p in gk.params) == 1
+
+
+def test_a_convolution_region_passes_on_an_input_it_does_not_compute():
+    """A region split to fit SRAM may hand a value it does not compute to the piece after it (UperNet's
+    FPN lateral conv on tiny: conv, relu, and the upsampled level relaid out for the next piece's
+    add), relaid or as it is. The kernel stores that input's tiles; it stored none (FK170)."""
+    b = Body(24)
+    x, up, skip = b.input("x", (1, 8, 6, 5)), b.input("up", (1, 16, 6, 5)), b.input("skip", (1, 16, 6, 5))
+    y = b("conv2d", b("relayout", x, order=(0, 2, 3, 1)), b.input("conv.weight", (16, 8, 1, 1)),
+          b.input("conv.bias", (16,)))
+    node, arrays = b.region(b("relu", y), b("relayout", up, order=(0, 2, 3, 1)), skip, kind="contraction"), b.arrays
+    for target in TARGETS:
+        gk = _check(node, arrays, target)
+        assert gk.kind == "convolution" and len(gk.results) == 3
+    b = Body(26)   # a contraction's region likewise
+    x, skip = b.input("x", (2, 7, 12)), b.input("skip", (2, 7, 5))
+    node = b.region(b("relu", b("linear", x, b.input("w", (5, 12)), b.input("bias", (5,)))), skip,
+                    kind="contraction")
+    for target in TARGETS:
+        assert _check(node, b.arrays, target).kind == "contraction"
+    # an output of another shape is not a tile of the convolution's: refused, and split by the stage
+    b = Body(25)
+    y = b("conv2d", b.input("x", (1, 8, 6, 5)), b.input("conv.weight", (16, 8, 1, 1)))
+    node = b.region(y, b.input("row", (1, 16, 1, 5)), kind="contraction")
+    with pytest.raises(UnsupportedRegionError, match="region output of shape \\[1, 16, 1, 5\\]"):
+        codegen.generate(node, "tiny")

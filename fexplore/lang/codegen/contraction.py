@@ -153,6 +153,13 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
                     fail(n, "an epilogue operand with more axes than the result")
                 seen.add(x.name)
                 epi_params.append((x, aligned(x.type.shape, rank)))
+    for o in body.outputs:   # every output is stored as a tile of the contraction's output
+        if tuple(o.type.shape) != tuple(out_t.shape) or o.name in inputs.literals:
+            fail(producer.get(o.name, first), f"a region output of shape {list(o.type.shape)} beside the "
+                 f"contraction's {list(out_t.shape)}")
+        if o.name in body_inputs and o.name not in seen:   # passed on: a region split to fit SRAM
+            seen.add(o.name)                               # hands a value to the piece after it
+            epi_params.append((o, aligned(o.type.shape, rank)))
     pats = [pattern(s[:-1], lead) for _, s in epi_params]
     a_lead = aligned(first.inputs[0].type.shape[:-1], len(lead))
     if access.indexed and any(a == 1 and d != 1 for a, d in zip(a_lead, lead)):

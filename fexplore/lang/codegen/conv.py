@@ -283,19 +283,27 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     # epilogue reads the input itself (a residual add of a value made in another layout)
     relaid = {n.outputs[0].name: n.inputs[0] for n in body.nodes
               if n.op.name == "relayout" and n.inputs[0].name in body_inputs}
+    made_by = {v.name: n for n in body.nodes for v in n.outputs}
+    for o in body.outputs:   # every output is stored as a tile of the convolution's output shape
+        if tuple(o.type.shape) != out_shape:
+            fail(made_by.get(o.name, convs[0]), f"a region output of shape {list(o.type.shape)} beside the "
+                 f"convolution's {list(out_shape)}")
+    # the region inputs the epilogue reads, and those an output passes on (relaid or not: a region
+    # split to fit SRAM hands a value it does not compute to the piece after it), loaded as tiles
+    read = [(n, v) for n in epilogue for v in n.inputs] + \
+        [(made_by.get(o.name, convs[0]), o) for o in body.outputs if o.name in relaid or o.name in body_inputs]
     epi_boxes = {}
-    for n in epilogue:
-        for v in n.inputs:
-            v = relaid.get(v.name, v)
-            if v.name in body_inputs and v.name not in inputs.literals and v.name not in epi_boxes:
-                if v.type.rank > 4:
-                    fail(n, "an epilogue operand with more axes than the result")
-                sh = aligned(tuple(v.type.shape), 4)
-                spec = [f'"{a}"' if s == d and d != 1 else str(s) for s, d, a in zip(sh, out_shape, "BOPQ")]
-                full = [s == d and d != 1 for s, d in zip(sh, out_shape)]
-                idx = ["b" if full[0] else "0"] + [var if f else "0:1" for var, f in zip(("os_", "ps", "qs"), full[1:])]
-                pn = add_param(v, sh, spec)
-                epi_boxes[v.name] = f"{pn}[{', '.join(idx)}]"
+    for n, v in read:
+        v = relaid.get(v.name, v)
+        if v.name in body_inputs and v.name not in inputs.literals and v.name not in epi_boxes:
+            if v.type.rank > 4:
+                fail(n, "an epilogue operand with more axes than the result")
+            sh = aligned(tuple(v.type.shape), 4)
+            spec = [f'"{a}"' if s == d and d != 1 else str(s) for s, d, a in zip(sh, out_shape, "BOPQ")]
+            full = [s == d and d != 1 for s, d in zip(sh, out_shape)]
+            idx = ["b" if full[0] else "0"] + [var if f else "0:1" for var, f in zip(("os_", "ps", "qs"), full[1:])]
+            pn = add_param(v, sh, spec)
+            epi_boxes[v.name] = f"{pn}[{', '.join(idx)}]"
 
     w_ = Writer()
     header(w_, node, body, "convolution", sig.header, inputs.literals)
