@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fexplore
+from variants import compile_variant
 
 GRID = [(t, p) for t in ("rngd", "tiny") for p in ("fp32", "bf16")]
 
@@ -119,9 +120,11 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_contraction_and_convolution_gaps_are_generated_kernels(case, target, precision):
     make, inputs = CASES[case]
-    torch.manual_seed(0)
-    model = make().eval()
-    cm = fexplore.compile(model, inputs(), target=target, precision=precision)
+
+    def explore():
+        torch.manual_seed(0)
+        return fexplore.explore(make().eval(), inputs())
+    cm = compile_variant(("contraction gaps", case), explore, target=target, precision=precision)
     low = cm.stages[-1].lowering
     host = [(x.op, x.reason) for x in low.host_ops if x.op != "embedding"]   # the gather is another part
     assert not host, host

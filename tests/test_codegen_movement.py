@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import fexplore
 from fexplore.lang import codegen
 from fexplore.lang.codegen import UnsupportedRegionError
+from variants import compile_variant
 
 TARGETS = ["rngd", "tiny"]
 PRECISIONS = ["fp32", "bf16"]
@@ -146,8 +147,8 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plain_op_becomes_a_kernel(case, target, precision):
     fn, inputs, op, kind = CASES[case]
-    torch.manual_seed(0)
-    cm = fexplore.compile(Fn(fn), inputs, target=target, precision=precision)
+    cm = compile_variant(("movement", case), lambda: fexplore.explore(Fn(fn), inputs),
+                         target=target, precision=precision)
     low = cm.stages[-1].lowering
     assert not [(x.op, x.reason) for x in low.host_ops if x.op == op], low.host_ops
     made = [k for k in low.kernels if k.node.op.name == op]

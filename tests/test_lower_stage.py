@@ -13,6 +13,7 @@ import fexplore
 from fexplore import lang as fl
 from fexplore.errors import NumericMismatchError
 from fexplore.models import ZOO
+from variants import explored
 
 
 @pytest.fixture(autouse=True)
@@ -30,9 +31,12 @@ def test_every_zoo_model_lowers_and_verifies(name, target, precision):
     SRAM per PE: real tiling, rows split into chunks, channels into tiles) every op is a kernel or
     a free view, none a host op, and the program run on the simulated chip equals eager within
     the precision's tolerance."""
-    torch.manual_seed(0)
-    model, inputs = ZOO[name]()
-    cm = fexplore.compile(model, inputs, target=target, precision=precision)
+    def explore():
+        torch.manual_seed(0)
+        return fexplore.explore(*ZOO[name]())
+    ex = explored(("zoo", name), explore)   # the four variants fork one export
+    model, inputs = ex.model, ex.example_inputs
+    cm = ex.fork(target=target, precision=precision).result
     rec = cm["lower"]
     low = cm.lowering
     assert [r.name for r in cm.stages][-3:] == ["precision", "lower", "schedule"]
