@@ -478,7 +478,7 @@ def test_the_lowered_graph_view_marks_kernels_and_host_ops():
 
 
 def test_tile_search_keeps_the_fastest_tiling_it_traced():
-    from fexplore.pipeline.stages.tiles import MIN_GAIN, tile_params
+    from fexplore.pipeline.stages.tiles import MIN_GAIN, MIN_SEARCH_CYCLES, tile_params
 
     torch.manual_seed(0)
     model, inputs = ZOO["cnn"]()
@@ -487,6 +487,11 @@ def test_tile_search_keeps_the_fastest_tiling_it_traced():
     assert len(tiles) == len([k for k in cm.schedule.kernels if k.how == "generated"])
     searched = [t for t in tiles if not t.skipped]
     assert searched and any(t.changed for t in searched)
+    # a kernel faster alone than the search's floor keeps its defaults, timed once
+    small = [t for t in tiles if "floor" in t.skipped]
+    assert small and all(t.default_cycles < MIN_SEARCH_CYCLES and t.chosen == t.default and t.tried == 1
+                         for t in small)
+    assert all(t.default_cycles >= MIN_SEARCH_CYCLES for t in searched)
     for t in searched:
         timed = [c for _, c in t.candidates if c is not None]
         # the fastest, or one as fast (within MIN_GAIN) that moves fewer DRAM bytes
