@@ -138,3 +138,34 @@ def test_inputs_only_read_are_not_copied_and_inputs_written_are():
     out = prog.simulate({"W": weights, "S": state}).outputs["Y"]
     np.testing.assert_array_equal(out, weights * 2)
     assert not state.any()
+
+
+def test_a_run_holds_the_memory_alive_at_a_point_not_all_it_ever_used():
+    """A chain of scratch tensors, each written once and read by the next step: the hazard
+    check's per-element tracks (8 bytes an element) and the SRAM tiles are dropped after their
+    last command, so a run's peak is its DRAM and a few live tensors' tracks; it kept the tracks of
+    every scratch tensor (three times their f32 bytes) and every tile to the end."""
+    import tracemalloc
+
+    rows, steps = 64, 12
+    b = ProgramBuilder("tiny")
+    src = b.input("X", (rows, 256), "f32")
+    for i in range(steps):
+        dst = b.output("Y", (rows, 256), "f32") if i == steps - 1 else b.scratch(f"s{i}", (rows, 256), "f32")
+        for r in range(0, rows, 16):
+            t = b.alloc(f"t{i}_{r}", (16, 256), "f32")
+            b.load(t, src[r:r + 16])
+            b.vector(t, "add", t, t)
+            b.store(dst[r:r + 16], t)
+        src = dst
+    prog = b.build()
+    x = np.ones((rows, 256), np.float32)
+    dram_bytes = (steps + 1) * rows * 256 * 4
+    tracemalloc.start()
+    try:
+        res = prog.simulate({"X": x})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(res.outputs["Y"], x * 2 ** steps)
+    assert peak < 1.6 * dram_bytes, (peak, dram_bytes)

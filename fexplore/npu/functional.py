@@ -1,8 +1,9 @@
 """Functional mode: run the commands with numpy so the simulated chip computes real numbers.
 
 DRAM is a dict of named numpy arrays: inputs copied in (never the caller's arrays), outputs and
-scratch filled with NaN; a view shares its storage's array. Each SRAM buffer is a fresh array filled with NaN at its first use, so a
-read of memory nothing wrote shows up as NaN in the result rather than as plausible garbage.
+scratch filled with NaN; a view shares its storage's array. Each SRAM buffer is a fresh array
+filled with NaN at its first use, so a read of memory nothing wrote shows up as NaN in the result
+rather than as plausible garbage, and is dropped after its last.
 Contractions widen to f32 (i32 for integer modes) and accumulate there, as the tensor unit does;
 vector ops compute in f32 (see `vector_ops`); every write casts to the destination's dtype.
 """
@@ -92,7 +93,16 @@ def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
         return arr
 
     commands = program.commands
-    for cid in order:
+    # a buffer's array is dropped after the last command that touches it (a resident tensor's is
+    # its DRAM array, kept): the run holds the SRAM alive at a point, not every buffer it used
+    last = {b.id: pos for pos, cid in enumerate(order) for b in (*commands[cid].reads, *commands[cid].writes)}
+    done_after: dict[int, list[int]] = {}
+    for bid, pos in last.items():
+        if bid not in sram:
+            done_after.setdefault(pos, []).append(bid)
+    for pos, cid in enumerate(order):
+        for bid in done_after.get(pos - 1, ()):
+            sram.pop(bid, None)
         c = commands[cid]
         if isinstance(c, Stage):   # into the resident tensor (its SRAM, seen as its array here)
             dram[c.into.tensor.name][c.into.slices] = dram[c.src.tensor.name][c.src.slices]

@@ -16,7 +16,8 @@ the dependencies were derived:
 
 DRAM is tracked per element (the last writer and the latest-ending reader of each element of
 every storage some command writes), so partly overlapping boxes, views and tilings are exact;
-storages nothing writes (inputs, weights) have no hazards and cost nothing.
+storages nothing writes (inputs, weights) have no hazards and cost nothing, and a storage's tracks
+are dropped after the last command that touches it.
 """
 
 from __future__ import annotations
@@ -107,6 +108,12 @@ def _memory_order(program, trace) -> list[str]:
     written = {r.tensor.storage for c in cmds for r, w in dram_accesses(c) if w}
     ends_of = np.append(np.asarray(end, dtype=np.float64), -np.inf)   # id -1 (none) ends at -inf
     tracks: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    # a storage's tracks are dropped after the last command that touches it: the check holds the
+    # tracks of the storages alive at a point of the program, not of every one it writes
+    last = {r.tensor.storage: c.id for c in cmds for r, _ in dram_accesses(c)}
+    done_after: dict[int, list[str]] = {}
+    for storage, i in last.items():
+        done_after.setdefault(i, []).append(storage)
     for c in cmds:
         i, s = c.id, start[c.id]
         for ref, write in dram_accesses(c):
@@ -131,6 +138,8 @@ def _memory_order(program, trace) -> list[str]:
                 w_id[...], r_id[...] = i, -1
             else:
                 r_id[end[i] > ends_of[r_id]] = i
+        for storage in done_after.get(i, ()):
+            tracks.pop(storage, None)
     return found
 
 
