@@ -18,7 +18,8 @@ from fexplore.errors import (ConfigError, ControlFlowError, ExportError, Fexplor
                              VerificationError, VerificationMemoryError)
 from fexplore.lang.codegen import UnsupportedRegionError
 from fexplore.npu import ProgramBuilder, get_target
-from fexplore.npu.errors import HazardError, IndexOutOfRangeError, ProgramError, SRAMOverflowError
+from fexplore.npu.errors import (HazardError, IndexOutOfRangeError, ProgramError, SimulationMemoryError,
+                                 SRAMOverflowError)
 from fexplore.pipeline.ingest import IngestionError
 
 
@@ -174,11 +175,12 @@ def test_FX301_a_custom_op_registered_with_a_wrong_reference():
     fexplore.compile(UsesTwice(), (torch.randn(4, 5),))
 
 
-def test_FX303_a_check_that_runs_out_of_memory_is_not_called_a_wrong_program():
-    def needs_a_petabyte(x):
-        np.empty((1 << 47,))   # what a real-sized tensor asks of a small machine
-        return x * 2
+def needs_a_petabyte(x):
+    np.empty((1 << 47,))   # what a real-sized tensor asks of a small machine
+    return x * 2
 
+
+def test_FX303_a_check_that_runs_out_of_memory_is_not_called_a_wrong_program():
     fexplore.register_op(torch.ops.fexplore_catalog.twice, reference=needs_a_petabyte)
     try:
         with pytest.raises(VerificationMemoryError) as e:
@@ -462,6 +464,33 @@ def test_FX503_a_run_that_breaks_program_order():
         bad.simulate({"A": np.zeros((64, 64), np.float32)})
     check(e.value, HazardError, message="broke program order", hint="a dependency is missing")
     assert "reads SRAM buffer 'a'" in str(e.value)
+
+
+def test_FX504_a_functional_run_beyond_the_machines_memory():
+    b = ProgramBuilder("tiny")
+    X = b.input("X", (8, 8), "f32")
+    Y = b.output("Y", (8, 8), "f32")
+    big = b.output("Big", (1 << 20, 1 << 20), "f32")   # 4 TiB of DRAM
+    a = b.alloc("a", (8, 8), "f32")
+    b.load(a, X)
+    b.store(Y, a)
+    b.store(big[0:8, 0:8], a)
+    prog = b.build()
+    assert prog.simulate().cycles > 0   # timing needs no values
+    with pytest.raises(SimulationMemoryError) as e:
+        prog.simulate({"X": np.zeros((8, 8), np.float32)})
+    check(e.value, SimulationMemoryError, message="with values ran out of memory",
+          hint="simulate() without inputs times the program")
+    # a compiled model's run on the chip: its host op (a custom op's reference) asks for a petabyte
+    fexplore.register_op(torch.ops.fexplore_catalog.twice, reference=needs_a_petabyte)
+    try:
+        x = torch.randn(4, 5)
+        cm = fexplore.compile(UsesTwice(), (x,), verify=False)
+        with pytest.raises(SimulationMemoryError) as e:
+            cm(x)
+    finally:
+        fexplore.register_op(torch.ops.fexplore_catalog.twice)
+    assert "Unable to allocate" in e.value.message
 
 
 # ---- FK190: the kernel generator ---------------------------------------------------------------------

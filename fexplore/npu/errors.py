@@ -73,3 +73,21 @@ class HazardError(FexploreError):
                 "        prog.tensors, prog.allocation).simulate(inputs)",
         fix="Let the builder infer dependencies (omit deps=) or add the missing one; for a "
             "compiled model, report it: the schedule stage's check names the command pair.")
+
+
+class SimulationMemoryError(FexploreError):
+    """A functional run on the simulator needs more memory than the machine has: the program's
+    DRAM tensors (inputs, weights, every intermediate) are numpy arrays of their full size."""
+
+    code = "FX504"
+    doc = ErrorDoc(
+        when="A program run on the simulator in functional mode (cm(x), cm.simulate(x), "
+             "trace.simulate(inputs)) needs more memory than the machine has: its DRAM is numpy "
+             "arrays of every tensor's full size (inputs, weights, intermediates), and the run's "
+             "hazard check tracks each element some command writes while it is alive. The "
+             "program is not known to be wrong; it could not be run here.",
+        example="cm = fexplore.compile(big_image_model, (x,), verify=False)\n"
+                "cm(x)   # 24 layers of 180 channels at full resolution",
+        fix="Run a smaller input (a shorter sequence, a smaller image) or a smaller "
+            "configuration of the model; cm.simulate() without inputs times the program "
+            "without computing its values.")

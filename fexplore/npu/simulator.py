@@ -163,7 +163,16 @@ def simulate(program: Program, inputs: dict | None = None, *, functional: bool |
         from fexplore.npu.functional import execute
         from fexplore.npu.racecheck import raise_on_violations
 
-        # numbers from a run that broke program order are not the program's: check the run first
-        raise_on_violations(program, trace)
-        dram = execute(program, inputs or {}, trace.order)
+        try:
+            # numbers from a run that broke program order are not the program's: check it first
+            raise_on_violations(program, trace)
+            dram = execute(program, inputs or {}, trace.order)
+        except MemoryError as e:
+            from fexplore.npu.errors import SimulationMemoryError
+
+            raise SimulationMemoryError(
+                f"running program {program.name!r} with values ran out of memory "
+                f"({str(e).splitlines()[0] if str(e) else 'MemoryError'})",
+                hint="run a smaller input or configuration; simulate() without inputs times the "
+                     "program without computing its values") from None
     return SimResult(program, trace, dram, wall_s=time.perf_counter() - t0)

@@ -14,6 +14,7 @@ import torch
 
 from fexplore.errors import ConfigError, ExportError, FexploreError, NumericMismatchError, VerificationError, VerificationMemoryError
 from fexplore.ir import DType, verify
+from fexplore.npu.errors import SimulationMemoryError
 
 from .compiled import CompiledModel
 from .export import export_model, real_state
@@ -328,9 +329,10 @@ class Exploration:
             return
         try:
             self._verify(rec)
-        except MemoryError as e:   # the check could not run: no verdict on the program
+        except (MemoryError, SimulationMemoryError) as e:   # the check could not run: no verdict
+            why = e.message if isinstance(e, SimulationMemoryError) else (str(e).splitlines()[0] if str(e) else "MemoryError")
             raise VerificationMemoryError(
-                f"stage '{rec.name}': its check ran out of memory ({str(e).splitlines()[0] if str(e) else 'MemoryError'})",
+                f"stage '{rec.name}': its check ran out of memory ({why})",
                 hint="verify a smaller configuration of the model, or pass random_input_sets=0; "
                      "compile(..., verify=False) skips the checks") from None
 
