@@ -23,7 +23,7 @@ REPRESENTATIVE = {
     "window-last-row-dropped": (["conv-bn"], "lower check (kernels in the interpreter)"),
     "streamed-weights-stale": (["streamed-linear"], "lower check (kernels in the interpreter)"),
     "split-row-statistics-short": (["long-rows@tiny"], "lower check (kernels in the interpreter)"),
-    "sram-reuse-wait-missing": (["norm-mlp@tiny"], "simulator hazard check (schedule)"),
+    "sram-reuse-wait-missing": (["reuse-before-last-reader@tiny"], "simulator hazard check (program)"),
     "sram-reuse-wait-first-writer-only": (["resident-over-reused-sram@tiny"], "simulator hazard check (program)"),
 }
 CASES = sorted({c for cases, _ in REPRESENTATIVE.values() for c in cases})

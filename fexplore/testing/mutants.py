@@ -384,9 +384,9 @@ class _LongRows(torch.nn.Module):
 
 
 class _NormMLP(torch.nn.Module):
-    """A layer norm, an MLP on it and the residual add: on `tiny`, at 48 tokens of 96, the MLP's
-    tiles take SRAM the norm's tiles used, so a tile placed there before their last reader is done
-    shows as two live buffers on one address."""
+    """A layer norm, an MLP on it and the residual add (48 tokens of 96, on `tiny`): kernels
+    whose tiles take SRAM another kernel's tiles used. Whether a missing reuse wait then shows
+    depends on the tiles the schedule picks; `_reuse_before_last_reader` builds the case by hand."""
 
     def __init__(self, k=96, n=256):
         super().__init__()
@@ -468,6 +468,35 @@ def _resident_over_reused_space():
     return b.build(), inputs
 
 
+def _reuse_before_last_reader():
+    """On `tiny`, a tile that must take the space of two tiles a long contraction still reads: PE
+    0's 64 KiB hold x, w, acc and a filler, and z (16 KiB) fits only where x or w was. z's load
+    needs nothing z's data depends on, so only the allocator's reuse wait keeps it after the last
+    contraction reading that space."""
+    from fexplore.npu import ProgramBuilder
+
+    b = ProgramBuilder("tiny", name="reuse-before-last-reader")
+    X, W, F = b.input("X", (64, 64)), b.input("W", (64, 64)), b.input("F", (48, 64))
+    Y, Z, G = b.output("Y", (64, 64)), b.output("Z", (64, 64)), b.output("G", (48, 64))
+    x, w, acc = b.alloc("x", (64, 64), pe=0), b.alloc("w", (64, 64), pe=0), b.alloc("acc", (64, 64), pe=0)
+    filler = b.alloc("filler", (48, 64), pe=0)   # 60 KiB in all
+    b.load(x, X)
+    b.load(w, W)
+    b.load(filler, F)
+    for i in range(4):   # x's and w's last readers, long after the DMA queue is free
+        b.contract(acc, "mk,kn->mn", x, w, accumulate=i > 0)
+    z = b.alloc("z", (64, 64), pe=0)
+    b.load(z, X)   # z's data: X again (any DRAM box); its space: x's or w's
+    b.vector(z, "exp", z)
+    b.store(Z, z)
+    b.store(Y, acc)
+    b.store(G, filler)
+    rng = np.random.default_rng(0)
+    inputs = {n: rng.standard_normal(shape).astype(np.float32)
+              for n, shape in (("X", (64, 64)), ("W", (64, 64)), ("F", (48, 64)))}
+    return b.build(), inputs
+
+
 def _seeded(fn):
     def build():
         g = torch.Generator().manual_seed(0)
@@ -496,6 +525,7 @@ CASES: list[Case] = [
     Case("norm-mlp@tiny", _seeded(lambda g: (_NormMLP().eval(), (torch.randn(1, 48, 96, generator=g),))),
          {"target": "tiny"}),
     ProgramCase("resident-over-reused-sram@tiny", _resident_over_reused_space),
+    ProgramCase("reuse-before-last-reader@tiny", _reuse_before_last_reader),
     Case("gpt", _zoo("gpt")),
     Case("bart@tiny", _seeded(_bart_tiny), {"target": "tiny"}),
     Case("llama", _zoo("llama")),
