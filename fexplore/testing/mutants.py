@@ -462,10 +462,7 @@ def _resident_over_reused_space():
     b.store(Z, r)
     b.store(Y, acc)
     b.store(G, filler)
-    rng = np.random.default_rng(0)
-    inputs = {n: rng.standard_normal(shape).astype(np.float32)
-              for n, shape in (("X", (32, 64)), ("W", (64, 64)), ("F", (112, 64)))}
-    return b.build(), inputs
+    return b.build(), _normal_inputs(X=(32, 64), W=(64, 64), F=(112, 64))
 
 
 def _reuse_before_last_reader():
@@ -491,10 +488,13 @@ def _reuse_before_last_reader():
     b.store(Z, z)
     b.store(Y, acc)
     b.store(G, filler)
+    return b.build(), _normal_inputs(X=(64, 64), W=(64, 64), F=(48, 64))
+
+
+def _normal_inputs(**shapes) -> dict:
+    """A hand-built program's inputs by name: standard normal f32, seeded."""
     rng = np.random.default_rng(0)
-    inputs = {n: rng.standard_normal(shape).astype(np.float32)
-              for n, shape in (("X", (64, 64)), ("W", (64, 64)), ("F", (48, 64)))}
-    return b.build(), inputs
+    return {n: rng.standard_normal(shape).astype(np.float32) for n, shape in shapes.items()}
 
 
 def _seeded(fn):
