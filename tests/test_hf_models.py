@@ -12,7 +12,6 @@ convolutional nets get variance-preserving weights and non-trivial batch-norm st
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 import math
 
@@ -29,6 +28,7 @@ from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_mo
 
 import fexplore
 from fexplore import cli, ir
+from variants import explored
 
 VOCAB = 96
 SEQ = 8
@@ -570,20 +570,13 @@ def _assert_spread(want):
 VARIANTS = [("rngd", "fp32"), ("rngd", "bf16"), ("tiny", "fp32"), ("tiny", "bf16")]
 
 
-@functools.lru_cache(maxsize=1)   # an architecture's variants run one after another
-def _explored(name):
-    model, inputs = build(name)
-    want = _eager(model, inputs)
-    _assert_spread(want)
-    ex = fexplore.explore(model, inputs)
-    ex["shapes"]
-    return inputs, want, ex
-
-
 @pytest.mark.parametrize("name, target, precision", [(n, t, p) for n in sorted(FACTORIES) for t, p in VARIANTS],
                          ids=[f"{n}-{t}-{p}" for n in sorted(FACTORIES) for t, p in VARIANTS])
 def test_hf_model_lowers_verifies_and_runs(name, target, precision):
-    inputs, want, ex = _explored(name)
+    ex = explored(("hf", name), lambda: fexplore.explore(*build(name)))   # one export for the four
+    inputs = ex.example_inputs
+    want = _eager(ex.model, inputs)
+    _assert_spread(want)
     fork = ex.fork(target=target, precision=precision)
     cm = fork.result
     # a generator that raises or writes a kernel the language rejects is a bug the fallbacks hide

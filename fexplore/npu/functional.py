@@ -96,13 +96,8 @@ def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
     # a buffer's array is dropped after the last command that touches it (a resident tensor's is
     # its DRAM array, kept): the run holds the SRAM alive at a point, not every buffer it used
     last = {b.id: pos for pos, cid in enumerate(order) for b in (*commands[cid].reads, *commands[cid].writes)}
-    done_after: dict[int, list[int]] = {}
-    for bid, pos in last.items():
-        if bid not in sram:
-            done_after.setdefault(pos, []).append(bid)
+    resident = set(sram)
     for pos, cid in enumerate(order):
-        for bid in done_after.get(pos - 1, ()):
-            sram.pop(bid, None)
         c = commands[cid]
         if isinstance(c, Stage):   # into the resident tensor (its SRAM, seen as its array here)
             dram[c.into.tensor.name][c.into.slices] = dram[c.src.tensor.name][c.src.slices]
@@ -135,6 +130,9 @@ def execute(program: Program, inputs: dict, order) -> dict[str, np.ndarray]:
             got = c.fn(*[dram[r.tensor.name][r.slices].reshape(r.shape) for r in c.src])
             for r, y in zip(c.dst, got):
                 dram[r.tensor.name][r.slices] = np.asarray(y).reshape(r.shape)
+        for b in (*c.reads, *c.writes):
+            if last[b.id] == pos and b.id not in resident:
+                sram.pop(b.id, None)
     return dram
 
 

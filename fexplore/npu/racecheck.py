@@ -111,9 +111,6 @@ def _memory_order(program, trace) -> list[str]:
     # a storage's tracks are dropped after the last command that touches it: the check holds the
     # tracks of the storages alive at a point of the program, not of every one it writes
     last = {r.tensor.storage: c.id for c in cmds for r, _ in dram_accesses(c)}
-    done_after: dict[int, list[str]] = {}
-    for storage, i in last.items():
-        done_after.setdefault(i, []).append(storage)
     for c in cmds:
         i, s = c.id, start[c.id]
         for ref, write in dram_accesses(c):
@@ -138,8 +135,9 @@ def _memory_order(program, trace) -> list[str]:
                 w_id[...], r_id[...] = i, -1
             else:
                 r_id[end[i] > ends_of[r_id]] = i
-        for storage in done_after.get(i, ()):
-            tracks.pop(storage, None)
+        for ref, _ in dram_accesses(c):
+            if last[ref.tensor.storage] == i:
+                tracks.pop(ref.tensor.storage, None)
     return found
 
 

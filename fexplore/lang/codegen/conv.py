@@ -283,15 +283,14 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     # epilogue reads the input itself (a residual add of a value made in another layout)
     relaid = {n.outputs[0].name: n.inputs[0] for n in body.nodes
               if n.op.name == "relayout" and n.inputs[0].name in body_inputs}
-    made_by = {v.name: n for n in body.nodes for v in n.outputs}
     for o in body.outputs:   # every output is stored as a tile of the convolution's output shape
         if tuple(o.type.shape) != out_shape:
-            fail(made_by.get(o.name, convs[0]), f"a region output of shape {list(o.type.shape)} beside the "
+            fail(producer.get(o.name, convs[0]), f"a region output of shape {list(o.type.shape)} beside the "
                  f"convolution's {list(out_shape)}")
     # the region inputs the epilogue reads, and those an output passes on (relaid or not: a region
     # split to fit SRAM hands a value it does not compute to the piece after it), loaded as tiles
     read = [(n, v) for n in epilogue for v in n.inputs] + \
-        [(made_by.get(o.name, convs[0]), o) for o in body.outputs if o.name in relaid or o.name in body_inputs]
+        [(producer.get(o.name, convs[0]), o) for o in body.outputs if o.name in relaid or o.name in body_inputs]
     epi_boxes = {}
     for n, v in read:
         v = relaid.get(v.name, v)
