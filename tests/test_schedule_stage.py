@@ -504,6 +504,41 @@ def test_tile_search_keeps_the_fastest_tiling_it_traced():
     assert any(w == "tiles" for w, _ in cm.schedule.decisions)
 
 
+def test_a_compiles_tile_search_stays_in_its_budget_and_spends_it_on_the_slowest_kernels(monkeypatch):
+    """A model of hundreds of kernels on a small chip searched every kernel's tiles: minutes of
+    compile. The search has a budget of traced commands per compile; the kernels with the most
+    cycles (alone, times their copies) are searched first, the rest keep their defaults, and the
+    choices do not depend on what earlier compiles in the process measured."""
+    from fexplore.pipeline.stages import tiles
+
+    torch.manual_seed(0)
+    model, inputs = ZOO["vit"]()
+    unbounded = fexplore.compile(model, inputs, target="tiny", verify=False).schedule
+    budget = unbounded.tile_search_commands // 3
+    monkeypatch.setattr(tiles, "SEARCH_BUDGET", budget)
+    cm = fexplore.compile(model, inputs, target="tiny")   # verified: the program still equals eager
+    sched = cm.schedule
+    assert 0 < sched.tile_search_commands <= budget
+    left = [t for t in sched.tiles if "budget" in t.skipped]
+    searched = [t for t in sched.tiles if not t.skipped and not t.same_as]
+    assert left and searched and all(t.chosen == t.default for t in left)
+    copies = {}
+    for t in sched.tiles:
+        root = t.same_as or t.kernel
+        copies[root] = copies.get(root, 0) + 1
+    weight = {t.kernel: t.default_cycles * copies[t.kernel] for t in sched.tiles if not t.same_as}
+    assert min(weight[t.kernel] for t in searched) >= max(weight[t.kernel] for t in left if not t.same_as)
+    assert any(w == "tile budget" for w, _ in sched.decisions)
+    _close_to_eager(cm(*inputs), _eager(model, inputs))
+    # measured afresh, the same choices for the same spend: the budget counts commands, and
+    # measurements kept from the compiles before are charged as if traced again
+    tiles._MEASURED.clear()
+    again = fexplore.compile(model, inputs, target="tiny", verify=False).schedule
+    assert again.tile_search_commands == sched.tile_search_commands
+    assert [(t.kernel, t.chosen, t.skipped) for t in again.tiles] == \
+        [(t.kernel, t.chosen, t.skipped) for t in sched.tiles]
+
+
 def test_the_issue_order_keeps_a_pes_buffers_within_its_sram():
     """A movement kernel's loads have no inputs to wait for; hoisted ahead of the stores that
     free their buffers, sixteen of them at once overflowed SRAM and sent a whole program to the

@@ -132,8 +132,8 @@ def test_a_tile_search_never_grows_a_buffer_past_the_programs_share(monkeypatch)
     assert 8 * 128 * 4 <= cap < 8 * 512 * 4   # the default fits the share, 4x the default does not
 
     def search(key):
-        tiles._CACHE.clear()
-        return tiles.best_trace("doubled", doubled, (x,), cfg, key)[1]
+        tiles._MEASURED.clear()
+        return tiles.TileSearch(cfg).trace("doubled", doubled, (x,), key)[1]
 
     choice = search("capped")
     assert 8 * choice.chosen["tn"] * 4 <= cap

@@ -126,10 +126,10 @@ class Mutant:
 
 
 def _clear_caches() -> None:
-    """Results kept across compiles that a mutant may have made (tile choices per kernel source)."""
+    """Results kept across compiles that a mutant may have made (tile measurements per kernel source)."""
     from fexplore.pipeline.stages import tiles
 
-    tiles._CACHE.clear()
+    tiles._MEASURED.clear()
 
 
 # -- the mutants -------------------------------------------------------------------------------

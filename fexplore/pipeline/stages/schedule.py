@@ -24,8 +24,9 @@ When the kernels' own tiles then do not fit, the stage spills (schedules with ev
 in DRAM) and records that decision with its reason.
 
 Tile sizes: each generated kernel's tiling parameters are searched with the cost model
-(`tiles.py`: candidates traced, timed alone on the simulator, the fastest kept); the choices are
-in ``Schedule.tiles`` and the stage's decisions.
+(`tiles.py`: candidates traced, timed alone on the simulator, the fastest kept; the slowest kernels
+first, within a budget of traced commands per compile); the choices are in ``Schedule.tiles`` and
+the stage's decisions.
 
 The stage's result is a `Schedule`: the program, the map from graph values to DRAM tensors, and
 the span of commands of each kernel, so a timeline event names its kernel, module and source
@@ -72,6 +73,7 @@ class Schedule:
     decisions: list = field(default_factory=list)  # (what, why): spills, serial fallback, residency
     residency: dict = field(default_factory=dict)  # intermediates kept in SRAM, their bytes
     tiles: list = field(default_factory=list)      # tiles.TileChoice per generated kernel
+    tile_search_commands: int = 0                  # what the tile search traced (its budget's unit)
 
     def dram_inputs(self, arrays) -> dict:
         feed = {self.tensor_of[n]: np.asarray(a) for n, a in zip(self.inputs, arrays)}
@@ -137,6 +139,7 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
              "resident_bytes": sched.residency.get("bytes", 0),
              "decisions": [f"{w}: {why}" for w, why in sched.decisions],
              "kernels_retiled": sum(t.changed for t in sched.tiles),
+             "tile_search_commands": sched.tile_search_commands,
              "build_s": time.perf_counter() - t0}
     summary = (f"{stats['kernels']} kernels, {stats['host_ops']} host ops -> {stats['commands']} commands; "
                f"simulated {stats['latency_us']:.1f} us on {sched.target.name}, "
@@ -302,6 +305,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
             staged[v.name] = b.resident(f"{v.name}@sram", _shape(v), _dtype(v), pe=on_chip[v.name])
             staged_base[v.name] = v.name
     units = _units(graph, lowering)
+    search = _plan_tiles(units, cfg) if search_tiles else None
     # free views first: a view's tensor must exist before any command touches its storage
     for x, node in units:
         for o in node.outputs:
@@ -331,7 +335,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
             parts.append(None)
             continue
         if x.how in ("generated", "user") and x.kernel is not None:
-            part = _kernel_part(x, node, view, b, cfg, tiles if search_tiles else None,
+            part = _kernel_part(x, node, view, b, cfg, search, tiles,
                                 scratch_on_chip=int(cfg.sram_bytes_per_pe * share / 4))
             if part is not None:
                 parts.append(part)
@@ -361,12 +365,19 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     sched.residency = {"kept": sorted(kept), "bytes": sum(tensors[n].nbytes for n in kept),
                        "staged": sorted(copies), "staged_bytes": sum(staged[n].nbytes for n in copies)}
     sched.tiles = tiles
+    sched.tile_search_commands = search.spent if search is not None else 0
     changed = [t for t in tiles if t.changed]
     if changed:
         saved = sum(t.default_cycles - t.cycles for t in changed)
         sched.decisions.append(("tiles", f"{len(changed)} of {len(tiles)} kernels retiled by the cost model "
                                 f"({saved:,} cycles saved, kernels timed alone): "
                                 + "; ".join(str(t) for t in changed[:4]) + (" ..." if len(changed) > 4 else "")))
+    if search is not None and search.exhausted:
+        kept_default = [c for c in search.exhausted if not c.cut_short]
+        sched.decisions.append(("tile budget", f"the tile search traced its budget of {search.budget:,} "
+                                f"commands: {len(kept_default)} kernels kept their default tiles and "
+                                f"{len(search.exhausted) - len(kept_default)} were searched in part "
+                                "(the slowest kernels are searched first)"))
     if copies:
         sched.decisions.append(("staged", f"{len(copies)} inputs and weights the kernels read many times are "
                                 f"copied on chip once ({sched.residency['staged_bytes'] / 1e6:.2f} MB), "
@@ -446,33 +457,50 @@ def _pick_resident(graph: Graph, lowering, cfg, share: float, stage=frozenset())
     return chosen
 
 
-def _kernel_part(x, node, view, b, cfg, tiles: list | None = None, scratch_on_chip: int = 0):
-    """The KernelPart of a generated or user kernel, or None if it cannot be traced here. With
-    `tiles` (a list, filled with TileChoice), a generated kernel's tile sizes are searched."""
-    from fexplore.lang.lowering import KernelPart
-
+def _kernel_call(x, node):
+    """(kernel, args, params, results) of a lowered node: the kernel to trace, the arguments it is
+    traced on, and the graph values its parameters and results are."""
     zeros = [np.zeros(_shape(v), v.type.dtype.numpy) for v in node.inputs]
     gk = x.kernel
     if x.how == "generated":
-        args = gk.arguments(zeros)
-        kernel = x.traced or gk.kernel()
-        params = [node.inputs[p.index] for p in gk.params]
-        results = [node.outputs[r.index] for r in gk.results]
-    else:
-        kernel = gk.kernel
-        if not hasattr(kernel, "trace"):
-            return None   # a plain callable: it runs on the host
-        args = zeros
-        params, results = list(node.inputs), list(node.outputs)
-    if x.how == "generated" and tiles is not None:
-        from fexplore.lang.codegen.source import canonical_source
+        return (x.traced or gk.kernel(), gk.arguments(zeros), [node.inputs[p.index] for p in gk.params],
+                [node.outputs[r.index] for r in gk.results])
+    return gk.kernel, zeros, list(node.inputs), list(node.outputs)
 
-        from .tiles import best_trace
 
-        # kernels alike but for names and literals (each layer's cache update at its own row)
-        # share a search: tiles change how work is cut, never what is computed (test_tile_params)
-        key = (canonical_source(gk.source, numbers=False), tuple((a.shape, str(a.dtype)) for a in args))
-        trace, choice = best_trace(x.name, kernel, args, cfg, key)
+def _search_key(x, args):
+    """Kernels alike but for names and literals (each layer's cache update at its own row) share a
+    tile search: tiles change how work is cut, never what is computed (test_tile_params)."""
+    from fexplore.lang.codegen.source import canonical_source
+
+    return (canonical_source(x.kernel.source, numbers=False), tuple((a.shape, str(a.dtype)) for a in args))
+
+
+def _plan_tiles(units, cfg):
+    """The program's tile search (`tiles.TileSearch`), its generated kernels searched slowest first."""
+    from .tiles import TileSearch
+
+    search = TileSearch(cfg)
+    found = []
+    for x, node in units:
+        if x is not None and x.how == "generated" and x.kernel is not None:
+            kernel, args, _, _ = _kernel_call(x, node)
+            found.append((x.name, kernel, args, _search_key(x, args)))
+    search.plan(found)
+    return search
+
+
+def _kernel_part(x, node, view, b, cfg, search=None, tiles: list | None = None, scratch_on_chip: int = 0):
+    """The KernelPart of a generated or user kernel, or None if it cannot be traced here. With a
+    tile `search` (`tiles.TileSearch`), a generated kernel takes the tiles it chose, and its
+    TileChoice is appended to `tiles`."""
+    from fexplore.lang.lowering import KernelPart
+
+    kernel, args, params, results = _kernel_call(x, node)
+    if x.how != "generated" and not hasattr(kernel, "trace"):
+        return None   # a plain callable: it runs on the host
+    if x.how == "generated" and search is not None:
+        trace, choice = search.trace(x.name, kernel, args, _search_key(x, args))
         tiles.append(choice)
     else:
         trace = kernel.trace(*args, target=cfg)

@@ -2,24 +2,33 @@
 
 A generated kernel's tiling is a set of keyword parameters with the generator's defaults
 (``tm``, ``tn``, ``tk`` of a contraction, ``rows`` of a vector kernel, ``bq``, ``bk`` of
-attention). The schedule stage asks `best_trace` for each distinct kernel: starting from the
-defaults, it tries each parameter doubled, quadrupled and halved (coordinate descent, one pass,
-then the best combination of the winners), traces each candidate for the target (a candidate
-whose tiles do not fit SRAM fails to trace and is dropped), times it alone on the simulator, and
-keeps the fastest if it beats the defaults by `MIN_GAIN` (or is as fast and moves fewer DRAM
-bytes: alone, a kernel has all of DRAM, which it shares in the program). A candidate that grows a
-buffer past `max_tile_bytes` is dropped too: alone it fits, but in the program such tiles fragment
-SRAM. ``stages`` (double buffering), a panel's row step ``tr`` and the heads a projection makes
-at a time ``hg`` (`IN_PROGRAM_ONLY`) are the generator's choices and are not searched.
+attention). The schedule stage hands a `TileSearch` every generated kernel of the program: starting
+from a kernel's defaults, it tries each parameter doubled, quadrupled and halved (coordinate
+descent, one pass, then the best combination of the winners), traces each candidate for the
+target (a candidate whose tiles do not fit SRAM fails to trace and is dropped), times it alone on
+the simulator, and keeps the fastest if it beats the defaults by `MIN_GAIN` (or is as fast and
+moves fewer DRAM bytes: alone, a kernel has all of DRAM, which it shares in the program). A
+candidate that grows a buffer past `max_tile_bytes` is dropped too: alone it fits, but in the
+program such tiles fragment SRAM. ``stages`` (double buffering), a panel's row step ``tr`` and the
+heads a projection makes at a time ``hg`` (`IN_PROGRAM_ONLY`) are the generator's choices and are
+not searched.
 
-The search is bounded: at most `MAX_CANDIDATES` traces per kernel; kernels whose default
-program is larger than `MAX_COMMANDS` keep their defaults (their tile counts are already large,
-and a real-size model would spend its compile there); and so do kernels that run under
-`MIN_SEARCH_CYCLES` alone: a candidate costs as much to trace and time for a small kernel as for a
-large one, and small ones have little to give (over the Hugging Face architectures of the suite,
-on both targets and precisions, kernels under 2,000 cycles took two thirds of the candidates and
-gave 5% of the cycles the search saved). Results are cached per kernel source,
-argument shapes and target, so the repeated layers of a model are searched once.
+The search is bounded per kernel: at most `MAX_CANDIDATES` traces; kernels whose default program
+is larger than `MAX_COMMANDS` keep their defaults (their tile counts are already large); and so do
+kernels that run under `MIN_SEARCH_CYCLES` alone: a candidate costs as much to trace and time for
+a small kernel as for a large one, and small ones have little to give (over the Hugging Face
+architectures of the suite, on both targets and precisions, kernels under 2,000 cycles took two
+thirds of the candidates and gave 5% of the cycles the search saved).
+
+And it is bounded per compile: the candidates of one program may trace at most `SEARCH_BUDGET`
+commands in all. The kernels are searched slowest first (a kernel's default cycles alone times
+the number of its copies in the program), so when a model of hundreds of kernels on a small chip
+spends the budget, it is the kernels with the least to give that keep their defaults. The budget
+counts commands, not seconds, so a compile chooses the same tiles on any machine, and a kernel's
+measurements kept from an earlier compile are charged as if traced again.
+
+Kernels alike (the same canonical source and argument shapes, on the same target: each layer's
+copy of a kernel) share one search; their measurements are kept across compiles.
 """
 
 from __future__ import annotations
@@ -33,6 +42,10 @@ MAX_CANDIDATES = 10
 MIN_GAIN = 0.03   # a retiling must be 3% faster alone (or as fast with less DRAM traffic)
 MAX_COMMANDS = 20_000
 MIN_SEARCH_CYCLES = 2_000   # a kernel faster than this alone keeps its defaults
+# commands the candidates of one compile may trace: five times what the largest models of
+# bench/npu_models.py spend (GPT-2-small at seq 512: 31k, Llama-3.1-8B decode: 41k), about half a
+# minute of search (100 to 170 us a command); EfficientNet on tiny spent 970k, minutes, unbounded
+SEARCH_BUDGET = 200_000
 FACTORS = (2, 4, 0.5)
 # parameters whose worth shows only in the program: a weight-stationary panel's row step (``tr``)
 # lets the kernel start before its producer has written every row and overlaps its row loads with
@@ -53,6 +66,7 @@ class TileChoice:
     skipped: str = ""          # why the search did not run
     candidates: list = field(default_factory=list)   # (params, cycles or None)
     same_as: str = ""          # decided by the search of this identical kernel (names aside)
+    cut_short: bool = False    # the compile's budget ran out during this kernel's search
 
     @property
     def changed(self) -> bool:
@@ -63,11 +77,20 @@ class TileChoice:
             return f"{self.kernel}: defaults kept ({self.skipped})"
         diff = ", ".join(f"{k} {self.default[k]}→{v}" for k, v in self.chosen.items() if self.default[k] != v)
         how = f"as {self.same_as}" if self.same_as else f"{self.tried} candidates"
+        cut = ", cut short by the compile's search budget" if self.cut_short else ""
         return (f"{self.kernel}: {diff or 'defaults are best'} ({self.default_cycles:,} → {self.cycles:,} "
-                f"cycles alone, {how})")
+                f"cycles alone, {how}{cut})")
 
 
-_CACHE: dict = {}
+@dataclass(frozen=True)
+class _Measure:
+    cycles: int | None   # alone on the simulator; None: not timed (does not trace, or too big)
+    dram_bytes: int = 0
+    biggest: int = 0     # its largest SRAM buffer
+    commands: int = 0    # what tracing it cost, charged to the budget
+
+
+_MEASURED: dict = {}   # (kernel key, target, params) -> _Measure, across compiles
 
 
 def tile_params(kernel) -> dict:
@@ -80,89 +103,148 @@ def tile_params(kernel) -> dict:
             and p.name != "stages"}
 
 
-def best_trace(name: str, kernel, args, cfg, key):
-    """(trace, TileChoice): the fastest tiling of `kernel` on `cfg` for `args` (see the module)."""
-    hit = _CACHE.get((key, cfg))
-    if hit is not None:   # a kernel alike (its canonical source) was searched already
-        params, choice = hit
+def _params_key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+class TileSearch:
+    """The tile choices of one program on target `cfg`, within a budget of traced commands.
+
+    `plan` searches the program's generated kernels, slowest first; `trace` then gives each
+    kernel's trace with its choice. A kernel `plan` was not told of is searched when traced, with
+    what is left of the budget."""
+
+    def __init__(self, cfg, budget: int | None = None):
+        self.cfg, self.spent, self.closed = cfg, 0, False   # closed: the budget ran out
+        self.budget = SEARCH_BUDGET if budget is None else budget
+        self.choices: dict = {}   # kernel key -> (params, TileChoice)
+
+    @property
+    def exhausted(self) -> list[TileChoice]:
+        """The choices the budget left at their defaults or cut short."""
+        return [c for _, c in self.choices.values() if c.cut_short or c.skipped.startswith("the compile's")]
+
+    def plan(self, kernels) -> None:
+        """Search `kernels` ((name, kernel, args, key) in program order), slowest first."""
+        first: dict = {}
+        copies: dict = {}
+        for name, kernel, args, key in kernels:
+            first.setdefault(key, (name, kernel, args))
+            copies[key] = copies.get(key, 0) + 1
+        weight = {}
+        for key, (name, kernel, args) in first.items():
+            default = tile_params(kernel)
+            m = self._measure(kernel, args, key, default, limit=MAX_COMMANDS) if default else None
+            weight[key] = (m.cycles or 0) * copies[key] if m else 0
+        for key in sorted(first, key=lambda k: -weight[k]):   # stable: program order among equals
+            if key not in self.choices:
+                self.choices[key] = self._search(*first[key], key)
+
+    def trace(self, name: str, kernel, args, key):
+        """(trace, TileChoice) of `kernel` on `args` with the tiles chosen for its key."""
+        if key not in self.choices:
+            self.choices[key] = self._search(name, kernel, args, key)
+        params, choice = self.choices[key]
         if choice.kernel != name:
             choice = replace(choice, kernel=name, same_as=choice.same_as or choice.kernel)
         try:
-            return kernel.trace(*args, target=cfg, **params), choice
+            return kernel.trace(*args, target=self.cfg, **params), choice
         except Exception:  # noqa: BLE001 - alike is not identical: its tiles do not fit this one
-            default = tile_params(kernel)
-            return kernel.trace(*args, target=cfg), replace(
-                choice, chosen=default, cycles=choice.default_cycles, skipped=f"{choice.same_as}'s tiles do not fit")
-    default = tile_params(kernel)
-    base = kernel.trace(*args, target=cfg)
-    if not default:
-        choice = TileChoice(name, {}, {}, 0, 0, 0, skipped="no tiling parameters")
-        return base, _remember(key, cfg, {}, choice)
-    if len(base.ops) > MAX_COMMANDS:
-        choice = TileChoice(name, default, default, 0, 0, 0, skipped=f"{len(base.ops):,} ops, over the search budget")
-        return base, _remember(key, cfg, default, choice)
-    timed: dict[tuple, int | None] = {}
+            return kernel.trace(*args, target=self.cfg), replace(
+                choice, chosen=choice.default, cycles=choice.default_cycles,
+                skipped=f"{choice.same_as}'s tiles do not fit")
 
-    moved: dict[tuple, int] = {}
-    biggest: dict[tuple, int] = {}   # the largest buffer of each candidate
-    base_key = tuple(sorted(default.items()))
+    def _measure(self, kernel, args, key, params, limit: int | None = None) -> _Measure:
+        """`kernel` with `params` traced and timed alone (not timed over `limit` commands)."""
+        k = (key, self.cfg, _params_key(params))
+        m = _MEASURED.get(k)
+        if m is None:
+            m = _MEASURED[k] = self._time(kernel, args, params, limit)
+            if len(_MEASURED) > 50_000:
+                _MEASURED.clear()
+        return m
 
-    def cycles(params):
-        k = tuple(sorted(params.items()))
-        if k not in timed:
-            try:
-                prog = kernel.trace(*args, target=cfg, **params).program()
-                res = prog.simulate()
-                timed[k], moved[k] = res.cycles, res.dram_bytes
-                biggest[k] = max((b.nbytes for b in prog.buffers), default=0)
-                if biggest[k] > max(max_tile_bytes(cfg), biggest.get(base_key, 0)):
-                    timed[k] = None   # fits alone, but a tile that big fragments the program's SRAM
-            except Exception:  # noqa: BLE001 - tiles that do not fit (or do not divide): not a candidate
-                timed[k] = None
-        return timed[k]
+    def _time(self, kernel, args, params, limit) -> _Measure:
+        try:
+            prog = kernel.trace(*args, target=self.cfg, **params).program()
+        except Exception:  # noqa: BLE001 - tiles that do not fit (or do not divide): not a candidate
+            return _Measure(None)
+        n = len(prog.commands)
+        if limit is not None and n > limit:
+            return _Measure(None, commands=n)
+        try:
+            res = prog.simulate()
+        except Exception:  # noqa: BLE001 - a candidate the simulator refuses is not one
+            return _Measure(None, commands=n)
+        return _Measure(res.cycles, res.dram_bytes, max((b.nbytes for b in prog.buffers), default=0), n)
 
-    def better(cand, c, best, best_c) -> bool:
-        """Faster by more than `MIN_GAIN`; or as fast and moving fewer DRAM bytes. Timed alone, a
-        kernel has all of DRAM: a small gain bought with more traffic is a loss in the program."""
-        if c is None:
-            return False
-        if c < best_c * (1 - MIN_GAIN):
-            return True
-        return c <= best_c * (1 + MIN_GAIN) and moved[tuple(sorted(cand.items()))] < moved[tuple(sorted(best.items()))]
+    def _search(self, name, kernel, args, key):
+        default = tile_params(kernel)
+        if not default:
+            return {}, TileChoice(name, {}, {}, 0, 0, 0, skipped="no tiling parameters")
+        base = self._measure(kernel, args, key, default, limit=MAX_COMMANDS)
+        if base.cycles is None:
+            why = (f"{base.commands:,} commands, over the search's limit of {MAX_COMMANDS:,}" if base.commands
+                   else "the default tiling does not lower")
+            return default, TileChoice(name, default, default, 0, 0, 1, skipped=why)
+        if base.cycles < MIN_SEARCH_CYCLES:
+            return default, TileChoice(
+                name, default, default, base.cycles, base.cycles, 1,
+                skipped=f"{base.cycles:,} cycles alone, under the search's floor of {MIN_SEARCH_CYCLES:,}")
+        timed = {_params_key(default): base}
+        cut = False
+        # a candidate may fit alone, but a tile past the program's share fragments its SRAM
+        # (unless the defaults already have one that big)
+        room = max(max_tile_bytes(self.cfg), base.biggest)
 
-    best, best_cycles = dict(default), cycles(default)
-    if best_cycles is None:
-        return base, _remember(key, cfg, default, TileChoice(name, default, default, 0, 0, 1,
-                                                             skipped="the default tiling does not lower"))
-    if best_cycles < MIN_SEARCH_CYCLES:
-        return base, _remember(key, cfg, default, TileChoice(
-            name, default, default, best_cycles, best_cycles, 1,
-            skipped=f"{best_cycles:,} cycles alone, under the search's floor of {MIN_SEARCH_CYCLES:,}"))
-    winners = {}
-    for p, v in default.items():
-        if p in IN_PROGRAM_ONLY:
-            continue
-        for f in FACTORS:
-            if len(timed) >= MAX_CANDIDATES:
-                break
-            cand = dict(default, **{p: max(1, int(v * f))})
-            c = cycles(cand)
-            if better(cand, c, best, best_cycles):
-                best, best_cycles = cand, c
-                winners[p] = cand[p]
-    if len(winners) > 1 and len(timed) < MAX_CANDIDATES + 1:
-        cand = dict(default, **winners)
-        c = cycles(cand)
-        if better(cand, c, best, best_cycles):
-            best, best_cycles = cand, c
-    choice = TileChoice(name, default, best, timed[base_key], best_cycles, len(timed),
-                        candidates=[(dict(k), c) for k, c in timed.items()])
-    trace = base if best == default else kernel.trace(*args, target=cfg, **best)
-    return trace, _remember(key, cfg, best, choice)
+        def measure(params) -> _Measure | None:
+            """The candidate's measure, charged to the budget; None once the budget is spent (a
+            candidate is taken to cost what the defaults did; once one is refused, the search is
+            over for every kernel after it, so the slowest kernels are the ones searched)."""
+            nonlocal cut
+            k = _params_key(params)
+            if k not in timed:
+                if self.closed or self.spent + base.commands > self.budget:
+                    cut = self.closed = True
+                    return None
+                timed[k] = self._measure(kernel, args, key, params)
+                self.spent += timed[k].commands
+            return timed[k]
 
+        def usable(m) -> bool:
+            return m is not None and m.cycles is not None and m.biggest <= room
 
-def _remember(key, cfg, params, choice):
-    if len(_CACHE) > 512:
-        _CACHE.clear()
-    _CACHE[(key, cfg)] = (params, choice)
-    return choice
+        def better(m, best) -> bool:
+            """Faster by more than `MIN_GAIN`; or as fast and moving fewer DRAM bytes. Timed alone, a
+            kernel has all of DRAM: a small gain bought with more traffic is a loss in the program."""
+            if not usable(m):
+                return False
+            if m.cycles < best.cycles * (1 - MIN_GAIN):
+                return True
+            return m.cycles <= best.cycles * (1 + MIN_GAIN) and m.dram_bytes < best.dram_bytes
+
+        best_params, best = dict(default), base
+        winners = {}
+        for p, v in default.items():
+            if p in IN_PROGRAM_ONLY:
+                continue
+            for f in FACTORS:
+                if len(timed) >= MAX_CANDIDATES or cut:
+                    break
+                cand = dict(default, **{p: max(1, int(v * f))})
+                m = measure(cand)
+                if better(m, best):
+                    best_params, best = cand, m
+                    winners[p] = cand[p]
+        if len(winners) > 1 and len(timed) < MAX_CANDIDATES + 1 and not cut:
+            cand = dict(default, **winners)
+            m = measure(cand)
+            if better(m, best):
+                best_params, best = cand, m
+        if len(timed) == 1 and cut:
+            return default, TileChoice(
+                name, default, default, base.cycles, base.cycles, 1,
+                skipped=f"the compile's search budget ({self.budget:,} commands) went to slower kernels")
+        return best_params, TileChoice(name, default, best_params, base.cycles, best.cycles, len(timed),
+                                       candidates=[(dict(k), m.cycles if usable(m) else None) for k, m in timed.items()],
+                                       cut_short=cut)
