@@ -60,6 +60,45 @@ def test_tiles_stored_through_a_view_stay_independent_and_conflicts_across_views
     assert s0.id in ld_y.deps and s1.id not in ld_y.deps
 
 
+@pytest.mark.parametrize("shape", [(1, 12, 10), (1, 1, 9, 6), (7, 1, 5), (1,)])
+def test_the_box_index_finds_exactly_the_conflicts_a_scan_of_every_box_finds(shape, monkeypatch):
+    """The tracker buckets a tensor's boxes along an axis so an access is compared with nearby
+    boxes only (for a [1, C, H] image, its first axis longer than 1). Random tiled reads and writes
+    of one tensor (and a view of it) get the same dependencies as from one bucket of every box."""
+    import fexplore.npu.hazards as hazards
+
+    rng = np.random.default_rng(sum(shape))
+
+    def random_box():
+        offsets, sizes = [], []
+        for d in shape:
+            lo = int(rng.integers(0, d))
+            offsets.append(lo)
+            sizes.append(int(rng.integers(1, d - lo + 1)))
+        return tuple(slice(o, o + n) for o, n in zip(offsets, sizes))
+
+    accesses = [(random_box(), bool(rng.integers(0, 2))) for _ in range(200)]
+
+    def deps_of_program():
+        b = ProgramBuilder("tiny")
+        T = b.scratch("T", shape)
+        flat = b.view("flat", T, (int(np.prod(shape)),))
+        out = []
+        for i, (box, write) in enumerate(accesses):
+            ref = T[box]
+            buf = _buf(b, f"b{i}", tuple(x.stop - x.start for x in box))
+            out.append((b.store(ref, buf) if write else b.load(buf, ref)).id)
+        b.load(_buf(b, "all", (int(np.prod(shape)),)), flat)
+        prog = b.build()
+        return [sorted(d for d in prog.commands[c].deps if prog.commands[d].kind in ("load", "store"))
+                for c in out]
+
+    indexed = deps_of_program()
+    monkeypatch.setattr(hazards, "_dim0", lambda ref: (0, 1))   # one bucket: every box compared
+    assert indexed == deps_of_program()
+    assert any(indexed) and not all(indexed)   # some accesses conflict, some do not
+
+
 def test_explicit_deps_sync_and_barrier():
     b = ProgramBuilder("tiny")
     x0, x1 = _buf(b, "x0", pe=0), _buf(b, "x1", pe=1)

@@ -152,6 +152,11 @@ def _range_box(lo: int, hi: int, shape: tuple[int, ...]) -> tuple[tuple, tuple]:
 
 
 def _dim0(ref: DramRef) -> tuple[int, int]:
-    if not ref.shape:
-        return (0, 1)
-    return (ref.offsets[0], ref.offsets[0] + ref.shape[0])
+    """The interval the box's index buckets it by: along the tensor's first axis longer than 1 (a
+    [1, C, H, W] image's tiles all span batch 0..1, and in one bucket each access would be
+    compared with every box of the tensor). All boxes of one index are of one tensor shape (or of
+    the storage's, when aliased), so the axis is the same for all of them."""
+    for o, n, d in zip(ref.offsets, ref.shape, ref.tensor.shape):
+        if d > 1:
+            return (o, o + n)
+    return (0, 1)
