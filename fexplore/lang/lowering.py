@@ -151,7 +151,15 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
     for k, (pi, _) in enumerate(ops):
         first_op.setdefault(pi, k)
 
+    made: dict[tuple[int, int], Any] = {}   # (part, tile id) -> its buffer or view, made once
+
     def buf(pi, t):
+        got = made.get((pi, t.id))
+        if got is None:
+            got = made[(pi, t.id)] = _buffer_of(pi, t)
+        return got
+
+    def _buffer_of(pi, t):
         plan, bufs = meta[pi][0], meta[pi][1]
         view = forwarded.get((pi, t.storage.id))
         if view is not None:   # a resident tensor read in place
