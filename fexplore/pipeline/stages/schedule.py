@@ -305,7 +305,9 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
             staged[v.name] = b.resident(f"{v.name}@sram", _shape(v), _dtype(v), pe=on_chip[v.name])
             staged_base[v.name] = v.name
     units = _units(graph, lowering)
-    search = _plan_tiles(units, cfg) if search_tiles else None
+    calls = {id(node): _kernel_call(x, node) for x, node in units
+             if x is not None and x.how in ("generated", "user") and x.kernel is not None}
+    search = _plan_tiles(units, cfg, calls) if search_tiles else None
     # free views first: a view's tensor must exist before any command touches its storage
     for x, node in units:
         for o in node.outputs:
@@ -335,7 +337,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
             parts.append(None)
             continue
         if x.how in ("generated", "user") and x.kernel is not None:
-            part = _kernel_part(x, node, view, b, cfg, search, tiles,
+            part = _kernel_part(x, calls[id(node)], view, b, cfg, search, tiles,
                                 scratch_on_chip=int(cfg.sram_bytes_per_pe * share / 4))
             if part is not None:
                 parts.append(part)
@@ -476,27 +478,27 @@ def _search_key(x, args):
     return (canonical_source(x.kernel.source, numbers=False), tuple((a.shape, str(a.dtype)) for a in args))
 
 
-def _plan_tiles(units, cfg):
+def _plan_tiles(units, cfg, calls):
     """The program's tile search (`tiles.TileSearch`), its generated kernels searched slowest first."""
     from .tiles import TileSearch
 
     search = TileSearch(cfg)
     found = []
     for x, node in units:
-        if x is not None and x.how == "generated" and x.kernel is not None:
-            kernel, args, _, _ = _kernel_call(x, node)
+        if id(node) in calls and x.how == "generated":
+            kernel, args, _, _ = calls[id(node)]
             found.append((x.name, kernel, args, _search_key(x, args)))
     search.plan(found)
     return search
 
 
-def _kernel_part(x, node, view, b, cfg, search=None, tiles: list | None = None, scratch_on_chip: int = 0):
-    """The KernelPart of a generated or user kernel, or None if it cannot be traced here. With a
-    tile `search` (`tiles.TileSearch`), a generated kernel takes the tiles it chose, and its
-    TileChoice is appended to `tiles`."""
+def _kernel_part(x, call, view, b, cfg, search=None, tiles: list | None = None, scratch_on_chip: int = 0):
+    """The KernelPart of a generated or user kernel (its `_kernel_call`), or None if it cannot be
+    traced here. With a tile `search` (`tiles.TileSearch`), a generated kernel takes the tiles it
+    chose, and its TileChoice is appended to `tiles`."""
     from fexplore.lang.lowering import KernelPart
 
-    kernel, args, params, results = _kernel_call(x, node)
+    kernel, args, params, results = call
     if x.how != "generated" and not hasattr(kernel, "trace"):
         return None   # a plain callable: it runs on the host
     if x.how == "generated" and search is not None:
