@@ -94,7 +94,7 @@ def test_the_box_index_finds_exactly_the_conflicts_a_scan_of_every_box_finds(sha
                 for c in out]
 
     indexed = deps_of_program()
-    monkeypatch.setattr(hazards, "_dim0", lambda ref: (0, 1))   # one bucket: every box compared
+    monkeypatch.setattr(hazards, "_bucket_interval", lambda ref: (0, 1))   # one bucket: every box compared
     assert indexed == deps_of_program()
     assert any(indexed) and not all(indexed)   # some accesses conflict, some do not
 

@@ -34,20 +34,20 @@ class _Access:
 
 
 class _TensorIndex:
-    """The accessed boxes of one DRAM tensor, bucketed by their dim-0 interval. Buckets are kept
-    sorted, so the search for overlapping boxes looks only at nearby rows: a few boxes for tiled
-    access patterns, however long the program."""
+    """The accessed boxes of one DRAM tensor, bucketed by their interval along one axis
+    (`_bucket_interval`). Buckets are kept sorted, so the search for overlapping boxes looks only
+    at nearby rows: a few boxes for tiled access patterns, however long the program."""
 
     __slots__ = ("keys", "buckets", "max_extent", "written")
 
     def __init__(self):
-        self.keys: list[tuple[int, int]] = []   # sorted dim-0 intervals (lo, hi)
+        self.keys: list[tuple[int, int]] = []   # sorted bucket intervals (lo, hi)
         self.buckets: dict[tuple[int, int], dict[tuple, tuple[DramRef, _Access]]] = {}
         self.max_extent = 0
         self.written = False
 
     def overlapping(self, ref: DramRef):
-        lo, hi = _dim0(ref)
+        lo, hi = _bucket_interval(ref)
         keys = self.keys
         i = bisect.bisect_left(keys, (lo - self.max_extent + 1,))
         j = bisect.bisect_left(keys, (hi,))
@@ -58,7 +58,7 @@ class _TensorIndex:
                         yield acc
 
     def entry(self, ref: DramRef) -> _Access:
-        key = _dim0(ref)
+        key = _bucket_interval(ref)
         boxes = self.buckets.get(key)
         if boxes is None:
             boxes = self.buckets[key] = {}
@@ -151,7 +151,7 @@ def _range_box(lo: int, hi: int, shape: tuple[int, ...]) -> tuple[tuple, tuple]:
     return (first, *(0,) * (len(shape) - 1)), (last - first + 1, *shape[1:])
 
 
-def _dim0(ref: DramRef) -> tuple[int, int]:
+def _bucket_interval(ref: DramRef) -> tuple[int, int]:
     """The interval the box's index buckets it by: along the tensor's first axis longer than 1 (a
     [1, C, H, W] image's tiles all span batch 0..1, and in one bucket each access would be
     compared with every box of the tensor). All boxes of one index are of one tensor shape (or of

@@ -375,7 +375,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
                                 f"({saved:,} cycles saved, kernels timed alone): "
                                 + "; ".join(str(t) for t in changed[:4]) + (" ..." if len(changed) > 4 else "")))
     if search is not None and search.exhausted:
-        kept_default = [c for c in search.exhausted if not c.cut_short]
+        kept_default = [c for c in search.exhausted if c.skipped]
         sched.decisions.append(("tile budget", f"the tile search traced its budget of {search.budget:,} "
                                 f"commands: {len(kept_default)} kernels kept their default tiles and "
                                 f"{len(search.exhausted) - len(kept_default)} were searched in part "

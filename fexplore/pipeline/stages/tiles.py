@@ -66,7 +66,7 @@ class TileChoice:
     skipped: str = ""          # why the search did not run
     candidates: list = field(default_factory=list)   # (params, cycles or None)
     same_as: str = ""          # decided by the search of this identical kernel (names aside)
-    cut_short: bool = False    # the compile's budget ran out during this kernel's search
+    cut_short: bool = False    # the compile's budget ran out before or during this kernel's search
 
     @property
     def changed(self) -> bool:
@@ -122,7 +122,7 @@ class TileSearch:
     @property
     def exhausted(self) -> list[TileChoice]:
         """The choices the budget left at their defaults or cut short."""
-        return [c for _, c in self.choices.values() if c.cut_short or c.skipped.startswith("the compile's")]
+        return [c for _, c in self.choices.values() if c.cut_short]
 
     def plan(self, kernels) -> None:
         """Search `kernels` ((name, kernel, args, key) in program order), slowest first."""
@@ -134,8 +134,8 @@ class TileSearch:
         weight = {}
         for key, (name, kernel, args) in first.items():
             default = tile_params(kernel)
-            m = self._measure(kernel, args, key, default, limit=MAX_COMMANDS) if default else None
-            weight[key] = (m.cycles or 0) * copies[key] if m else 0
+            m = self._measure(kernel, args, key, default, limit=MAX_COMMANDS) if default else _Measure(None)
+            weight[key] = (m.cycles or 0) * copies[key]
         for key in sorted(first, key=lambda k: -weight[k]):   # stable: program order among equals
             if key not in self.choices:
                 self.choices[key] = self._search(*first[key], key)
@@ -244,7 +244,8 @@ class TileSearch:
         if len(timed) == 1 and cut:
             return default, TileChoice(
                 name, default, default, base.cycles, base.cycles, 1,
-                skipped=f"the compile's search budget ({self.budget:,} commands) went to slower kernels")
+                skipped=f"the compile's search budget ({self.budget:,} commands) went to slower kernels",
+                cut_short=True)
         return best_params, TileChoice(name, default, best_params, base.cycles, best.cycles, len(timed),
                                        candidates=[(dict(k), m.cycles if usable(m) else None) for k, m in timed.items()],
                                        cut_short=cut)
