@@ -23,15 +23,29 @@ def ceil_to(n: int, unit: int) -> int:
 
 
 def shrink(sizes: list[int], fits, floors: list[int]) -> list[int]:
-    """Halve the largest size still above its floor until `fits(*sizes)` (or nothing can shrink)."""
-    sizes = list(sizes)
+    """Halve the largest size still above its floor until `fits(*sizes)` (or nothing can shrink),
+    then give back what was cut without need: double the smallest cut size again while it fits.
+
+    Halving the largest size first keeps tiles square, but the largest is not always the one the
+    footprint grows with: a panel kernel's row slabs (rows x whole K) shrink only with the rows, so
+    the column and K tiles were halved to their floors (8 x 8 on `tiny`) before the rows were cut,
+    and a 9 x 1024 x 1024 linear traced 50k contractions instead of 3k."""
+    start, sizes = list(sizes), list(sizes)
     while not fits(*sizes):
         candidates = [i for i, (s, f) in enumerate(zip(sizes, floors)) if s > f]
         if not candidates:
-            break
+            return sizes
         i = max(candidates, key=lambda i: sizes[i])
         sizes[i] = max(floors[i], sizes[i] // 2)
-    return sizes
+    while True:
+        for i in sorted(range(len(sizes)), key=lambda i: sizes[i]):
+            if sizes[i] < start[i]:
+                grown = sizes[:i] + [min(start[i], 2 * sizes[i])] + sizes[i + 1:]
+                if fits(*grown):
+                    sizes = grown
+                    break
+        else:
+            return sizes
 
 
 def matmul_tiles(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, stages: int) -> tuple[int, int, int]:
