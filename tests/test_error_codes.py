@@ -18,8 +18,8 @@ from fexplore.errors import (ConfigError, ControlFlowError, ExportError, Fexplor
                              VerificationError, VerificationMemoryError)
 from fexplore.lang.codegen import UnsupportedRegionError
 from fexplore.npu import ProgramBuilder, get_target
-from fexplore.npu.errors import (HazardError, IndexOutOfRangeError, ProgramError, SimulationMemoryError,
-                                 SRAMOverflowError)
+from fexplore.npu.errors import (CompileMemoryError, HazardError, IndexOutOfRangeError, ProgramError,
+                                 SimulationMemoryError, SRAMOverflowError)
 from fexplore.pipeline.ingest import IngestionError
 
 
@@ -491,6 +491,30 @@ def test_FX504_a_functional_run_beyond_the_machines_memory():
     finally:
         fexplore.register_op(torch.ops.fexplore_catalog.twice)
     assert "Unable to allocate" in e.value.message
+
+
+def test_FX505_a_stage_that_runs_out_of_memory_says_which_and_records_nothing():
+    # the lower stage asks every registered predicate about every node: this one asks for a
+    # petabyte, as tracing a huge model's kernels at small tiles would
+    def greedy(node):
+        np.empty((1 << 47,))
+        return False
+
+    model, inputs = small_model()
+    ex = fexplore.explore(model, inputs, target="tiny")
+    fexplore.register_kernel(greedy, embed)
+    try:
+        with pytest.raises(CompileMemoryError) as e:
+            ex.run_all(progress=False)
+    finally:
+        fexplore.unregister_kernels()
+    check(e.value, CompileMemoryError, message="stage 'lower' ran out of memory",
+          hint="more SRAM per PE than 'tiny'")
+    assert "Unable to allocate" in e.value.message
+    # not a verdict, and no half-built stage: the exploration stopped before lower and goes on
+    assert [r.name for r in ex.records][-1] == "precision"
+    out = ex.result(*inputs)
+    assert torch.allclose(out, model(*inputs), atol=1e-5)
 
 
 # ---- FK190: the kernel generator ---------------------------------------------------------------------

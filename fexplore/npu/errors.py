@@ -91,3 +91,20 @@ class SimulationMemoryError(FexploreError):
         fix="Run a smaller input (a shorter sequence, a smaller image) or a smaller "
             "configuration of the model; cm.simulate() without inputs times the program "
             "without computing its values.")
+
+
+class CompileMemoryError(FexploreError):
+    """A compile stage needs more memory than the machine has: lowering traces every kernel of the
+    model and scheduling builds the whole NPU program, each a Python object per tile operation."""
+
+    code = "FX505"
+    doc = ErrorDoc(
+        when="A stage of the compile itself (not its check) runs out of memory. The stages after "
+             "precision hold the whole model's kernels op by op: `lower` traces each kernel at its "
+             "tile sizes and `schedule` builds one NPU program of every command, so a large model "
+             "on a chip of small SRAM (many small tiles) can need more than the machine has. The "
+             "model is not known to be wrong; the Exploration stays at the stage before.",
+        example="ex = fexplore.explore(vit_large, (image,), target=\"tiny\")\n"
+                "ex[\"schedule\"]   # 24 layers of 1024 channels in tiles of 64 KiB",
+        fix="Compile a smaller configuration of the model (fewer layers, a smaller input), or for "
+            "a chip with more SRAM per PE (target=\"rngd\"), whose bigger tiles make fewer ops.")

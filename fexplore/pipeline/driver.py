@@ -14,7 +14,7 @@ import torch
 
 from fexplore.errors import ConfigError, ExportError, FexploreError, NumericMismatchError, VerificationError, VerificationMemoryError
 from fexplore.ir import DType, verify
-from fexplore.npu.errors import SimulationMemoryError
+from fexplore.npu.errors import CompileMemoryError, SimulationMemoryError
 
 from .compiled import CompiledModel
 from .export import export_model, real_state
@@ -85,11 +85,20 @@ class Exploration:
         """Run the next stage and return its record (it renders itself in a notebook)."""
         if self.done:
             raise FexploreError("every stage has run", hint="see ex.result or ex.records")
-        if not self.records:
-            rec = self._ingest()
-        else:
-            stage = self.graph_stages[len(self.records) - 1]
-            rec = self._pm.run_stage(stage, self.records[-1].after, self.options, self.records[-1].lowering)
+        name = self.stage_names[len(self.records)]
+        try:
+            if not self.records:
+                rec = self._ingest()
+            else:
+                stage = self.graph_stages[len(self.records) - 1]
+                rec = self._pm.run_stage(stage, self.records[-1].after, self.options, self.records[-1].lowering)
+        except MemoryError as e:   # the stage itself, not its check (FX303 says that): nothing recorded
+            chip = getattr(self.options.target, "name", self.options.target)
+            raise CompileMemoryError(
+                f"stage '{name}' ran out of memory ({_first_line(e) or 'MemoryError'})",
+                hint=f"compile a smaller configuration (fewer layers, a smaller input) or for a chip "
+                     f"with more SRAM per PE than {chip!r}; the exploration stays at the stage "
+                     f"before") from None
         self.records.append(rec)
         return rec
 
@@ -330,7 +339,7 @@ class Exploration:
         try:
             self._verify(rec)
         except (MemoryError, SimulationMemoryError) as e:   # the check could not run: no verdict
-            why = e.message if isinstance(e, SimulationMemoryError) else (str(e).splitlines()[0] if str(e) else "MemoryError")
+            why = e.message if isinstance(e, SimulationMemoryError) else (_first_line(e) or "MemoryError")
             raise VerificationMemoryError(
                 f"stage '{rec.name}': its check ran out of memory ({why})",
                 hint="verify a smaller configuration of the model, or pass random_input_sets=0; "
@@ -385,6 +394,10 @@ def _as_numpy(x):
 
         return to_numpy(x)
     return np.asarray(x)
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else ""
 
 
 def _raise_failed(rec: StageRecord):

@@ -313,6 +313,8 @@ class _Lowerer:
             gk = codegen.generate(node, self.target, head_layout=layout)
         except codegen.UnsupportedRegionError as e:
             return None, e
+        except MemoryError:   # the machine's limit, not the generator's: the compile says so (FX505)
+            raise
         except Exception as e:  # a generator that fails is said to, not hidden
             return None, self.bug(node, f"codegen failed: {type(e).__name__}: {_first_line(e)}")
         traced, why = _traces(gk, node)
@@ -480,6 +482,8 @@ def _traces(gk, node: Node):
         k = gk.kernel()
         k.trace(*gk.arguments(zeros), target=gk.target)
         return k, None
+    except MemoryError:
+        raise
     except Exception as e:
         return None, f"{type(e).__name__}: {_first_line(e)}"
 

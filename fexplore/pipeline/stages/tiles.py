@@ -149,6 +149,8 @@ class TileSearch:
             choice = replace(choice, kernel=name, same_as=choice.same_as or choice.kernel)
         try:
             return kernel.trace(*args, target=self.cfg, **params), choice
+        except MemoryError:   # the machine's limit, not the candidate's (FX505)
+            raise
         except Exception:  # noqa: BLE001 - alike is not identical: its tiles do not fit this one
             return kernel.trace(*args, target=self.cfg), replace(
                 choice, chosen=choice.default, cycles=choice.default_cycles,
@@ -167,6 +169,8 @@ class TileSearch:
     def _time(self, kernel, args, params, limit) -> _Measure:
         try:
             prog = kernel.trace(*args, target=self.cfg, **params).program()
+        except MemoryError:   # the machine's limit, not the candidate's (FX505)
+            raise
         except Exception:  # noqa: BLE001 - tiles that do not fit (or do not divide): not a candidate
             return _Measure(None)
         n = len(prog.commands)
@@ -174,6 +178,8 @@ class TileSearch:
             return _Measure(None, commands=n)
         try:
             res = prog.simulate()
+        except MemoryError:   # the machine's limit, not the candidate's (FX505)
+            raise
         except Exception:  # noqa: BLE001 - a candidate the simulator refuses is not one
             return _Measure(None, commands=n)
         return _Measure(res.cycles, res.dram_bytes, max((b.nbytes for b in prog.buffers), default=0), n)
