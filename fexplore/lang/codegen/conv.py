@@ -224,8 +224,9 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             operands = 2 * STAGES * (x_rows * r * cols + t * w_cols) * len(specs)
         return (operands + 2 * t * r * cols * (len(specs) + 1 + len(epilogue))) * 4
 
-    def fit(window, tile_channels=False):
-        r, t, c = rows, to, Cmax
+    def fit(window, tile_channels=False, start=(rows, to)):
+        # every try starts from the same tiles (`start`: the call below rebinds rows and to)
+        r, t, c = *start, Cmax
         budget = cfg.sram_bytes_per_pe // 2
         while footprint(r, t, window, c) > budget and (r > 1 or t > 4 or tile_channels and c > 4):
             if r > 1:
@@ -234,7 +235,19 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                 c = -(-c // 2)
             else:
                 t = max(4, t // 2)
-        return r, t, c, footprint(r, t, window, c) <= budget
+        if footprint(r, t, window, c) > budget:
+            return r, t, c, False
+        # give back what the order of the cuts took without need (as `shrink` does): the rows and
+        # output channels are cut before the input channels, so with many input channels the
+        # output tile went to 4 although halving the channel tile once more would have fitted
+        while True:
+            for grown in ((r, min(start[1], 2 * t), c), (min(start[0], 2 * r), t, c),
+                          (r, t, min(Cmax, 2 * c) if tile_channels else c)):
+                if grown != (r, t, c) and footprint(grown[0], grown[1], window, grown[2]) <= budget:
+                    r, t, c = grown
+                    break
+            else:
+                return r, t, c, True
 
     # a window per item when one fits (it moves the input about once, not once per offset); else
     # (a small SRAM, many input channels) a load per offset; and if an offset's patch of every
