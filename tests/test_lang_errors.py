@@ -42,7 +42,7 @@ def check(err: E.KernelError, cls, line: int):
 
 def test_catalog_is_complete_and_codes_are_unique():
     codes = [c for c, _, _ in E.catalog_table()]
-    assert codes == sorted(codes) and len(set(codes)) == len(codes) == 12
+    assert codes == sorted(codes) and len(set(codes)) == len(codes) == 13
     assert all(summary for _, _, summary in E.catalog_table())
     assert all(cls.example for cls in E.CATALOG.values())
 
@@ -293,6 +293,28 @@ def test_FK170_tiles_of_a_stepped_span():
         k(f32(4, 8))
     check(ei.value, E.TraceError, marked_line(k))
 
+
+
+def test_FK171_a_trace_of_tiles_far_too_small(monkeypatch):
+    import fexplore.lang.tracer as tracer
+
+    monkeypatch.setattr(tracer, "MAX_TRACE_OPS", 1000)   # the real limit, in millions, takes a minute
+
+    @fl.kernel
+    def k(x: fl.f32["R", "C"], *, tile: int = 1):
+        R, C = x.shape
+        Y = fl.output(fl.f32["R", "C"])
+        for rs in fl.tiles(R, tile):
+            for cs in fl.tiles(C, tile):
+                fl.store(Y[rs, cs], fl.load(x[rs, cs]))  # <- here
+        return Y
+
+    with pytest.raises(E.TraceLimitError) as ei:
+        k(f32(64, 64))
+    check(ei.value, E.TraceLimitError, marked_line(k))
+    assert isinstance(ei.value, E.TraceError) and "1,000 ops" in str(ei.value)
+    x = f32(64, 64)
+    np.testing.assert_array_equal(k(x, tile=16), x)   # tiles, not elements: 32 ops
 
 def test_FK180_output_partly_stored():
     @fl.kernel

@@ -246,6 +246,34 @@ def test_an_integer_matmul_is_an_explicit_host_op_not_a_codegen_bug():
     assert torch.equal(cm(a, b), Bmm()(a, b))
 
 
+
+def test_a_kernel_whose_trace_passes_the_op_limit_is_a_host_op_with_that_reason(monkeypatch):
+    """A kernel too big to trace (FK171) is refused, not called a codegen bug: its region is split
+    and what still passes the limit runs on the host, saying why; the rest stays on the chip."""
+    import fexplore.lang.tracer as tracer
+
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(64, 512), torch.nn.Linear(512, 8)
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(x)))
+
+    torch.manual_seed(0)
+    model, x = Mlp().eval(), torch.randn(64, 64)
+    # each kernel's ops at its default tiles, as the lower stage traces it (the schedule retiles)
+    lowered = fexplore.explore(model, (x,), target="tiny")["lower"].lowering
+    ops = sorted(len(k.traced.last_trace.ops) for k in lowered.kernels)
+    assert len(ops) == 3 and ops[-2] < ops[-1]
+    monkeypatch.setattr(tracer, "MAX_TRACE_OPS", ops[-1] - 1)   # only the biggest passes it
+    cm = fexplore.compile(model, (x,), target="tiny")
+    assert not cm["lower"].stats.get("codegen_bugs")
+    (host,) = cm.lowering.host_ops
+    assert host.reason.startswith("[FK171]") and f"more than {ops[-1] - 1:,} ops" in host.reason
+    assert len(cm.lowering.kernels) == 2   # the kernels under the limit still run on the chip
+    torch.testing.assert_close(cm(x), model(x), atol=1e-4, rtol=1e-4)
+
 def test_codegen_bugs_lists_a_generator_that_raised_whose_node_ran_on_the_host(softmax_generator_raises):
     """A generator that raises is a bug of fexplore, not a refusal: the node still runs (on the
     host, right), and CompiledModel.codegen_bugs names it for the harnesses and the user."""

@@ -224,6 +224,25 @@ class TraceError(KernelError):
                "for ks in fl.range(fl.tiles(K, 128)):   # loop bounds are Python ints")
 
 
+
+class TraceLimitError(TraceError):
+    """A kernel's trace passes ``MAX_TRACE_OPS`` operations: tiles far too small for its tensors
+    (each op is a Python object, so such a trace takes minutes and gigabytes before it ends)."""
+
+    code = "FK171"
+    doc = ErrorDoc(
+        when="Tracing a kernel records more operations (loads, contractions, vector ops, stores) "
+             "than fexplore.lang.tracer.MAX_TRACE_OPS: its loops cut its tensors into tiles far "
+             "smaller than the chip needs. The error points at the line where the limit was "
+             "passed.",
+        example="for rs in fl.tiles(4096, 1):          # one row a tile\n"
+                "    for cs in fl.tiles(4096, 1):      # one column a tile: 16M loads\n"
+                "        fl.store(Y[rs, cs], fl.load(x[rs, cs]))",
+        fix="Use bigger tiles (fl.tiles(N, 128)): the kernel moves the same bytes in far fewer "
+            "ops, and SRAM overflow (FK160) says when a tile is too big.")
+    example = "for rs, cs in fl.parallel(fl.tiles(R, 64), fl.tiles(C, 128)):   # tiles, not elements"
+
+
 class OutputError(KernelError):
     """An output is never (or only partly) stored, or not returned."""
 
@@ -243,7 +262,7 @@ class OutputError(KernelError):
 CATALOG: dict[str, type[KernelError]] = {cls.code: cls for cls in (
     KernelDefinitionError, ArgumentError, ShapeError, ContractionError, AxisError, DTypeError,
     MemorySpaceError, OutOfBoundsError, UninitializedReadError, SRAMOverflowError, TraceError,
-    OutputError)}
+    TraceLimitError, OutputError)}
 
 
 def catalog_table() -> list[tuple[str, str, str]]:

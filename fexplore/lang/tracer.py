@@ -20,7 +20,7 @@ import re
 import sys
 
 from fexplore.errors import SourceLoc
-from fexplore.lang.errors import TraceError
+from fexplore.lang.errors import TraceError, TraceLimitError
 from fexplore.lang.ir import KernelTrace, Op
 from fexplore.lang.types import DType
 from fexplore.lang.values import Tile
@@ -28,6 +28,11 @@ from fexplore.lang.values import Tile
 _LANG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _EXAMPLES_DIR = os.path.join(_LANG_DIR, "examples") + os.sep
 _STACK: list["Tracer"] = []
+# The most ops one kernel's trace may record. Each op is a Python object (about a kilobyte with its
+# tiles), so this bounds a trace at a few gigabytes; the largest kernels of real models at their
+# tile sizes trace tens of thousands (a 4096^3 matmul at tiny's 64 KiB tiles: about 1.5 million).
+MAX_TRACE_OPS = 4_000_000
+
 _ASSIGNED = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)\s*")
 _internal_cache: dict[str, bool] = {}
 _positions_cache: dict = {}
@@ -147,6 +152,12 @@ class Tracer:
     # ---- recording ----------------------------------------------------------------------------
     def record(self, op: Op) -> Op:
         op.index = len(self.trace.ops)
+        if op.index >= MAX_TRACE_OPS:
+            raise TraceLimitError(
+                f"kernel {self.trace.name} traces more than {MAX_TRACE_OPS:,} ops",
+                expected="tiles that cut the tensors into at most a few thousand pieces",
+                given=f"{op.index:,} ops recorded, this line's among them", loc=op.loc,
+                hint="use bigger tiles: the same bytes move in far fewer ops")
         self.trace.ops.append(op)
         if self.interp is not None:
             self.interp.run(op)

@@ -317,7 +317,12 @@ class _Lowerer:
             raise
         except Exception as e:  # a generator that fails is said to, not hidden
             return None, self.bug(node, f"codegen failed: {type(e).__name__}: {_first_line(e)}")
-        traced, why = _traces(gk, node)
+        from fexplore.lang.errors import TraceLimitError
+
+        try:
+            traced, why = _traces(gk, node)
+        except TraceLimitError as e:   # tiles too small for the tensors: too big a kernel, not a wrong one
+            return None, e
         if why:  # a generator that writes a kernel the kernel language rejects: a codegen bug
             return None, self.bug(node, f"generated kernel {gk.name} does not trace (a codegen bug): {why}")
         gk = _renamed(gk, _unique(gk.name, self.taken))
@@ -476,13 +481,16 @@ def _first_line(e: Exception) -> str:
 
 
 def _traces(gk, node: Node):
-    """(the traced kernel, None), or (None, why) when the kernel language rejects the source."""
+    """(the traced kernel, None), or (None, why) when the kernel language rejects the source; a
+    trace past the kernel language's op limit raises (a kernel too big, not a wrong one)."""
+    from fexplore.lang.errors import TraceLimitError
+
     try:
         zeros = [np.zeros(tuple(int(d) for d in v.type.shape), v.type.dtype.numpy) for v in node.inputs]
         k = gk.kernel()
         k.trace(*gk.arguments(zeros), target=gk.target)
         return k, None
-    except MemoryError:
+    except (MemoryError, TraceLimitError):
         raise
     except Exception as e:
         return None, f"{type(e).__name__}: {_first_line(e)}"
