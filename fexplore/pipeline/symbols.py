@@ -114,11 +114,24 @@ class SymbolTable:
         got = sympy.sympify(ir_dim)
         if not got.free_symbols <= set(to_torch):
             return False
-        try:
-            fact = self.shape_env._maybe_evaluate_static(sympy.Eq(want, got.xreplace(to_torch)))
-        except Exception:  # torch's symbolic reasoning gave up on this expression: no proof
-            return False
-        return fact is not None and bool(fact is sympy.true)
+        # torch proves from its guards as recorded (``Eq(s//2, 1)``), so the claim is also asked
+        # with the terms both sides share cancelled (in the IR's plain sympy, where torch's
+        # ``(s+1)//2`` and the IR's ``floor(s/2 + 1/2)`` are one term): the two halves of ``s``
+        # concatenated, ``s//2 + (s+1)//2``, are ``floor(s/2 + 1/2) + 1`` by that guard, which
+        # torch does not see in the claim as written
+        claims = [sympy.Eq(want, got.xreplace(to_torch))]
+        constant, rest = (self.expr(want) - got).as_coeff_Add()
+        rest = _floors_as_torch(rest.xreplace(to_torch))
+        if rest is not None:
+            claims.append(sympy.Eq(rest, -constant))
+        for claim in claims:
+            try:
+                fact = self.shape_env._maybe_evaluate_static(claim)
+            except Exception:  # torch's symbolic reasoning gave up on this expression: no proof
+                continue
+            if fact is sympy.true:
+                return True
+        return False
 
     def pinned(self, torch_dim) -> int | None:
         """The one size a symbolic torch dim can have where the program runs, when torch's
@@ -227,6 +240,26 @@ class SymbolTable:
         if name == "CeilToInt":
             return sympy.ceiling(args[0])
         return e.func(*args)
+
+
+def _floors_as_torch(e):
+    """A plain sympy dim in torch's own terms (``floor(p/q)`` as its ``FloorDiv(p, q)``), so torch's
+    shape environment matches it against its guards; None when some floor is not of a quotient
+    of integer expressions."""
+    from torch.utils._sympy.functions import FloorDiv
+
+    ok = True
+
+    def as_floordiv(f):
+        nonlocal ok
+        p, q = sympy.fraction(sympy.together(f.args[0]))
+        if not (q.is_Integer and p.is_integer is not False):
+            ok = False
+            return f
+        return FloorDiv(p, q)
+
+    out = e.replace(lambda x: isinstance(x, sympy.floor), as_floordiv)
+    return out if ok else None
 
 
 def build_symbol_table(ep, user_inputs, dynamic_shapes, forward) -> SymbolTable:
