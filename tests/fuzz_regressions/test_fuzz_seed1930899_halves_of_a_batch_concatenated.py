@@ -8,10 +8,11 @@ of one is special to it). The slice's converter took that pinned 1; torch's fake
 concatenation keeps s//2 + (s+1)//2. Asked as written, torch's shape environment cannot prove
 the two equal, because its guard is about s//2 alone; ingestion now also asks with the shared
 term cancelled (s//2 == 1), which it proves, and holds the batch to the sizes where it holds.
+Unlike seed 1530908 (s + floor(s/3 + 1/3) against s + 1), no side is a bare symbol: the claim
+as written mixes two floors of s, and only the cancelled one is torch's guard.
 """
 
 import torch
-import torch.nn.functional as F
 from torch.export import Dim
 
 from fexplore.testing.fuzz_check import assert_matches_eager
