@@ -223,6 +223,49 @@ def test_interleaved_and_serial_schedules_compute_the_same_and_interleaving_is_f
     assert a.cycles < b.cycles
 
 
+
+@pytest.mark.parametrize("fits, built, kept", [
+    # (what fits SRAM, the builds in order, the one kept): a build is (interleave, resident share)
+    ({0.5}, [0.5], 0.5),
+    ({0.25, 0.125, 0.0}, [0.5, 0.0, 0.25], 0.25),
+    ({0.125, 0.0}, [0.5, 0.0, 0.25, 0.125], 0.125),
+    ({0.0}, [0.5, 0.0, 0.25, 0.125], 0.0),
+    # interleaving with nothing resident overflows: the smaller shares are not built
+    (set(), [0.5, 0.0, "serial"], "serial"),
+])
+def test_the_fallbacks_build_no_share_below_an_interleaving_that_overflows(monkeypatch, fits, built, kept):
+    """The schedule's fallbacks keep the largest resident share that fits, as they did, but once
+    interleaving with none resident overflows they go to the serial schedule without building the
+    shares between (each build of a big program on tiny takes half a minute)."""
+    import importlib
+
+    from fexplore.npu.errors import SRAMOverflowError
+
+    stage = importlib.import_module("fexplore.pipeline.stages.schedule")
+    torch.manual_seed(0)
+    ex = fexplore.explore(*ZOO["mlp"](), target="tiny", verify=False)
+    low, graph = ex["lower"].lowering, ex["lower"].after
+    real, calls = stage.build_schedule, []
+
+    def build(graph, lowering, target, interleave=True, resident=0.5, stage=frozenset()):
+        what = resident if interleave is True else "serial"
+        if not stage:   # the staging build after a share fits is not a fallback
+            calls.append(what)
+        if interleave is True and resident not in fits:
+            raise SRAMOverflowError(f"the SRAM of a PE does not fit its buffers at {resident}")
+        return real(graph, lowering, target, interleave=interleave, resident=resident, stage=stage)
+
+    monkeypatch.setattr(stage, "build_schedule", build)
+    sched, spills = stage.schedule_with_fallbacks(graph, low, low.chip)
+    assert calls == built
+    serial = any(w == "serial" for w, _ in spills)
+    assert serial == (kept == "serial")
+    if kept == "serial":
+        assert any("25%, 12% of a PE's SRAM not tried" in why for _, why in spills), spills
+    out = sched.simulate([x.numpy() for x in ex.example_inputs])
+    np.testing.assert_allclose(sched.outputs_of(out)[0], ex.model(*ex.example_inputs).detach().numpy(),
+                               rtol=1e-4, atol=1e-5)
+
 def test_a_wrong_command_is_named_by_the_schedule_check(monkeypatch):
     from fexplore.npu.commands import Vector
     from fexplore.npu.vector_ops import VECTOR_OPS

@@ -177,42 +177,72 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
     then kernels in sequence; then every op in trace order. Each step back is recorded (what,
     why); only an SRAM overflow makes the stage step back.
 
+    After half a PE's SRAM overflows, interleaving with no residency is tried next: when that
+    overflows too, a smaller share would (the kernels' own buffers are what fragment SRAM), and
+    the smaller shares are not built; a program of hundreds of thousands of commands (EfficientNet
+    or a CHMv2 head on `tiny`) takes half a minute a build. When it fits, the shares between are
+    tried from the largest down, as before, and the first that fits is kept.
+
     Re-read inputs and weights are then staged on chip in a second build, kept only if it is
     not slower (within STAGE_MAX_LOSS): staging saves DRAM traffic, but the copies take SRAM from
     the intermediates and DMA time of their own, and which wins depends on the model."""
     spills = []
-    attempts = [(True, share) for share in RESIDENT_SHARES] + [(True, 0.0), (False, 0.0), ("trace", 0.0)]
-    for interleave, share in attempts:
+
+    def attempt(interleave, share):
         try:
-            sched = build_schedule(graph, lowering, target, interleave=interleave, resident=share)
-            reread = _reread(sched) if share else set()
-            if reread:   # inputs and weights the kernels read many times: staged on chip once
-                try:
-                    staged = build_schedule(graph, lowering, target, interleave=interleave, resident=share,
-                                            stage=reread)
-                except Exception as e:  # noqa: BLE001 - staging overflows: the schedule without it
-                    if "SRAM" not in type(e).__name__ + str(e):
-                        raise
-                    sched.decisions.append(("no staging", f"staging {len(reread)} re-read inputs and weights "
-                                            f"overflows SRAM ({str(e).splitlines()[0][:100]})"))
-                    return sched, spills
-                plain, with_copies = sched.simulate(), staged.simulate()
-                if with_copies.cycles <= plain.cycles * (1 + STAGE_MAX_LOSS):
-                    return staged, spills
-                sched.decisions.append(("no staging", f"staging {len(reread)} re-read inputs and weights "
-                                        f"would save {(plain.dram_bytes - with_copies.dram_bytes) / 1e6:,.1f} MB "
-                                        f"of DRAM traffic but take {with_copies.cycles:,} cycles instead of "
-                                        f"{plain.cycles:,}"))
-            return sched, spills
+            return build_schedule(graph, lowering, target, interleave=interleave, resident=share)
         except Exception as e:  # noqa: BLE001 - only an SRAM overflow falls through
             if interleave == "trace" or "SRAM" not in type(e).__name__ + str(e):
                 raise
-            what = (f"keeping intermediates in {share:.0%} of a PE's SRAM" if share
-                    else "interleaving the kernels" if interleave is True
-                    else "scheduling each kernel's ops")
-            spills.append(("spill" if share else "serial" if interleave is True else "trace order",
-                           f"{what} overflows SRAM ({str(e).splitlines()[0][:100]})"))
-    raise AssertionError("unreachable")
+            spills.append(_spill(interleave, share, e))
+            return None
+
+    first, *smaller = RESIDENT_SHARES
+    sched = attempt(True, first)
+    if sched is not None:
+        return _staged(graph, lowering, target, sched, first, spills), spills
+    unshared = attempt(True, 0.0)
+    if unshared is not None:
+        for share in smaller:
+            sched = attempt(True, share)
+            if sched is not None:
+                return _staged(graph, lowering, target, sched, share, spills), spills
+        return unshared, spills
+    spills.append(("spill", "keeping intermediates in " + ", ".join(f"{s:.0%}" for s in smaller)
+                   + " of a PE's SRAM not tried: interleaving the kernels with none overflows already"))
+    return attempt(False, 0.0) or attempt("trace", 0.0), spills
+
+
+def _spill(interleave, share, e) -> tuple[str, str]:
+    what = (f"keeping intermediates in {share:.0%} of a PE's SRAM" if share
+            else "interleaving the kernels" if interleave is True
+            else "scheduling each kernel's ops")
+    return ("spill" if share else "serial" if interleave is True else "trace order",
+            f"{what} overflows SRAM ({str(e).splitlines()[0][:100]})")
+
+
+def _staged(graph, lowering, target, sched, share, spills):
+    """`sched`, or the same schedule with its re-read inputs and weights staged on chip when that
+    builds and is not slower (see schedule_with_fallbacks)."""
+    reread = _reread(sched)
+    if not reread:
+        return sched
+    try:
+        staged = build_schedule(graph, lowering, target, interleave=True, resident=share, stage=reread)
+    except Exception as e:  # noqa: BLE001 - staging overflows: the schedule without it
+        if "SRAM" not in type(e).__name__ + str(e):
+            raise
+        sched.decisions.append(("no staging", f"staging {len(reread)} re-read inputs and weights "
+                                f"overflows SRAM ({str(e).splitlines()[0][:100]})"))
+        return sched
+    plain, with_copies = sched.simulate(), staged.simulate()
+    if with_copies.cycles <= plain.cycles * (1 + STAGE_MAX_LOSS):
+        return staged
+    sched.decisions.append(("no staging", f"staging {len(reread)} re-read inputs and weights "
+                            f"would save {(plain.dram_bytes - with_copies.dram_bytes) / 1e6:,.1f} MB "
+                            f"of DRAM traffic but take {with_copies.cycles:,} cycles instead of "
+                            f"{plain.cycles:,}"))
+    return sched
 
 
 # An input or weight whose loads move more than this many times its size is worth staging on chip
