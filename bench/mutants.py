@@ -18,6 +18,8 @@ import sys
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+# this folder off the path: its kernels.py would shadow the `kernels` package transformers imports
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 sys.path.insert(0, ROOT)
 
 from fexplore.testing.mutants import BY_NAME, CASES, MUTANTS, detect  # noqa: E402

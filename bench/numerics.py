@@ -24,6 +24,8 @@ import sys
 import warnings
 from pathlib import Path
 
+# this folder off the path: its kernels.py would shadow the `kernels` package transformers imports
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TQDM_DISABLE", "1")
 
