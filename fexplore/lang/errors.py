@@ -224,7 +224,6 @@ class TraceError(KernelError):
                "for ks in fl.range(fl.tiles(K, 128)):   # loop bounds are Python ints")
 
 
-
 class TraceLimitError(TraceError):
     """A kernel's trace passes ``MAX_TRACE_OPS`` operations: tiles far too small for its tensors
     (each op is a Python object, so such a trace takes minutes and gigabytes before it ends)."""

@@ -120,10 +120,11 @@ class SymbolTable:
         # concatenated, ``s//2 + (s+1)//2``, are ``floor(s/2 + 1/2) + 1`` by that guard, which
         # torch does not see in the claim as written
         claims = [sympy.Eq(want, got.xreplace(to_torch))]
-        constant, rest = (self.expr(want) - got).as_coeff_Add()
-        rest = _floors_as_torch(rest.xreplace(to_torch))
-        if rest is not None:
-            claims.append(sympy.Eq(rest, -constant))
+        if want.free_symbols <= set(self.to_ir):   # (expr would add a symbol it does not know)
+            constant, rest = (self.expr(want) - got).as_coeff_Add()
+            rest = _floors_as_torch(rest.xreplace(to_torch))
+            if rest is not None:
+                claims.append(sympy.Eq(rest, -constant))
         for claim in claims:
             try:
                 fact = self.shape_env._maybe_evaluate_static(claim)

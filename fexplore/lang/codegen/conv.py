@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 
 from fexplore.ir import DType, Node, Value
-from fexplore.lang.examples._tiling import big_tile
+from fexplore.lang.examples._tiling import big_tile, grow_back
 
 from . import vector
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
@@ -237,17 +237,12 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                 t = max(4, t // 2)
         if footprint(r, t, window, c) > budget:
             return r, t, c, False
-        # give back what the order of the cuts took without need (as `shrink` does): the rows and
-        # output channels are cut before the input channels, so with many input channels the
-        # output tile went to 4 although halving the channel tile once more would have fitted
-        while True:
-            for grown in ((r, min(start[1], 2 * t), c), (min(start[0], 2 * r), t, c),
-                          (r, t, min(Cmax, 2 * c) if tile_channels else c)):
-                if grown != (r, t, c) and footprint(grown[0], grown[1], window, grown[2]) <= budget:
-                    r, t, c = grown
-                    break
-            else:
-                return r, t, c, True
+        # give back what the order of the cuts took without need: the rows and output channels
+        # are cut before the input channels, so with many input channels the output tile went to
+        # 4 although halving the channel tile once more would have fitted
+        r, t, c = grow_back([r, t, c], [*start, Cmax if tile_channels else c],
+                            lambda r, t, c: footprint(r, t, window, c) <= budget)
+        return r, t, c, True
 
     # a window per item when one fits (it moves the input about once, not once per offset); else
     # (a small SRAM, many input channels) a load per offset; and if an offset's patch of every

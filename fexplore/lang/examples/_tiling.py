@@ -37,6 +37,13 @@ def shrink(sizes: list[int], fits, floors: list[int]) -> list[int]:
             return sizes
         i = max(candidates, key=lambda i: sizes[i])
         sizes[i] = max(floors[i], sizes[i] // 2)
+    return grow_back(sizes, start, fits)
+
+
+def grow_back(sizes: list[int], start: list[int], fits) -> list[int]:
+    """Sizes that fit, each cut below its `start` doubled again (the smallest first, up to its
+    start) while they still fit: what an order of cuts took without need."""
+    sizes = list(sizes)
     while True:
         for i in sorted(range(len(sizes)), key=lambda i: sizes[i]):
             if sizes[i] < start[i]:

@@ -319,12 +319,12 @@ class _Lowerer:
             return None, self.bug(node, f"codegen failed: {type(e).__name__}: {_first_line(e)}")
         from fexplore.lang.errors import TraceLimitError
 
-        try:
-            traced, why = _traces(gk, node)
-        except TraceLimitError as e:   # tiles too small for the tensors: too big a kernel, not a wrong one
-            return None, e
-        if why:  # a generator that writes a kernel the kernel language rejects: a codegen bug
-            return None, self.bug(node, f"generated kernel {gk.name} does not trace (a codegen bug): {why}")
+        traced, err = _traces(gk, node)
+        if isinstance(err, TraceLimitError):   # tiles too small for the tensors: too big, not wrong
+            return None, err
+        if err is not None:  # a generator that writes a kernel the kernel language rejects: a codegen bug
+            return None, self.bug(node, f"generated kernel {gk.name} does not trace (a codegen bug): "
+                                        f"{type(err).__name__}: {_first_line(err)}")
         gk = _renamed(gk, _unique(gk.name, self.taken))
         return LoweredNode(node, "generated", gk, traced=traced, of=of), None
 
@@ -481,19 +481,16 @@ def _first_line(e: Exception) -> str:
 
 
 def _traces(gk, node: Node):
-    """(the traced kernel, None), or (None, why) when the kernel language rejects the source; a
-    trace past the kernel language's op limit raises (a kernel too big, not a wrong one)."""
-    from fexplore.lang.errors import TraceLimitError
-
+    """(the traced kernel, None), or (None, the error) when the kernel language rejects it."""
     try:
         zeros = [np.zeros(tuple(int(d) for d in v.type.shape), v.type.dtype.numpy) for v in node.inputs]
         k = gk.kernel()
         k.trace(*gk.arguments(zeros), target=gk.target)
         return k, None
-    except (MemoryError, TraceLimitError):
+    except MemoryError:
         raise
     except Exception as e:
-        return None, f"{type(e).__name__}: {_first_line(e)}"
+        return None, e
 
 
 def lowering_stats(low: Lowering) -> dict:

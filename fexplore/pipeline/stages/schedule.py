@@ -200,13 +200,13 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
     first, *smaller = RESIDENT_SHARES
     sched = attempt(True, first)
     if sched is not None:
-        return _staged(graph, lowering, target, sched, first, spills), spills
+        return _staged(graph, lowering, target, sched, first), spills
     unshared = attempt(True, 0.0)
     if unshared is not None:
         for share in smaller:
             sched = attempt(True, share)
             if sched is not None:
-                return _staged(graph, lowering, target, sched, share, spills), spills
+                return _staged(graph, lowering, target, sched, share), spills
         return unshared, spills
     spills.append(("spill", "keeping intermediates in " + ", ".join(f"{s:.0%}" for s in smaller)
                    + " of a PE's SRAM not tried: interleaving the kernels with none overflows already"))
@@ -221,7 +221,7 @@ def _spill(interleave, share, e) -> tuple[str, str]:
             f"{what} overflows SRAM ({str(e).splitlines()[0][:100]})")
 
 
-def _staged(graph, lowering, target, sched, share, spills):
+def _staged(graph, lowering, target, sched, share):
     """`sched`, or the same schedule with its re-read inputs and weights staged on chip when that
     builds and is not slower (see schedule_with_fallbacks)."""
     reread = _reread(sched)
