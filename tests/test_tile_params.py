@@ -153,3 +153,55 @@ def test_a_decode_steps_gemv_tiles_stay_within_the_share():
     for cfg in (get_target("rngd"), get_target("rngd").fused(4)):
         tm, tp, tn, tk = panel_tiles(1, 128256, 4096, 2, cfg, "bf16", 2)
         assert amortizing_bytes(cfg) <= tn * tk * 2 <= max_tile_bytes(cfg), (cfg.name, tn, tk)
+
+
+def test_tile_extents_are_read_from_the_kernels_tiles_calls():
+    """The search bounds each parameter by the axis it cuts: a literal, a name bound to literals,
+    or another parameter's tiles; a shape it cannot read, or two axes of different extents, leave
+    the parameter unbounded."""
+    from fexplore import lang as fl
+    from fexplore.pipeline.stages.tiles import tile_extents
+
+    @fl.kernel(target="tiny")
+    def cut(x: fl.f32[64, 96], *, rows: int = 16, cols: int = 32, tc: int = 8, free: int = 4, two: int = 8):
+        R, C = 64, 96
+        out = fl.output((64, 96), fl.f32)
+        for rs, cs in fl.parallel(fl.tiles(R, rows), fl.tiles(C, cols), stages=2):
+            for c2 in fl.range(fl.tiles(cs, tc)):
+                fl.store(out[rs, c2], fl.load(x[rs, c2]) * 2.0)
+        for _ in fl.range(fl.tiles(x.shape[0], free)):
+            pass
+        for _ in fl.range(fl.tiles(64, two)):
+            pass
+        for _ in fl.range(fl.tiles(32, two)):
+            pass
+        return out
+
+    assert tile_extents(cut) == {"rows": 64, "cols": 96, "tc": 32}
+    assert tile_extents(cut, {"cols": 48}) == {"rows": 64, "cols": 96, "tc": 48}
+    x = np.arange(64 * 96, dtype=np.float32).reshape(64, 96)
+    np.testing.assert_array_equal(cut(x), 2 * x)
+
+
+def test_a_tile_search_traces_no_tile_past_its_axis():
+    """A tile past the axis it cuts (tm = 1024 of 512 rows), or a panel's column tile past its panel
+    (tn > tp), cuts what the whole axis does: the program of a candidate already timed, traced
+    again. A third of a GPT-2 projection's candidates were such; now they take their slot
+    untraced, so the search tries the same parameters and chooses the same tiles for less."""
+    from fexplore.pipeline.stages.tiles import IN_PROGRAM_ONLY, tile_extents
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3072, 768).eval()
+    cm = fexplore.compile(model, (torch.randn(512, 3072),), target="rngd", precision="bf16")
+    k = next(x for x in cm.kernels if x.kernel.kind == "contraction")
+    choice = next(t for t in cm.schedule.tiles if t.kernel == k.name)
+    assert {"tm", "tn", "tk"} <= set(tile_extents(k.traced))
+    searched = [p for p in choice.default if p not in IN_PROGRAM_ONLY]
+    assert len(choice.candidates) > 2
+    for c, _ in choice.candidates:
+        bounds = tile_extents(k.traced, c)
+        assert all(c[p] <= bounds[p] for p in searched if p in bounds), c
+    # the search still tries the rows and the panel at other sizes
+    for p in ("tm", "tp"):
+        assert {c[p] for c, _ in choice.candidates} != {choice.default[p]}, p
+    assert choice.cycles <= choice.default_cycles
