@@ -381,3 +381,49 @@ def test_a_static_shape_with_a_symbolic_start_is_no_codegen_bug():
         x = torch.randn(3, n)
         torch.testing.assert_close(cm(x), model(x))
     assert not cm.codegen_bugs
+
+
+def test_a_schedule_made_on_first_call_is_checked_against_eager(monkeypatch):
+    """A size's program is compiled on its first call: its graph stages, lowering and tile
+    choices run afresh at that size, unseen by the compile's own checks. With verify on, that
+    program is checked on the call's inputs as the schedule stage checks its own; a wrong one
+    raises FX301 naming the sizes, and is not kept."""
+    import dataclasses
+
+    from fexplore.errors import NumericMismatchError
+
+    model, (ids,) = ZOO["gpt"](layers=1)
+    cm = fexplore.compile(model, (ids,), dynamic_shapes=DYNAMIC_SEQ["gpt"](model))
+    stages = cm.schedules.graph_stages
+
+    def precision_wrong_at_7(g, options):   # the embeddings subtracted, not added, at length 7
+        res = dict(stages)["precision"](g, options)
+        if 7 not in g.inputs[0].type.shape:
+            return res
+        text = str(res.graph)
+        assert "= add(%embedding, " in text
+        wrong = ir.parse(text.replace("= add(%embedding, ", "= sub(%embedding, ", 1), payloads=res.graph.payloads)
+        return dataclasses.replace(res, graph=wrong)
+
+    monkeypatch.setattr(cm.schedules, "graph_stages",
+                        [(n, precision_wrong_at_7 if n == "precision" else f) for n, f in stages])
+    x6, x7 = torch.randint(0, 100, (1, 6)), torch.randint(0, 100, (1, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x6), model(x6), rtol=1.3e-6, atol=2e-5)
+    with pytest.raises(NumericMismatchError, match=r"sizes \{'seq': 7\} on its first call.*simulated outputs vs eager") as e:
+        cm(x7)
+    assert e.value.code == "FX301"
+    made = cm.schedules.made
+    assert list(made.sizes) == [{"seq": 6}] and made.checked[0].startswith("max abs err")
+    # the wrong program was not kept: with the stage right again, the size compiles afresh
+    monkeypatch.setattr(cm.schedules, "graph_stages", stages)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x7), model(x7), rtol=1.3e-6, atol=2e-5)
+    assert [m["seq"] for m in cm.schedules.made.sizes] == [6, 7]
+    # without verification the same wrong program runs unchecked: the check is what caught it
+    unchecked = fexplore.compile(model, (ids,), dynamic_shapes=DYNAMIC_SEQ["gpt"](model), verify=False)
+    monkeypatch.setattr(unchecked.schedules, "graph_stages",
+                        [(n, precision_wrong_at_7 if n == "precision" else f) for n, f in stages])
+    with torch.no_grad():
+        assert not torch.allclose(unchecked(x7), model(x7), rtol=1e-3, atol=1e-3)
+    assert unchecked.schedules.made.checked.tolist() == [""]

@@ -6,7 +6,11 @@ symbolic dims is scheduled per static size, as NPU serving stacks compile prefil
 buckets: the first call with a new size specializes the ingested graph to it, runs the graph
 stages on it as a static compile at that size would (what only the size decided folds, attention
 over a mask sliced to the length is recognized, tiles fit the real sizes), lowers and schedules
-it, and caches the schedule (``Schedules.made`` lists them, with their simulated latency). With
+it, and caches the schedule (``Schedules.made`` lists them, with their simulated latency). A
+compile that verifies checks each such schedule on its first call as the schedule stage checks
+its own: the program simulated on the call's inputs against eager on them (``checked``); a wrong
+one raises FX301 naming the sizes (and the first kernel that leaves the size's graph, if one does),
+and is not kept. With
 declared buckets and ``pad_safe=True``, a size between buckets runs padded on the next bucket up
 (pipeline/buckets.py); ``Schedules.padded`` lists those calls with what the padding cost.
 """
@@ -31,6 +35,8 @@ class MadeSchedule:
     build_s: float
     why: str = ""         # why there is no schedule (schedule None)
     codegen_bugs: tuple = ()   # kernel generators that raised lowering this size (its nodes ran on the host)
+    graph: object = None  # the final graph at these sizes, the schedule's
+    checked: str | None = None   # its check against eager (None: not checked yet)
 
 
 @dataclass
@@ -50,23 +56,28 @@ class Call:
 class Schedules:
     """The schedules of one CompiledModel, by static size."""
 
-    def __init__(self, graph, options, static_schedule=None, *, ingested=None, graph_stages=()):
+    def __init__(self, graph, options, static_schedule=None, *, ingested=None, graph_stages=(), reference=None):
         """``graph``: the compile's final graph; ``ingested``: its ingest stage's graph, and
         ``graph_stages`` the (name, function) of the stages between ingest and lower, from which
-        a size's graph is compiled (without them, the final graph is specialized instead)."""
+        a size's graph is compiled (without them, the final graph is specialized instead).
+        ``reference``: a call's inputs -> the oracle of eager on them (None: schedules made per
+        size are not checked)."""
         self.graph = graph
         self.options = options
         self.ingested = ingested
         self.graph_stages = list(graph_stages)
+        self.reference = reference
         self.buckets = check_buckets(graph, options.buckets) if graph.symbols else {}
         self._by_size: dict[tuple, MadeSchedule] = {}
         self._padded: dict[tuple, PaddedCalls] = {}
         if static_schedule is not None:
-            self._remember((), static_schedule, 0.0)
+            made = self._remember((), static_schedule, 0.0, graph=graph)
+            made.checked = "by the schedule stage"
 
-    def _remember(self, key, sched, build_s, codegen_bugs=()) -> MadeSchedule:
+    def _remember(self, key, sched, build_s, codegen_bugs=(), graph=None) -> MadeSchedule:
         res = sched.simulate()
-        made = MadeSchedule(key, sched, res.cycles, res.latency_s * 1e6, build_s, codegen_bugs=tuple(codegen_bugs))
+        made = MadeSchedule(key, sched, res.cycles, res.latency_s * 1e6, build_s, codegen_bugs=tuple(codegen_bugs),
+                            graph=graph)
         self._by_size[key] = made
         return made
 
@@ -81,12 +92,37 @@ class Schedules:
         key = self._sizes(arrays)
         bucket = next_bucket(key, self.buckets) if self.buckets and self.options.pad_safe else None
         if bucket is None or bucket == key:
-            return Call(self._get(key), arrays)
+            return Call(self._checked(self._get(key), arrays), arrays)
         made = self._get(bucket)
         padded = pad_inputs(self.graph, arrays, bucket, self.options.pad_value)
+        self._checked(made, padded)
         seen = self._padded.setdefault(key, PaddedCalls(key, bucket, padding_share(key, bucket)))
         seen.calls += 1
         return Call(made, padded, real_shapes(self.graph, key))
+
+    def _checked(self, made: MadeSchedule, arrays) -> MadeSchedule:
+        """`made`, checked on its first call (on `arrays`) as the schedule stage checks its own
+        schedule: simulated, against eager on the same inputs (a kernel that leaves the size's
+        graph is named; a graph stage wrong at the size shows as the outputs alone).
+        A schedule that fails is dropped (the next call at its sizes makes it again) and FX301
+        raised: a size's compile runs its stages, lowering and tile choices afresh, none of
+        which the compile's own checks saw at that size."""
+        if made.checked is not None or made.schedule is None or self.reference is None:
+            return made
+        from fexplore.errors import NumericMismatchError
+
+        from .stages.schedule import check_schedule
+
+        check = check_schedule(made.graph, made.schedule, self.reference(arrays))
+        if not check.ok:
+            self._by_size.pop(made.sizes, None)
+            raise NumericMismatchError(
+                f"the program made for sizes {dict(made.sizes)} on its first call computes different numbers "
+                f"from the model: {check.detail}",
+                hint="compile with static shapes at these sizes (example inputs of this size, no "
+                     "dynamic_shapes) to see which stage; compile(..., verify=False) skips the checks")
+        made.checked = f"max abs err {check.max_abs:.1e} vs eager"
+        return made
 
     def _get(self, key) -> MadeSchedule:
         made = self._by_size.get(key)
@@ -126,7 +162,7 @@ class Schedules:
             made = MadeSchedule(key, None, 0, 0.0, time.perf_counter() - t0, result.stats.get("why", ""), bugs)
             self._by_size[key] = made
             return made
-        return self._remember(key, result.schedule, time.perf_counter() - t0, bugs)
+        return self._remember(key, result.schedule, time.perf_counter() - t0, bugs, graph=g)
 
     def _graph_at(self, key) -> tuple:
         """The final graph at one static size, and what went wrong making it (a stage that
@@ -171,9 +207,10 @@ class Schedules:
 
         return pd.DataFrame([{"sizes": dict(m.sizes) or "static", "bucket": self._is_bucket(m.sizes),
                               "cycles": m.cycles, "latency_us": m.latency_us, "build_s": m.build_s,
-                              "commands": len(m.schedule.program.commands) if m.schedule else 0}
+                              "commands": len(m.schedule.program.commands) if m.schedule else 0,
+                              "checked": m.checked or ""}
                              for m in self._by_size.values()],
-                            columns=["sizes", "bucket", "cycles", "latency_us", "build_s", "commands"])
+                            columns=["sizes", "bucket", "cycles", "latency_us", "build_s", "commands", "checked"])
 
     @property
     def padded(self):

@@ -36,10 +36,13 @@ def _structure_mismatch(want, got) -> str:
 
 
 class CompiledModel:
-    def __init__(self, records, ingested, options):
+    def __init__(self, records, ingested, options, reference=None):
+        """``reference``: inputs (flat arrays) -> an oracle of eager on them, against which a
+        schedule made on first call for a new size is checked (None: not checked)."""
         self.stages = list(records)
         self.options = options
         self._ingested = ingested
+        self._reference = reference
         self.reset_state()
 
     @property
@@ -147,7 +150,8 @@ class CompiledModel:
             names = [r.name for r in self.stages]
             restage = standard if names[1:1 + len(standard)] == [n for n, _ in standard] else ()
             self._schedules = Schedules(self.graph, self.options, self.schedule,
-                                        ingested=self.stages[0].after, graph_stages=restage)
+                                        ingested=self.stages[0].after, graph_stages=restage,
+                                        reference=self._reference)
             # the schedule stage's view lists the schedules made (for symbolic dims, per size)
             self["schedule"].schedules = self._schedules
         return self._schedules

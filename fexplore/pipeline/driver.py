@@ -136,7 +136,8 @@ class Exploration:
                               if r.verification is not None and not r.verification.ok), None)
             if first_bad is not None:
                 _raise_failed(first_bad)
-            self._result = CompiledModel(self.records, self._ingested, self.options)
+            self._result = CompiledModel(self.records, self._ingested, self.options,
+                                         reference=self._oracle_at if self._checks_sizes() else None)
         return self._result
 
     def fork(self, **changes) -> "Exploration":
@@ -293,22 +294,26 @@ class Exploration:
                 return True
         return False
 
-    def _make_oracle(self):
+    def _make_oracle(self, example=None):
+        """The oracle of the stages' checks: eager on the example inputs and the random sets. With
+        `example` (inputs at a size the compile scheduled on first call), eager on those alone."""
+        fresh = example is None
+        example = self.example_inputs if fresh else example
+        random_sets = self.options.random_input_sets if fresh else 0
         if self.is_onnx:
             from .onnx.oracle import OnnxOracle
 
-            return OnnxOracle(self._ingested, self.example_inputs,
-                              random_sets=self.options.random_input_sets, seed=self.options.seed)
+            return OnnxOracle(self._ingested, example, random_sets=random_sets, seed=self.options.seed)
         # the twin's exact narrow ops (a dispatch mode: a Python call per op) only where the model
         # computes in f16/bf16; elsewhere they would change nothing
         g = self._ingested.graph
         narrow = compute_dtype(g) in (DType.f16, DType.bf16)
-        examples = [tuple(x.shape) for x in torch.utils._pytree.tree_leaves(self.example_inputs)
+        examples = [tuple(x.shape) for x in torch.utils._pytree.tree_leaves(example)
                     if isinstance(x, torch.Tensor)] + [tuple(v.shape) for v in self._ingested.state.values()]
-        resized = shapes_at_another_size(g, examples)
+        resized = shapes_at_another_size(g, examples) if random_sets else None
         if resized is not None and not self._sizes_meet_relations(resized):
             resized = None   # the other size breaks a guard over several sizes: not one to check at
-        model, example = self.model, self.example_inputs
+        model = self.model
         ing = self._ingested
         if ing.input_mutations or ing.state:
             model = AsPureFunction(model, ing.input_mutations, list(ing.state))
@@ -316,8 +321,26 @@ class Exploration:
                 example = tuple(example) + ([v.clone() for v in ing.state.values()],)
         with _model_untouched(self.model):
             return Oracle(model, example,
-                          random_sets=self.options.random_input_sets, seed=self.options.seed,
+                          random_sets=random_sets, seed=self.options.seed,
                           precision=self.options.precision, exact_narrow=narrow, resized=resized)
+
+    def _oracle_at(self, arrays):
+        """`_make_oracle` on a call's inputs (flat arrays, as the compiled model runs them): the
+        reference a schedule made for their size on first call is checked against."""
+        spec = torch.utils._pytree.tree_structure(self.example_inputs)
+        given = iter(arrays)
+        leaves = [next(given) if self.is_onnx else to_torch(next(given)) if isinstance(x, torch.Tensor) else x
+                  for x in torch.utils._pytree.tree_leaves(self.example_inputs)]
+        return self._make_oracle(torch.utils._pytree.tree_unflatten(leaves, spec))
+
+    def _checks_sizes(self) -> bool:
+        """Whether a schedule made on first call for a new size is checked against eager: when the
+        compile verifies, has values, and its outputs are the model's alone (a model that updates
+        its inputs or buffers is run by the compiled model from the state it carries, which eager's
+        buffers do not follow)."""
+        ing = self._ingested
+        return bool(self.options.verify and not self.meta and ing is not None
+                    and not getattr(ing, "input_mutations", None) and not getattr(ing, "state", None))
 
     def _sizes_meet_relations(self, shapes) -> bool:
         """Whether tensor inputs of these shapes meet torch's guards over several sizes."""
