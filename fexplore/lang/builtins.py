@@ -52,8 +52,9 @@ def gather(table, idx, *, axis=0, mode: str = "rows"):
 
 def scatter(dst, idx, src, *, axis=0, reduce=None, mode: str = "rows"):
     """DMA scatter: the rows of tile `src` into DRAM box `dst` at the rows `idx` picks (the inverse of
-    `gather`). ``reduce="add"`` accumulates; ``None`` overwrites, and of duplicate indices the last
-    one wins. Returns a handle with ``.wait()``, like `store`."""
+    `gather`). ``reduce="add"`` accumulates, ``"max"``/``"min"`` keep the larger/smaller value,
+    ``"mul"`` multiplies (the DMA engine's read-modify-write); ``None`` overwrites, and of duplicate
+    indices the last one wins. Returns a handle with ``.wait()``, like `store`."""
     return semantics.scatter(dst, idx, src, axis=axis, reduce=reduce, mode=mode)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from fexplore.errors import SourceLoc
 from fexplore.lang.types import shape_text
-from fexplore.npu.commands import index_text
+from fexplore.npu.commands import SCATTER_REDUCES, index_text
 from fexplore.lang.values import DramSlice, DramTensor, Tile
 
 
@@ -115,7 +115,7 @@ class Scatter(Op):
 
     def text_body(self, name=lambda t: t.name):
         el = ", elements" if self.mode == "elements" else ""
-        op = "+=" if self.reduce == "add" else "<-"
+        op = SCATTER_REDUCES.get(self.reduce, "<-")
         return f"scatter {self.dst}[{', '.join(map(name, self.idx))}, axis={self.axis}{el}] {op} {name(self.src)}"
 
 

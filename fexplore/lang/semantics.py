@@ -20,7 +20,7 @@ from fexplore.lang.errors import (AxisError, DTypeError, MemorySpaceError,
 from fexplore.lang.tracer import Tracer, current, user_loc
 from fexplore.lang.types import ACC, SRAM, DType, TensorSpec, as_dtype, f32, i32, shape_text
 from fexplore.lang.values import DMA, DramSlice, DramTensor, Tile
-from fexplore.npu.commands import compose_index
+from fexplore.npu.commands import SCATTER_REDUCES, compose_index
 
 
 def describe(x) -> str:
@@ -385,9 +385,11 @@ def scatter(dst, idx, src, axis=0, reduce=None, mode: str = "rows") -> DMA:
                           expected="a box of a tensor made with fl.output(...) or fl.scratch(...)",
                           given=describe(box), loc=loc,
                           hint="copy the parameter into an output first, then scatter into the output")
-    if reduce not in (None, "add"):
-        raise TraceError("fl.scatter: reduce is None (overwrite; of duplicate indices the last wins) or 'add'",
-                         expected="reduce=None or reduce='add'", given=f"reduce={reduce!r}", loc=loc)
+    if reduce is not None and reduce not in SCATTER_REDUCES:
+        raise TraceError("fl.scatter: reduce is None (overwrite; of duplicate indices the last wins) or a "
+                         "reduction the DMA engine applies on write",
+                         expected=f"reduce=None or one of {', '.join(map(repr, SCATTER_REDUCES))}",
+                         given=f"reduce={reduce!r}", loc=loc)
     t = _index_tiles(tr, idx, "fl.scatter", loc)
     ax = _index_axes(box, t, axis, mode, "fl.scatter", loc)
     shape, _ = _indexed_shape(box, t, ax, mode, "fl.scatter", loc)
@@ -399,8 +401,8 @@ def scatter(dst, idx, src, axis=0, reduce=None, mode: str = "rows") -> DMA:
         raise DTypeError(f"fl.scatter: DMA copies bytes, so the tile's dtype must be {box.tensor.name}'s",
                          expected=f"a {box.dtype} tile", given=describe(s), loc=loc,
                          hint=f"cast it first: {s.name}.astype(fl.{box.dtype})")
-    if reduce == "add":   # the rows it adds onto are read
-        _check_covered(tr, box, "fl.scatter(reduce='add')", loc)
+    if reduce is not None:   # the rows it combines with are read
+        _check_covered(tr, box, f"fl.scatter(reduce={reduce!r})", loc)
     op = tr.record(ir.Scatter(box, t, s, ax, mode, reduce, tr.pe, loc))
     return DMA(tr.trace, op)   # which elements it writes is data: coverage is not marked
 

@@ -24,7 +24,7 @@ from numbers import Number
 
 from fexplore.errors import ConfigError, SourceLoc
 from fexplore.npu import dtypes
-from fexplore.npu.commands import (ENGINES, NO_ENGINE, Buffer, Command, Contract, DramRef, DramTensor,
+from fexplore.npu.commands import (ENGINES, NO_ENGINE, SCATTER_REDUCES, Buffer, Command, Contract, DramRef, DramTensor,
                                    Gather, Host, Load, Stage, Scatter, Store, Sync, Transpose, Vector, _squeeze,
                                    storage_of)
 from fexplore.npu.config import NPUConfig, get_target
@@ -172,14 +172,16 @@ class ProgramBuilder:
     def scatter(self, dst: DramRef | DramTensor, index, src: Buffer, *, axis: int = 0,
                 mode: str = "rows", reduce: str | None = None, deps=(), loc=None) -> Scatter:
         """DMA scatter: the rows (or elements) of `src` into `dst` at `index` along `axis`; reduce
-        "add" accumulates, None overwrites (of duplicate indices, the last one wins)."""
+        "add", "max", "min" or "mul" combines each value with the destination's
+        (`SCATTER_REDUCES`), None overwrites (of duplicate indices, the last one wins)."""
         loc = self._loc(loc)
         ref = self._ref(dst, loc)
         index = tuple(index) if isinstance(index, (tuple, list)) else (index,)
         for buf in (src, *index):
             self._check_buffer(buf, loc)
-        if reduce not in (None, "add"):
-            raise ProgramError(f"scatter: reduce must be None or 'add', got {reduce!r}", loc=loc)
+        if reduce is not None and reduce not in SCATTER_REDUCES:
+            raise ProgramError(f"scatter: reduce must be None or one of {sorted(SCATTER_REDUCES)}, got {reduce!r}",
+                               loc=loc)
         self._check_indexed(ref, index, src, axis, mode, "scatter", loc)
         return self._add(Scatter(ref, index, src, axis, mode, reduce, loc), deps, dram=((ref, True),))
 

@@ -552,6 +552,12 @@ class Gather(_Indexed):
         return f"{self.src}[{_names(self.index)}, axis={self.axis}{el}] -> {self.dst.name}"
 
 
+# A scatter's reductions: the DMA engine combines each value with what the destination holds (a
+# read-modify-write, [ASSUMPTION] as a DMA engine's add, max, min and multiply on write do), and
+# how a command's text shows each. None overwrites.
+SCATTER_REDUCES = {"add": "+=", "max": "max=", "min": "min=", "mul": "*="}
+
+
 class Scatter(_Indexed):
     __slots__ = ("dst", "index", "src", "axis", "mode", "reduce")
     kind = "scatter"
@@ -575,7 +581,7 @@ class Scatter(_Indexed):
 
     def _args(self) -> str:
         el = ", elements" if self.mode == "elements" else ""
-        op = "+=" if self.reduce == "add" else "<-"
+        op = SCATTER_REDUCES.get(self.reduce, "<-")
         return f"{self.dst}[{_names(self.index)}, axis={self.axis}{el}] {op} {self.src.name}"
 
 

@@ -9,8 +9,9 @@
             a 100x100x100 matmul costs what a 128x112x112 one does on rngd.
   vector    ceil(elements x passes / lanes) + latency, elements being the largest operand.
   gather /  one start-up for the command, then one transfer per index value (a row) or per element,
-  scatter   each rounded up to the minimum transfer like any contiguous run; a scatter with
-            reduce="add" reads and writes every row ([ASSUMPTION] a read-modify-write: 2x bytes).
+  scatter   each rounded up to the minimum transfer like any contiguous run; a scatter that
+            reduces (add, max, min, mul) reads and writes every row ([ASSUMPTION] a
+            read-modify-write: 2x bytes).
   transpose ceil(elements / transpose_elements_per_cycle) + the vector latency, on the vector queue.
   host      start-up + (operand + result bytes) / host link + flops / host rate (`host_cycles`).
 """
@@ -42,7 +43,7 @@ def indexed_moved_bytes(cmd: _Indexed, cfg: NPUConfig) -> int:
     else:
         line = cfg.dram_min_transfer_bytes
         per = -(-dtypes.itemsize(ref.tensor.dtype) // line) * line
-    rmw = 2 if getattr(cmd, "reduce", None) == "add" else 1   # a Gather has no reduce
+    rmw = 2 if getattr(cmd, "reduce", None) else 1   # a Gather has no reduce
     return cmd.rows * per * rmw
 
 

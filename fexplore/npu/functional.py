@@ -168,8 +168,9 @@ def gather_rows(box: np.ndarray, indices, axis: int, mode: str, *, what, loc=Non
 def scatter_rows(box: np.ndarray, indices, src: np.ndarray, axis: int, mode: str, reduce, *, what,
                  loc=None) -> None:
     """Write `src` into `box` (a view of DRAM) in place. reduce=None: of duplicate indices the last
-    write wins (the DMA writes in index order); "add": accumulates, in f32 for float data, rounded
-    once to the tensor's dtype."""
+    write wins (the DMA writes in index order); "add" and "mul" accumulate, in f32 for float data
+    (int64 for integers), rounded once to the tensor's dtype; "max" and "min" keep the larger
+    (smaller) value, exactly in any dtype (a NaN wins, as torch's amax)."""
     indices = tuple(indices) if isinstance(indices, (tuple, list)) else (indices,)
     k = len(indices)
     if mode == "rows":
@@ -195,7 +196,10 @@ def scatter_rows(box: np.ndarray, indices, src: np.ndarray, axis: int, mode: str
         else:
             box[key] = src
         return
+    if reduce in ("max", "min"):
+        (np.maximum if reduce == "max" else np.minimum).at(box, key, src.astype(box.dtype))
+        return
     acc_t = np.float32 if dtypes.is_float(dtypes.dtype_name(box.dtype)) else np.int64
     acc = box.astype(acc_t)
-    np.add.at(acc, key, src.astype(acc_t))
+    (np.multiply if reduce == "mul" else np.add).at(acc, key, src.astype(acc_t))
     box[...] = acc

@@ -6,7 +6,11 @@ scatters (`fl.gather`, `fl.scatter`) -- the rows move between DRAM and SRAM once
                                                              adjacent index tensors of one shape too)
     gather(x, idx, axis)              torch.gather        -> an element gather (one per index)
     index_put(x, v, idx, axes=(a,))   x[..., idx, ...] = v (or +=)  -> copy x, then a row scatter
-    scatter(x, idx, src, axis)        torch.scatter(_add) -> copy x, then an element scatter
+    scatter(x, idx, src, axis)        torch.scatter(_add), scatter_reduce (sum, prod, amax, amin)
+                                                          -> copy x, then an element scatter that
+                                                             reduces on write (without include_self
+                                                             the picked places first get the
+                                                             reduction's identity)
 
 A row gather views the table as (P, A, R): the axes before the indexed one merged into P, the
 indexed axis A, the axes after it merged into R (free views of the row-major array), and the index
@@ -30,6 +34,9 @@ from .source import Names, Writer, fl_dtype, scalar_constant
 
 STAGES = 2
 GATHERS = ("embedding", "index", "gather", "index_put", "scatter")
+# the IR scatter's reductions the DMA engine applies on write (fl.scatter's reduce=); "mean" is not
+# one: it divides by a count of writes per place
+SCATTER_ON_CHIP = {"none": None, "add": "add", "amax": "max", "amin": "min", "mul": "mul"}
 MAX_ITERATIONS = 8192   # loops unroll at trace time: beyond this the kernel is too big to trace
 
 
@@ -52,9 +59,13 @@ def generate_gather(node: Node, cfg) -> GeneratedKernel:
         return _elements(node, cfg, table=0, index=1, values=None)
     if op == "scatter":
         reduce = node.attrs["reduce"]
-        if reduce not in ("none", "add") or (reduce == "add" and not node.attrs["include_self"]):
-            raise UnsupportedRegionError(op, label, f"reduce={reduce!r} (none and add are written)", loc=node.loc)
-        return _elements(node, cfg, table=0, index=1, values=2, reduce=None if reduce == "none" else "add")
+        if reduce not in SCATTER_ON_CHIP:
+            raise UnsupportedRegionError(op, label, f"reduce={reduce!r} (none, add, mul, amax and amin are "
+                                                    "written)", loc=node.loc)
+        if reduce != "none" and node.inputs[0].type.dtype.name == "bool":
+            raise UnsupportedRegionError(op, label, f"reduce={reduce!r} of a bool tensor", loc=node.loc)
+        return _elements(node, cfg, table=0, index=1, values=2, reduce=SCATTER_ON_CHIP[reduce],
+                         include_self=node.attrs["include_self"])
     raise UnsupportedRegionError(op, label, "not a gather or scatter op", loc=node.loc)
 
 
@@ -267,8 +278,21 @@ def _row_tiles(cfg, N: int, R: int, item: int, P: int, k: int = 1) -> tuple[int,
     return rows, cols
 
 
+def _identity(reduce: str, dtype) -> str:
+    """The source text of `reduce`'s identity in `dtype`: what a place combines from when it does
+    not start from the tensor's own value."""
+    if reduce == "add":
+        return "0"
+    if reduce == "mul":
+        return "1"
+    if dtype.is_float:
+        return 'float("-inf")' if reduce == "max" else 'float("inf")'
+    info = np.iinfo(dtype.numpy)
+    return str(info.min if reduce == "max" else info.max)
+
+
 # ---- elements: torch.gather, torch.scatter ---------------------------------------------------------------
-def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, reduce=None):
+def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, reduce=None, include_self=True):
     op, label = node.op.name, region_label(node)
     x, idx = node.inputs[table], node.inputs[index]
     xs, js = tuple(x.type.shape), tuple(idx.type.shape)
@@ -328,8 +352,12 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
     w(f"# one DMA transfer per index element along axis {axis} (torch.{what}): each element is its own "
       f"{cfg.dram_min_transfer_bytes} B line")
     if src is not None:
+        how = {"add": "added onto", "max": "maxed into", "min": "mined into", "mul": "multiplied into"}
         w(f"# the output starts as a copy of {tname}; the elements {iname} picks are then "
-          + ("added onto" if reduce == "add" else "overwritten (of repeated indices the last one wins)"))
+          + (how[reduce] if reduce else "overwritten (of repeated indices the last one wins)"))
+        if reduce and not include_self:
+            w("# (without include_self: the picked elements first get the reduction's identity, all of them "
+              "before any value is combined)")
     w(f'@fl.kernel(target="{cfg.name}")')
     copy_kw = f", copy_rows: int = {copy_rows}" if src is not None else ""
     w(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}{copy_kw}, stages: int = {STAGES}):")
@@ -342,6 +370,12 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
             w(f"for ts in fl.parallel(fl.tiles({xs[0]}, copy_rows), stages=stages):")
             with w.indent():
                 w(f"fl.store(OUT[ts], fl.load({tname}[ts]))   # the copy")
+            if reduce and not include_self:
+                w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
+                with w.indent():
+                    w(f"i = fl.load({iname}[ts])")
+                    w(f"fl.scatter({box('OUT', xs, True)}, i, fl.full(i.shape, {_identity(reduce, x.type.dtype)}, "
+                      f"{dt}), axis={axis}, mode=\"elements\")")
         w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
         with w.indent():
             w(f"i = fl.load({iname}[ts])")
@@ -355,7 +389,7 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
                     w(f"vals = fl.broadcast_to(fl.load({sname}), i.shape)")
                 else:
                     w(f"vals = fl.load({box(sname, src.type.shape, False)})")
-                red = ', reduce="add"' if reduce == "add" else ""
+                red = f', reduce="{reduce}"' if reduce else ""
                 w(f'fl.scatter({box("OUT", xs, True)}, i, vals, axis={axis}, mode="elements"{red})')
         w("return OUT")
     results = (Result(0, tuple(node.outputs[0].type.shape)),)
