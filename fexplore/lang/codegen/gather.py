@@ -10,7 +10,9 @@ scatters (`fl.gather`, `fl.scatter`) -- the rows move between DRAM and SRAM once
                                                           -> copy x, then an element scatter that
                                                              reduces on write (without include_self
                                                              the picked places first get the
-                                                             reduction's identity)
+                                                             reduction's identity); a float mean
+                                                             also scatter-adds a count per place,
+                                                             then divides by it
 
 A row gather views the table as (P, A, R): the axes before the indexed one merged into P, the
 indexed axis A, the axes after it merged into R (free views of the row-major array), and the index
@@ -34,9 +36,9 @@ from .source import Names, Writer, fl_dtype, scalar_constant
 
 STAGES = 2
 GATHERS = ("embedding", "index", "gather", "index_put", "scatter")
-# the IR scatter's reductions the DMA engine applies on write (fl.scatter's reduce=); "mean" is not
-# one: it divides by a count of writes per place
-SCATTER_ON_CHIP = {"none": None, "add": "add", "amax": "max", "amin": "min", "mul": "mul"}
+# the IR scatter's reductions: those the DMA engine applies on write (fl.scatter's reduce=), and a
+# mean, a sum divided by a count of writes per place (scatter-added too)
+SCATTER_ON_CHIP = {"none": None, "add": "add", "amax": "max", "amin": "min", "mul": "mul", "mean": "mean"}
 MAX_ITERATIONS = 8192   # loops unroll at trace time: beyond this the kernel is too big to trace
 
 
@@ -64,6 +66,9 @@ def generate_gather(node: Node, cfg) -> GeneratedKernel:
                                                     "written)", loc=node.loc)
         if reduce != "none" and node.inputs[0].type.dtype.name == "bool":
             raise UnsupportedRegionError(op, label, f"reduce={reduce!r} of a bool tensor", loc=node.loc)
+        if reduce == "mean" and not node.inputs[0].type.dtype.is_float:
+            raise UnsupportedRegionError(op, label, "reduce='mean' of integers (a floor division the vector "
+                                                    "unit does not have)", loc=node.loc)
         return _elements(node, cfg, table=0, index=1, values=2, reduce=SCATTER_ON_CHIP[reduce],
                          include_self=node.attrs["include_self"])
     raise UnsupportedRegionError(op, label, "not a gather or scatter op", loc=node.loc)
@@ -281,7 +286,7 @@ def _row_tiles(cfg, N: int, R: int, item: int, P: int, k: int = 1) -> tuple[int,
 def _identity(reduce: str, dtype) -> str:
     """The source text of `reduce`'s identity in `dtype`: what a place combines from when it does
     not start from the tensor's own value."""
-    if reduce == "add":
+    if reduce in ("add", "mean"):
         return "0"
     if reduce == "mul":
         return "1"
@@ -314,7 +319,9 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
     rows = max(1, min(js[0], budget // per_row, 512))
     while rows > 1 and math.ceil(js[0] / rows) < cfg.num_pes:
         rows = -(-rows // 2)
-    copy_rows = max(1, min(xs[0], budget // max(1, 2 * STAGES * math.prod(xs[1:]) * item)))
+    # the copy's rows in flight; a mean's last pass holds a row of the sum, of the f32 count and its quotient
+    mean = reduce == "mean"
+    copy_rows = max(1, min(xs[0], budget // max(1, (3 if mean else 2) * STAGES * math.prod(xs[1:]) * max(item, 4))))
     if values is not None and 2 * STAGES * math.prod(xs[1:]) * item > budget:
         raise UnsupportedRegionError(op, label, "a row of the tensor does not fit SRAM for the copy", loc=node.loc)
 
@@ -352,7 +359,9 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
     w(f"# one DMA transfer per index element along axis {axis} (torch.{what}): each element is its own "
       f"{cfg.dram_min_transfer_bytes} B line")
     if src is not None:
-        how = {"add": "added onto", "max": "maxed into", "min": "mined into", "mul": "multiplied into"}
+        how = {"add": "added onto", "max": "maxed into", "min": "mined into", "mul": "multiplied into",
+               "mean": "added onto, each place's count of them added into COUNT, and the sums divided by the "
+                       "counts"}
         w(f"# the output starts as a copy of {tname}; the elements {iname} picks are then "
           + (how[reduce] if reduce else "overwritten (of repeated indices the last one wins)"))
         if reduce and not include_self:
@@ -367,9 +376,17 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
             w(f"OUT = fl.output({dt}[{', '.join(jaxes)}])")
         else:
             w(f"OUT = fl.output({dt}[{', '.join(xaxes)}])")
+            if mean:
+                w(f"COUNT = fl.scratch(fl.f32[{', '.join(xaxes)}])   # the values each place averages")
             w(f"for ts in fl.parallel(fl.tiles({xs[0]}, copy_rows), stages=stages):")
             with w.indent():
-                w(f"fl.store(OUT[ts], fl.load({tname}[ts]))   # the copy")
+                if mean:
+                    w(f"t = fl.load({tname}[ts])")
+                    w("fl.store(OUT[ts], t)   # the copy")
+                    w(f"fl.store(COUNT[ts], fl.full(t.shape, {1.0 if include_self else 0.0}, fl.f32))"
+                      + ("   # its own value counts" if include_self else ""))
+                else:
+                    w(f"fl.store(OUT[ts], fl.load({tname}[ts]))   # the copy")
             if reduce and not include_self:
                 w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
                 with w.indent():
@@ -389,8 +406,15 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
                     w(f"vals = fl.broadcast_to(fl.load({sname}), i.shape)")
                 else:
                     w(f"vals = fl.load({box(sname, src.type.shape, False)})")
-                red = f', reduce="{reduce}"' if reduce else ""
+                red = f', reduce="{"add" if mean else reduce}"' if reduce else ""
                 w(f'fl.scatter({box("OUT", xs, True)}, i, vals, axis={axis}, mode="elements"{red})')
+                if mean:
+                    w(f'fl.scatter({box("COUNT", xs, True)}, i, fl.full(i.shape, 1.0, fl.f32), axis={axis}, '
+                      'mode="elements", reduce="add")')
+        if mean:   # a place no value reached keeps its own (a count of 0, or 1 for its own)
+            w(f"for ts in fl.parallel(fl.tiles({xs[0]}, copy_rows), stages=stages):")
+            with w.indent():
+                w(f"fl.store(OUT[ts], fl.div(fl.load(OUT[ts]), fl.maximum(fl.load(COUNT[ts]), 1.0), dtype={dt}))")
         w("return OUT")
     results = (Result(0, tuple(node.outputs[0].type.shape)),)
     return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (f"element {what}",))
