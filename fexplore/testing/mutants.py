@@ -272,6 +272,16 @@ MUTANTS: list[Mutant] = [
            "reader (the others are not ordered after it)",
            (Patch("fexplore.npu.sram:allocate",
                   "for w in dict.fromkeys([c.id, *resident_writers.get(buf.id, ())]):", "for w in (c.id,):"),)),
+    Mutant("scatter-identity-skipped", "lower: scatter codegen (reduce without include_self)",
+           "a scatter_reduce without include_self leaves out the pass writing the reduction's identity "
+           "at the picked places: they combine with the tensor's own value",
+           (Patch(f"{_CG}.gather:_elements",
+                  "w(f\"fl.scatter({box('OUT', xs, True)}, i, fl.full(i.shape, {_identity(",
+                  "w(f\"pass  # ({box('OUT', xs, True)}, i, fl.full(i.shape, {_identity("),)),
+    Mutant("scatter-max-adds", "npu/lang: a DMA scatter's reduce on write",
+           "a scatter with reduce='max' adds its values instead (the interpreter and the simulator share it)",
+           (Patch("fexplore.npu.functional:scatter_rows",
+                  '(np.maximum if reduce == "max" else np.minimum)', '(np.add if reduce == "max" else np.minimum)'),)),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}
@@ -348,6 +358,17 @@ class _Reductions(torch.nn.Module):
 
     def forward(self, x):
         return x.amax(dim=1) + x.sum(dim=(0, 1)), x.mean(dim=1)
+
+
+class _ScatterReductions(torch.nn.Module):
+    """A graph network's aggregations of messages into nodes (scatter_reduce): max without the
+    node's own value, a mean, a sum onto it; repeated targets, and nodes no message reaches."""
+
+    def forward(self, nodes, msg, dst):
+        at = dst[:, None].expand(-1, nodes.shape[1])
+        return (nodes.scatter_reduce(0, at, msg, "amax", include_self=False),
+                nodes.scatter_reduce(0, at, msg, "mean", include_self=False),
+                nodes.scatter_reduce(0, at, msg, "sum"))
 
 
 class _Permutes(torch.nn.Module):
@@ -517,6 +538,9 @@ CASES: list[Case] = [
         torch.randn(1, 2, 40, 16, generator=g) for _ in range(3))))),
     Case("conv-bn", _seeded(lambda g: (_ConvBlock(g).eval(), (torch.randn(2, 3, 12, 12, generator=g),)))),
     Case("reductions", _seeded(lambda g: (_Reductions(), (torch.randn(4, 6, 10, generator=g) - 3.0,)))),
+    Case("scatter-reductions@tiny", _seeded(lambda g: (_ScatterReductions(), (
+        torch.randn(9, 6, generator=g), torch.randn(20, 6, generator=g) - 2.0,
+        torch.randint(0, 7, (20,), generator=g)))), {"target": "tiny"}),
     Case("broadcasts", _seeded(lambda g: (_Broadcasts(), (torch.randn(2, 8, 16, generator=g),
                                                            torch.randn(1, 1, 16, generator=g),
                                                            torch.randn(8, 1, generator=g))))),
