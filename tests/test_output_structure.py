@@ -51,6 +51,30 @@ def test_dicts_tuples_and_dataclasses_come_back_as_they_went_in():
     torch.testing.assert_close(got["pred"].hidden, want["pred"].hidden)
 
 
+class PassesThrough(torch.nn.Module):
+    """Returns an input untouched, one value twice, and a view of an input (a common pattern: a
+    block hands back its hidden states beside what it computed)."""
+
+    def forward(self, x, mask):
+        y = torch.tanh(x) * mask
+        return {"hidden": x, "out": y, "again": y, "flat": x.reshape(-1)}, mask
+
+
+def test_outputs_alias_as_eagers_do_where_the_graph_shows_it():
+    x, mask = torch.randn(3, 4), torch.ones(3, 4)
+    cm = fexplore.compile(PassesThrough(), (x, mask))
+    x2, mask2 = torch.randn(3, 4), (torch.rand(3, 4) > 0.5).float()
+    got, want = cm(x2, mask2), PassesThrough()(x2, mask2)
+    # the inputs returned untouched are the caller's tensors, as eager's are
+    assert got[0]["hidden"] is x2 and got[1] is mask2 and want[0]["hidden"] is x2 and want[1] is mask2
+    # one value returned twice is one tensor twice: writing through one shows in the other
+    assert got[0]["out"] is got[0]["again"] and want[0]["out"] is want[0]["again"]
+    torch.testing.assert_close(got[0]["out"], want[0]["out"])
+    # a view comes back as a new tensor with the view's values (eager's shares x2's memory)
+    assert got[0]["flat"].data_ptr() != x2.data_ptr()
+    torch.testing.assert_close(got[0]["flat"], want[0]["flat"])
+
+
 class SelfAttention(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -97,7 +97,8 @@ class CompiledModel:
         for an ONNX model a list of numpy arrays in the graph's output order. After the model's
         outputs come the new values of the inputs it updates in place, written into the caller's
         tensors as torch's exported program does, then those of the buffers it updates, kept in
-        ``state`` for the next call."""
+        ``state`` for the next call. An output that is an input as given is the caller's tensor
+        itself, and one tensor returned twice is one tensor twice (`_aliased`), as eager's are."""
         if self.is_onnx:
             return [np.asarray(o) for o in outs]
         if self._state:   # the buffers' new values come last
@@ -111,7 +112,28 @@ class CompiledModel:
             with torch.no_grad():
                 for i, value in zip(updated, new):
                     tensors[i].copy_(to_torch(value))
-        return pytree.tree_unflatten([to_torch(o) for o in outs], self._ingested.out_spec)
+        return pytree.tree_unflatten(self._aliased([to_torch(o) for o in outs], args, kwargs),
+                                     self._ingested.out_spec)
+
+    def _aliased(self, outs: list, args, kwargs) -> list:
+        """`outs` with the aliasing eager's outputs have that the graph shows: an output that is a
+        graph input (the model returned its input untouched) is the caller's tensor, not a copy;
+        a value returned more than once is one tensor. Views of inputs (a reshape, a transpose)
+        are returned as new tensors: the graph no longer tells a view from a copy."""
+        given = [x for x in pytree.tree_leaves((args, kwargs or {})) if isinstance(x, torch.Tensor)]
+        if len(self.graph.inputs) != len(given) + len(self._state):   # not the inputs one for one
+            return outs
+        inputs = {v.name: i for i, v in enumerate(self.graph.inputs[:len(given)])}
+        first: dict[str, int] = {}
+        out = list(outs)
+        for i, v in enumerate(self.graph.outputs[:len(out)]):
+            if v.name in inputs:
+                out[i] = given[inputs[v.name]]
+            elif v.name in first:
+                out[i] = out[first[v.name]]
+            else:
+                first[v.name] = i
+        return out
 
     def __call__(self, *args, **kwargs):
         """Run on new inputs (same structure as the model's) on the simulated NPU (functional
