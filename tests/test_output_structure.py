@@ -52,15 +52,17 @@ def test_dicts_tuples_and_dataclasses_come_back_as_they_went_in():
 
 
 class PassesThrough(torch.nn.Module):
-    """Returns an input untouched, one value twice, and a view of an input (a common pattern: a
-    block hands back its hidden states beside what it computed)."""
+    """Returns an input untouched, one value twice, and a view of an input (a block hands back its
+    hidden states beside what it computed), and copies of both that fexplore's graph no longer
+    tells from them (a clone, an ``x + 0``: the input itself once simplified)."""
 
     def forward(self, x, mask):
         y = torch.tanh(x) * mask
-        return {"hidden": x, "out": y, "again": y, "flat": x.reshape(-1)}, mask
+        return {"hidden": x, "out": y, "again": y, "flat": x.reshape(-1),
+                "copy": x.clone(), "plus_zero": x + 0, "out_copy": y.clone()}, mask
 
 
-def test_outputs_alias_as_eagers_do_where_the_graph_shows_it():
+def test_outputs_alias_as_eagers_do_and_copies_stay_copies():
     x, mask = torch.randn(3, 4), torch.ones(3, 4)
     cm = fexplore.compile(PassesThrough(), (x, mask))
     x2, mask2 = torch.randn(3, 4), (torch.rand(3, 4) > 0.5).float()
@@ -69,10 +71,14 @@ def test_outputs_alias_as_eagers_do_where_the_graph_shows_it():
     assert got[0]["hidden"] is x2 and got[1] is mask2 and want[0]["hidden"] is x2 and want[1] is mask2
     # one value returned twice is one tensor twice: writing through one shows in the other
     assert got[0]["out"] is got[0]["again"] and want[0]["out"] is want[0]["again"]
-    torch.testing.assert_close(got[0]["out"], want[0]["out"])
+    # a copy is a copy, though the final graph returns the input (or the value) itself for it:
+    # writing into it must not write into the caller's tensor
+    for name, of in (("copy", x2), ("plus_zero", x2), ("out_copy", got[0]["out"])):
+        assert got[0][name] is not of and got[0][name].data_ptr() != of.data_ptr(), name
     # a view comes back as a new tensor with the view's values (eager's shares x2's memory)
     assert got[0]["flat"].data_ptr() != x2.data_ptr()
-    torch.testing.assert_close(got[0]["flat"], want[0]["flat"])
+    for name in want[0]:
+        torch.testing.assert_close(got[0][name], want[0][name])
 
 
 class SelfAttention(torch.nn.Module):

@@ -116,23 +116,30 @@ class CompiledModel:
                                      self._ingested.out_spec)
 
     def _aliased(self, outs: list, args, kwargs) -> list:
-        """`outs` with the aliasing eager's outputs have that the graph shows: an output that is a
-        graph input (the model returned its input untouched) is the caller's tensor, not a copy;
-        a value returned more than once is one tensor. Views of inputs (a reshape, a transpose)
-        are returned as new tensors: the graph no longer tells a view from a copy."""
-        given = [x for x in pytree.tree_leaves((args, kwargs or {})) if isinstance(x, torch.Tensor)]
-        if len(self.graph.inputs) != len(given) + len(self._state):   # not the inputs one for one
+        """`outs` with the aliasing of eager's outputs that torch's exported program records: an
+        output that is a user input itself (the model returned its input untouched) is the
+        caller's tensor, not a copy; one tensor returned more than once is one tensor. Read from
+        the exported program's signature, not from fexplore's graph: there a ``clone()`` or an
+        ``x + 0`` has become the input itself, which eager returns as a new tensor. Views of
+        inputs (a reshape, a ``detach()``) come back as new tensors with the view's values."""
+        from torch.export.graph_signature import InputKind, OutputKind
+
+        sig = self._ingested.exported.graph_signature
+        leaves = pytree.tree_leaves((args, kwargs or {}))
+        users = [getattr(s.arg, "name", None) for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+        returned = [getattr(s.arg, "name", None) for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
+        if len(users) != len(leaves) or len(returned) != len(outs):   # not one for one: leave them
             return outs
-        inputs = {v.name: i for i, v in enumerate(self.graph.inputs[:len(given)])}
+        given = {name: x for name, x in zip(users, leaves) if name is not None and isinstance(x, torch.Tensor)}
         first: dict[str, int] = {}
         out = list(outs)
-        for i, v in enumerate(self.graph.outputs[:len(out)]):
-            if v.name in inputs:
-                out[i] = given[inputs[v.name]]
-            elif v.name in first:
-                out[i] = out[first[v.name]]
-            else:
-                first[v.name] = i
+        for i, name in enumerate(returned):
+            if name in given:
+                out[i] = given[name]
+            elif name in first:
+                out[i] = out[first[name]]
+            elif name is not None:
+                first[name] = i
         return out
 
     def __call__(self, *args, **kwargs):
