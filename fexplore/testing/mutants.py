@@ -276,8 +276,8 @@ MUTANTS: list[Mutant] = [
            "a scatter_reduce without include_self leaves out the pass writing the reduction's identity "
            "at the picked places: they combine with the tensor's own value",
            (Patch(f"{_CG}.gather:_elements",
-                  "w(f\"fl.scatter({box('OUT', xs, True)}, i, fl.full(i.shape, {_identity(",
-                  "w(f\"pass  # ({box('OUT', xs, True)}, i, fl.full(i.shape, {_identity("),)),
+                  "w(f\"fl.scatter({box('OUT', xs, True)}, i, fl.full(i.shape, {start}",
+                  "w(f\"pass  # ({box('OUT', xs, True)}, i, fl.full(i.shape, {start}"),)),
     Mutant("scatter-max-adds", "npu/lang: a DMA scatter's reduce on write",
            "a scatter with reduce='max' adds its values instead (the interpreter and the simulator share it)",
            (Patch("fexplore.npu.functional:scatter_rows",

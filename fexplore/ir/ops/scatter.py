@@ -66,17 +66,21 @@ _UFUNC = {"add": np.add, "mul": np.multiply, "amax": np.maximum, "amin": np.mini
           "mean": np.add}
 
 
-def _identity(reduce: str, dtype: np.dtype):
+def reduction_identity(reduce: str, dtype: np.dtype):
+    """What a place a scatter reduces into starts from when it does not start from its own value
+    (include_self=False): 0 for a sum or a mean, 1 for a product, and for a max (min) the lowest
+    (highest) value of `dtype`; floats are every kind but ints and bools (ml_dtypes' bfloat16
+    and fp8 have numpy kind 'V')."""
     if reduce in ("add", "mean"):
         return 0
     if reduce == "mul":
         return 1
-    if dtype.kind == "f":
-        return -np.inf if reduce == "amax" else np.inf
-    info = np.iinfo(dtype) if dtype.kind in "iu" else None
-    if info is None:  # bool
+    if dtype.kind == "b":
         return reduce == "amin"
-    return info.min if reduce == "amax" else info.max
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.min if reduce == "amax" else info.max
+    return -np.inf if reduce == "amax" else np.inf
 
 
 def _scatter_ref(xs, a):
@@ -92,7 +96,7 @@ def _scatter_ref(xs, a):
         out[at] = src
         return [out]
     if not a["include_self"]:  # the written positions start from the reduction's identity
-        out[at] = _identity(reduce, out.dtype)
+        out[at] = reduction_identity(reduce, out.dtype)
     _UFUNC[reduce].at(out, at, src)
     if reduce == "mean":
         count = np.full(out.shape, 1 if a["include_self"] else 0, np.int64)

@@ -28,11 +28,12 @@ import math
 import numpy as np
 
 from fexplore.ir import Node
+from fexplore.ir.ops.scatter import reduction_identity
 
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
-from .source import Names, Writer, fl_dtype, scalar_constant
+from .source import Names, Writer, fl_dtype, literal, scalar_constant
 
 STAGES = 2
 GATHERS = ("embedding", "index", "gather", "index_put", "scatter")
@@ -62,8 +63,8 @@ def generate_gather(node: Node, cfg) -> GeneratedKernel:
     if op == "scatter":
         reduce = node.attrs["reduce"]
         if reduce not in SCATTER_ON_CHIP:
-            raise UnsupportedRegionError(op, label, f"reduce={reduce!r} (none, add, mul, amax and amin are "
-                                                    "written)", loc=node.loc)
+            raise UnsupportedRegionError(op, label, f"reduce={reduce!r} (the reductions written: "
+                                                    f"{', '.join(SCATTER_ON_CHIP)})", loc=node.loc)
         if reduce != "none" and node.inputs[0].type.dtype.name == "bool":
             raise UnsupportedRegionError(op, label, f"reduce={reduce!r} of a bool tensor", loc=node.loc)
         if reduce == "mean" and not node.inputs[0].type.dtype.is_float:
@@ -283,19 +284,6 @@ def _row_tiles(cfg, N: int, R: int, item: int, P: int, k: int = 1) -> tuple[int,
     return rows, cols
 
 
-def _identity(reduce: str, dtype) -> str:
-    """The source text of `reduce`'s identity in `dtype`: what a place combines from when it does
-    not start from the tensor's own value."""
-    if reduce in ("add", "mean"):
-        return "0"
-    if reduce == "mul":
-        return "1"
-    if dtype.is_float:
-        return 'float("-inf")' if reduce == "max" else 'float("inf")'
-    info = np.iinfo(dtype.numpy)
-    return str(info.min if reduce == "max" else info.max)
-
-
 # ---- elements: torch.gather, torch.scatter ---------------------------------------------------------------
 def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, reduce=None, include_self=True):
     op, label = node.op.name, region_label(node)
@@ -335,9 +323,9 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
     jaxes = [f'"J{d}"' for d in range(rank)]
     tname = sig.add(x, xs, xaxes)
     iname = sig.add(idx, js, jaxes)
-    literal = scalar_constant(src) if scalar else None
+    scattered = scalar_constant(src) if scalar else None
     sname = None
-    if src is not None and literal is None:
+    if src is not None and scattered is None:
         sname = sig.add(src, (1,) if scalar else tuple(src.type.shape),
                         ["1"] if scalar else [f'"S{d}"' for d in range(rank)])
 
@@ -391,8 +379,9 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
                 w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
                 with w.indent():
                     w(f"i = fl.load({iname}[ts])")
-                    w(f"fl.scatter({box('OUT', xs, True)}, i, fl.full(i.shape, {_identity(reduce, x.type.dtype)}, "
-                      f"{dt}), axis={axis}, mode=\"elements\")")
+                    start = literal(reduction_identity(node.attrs["reduce"], x.type.dtype.numpy))
+                    w(f"fl.scatter({box('OUT', xs, True)}, i, fl.full(i.shape, {start}, {dt}), axis={axis}, "
+                      f"mode=\"elements\")")
         w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
         with w.indent():
             w(f"i = fl.load({iname}[ts])")
@@ -400,8 +389,8 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
                 w(f'picked = fl.gather({box(tname, xs, True)}, i, axis={axis}, mode="elements")')
                 w("fl.store(OUT[ts], picked)")
             else:
-                if literal is not None:
-                    w(f"vals = fl.full(i.shape, {literal}, {dt})   # the scattered value, written in")
+                if scattered is not None:
+                    w(f"vals = fl.full(i.shape, {scattered}, {dt})   # the scattered value, written in")
                 elif scalar:
                     w(f"vals = fl.broadcast_to(fl.load({sname}), i.shape)")
                 else:
