@@ -9,7 +9,8 @@ import torch
 import fexplore
 from fexplore.ir import Constant, Graph
 from fexplore.pipeline import Exploration, Stage, StageResult
-from fexplore.pipeline.numeric import NOISE_MULTIPLE, TOLERANCES, Oracle, compare, output_dtypes, tolerances_of
+from fexplore.pipeline.numeric import (NARROW_MULTIPLE, NOISE_MULTIPLE, TOLERANCES, Oracle, compare, output_dtypes,
+                                        tolerances_of)
 from fexplore.ir import DType
 
 
@@ -205,3 +206,61 @@ def test_each_output_is_held_to_the_tolerance_of_what_it_is_computed_through():
     assert not compare([off[0], want[1], want[2]], want, tols, oracle.noise[0])[2]
     assert compare([want[0], off[1], want[2]], want, tols, oracle.noise[0])[2]
     assert "outputs 0, 2: atol 1e-05" in cm["fusion"].verification.numeric.tolerance
+
+
+class F16Chain(torch.nn.Module):
+    """f16 layers behind the model's own cast: a linear whose bias eager's CPU kernel adds after
+    rounding the product, then a chain that grows a one-ulp difference (fuzz seed 1880729)."""
+
+    def __init__(self, bug: float = 0.0):
+        super().__init__()
+        torch.manual_seed(1)
+        self.proj = torch.nn.Linear(8, 8, dtype=torch.float16)
+        self.out = torch.nn.Linear(6, 8, dtype=torch.float16)
+        self.bug = bug
+
+    def forward(self, x):
+        h = self.proj((x * 2.0).half())
+        h = torch.cumsum(h @ h.transpose(-1, -2), -1)
+        return torch.tanh(self.out(h / 16)) + self.bug
+
+
+def test_f16_layers_behind_a_cast_get_an_f64_reference_and_the_chains_rounding():
+    """The f64 twin used to widen the model's f16 layers too: the f16 linear behind the cast
+    raised on an f64 weight and the model got no reference. Now only f32 widens, and for a
+    model that computes in f16 by itself the oracle also measures eager's distance from the
+    model's exact arithmetic."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 8)
+    oracle = Oracle(F16Chain(), (x,))
+    assert oracle.f64_note is None
+    assert oracle.narrow_noise is not None and len(oracle.narrow_noise) == len(oracle.noise) == 2
+    with torch.no_grad():
+        exact = F16Chain().double()
+        h = exact.proj((x * 2.0).half().double())   # the model's own cast rounds; nothing else
+        h = torch.cumsum(h @ h.transpose(-1, -2), -1)
+        want = torch.tanh(exact.out(h / 16))
+        eager = F16Chain()(x).double()
+    assert oracle.narrow_noise[0][0] == pytest.approx(float((eager - want).abs().max()), rel=1e-6)
+    assert oracle.narrow_noise[0][0] > 2e-4          # f16's rounding along the chain, not f32's
+    assert fexplore.compile(F16Chain(), (x,), target="tiny").verification["ok"].all()
+    # a model of no narrow floats measures none: its f32 tolerance stays as tight as it was
+    assert Oracle(torch.nn.Linear(8, 8), (x,)).narrow_noise is None
+
+
+def test_a_real_error_in_an_f16_chain_still_fails():
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 8)
+    oracle = Oracle(F16Chain(), (x,))
+    chain = oracle.narrow_noise[0][0]
+    tol = TOLERANCES[DType.f16]
+    for bug in (0.02, -0.05):   # the error a wrong rewrite of the chain would make
+        got = [F16Chain(bug=bug)(x).detach().numpy()]
+        assert abs(bug) > tol.atol * 2 + NARROW_MULTIPLE * chain
+        assert not compare(got, oracle.expected[0], tol, oracle.noise[0], narrow_noise=oracle.narrow_noise[0])[2]
+    # off by f16's rounding of the chain, beyond f16's fixed tolerance: allowed
+    want = oracle.expected[0][0].astype(np.float64)
+    within = [want + 0.9 * (tol.atol * max(1.0, np.abs(want).max()) + tol.rtol * np.abs(want)
+                            + NARROW_MULTIPLE * chain)]
+    assert not compare(within, oracle.expected[0], tol, oracle.noise[0])[2]
+    assert compare(within, oracle.expected[0], tol, oracle.noise[0], narrow_noise=oracle.narrow_noise[0])[2]

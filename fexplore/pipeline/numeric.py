@@ -63,6 +63,14 @@ TOLERANCES = {
 # the same size as eager's, not smaller; a wrong rewrite is off by orders of magnitude more.
 NOISE_MULTIPLE = 8.0
 
+# A model that computes in f16 or bf16 by itself (its own casts and narrow weights) rounds at every
+# such op; a compile rounds at the same ops, but not always the same way (it adds a linear's bias
+# before rounding, where eager's CPU kernel rounds the product first), and a one-ulp difference
+# early in a chain grows through what follows. Eager's distance from the model's exact arithmetic
+# (every op in f64, only the model's own casts rounding: ``narrow_noise``) is what rounding along
+# the chain does to an output; a compile as accurate as eager is within twice it of eager.
+NARROW_MULTIPLE = 2.0
+
 # A compile at a reduced precision may differ from eager f32 by this many times the error eager
 # itself makes under the same cast policy (``policy_noise``): the compile rounds the same
 # operands, so its error is of that size; rounding them coarser (fp8 for bf16) is 16x that.
@@ -122,7 +130,10 @@ class AsPureFunction(torch.nn.Module):
 class Oracle:
     """Eager PyTorch outputs for the example inputs and ``random_sets`` fresh input sets, and for
     each output eager's own rounding noise (``noise``: max |eager - the f64 twin|, 0 where the f64
-    run is not possible; ``f64_note`` says why). A random set the model itself refuses
+    run is not possible; ``f64_note`` says why). For a model that computes in f16 or bf16 by
+    itself, ``narrow_noise`` is per set and output max |eager - the model's exact arithmetic|
+    (``_NoNarrowing``), the rounding along the chain (None for a model of no narrow floats, or
+    where that run fails). A random set the model itself refuses
     (it raises: the set breaks an invariant of its inputs, such as a count of special tokens)
     is dropped, and ``dropped_sets`` says why.
 
@@ -136,6 +147,7 @@ class Oracle:
         self.input_sets: list[list[np.ndarray]] = []
         self.expected: list[list[np.ndarray]] = []
         self.noise: list[list[float]] = []
+        self.narrow_noise: list[list[float]] | None = None
         # Under a reduced-precision policy (``precision`` bf16 or fp8): per set and output, eager's
         # own error under that policy (``fexplore.pipeline.policy_noise``), and per output the
         # narrowest float the model computes it through by itself. None when fp32, or when the
@@ -153,6 +165,8 @@ class Oracle:
             sets[1] = [_like(x, rng, next(shapes)) if isinstance(x, torch.Tensor) else x for x in flat]
         self.dropped_sets: list[str] = []
         twin, self.f64_note = _f64_twin(model)
+        exact = None   # the all-f64 twin, made once a narrow op is seen
+        chains, narrow_seen = [], False
         for i, leaves in enumerate(sets):
             args = pytree.tree_unflatten(leaves, spec)
             # the policy run gets its own copy of the inputs: a decode step appends to the cache
@@ -174,12 +188,22 @@ class Oracle:
             outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
             self.expected.append([to_numpy(o) for o in outs])
             noise = [0.0] * len(outs)
+            chain = None
             if twin is not None:
-                noise, note = _f32_noise(twin, leaves, spec, outs, exact_narrow)
+                seen = _ExactNarrowOps()
+                noise, note = _f32_noise(twin, leaves, spec, outs, exact_narrow, seen)
                 self.f64_note = self.f64_note or note
+                chain = noise   # no narrow op: the exact arithmetic is the twin's
+                if seen.narrow and exact_narrow and note is None:
+                    narrow_seen = True
+                    exact = exact or _exact_twin(model)
+                    chain = _narrow_noise(exact, leaves, spec, outs) if exact is not None else None
+            chains.append(chain)
             self.noise.append(noise)
             if self.policy_noise is not None:
                 self._measure_policy(model, pytree.tree_unflatten(policy_leaves, spec), outs)
+        if narrow_seen and all(c is not None for c in chains):   # every set, or none
+            self.narrow_noise = chains
 
     def _measure_policy(self, model, args, outs) -> None:
         try:
@@ -227,7 +251,11 @@ def shapes_at_another_size(g: Graph, example_shapes: list) -> list | None:
 
 
 def _f64_twin(model: torch.nn.Module):
-    """An f64 deep copy of the model (the user's model is not touched), or (None, why not)."""
+    """An f64 deep copy of the model (the user's model is not touched), or (None, why not). Only
+    its f32 parameters and buffers widen: f16 and bf16 ones stay as the model has them, as its
+    own casts in ``forward`` do, and ``_ExactNarrowOps`` computes their ops in f64 and rounds
+    once. (Widened too, an f16 layer fed by a cast to f16 in ``forward`` would raise on its f64
+    weight, and the model would get no f64 reference at all.)"""
     nbytes = sum(t.numel() * t.element_size() for t in
                  list(model.parameters()) + list(model.buffers()))
     if nbytes > F64_TWIN_LIMIT_BYTES:
@@ -235,9 +263,22 @@ def _f64_twin(model: torch.nn.Module):
     if any(t.is_meta for t in model.parameters()):
         return None, "no f64 reference: the model is on the meta device"
     try:
-        return copy.deepcopy(model).to(torch.float64), None
+        return copy.deepcopy(model)._apply(_widen_f32), None
     except Exception as e:  # a model that cannot be copied is still compiled, at the floor tolerance
         return None, f"no f64 reference: copying the model failed ({type(e).__name__})"
+
+
+def _widen_f32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64) if t.dtype == torch.float32 else t
+
+
+def _exact_twin(model: torch.nn.Module):
+    """An all-f64 copy of the model (its f16 and bf16 weights too), for ``_NoNarrowing``; None
+    when it cannot be made."""
+    try:
+        return copy.deepcopy(model).to(torch.float64)
+    except Exception:  # noqa: BLE001 - no exact reference: the round-once noise alone applies
+        return None
 
 
 _NARROW_FLOATS = (torch.float16, torch.bfloat16)
@@ -249,13 +290,17 @@ class _ExactNarrowOps(TorchDispatchMode):
     cast in the twin) computed in f64 and rounded once, to the dtype eager gives: eager's kernels
     round inside such an op too (CPU ``logsumexp`` of f16 sums its exponentials in f16), and that
     is eager's error, which the twin would otherwise share. Ops that write or return a view of
-    their input run as they are; so do ops of no narrow float."""
+    their input run as they are; so do ops of no narrow float. ``narrow`` says whether any op
+    had a narrow float."""
+
+    narrow = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         narrow = [t for t in pytree.tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor) and t.dtype in _NARROW_FLOATS]
+        self.narrow = self.narrow or bool(narrow)
         schema = func._schema
         if not narrow or schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
             return out
@@ -268,14 +313,60 @@ class _ExactNarrowOps(TorchDispatchMode):
             and isinstance(w, torch.Tensor) and w.shape == o.shape else o, out, wide)
 
 
-def _f32_noise(twin, leaves, spec, outs32, exact_narrow: bool = True):
+@runs_cond_branches
+class _NoNarrowing(TorchDispatchMode):
+    """The model's exact arithmetic, on the all-f64 twin: every op computes in f64, and what one
+    gives in f16 or bf16 (a cast in ``forward``, a tensor made in a narrow dtype) is widened
+    again. So the model's own casts still round, as they do in eager and in any compile (a cast
+    has one right answer), and only the rounding of the ops in between, which implementations
+    do each their own way, is gone. Ops that write or return a view of their input run as they
+    are (no narrow value reaches them)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        schema = func._schema
+        if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+            return out
+        return pytree.tree_map(lambda t: t.to(torch.float64) if isinstance(t, torch.Tensor)
+                               and t.dtype in _NARROW_FLOATS else t, out)
+
+
+def _narrow_noise(exact, leaves, spec, outs) -> list[float] | None:
+    """Per float output, max |eager - the model's exact arithmetic| (``_NoNarrowing``); None
+    when the exact run fails or gives other outputs."""
+    wide = [x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+            for x in leaves]
+    try:
+        with torch.no_grad(), eager_under(_NoNarrowing()):
+            out64 = exact(*pytree.tree_unflatten(wide, spec))
+    except Exception:  # noqa: BLE001 - no exact reference: the round-once noise alone applies
+        return None
+    outs64 = [o for o in pytree.tree_leaves(out64) if isinstance(o, torch.Tensor)]
+    return _max_diffs(outs, outs64) if len(outs64) == len(outs) else None
+
+
+def _max_diffs(outs, refs) -> list[float]:
+    """Per output, max |out - ref| over the finite differences (0 for non-float outputs and
+    shape mismatches)."""
+    noise = []
+    for a, b in zip(outs, refs):
+        if not a.is_floating_point() or a.shape != b.shape or a.numel() == 0:
+            noise.append(0.0)
+            continue
+        d = (a.double() - b.double()).abs()
+        finite = torch.isfinite(d)
+        noise.append(float(d[finite].max()) if bool(finite.any()) else 0.0)
+    return noise
+
+
+def _f32_noise(twin, leaves, spec, outs32, exact_narrow: bool = True, mode=None):
     """Per float output, max |eager - the f64 twin| (0 for other outputs): eager's own rounding,
     in its f32 ops and, with `exact_narrow`, inside its ops on the model's own f16/bf16 values
-    (``_ExactNarrowOps``)."""
+    (``_ExactNarrowOps``; ``mode``, when given, is the one used)."""
     leaves64 = [x.to(torch.float64) if isinstance(x, torch.Tensor) and x.dtype == torch.float32
                 else x for x in leaves]
     try:
-        mode = eager_under(_ExactNarrowOps()) if exact_narrow else contextlib.nullcontext()
+        mode = eager_under(mode or _ExactNarrowOps()) if exact_narrow else contextlib.nullcontext()
         with torch.no_grad(), mode:
             out64 = twin(*pytree.tree_unflatten(leaves64, spec))
     except Exception as e:  # models that insist on f32 somewhere inside: floor tolerance only
@@ -284,15 +375,7 @@ def _f32_noise(twin, leaves, spec, outs32, exact_narrow: bool = True):
     outs64 = [o for o in pytree.tree_leaves(out64) if isinstance(o, torch.Tensor)]
     if len(outs64) != len(outs32):
         return [0.0] * len(outs32), "no f64 reference: the f64 run's outputs differ in number"
-    noise = []
-    for a, b in zip(outs32, outs64):
-        if not a.is_floating_point() or a.shape != b.shape or a.numel() == 0:
-            noise.append(0.0)
-            continue
-        d = (a.double() - b.double()).abs()
-        finite = torch.isfinite(d)
-        noise.append(float(d[finite].max()) if bool(finite.any()) else 0.0)
-    return noise, None
+    return _max_diffs(outs32, outs64), None
 
 
 def _like(x, rng: np.random.Generator, shape: tuple | None = None):
@@ -368,12 +451,13 @@ def _output_ranks(g: Graph, given: dict[str, int]) -> list[int]:
 
 def compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: Tolerance | Sequence[Tolerance],
             noise: Sequence[float] | None = None, policy_noise: Sequence[float | None] | None = None,
-            policy: str = ""):
+            policy: str = "", narrow_noise: Sequence[float] | None = None):
     """(max_abs, max_rel, ok, detail) over all outputs. ``tol``: one for all, or one per output.
     ``noise[i]`` is eager's own f32 error on output i; ``NOISE_MULTIPLE`` times it is allowed on
     top of the tolerance. ``policy_noise[i]`` is eager's error under the reduced-precision
     ``policy`` (None: output i is not narrowed by it); ``POLICY_MULTIPLE`` times it is allowed
-    too."""
+    too. ``narrow_noise[i]`` is eager's distance from the model's exact arithmetic, for a model
+    that computes in f16/bf16 by itself; ``NARROW_MULTIPLE`` times it is allowed too."""
     tols = [tol] * len(want) if isinstance(tol, Tolerance) else list(tol)
     if len(got) != len(want):
         return np.inf, np.inf, False, f"{len(got)} outputs, eager gives {len(want)}"
@@ -402,13 +486,16 @@ def compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: Toleranc
         max_rel = max(max_rel, float(np.max(diff / np.maximum(mag, tol.atol))))
         slack = NOISE_MULTIPLE * noise[i] if noise else 0.0
         narrowed = POLICY_MULTIPLE * (policy_noise[i] or 0.0) if policy_noise else 0.0
-        limit = tol.atol * scale + tol.rtol * mag + slack + narrowed
+        chain = NARROW_MULTIPLE * narrow_noise[i] if narrow_noise else 0.0
+        limit = tol.atol * scale + tol.rtol * mag + slack + narrowed + chain
         if np.any(diff > limit):
             worst = int(np.argmax(diff - limit))
             ok = False
             extra = f" + {NOISE_MULTIPLE:g}x eager's f32 noise {noise[i]:.1e}" if slack else ""
             if policy_noise is not None and policy_noise[i] is not None:
                 extra += f" + {POLICY_MULTIPLE:g}x eager's {policy} error {policy_noise[i]:.1e}"
+            if chain:
+                extra += f" + {NARROW_MULTIPLE:g}x eager's f16/bf16 rounding {narrow_noise[i]:.1e}"
             detail = detail or (f"output {i}: |diff| {diff[worst]:.3e} exceeds "
                                 f"{limit[worst]:.3e} ({tol}{extra})")
     return max_abs, max_rel, ok, detail
@@ -430,7 +517,7 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
                                      f"{str(e).splitlines()[0] if str(e) else ''}")
             continue
         a, r, good, d = compare(got, want, tols, noise, policy_noise_of(oracle, k, g),
-                                getattr(oracle, "precision", ""))
+                                getattr(oracle, "precision", ""), narrow_noise_of(oracle, k))
         worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
         if not good and ok:
             ok, detail = False, d
@@ -448,6 +535,10 @@ def check_graph(g: Graph, oracle: Oracle, tol: Tolerance | None = None,
         worst_policy = max((n for ns in oracle.policy_noise for n in ns), default=0.0)
         described += (f" + {POLICY_MULTIPLE:g}x eager's {oracle.precision} error "
                       f"(up to {worst_policy:.1e})")
+    chains = getattr(oracle, "narrow_noise", None)
+    if chains:
+        described += (f" + {NARROW_MULTIPLE:g}x eager's f16/bf16 rounding "
+                      f"(up to {max((n for ns in chains for n in ns), default=0.0):.1e})")
     if getattr(oracle, "reference_note", None):   # the ONNX door's reference, when not ONNX Runtime
         described += f"; {oracle.reference_note}"
     return NumericCheck(worst_abs, worst_rel, ok, len(oracle.input_sets), described, divergent,
@@ -530,7 +621,16 @@ def compare_with_oracle(g: Graph, oracle, k: int, got: Sequence[np.ndarray]):
     """``compare`` of outputs ``got`` of (a lowering or schedule of) ``g`` with eager's on input
     set ``k``, at the oracle's tolerance for ``g``."""
     return compare(got, oracle.expected[k], tolerances_of(g, oracle), oracle.noise[k],
-                   policy_noise_of(oracle, k, g), getattr(oracle, "precision", ""))
+                   policy_noise_of(oracle, k, g), getattr(oracle, "precision", ""),
+                   narrow_noise_of(oracle, k))
+
+
+def narrow_noise_of(oracle, k: int) -> list[float] | None:
+    """Eager's distance from the model's exact arithmetic on input set ``k``, per output, for a
+    model that computes in f16/bf16 by itself; None otherwise (and for oracles that do not
+    measure it, such as the ONNX door's)."""
+    chains = getattr(oracle, "narrow_noise", None)
+    return chains[k] if chains else None
 
 
 # Ops whose index result torch leaves unspecified among equal values: its sort is unstable by

@@ -209,7 +209,8 @@ def compare_with_eager(got: list, oracle, cm) -> str | None:
     """None when the compiled model's flat outputs equal eager's; else what differs."""
     from fexplore.ir import DType
     from fexplore.pipeline.convert import ir_dtype
-    from fexplore.pipeline.numeric import TOLERANCES, compare, output_dtypes, policy_noise_of, to_numpy
+    from fexplore.pipeline.numeric import (TOLERANCES, compare, narrow_noise_of, output_dtypes,
+                                           policy_noise_of, to_numpy)
 
     want = oracle.expected[0]
     if len(got) != len(want):
@@ -237,7 +238,7 @@ def compare_with_eager(got: list, oracle, cm) -> str | None:
             dtypes.add(compiled[i])
         tols.append(TOLERANCES[next((d for d in order if d in dtypes), order[-1])])
     _, _, ok, detail = compare([to_numpy(g) for g in got], want, tols, oracle.noise[0],
-                               policy, oracle.precision)
+                               policy, oracle.precision, narrow_noise_of(oracle, 0))
     return None if ok else detail
 
 
