@@ -105,3 +105,31 @@ def test_nested_pipelined_loops_keep_the_product_of_their_stages_in_buffers():
     assert max(per_shape.values()) <= 4, per_shape          # 2 items in flight x 2 column blocks
     res = banded_scale.simulate(x, bands=bands, target="tiny")
     np.testing.assert_array_equal(res.outputs["Y"], 2.0 * x)
+
+
+def _cycles_under(monkeypatch, rules, kernel, args, **tiles):
+    from fexplore.lang import schedule
+    from fexplore.lang.lowering import lower
+
+    monkeypatch.setattr(schedule, "RULES", rules)
+    return lower(kernel.trace(*args, target="rngd", **tiles)).simulate().cycles   # a fresh program
+
+
+def test_the_issue_order_is_the_best_of_its_rules(monkeypatch):
+    """No one meaning of "more urgent" wins everywhere: by the path after an op (tail), a layer
+    norm's small weight and bias loads go before the big weight panel its contraction waits for
+    anyway, where by the path including the op (height) the norm stalls behind the panel; in a
+    short flash attention height's order is the faster. The scheduler issues the order whose
+    estimated end is first, and is as fast as the better rule on each."""
+    norm = (ex.layer_norm_matmul, (fl.spec((512, 768), "f32"), fl.spec((768,), "f32"), fl.spec((768,), "f32"),
+                                   fl.spec((768, 512), "bf16")), {"tm": 128, "tn": 256})
+    q = fl.spec((8, 512, 128), "bf16")
+    attention = (ex.flash_attention, (q, q, q), {})
+    for kernel, args, tiles in (norm, attention):
+        by_rule = {r: _cycles_under(monkeypatch, (r,), kernel, args, **tiles) for r in ("height", "tail", "exchange")}
+        best = _cycles_under(monkeypatch, ("height", "tail", "exchange"), kernel, args, **tiles)
+        assert best == min(by_rule.values()), by_rule
+        if kernel is ex.layer_norm_matmul:
+            assert by_rule["tail"] < 0.97 * by_rule["height"], by_rule
+        else:
+            assert by_rule["height"] < 0.95 * by_rule["tail"], by_rule
