@@ -792,6 +792,63 @@ def test_hf_decode_steps_on_a_static_cache_updated_in_place(name):
     assert int(ours.layers[0].cumulative_length) == 9
 
 
+def _export_module(name):
+    """transformers' own module for exporting a decoder LLM (``integrations.executorch``, what
+    ExecuTorch and Optimum export): it holds a StaticCache of 16 positions and registers the
+    cache's key, value and counter tensors as its buffers; the model reaches them through the
+    cache object. (The decoder-only wrapper around it drops ``cache_position`` in this
+    transformers; the static-cache module it builds is the one exported.)"""
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    cls, config_cls, extra = {
+        "llama": (T.LlamaForCausalLM, T.LlamaConfig, {}),
+        "mistral": (T.MistralForCausalLM, T.MistralConfig, {"sliding_window": 4}),
+        "gemma3": (T.Gemma3ForCausalLM, T.Gemma3TextConfig,
+                   {"head_dim": 8, "sliding_window": 4, "pad_token_id": 0}),
+    }[name]
+    model = _llm(cls, config_cls, use_cache=True, **extra)[0].model
+    model.generation_config.cache_implementation = "static"
+    model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": 16}
+    return TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=16).model.eval()
+
+
+EXPORT_MODULE = [("llama", "rngd", "fp32"), ("mistral", "rngd", "bf16"), ("gemma3", "tiny", "bf16")]
+
+
+@pytest.mark.parametrize("name, target, precision", EXPORT_MODULE, ids=["-".join(v) for v in EXPORT_MODULE])
+def test_hf_export_module_decodes_on_the_static_cache_it_holds(name, target, precision):
+    """Non-strict torch.export sees the module's buffers, but not that the cache object's
+    tensors are the same ones: it lifted them as constants, wrote into the user's tensors while
+    tracing (the counter moved, the caches kept autograd history), and the program could not be
+    decomposed (FX401). A program that writes into constants is now exported again with dynamo,
+    which follows them to the buffers, and the user's tensors are restored after tracing. Eight
+    steps, past the sliding window of four (Mistral's, Gemma 3's local layers), each match
+    eager, every op on the chip."""
+    torch.manual_seed(0)
+    module = _export_module(name)
+    before = [(b, b.detach().clone(), b.requires_grad) for b in module.buffers()]
+    eager = copy.deepcopy(module)
+    cm = fexplore.compile(module, (_ids(1), None, torch.tensor([0])), target=target, precision=precision)
+    assert cm.verification["ok"].all(), cm.verification
+    assert not cm.lowering.host_ops and not cm.codegen_bugs
+    for b, values, grad in before:   # the compile left the model's tensors as they were
+        assert torch.equal(b, values) and b.is_leaf and b.requires_grad == grad
+    g = torch.Generator().manual_seed(1)
+    for step in range(8):
+        ids, pos = torch.randint(0, VOCAB, (1, 1), generator=g), torch.tensor([step])
+        got = cm(ids, None, pos)
+        with torch.no_grad():
+            want = eager(ids, None, pos)
+        _assert_spread(want)
+        scale = max(1.0, float(want.abs().max()))
+        if precision == "fp32":
+            torch.testing.assert_close(got, want, rtol=1.3e-6, atol=2e-5 * scale)
+        else:
+            assert float((got.float() - want.float()).abs().max()) <= 0.05 * scale
+    # the compiled model carries the cache: its counter moved as eager's did
+    assert int(cm.state["cumulative_length_0"]) == int(eager.cumulative_length_0) == 8
+
+
 # Models loaded in a narrow dtype themselves (``torch_dtype=torch.bfloat16``, or ``.half()``): every op
 # reads and writes bf16/f16, the paths a float32 model under the bf16 policy never takes (a mean's
 # cast, T5's f16 clamp, attention with the model's own operand dtype)

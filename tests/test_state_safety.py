@@ -123,6 +123,49 @@ def test_a_compile_of_a_model_that_updates_its_buffers_leaves_the_model_as_it_wa
     assert_unchanged(model, before)
 
 
+class Counter:
+    """State a model reaches through an object it holds, not as a parameter or buffer."""
+
+    def __init__(self):
+        self.steps = torch.zeros(1)
+
+
+class WritesOutsideItsState(torch.nn.Module):
+    def __init__(self, held: bool):
+        super().__init__()
+        self.held = held
+        self.fc = torch.nn.Linear(8, 8)
+        self.counter = Counter()
+        self.count = torch.zeros(1)   # a tensor attribute: not registered
+
+    def forward(self, x):
+        if self.held:
+            self.counter.steps.add_(1)
+        else:
+            self.count.add_(1)
+        return self.fc(x) * 2
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["attribute", "held-object"])
+def test_a_model_writing_into_tensors_outside_its_state_is_refused_and_left_as_it_was(held):
+    """Non-strict torch.export runs a write into a tensor the module does not register on the
+    user's own tensor (and leaves autograd history on it); fexplore then re-exports with dynamo,
+    which cannot make it a buffer either. The compile refuses, naming the tensor and the line,
+    and the tensors are as they were."""
+    torch.manual_seed(0)
+    model = WritesOutsideItsState(held)
+    before = snapshot(model)
+    tensor = model.counter.steps if held else model.count
+    with pytest.raises(fexplore.errors.ExportError) as err:
+        fexplore.compile(model, (torch.randn(6, 8),))
+    assert "not its parameters or buffers" in str(err.value)
+    assert err.value.loc is not None and err.value.loc.file == __file__
+    assert "add_(1)" in str(err.value)                               # the line, quoted
+    assert "register_buffer" in err.value.hint
+    assert_unchanged(model, before)
+    assert torch.equal(tensor, torch.zeros(1)) and tensor.grad_fn is None and tensor.is_leaf
+
+
 def test_a_failing_call_of_a_compiled_model_changes_neither_it_nor_the_model():
     torch.manual_seed(0)
     model = Net().eval()

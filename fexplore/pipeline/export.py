@@ -3,6 +3,7 @@ matters to an NPU (a matmul should arrive as a matmul, not be re-recognized from
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 import warnings
@@ -53,7 +54,7 @@ def export_model(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None):
     with meta twins of its real tensors, as torch.export cannot mix devices; `real_state` gives
     their values back to ingestion, so a causal mask or a rotary table stays known."""
     args = _unaliased(args)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _restored(_tensors_outside_state(model)):
         # torch.export's own pytree deprecation chatter, not the user's business
         warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
         made: dict[int, torch.Tensor] = {}   # one twin per tensor: tied weights stay tied
@@ -64,6 +65,61 @@ def export_model(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None):
 
         with _reparametrize_module(model, twins):   # the user's model is itself again after
             return _export(model, args, dynamic_shapes)
+
+
+def _tensors_outside_state(model: torch.nn.Module, depth: int = 4) -> list[torch.Tensor]:
+    """The tensors a module reaches other than as its own parameters and buffers: through an
+    object it holds (a cache object's key and value tensors, which may also be registered as
+    buffers), up to `depth` attributes, lists or dicts deep. Non-strict torch.export swaps a
+    module's parameters and buffers for fake tensors while it traces, but a write into a tensor
+    reached another way runs on the user's own tensor."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+
+    def walk(obj, left: int) -> None:
+        if isinstance(obj, torch.Tensor):
+            if not obj.is_meta:
+                found.setdefault(id(obj), obj)
+            return
+        if left == 0 or id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None),
+                                                            torch.nn.Module, type)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            items = obj.values()
+        elif isinstance(obj, (list, tuple, set)):
+            items = obj
+        else:
+            items = getattr(obj, "__dict__", {}).values()
+        for x in items:
+            walk(x, left - 1)
+
+    for m in model.modules():
+        for name, value in vars(m).items():
+            if name not in _MODULE_OWN:
+                walk(value, depth)
+    return list(found.values())
+
+
+# nn.Module's own bookkeeping: its parameters, buffers and submodules export sees as such
+_MODULE_OWN = {"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"}
+
+
+@contextlib.contextmanager
+def _restored(tensors: list[torch.Tensor]):
+    """Each of `tensors` as it was, after the block: its values, and no autograd history (an
+    in-place write into it while torch.export traced leaves one)."""
+    saved = [(t, t.detach().clone(), t.requires_grad) for t in tensors]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, values, grad in saved:
+                if t.grad_fn is not None:
+                    t.detach_()
+                    t.requires_grad_(grad)
+                if not torch.equal(t, values):
+                    t.copy_(values)
 
 
 def _unaliased(args):
@@ -127,11 +183,64 @@ def _export(model, args, dynamic_shapes):
             hint="fexplore compiles what torch.export accepts; check that the model runs on the "
                  "example inputs, and for dynamic shapes that the Dim ranges are ones the model "
                  "supports (torch's message above names the guard that failed)") from None
+    written = _written_constants(ep)
+    if written:
+        ep = _export_strict(model, args, dynamic_shapes, written)
     try:
         return ep.run_decompositions(decomposition_table())
     except Exception as e:
         raise ExportError(f"decomposing the exported program failed: {type(e).__name__}: "
                           f"{_first_lines(str(e))}") from None
+
+
+def _written_constants(ep) -> list:
+    """The writes into tensor constants in the program, as (the constant's name, the node). Non-strict
+    export sees a module's own parameters and buffers; a tensor it reaches another way (through
+    a cache object, even one that is also registered as a buffer: transformers' static-cache
+    export wrappers) is lifted as a constant, and a write into a constant cannot be made
+    functional."""
+    constants = ep.graph_signature.inputs_to_lifted_tensor_constants
+    written = []
+    for node in ep.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for arg, value in zip(schema.arguments, node.args):
+            name = getattr(value, "name", None)
+            if arg.alias_info is not None and arg.alias_info.is_write and name in constants:
+                written.append((constants[name], node))
+    return written
+
+
+def _export_strict(model, args, dynamic_shapes, written: list):
+    """torch.export with dynamo (strict), which follows a tensor to the buffer it is, however
+    the model reaches it: for a model whose non-strict program writes into constants."""
+    # dynamo's notes on side effects it saw in the model's libraries, not the user's business
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._dynamo")
+    try:
+        ep = torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds
+        raise _writes_constants(written, f"; exporting it with dynamo, which would follow them to "
+                                         f"the buffers they may be, failed: {type(e).__name__}: "
+                                         f"{_first_lines(str(e), 2)}") from None
+    left = _written_constants(ep)
+    if left:
+        raise _writes_constants(left, "")
+    return ep
+
+
+def _writes_constants(written: list, why: str) -> ExportError:
+    from .ingest import source_loc
+
+    names = sorted({name for name, _ in written})
+    return ExportError(
+        f"the model writes into tensors that are not its parameters or buffers "
+        f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): a compiled program cannot "
+        f"update them{why}",
+        loc=source_loc(written[0][1]),
+        hint="register the tensors the model updates (a KV cache, a counter) as buffers of the module "
+             "(register_buffer) and reach them as such, or pass them in as inputs and return their "
+             "new values")
 
 
 def _data_dependent(e: BaseException) -> bool:
