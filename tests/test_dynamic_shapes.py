@@ -427,3 +427,69 @@ def test_a_schedule_made_on_first_call_is_checked_against_eager(monkeypatch):
     with torch.no_grad():
         assert not torch.allclose(unchecked(x7), model(x7), rtol=1e-3, atol=1e-3)
     assert unchecked.schedules.made.checked.tolist() == [""]
+
+
+class RunningCache(torch.nn.Module):
+    """A buffer written at the call's positions and read whole: a KV cache in miniature, the
+    state a prefill writes and each decode step reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.register_buffer("cache", torch.zeros(16, 8))
+
+    def forward(self, x, positions):
+        self.cache.index_copy_(0, positions, self.proj(x))
+        return torch.softmax(x @ self.cache.T, -1) @ self.cache
+
+
+def test_a_size_made_on_first_call_of_a_model_with_state_is_checked_from_the_state_it_carries(monkeypatch):
+    """A model that updates its buffers runs, in the compiled model, from the values it carries
+    from call to call, not the model's own (the compile leaves those as they were). A size's
+    program made on first call is checked against eager run from those carried values, its
+    outputs and the buffers' new values alike: a prefill of 5 then decode steps of 1 and 3,
+    each a new size after the cache moved. A program wrong at one size raises FX301 and leaves
+    the carried state as it was."""
+    import copy
+    import dataclasses
+
+    from fexplore.errors import NumericMismatchError
+
+    torch.manual_seed(0)
+    model = RunningCache().eval()
+    eager = copy.deepcopy(model)
+    seq = torch.export.Dim("seq", min=1, max=8)
+    cm = fexplore.compile(model, (torch.randn(4, 8), torch.arange(4)), dynamic_shapes=({0: seq}, {0: seq}))
+    stages = cm.schedules.graph_stages
+
+    def precision_wrong_at_3(g, options):   # the input, not its projection, written at length 3
+        res = dict(stages)["precision"](g, options)
+        if 3 not in g.inputs[0].type.shape:
+            return res
+        text = str(res.graph)
+        assert "= index_put(%cache, %linear, " in text
+        wrong = ir.parse(text.replace("= index_put(%cache, %linear, ", "= index_put(%cache, %x, ", 1),
+                         payloads=res.graph.payloads)
+        return dataclasses.replace(res, graph=wrong)
+
+    monkeypatch.setattr(cm.schedules, "graph_stages",
+                        [(n, precision_wrong_at_3 if n == "precision" else f) for n, f in stages])
+    start = 0
+    for n in (5, 1):
+        x, pos = torch.randn(n, 8), torch.arange(start, start + n)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x, pos), eager(x, pos), rtol=1.3e-6, atol=2e-5)
+        start += n
+    torch.testing.assert_close(cm.state["cache"], eager.cache)
+    assert torch.equal(model.cache, torch.zeros(16, 8))          # the user's buffer: as it was
+    made = cm.schedules.made
+    assert [m["seq"] for m in made.sizes] == [5, 1] and all(c.startswith("max abs err") for c in made.checked)
+    carried = cm.state["cache"].clone()
+    x3, pos3 = torch.randn(3, 8), torch.arange(start, start + 3)
+    with pytest.raises(NumericMismatchError, match=r"sizes \{'seq': 3\} on its first call"):
+        cm(x3, pos3)
+    assert torch.equal(cm.state["cache"], carried)               # the failed call changed nothing
+    monkeypatch.setattr(cm.schedules, "graph_stages", stages)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x3, pos3), eager(x3, pos3), rtol=1.3e-6, atol=2e-5)
+    torch.testing.assert_close(cm.state["cache"], eager.cache)

@@ -294,9 +294,11 @@ class Exploration:
                 return True
         return False
 
-    def _make_oracle(self, example=None):
+    def _make_oracle(self, example=None, state=None):
         """The oracle of the stages' checks: eager on the example inputs and the random sets. With
-        `example` (inputs at a size the compile scheduled on first call), eager on those alone."""
+        `example` (inputs at a size the compile scheduled on first call), eager on those alone,
+        and for a model that updates its buffers, from `state` (the values the compiled model
+        carries into that call; default the model's own)."""
         fresh = example is None
         example = self.example_inputs if fresh else example
         random_sets = self.options.random_input_sets if fresh else 0
@@ -318,29 +320,30 @@ class Exploration:
         if ing.input_mutations or ing.state:
             model = AsPureFunction(model, ing.input_mutations, list(ing.state))
             if ing.state:   # the buffers' values as they are now: the graph's last inputs
-                example = tuple(example) + ([v.clone() for v in ing.state.values()],)
+                values = list(state) if state is not None else [v.clone() for v in ing.state.values()]
+                example = tuple(example) + (values,)
         with _model_untouched(self.model):
             return Oracle(model, example,
                           random_sets=random_sets, seed=self.options.seed,
                           precision=self.options.precision, exact_narrow=narrow, resized=resized)
 
     def _oracle_at(self, arrays):
-        """`_make_oracle` on a call's inputs (flat arrays, as the compiled model runs them): the
-        reference a schedule made for their size on first call is checked against."""
+        """`_make_oracle` on a call's inputs (flat arrays, as the compiled model runs them: its
+        tensor inputs, then the values of the buffers it carries): the reference a schedule made
+        for their size on first call is checked against. A model that updates its inputs runs on
+        copies; one that updates its buffers runs from the carried values, so the check sees
+        the call the program makes (a decode step on the cache the prefill wrote)."""
         spec = torch.utils._pytree.tree_structure(self.example_inputs)
         given = iter(arrays)
         leaves = [next(given) if self.is_onnx else to_torch(next(given)) if isinstance(x, torch.Tensor) else x
                   for x in torch.utils._pytree.tree_leaves(self.example_inputs)]
-        return self._make_oracle(torch.utils._pytree.tree_unflatten(leaves, spec))
+        state = [to_torch(a) for a in given] if getattr(self._ingested, "state", None) else None
+        return self._make_oracle(torch.utils._pytree.tree_unflatten(leaves, spec), state)
 
     def _checks_sizes(self) -> bool:
         """Whether a schedule made on first call for a new size is checked against eager: when the
-        compile verifies, has values, and its outputs are the model's alone (a model that updates
-        its inputs or buffers is run by the compiled model from the state it carries, which eager's
-        buffers do not follow)."""
-        ing = self._ingested
-        return bool(self.options.verify and not self.meta and ing is not None
-                    and not getattr(ing, "input_mutations", None) and not getattr(ing, "state", None))
+        compile verifies and has values."""
+        return bool(self.options.verify and not self.meta and self._ingested is not None)
 
     def _sizes_meet_relations(self, shapes) -> bool:
         """Whether tensor inputs of these shapes meet torch's guards over several sizes."""
