@@ -849,6 +849,32 @@ def test_hf_export_module_decodes_on_the_static_cache_it_holds(name, target, pre
     assert int(cm.state["cumulative_length_0"]) == int(eager.cumulative_length_0) == 8
 
 
+def test_hf_export_module_prefills_and_decodes_from_one_dynamic_compile():
+    """The serving flow through transformers' export module: one compile with the token count
+    dynamic, then a prompt of five tokens and decode steps of one and three on the cache it
+    carries. Each length is made on its first call and checked against eager run from the
+    carried cache (logits and the cache's new values), and each call matches eager."""
+    torch.manual_seed(0)
+    module = _export_module("llama")
+    eager = copy.deepcopy(module)
+    seq = torch.export.Dim("seq", min=1, max=8)
+    cm = fexplore.compile(module, (_ids(4), None, torch.arange(4)), dynamic_shapes=({1: seq}, None, {0: seq}))
+    g = torch.Generator().manual_seed(2)
+    start = 0
+    for n in (5, 1, 1, 3):
+        ids, pos = torch.randint(0, VOCAB, (1, n), generator=g), torch.arange(start, start + n)
+        got = cm(ids, None, pos)
+        with torch.no_grad():
+            want = eager(ids, None, pos)
+        _assert_spread(want)
+        torch.testing.assert_close(got, want, rtol=1.3e-6, atol=2e-5)
+        start += n
+    made = cm.schedules.made
+    assert [m["seq"] for m in made.sizes] == [5, 1, 3]
+    assert all(c.startswith("max abs err") for c in made.checked), made
+    assert int(cm.state["cumulative_length_0"]) == int(eager.cumulative_length_0) == 10
+
+
 # Models loaded in a narrow dtype themselves (``torch_dtype=torch.bfloat16``, or ``.half()``): every op
 # reads and writes bf16/f16, the paths a float32 model under the bf16 policy never takes (a mean's
 # cast, T5's f16 clamp, attention with the model's own operand dtype)
