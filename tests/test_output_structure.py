@@ -75,10 +75,45 @@ def test_outputs_alias_as_eagers_do_and_copies_stay_copies():
     # writing into it must not write into the caller's tensor
     for name, of in (("copy", x2), ("plus_zero", x2), ("out_copy", got[0]["out"])):
         assert got[0][name] is not of and got[0][name].data_ptr() != of.data_ptr(), name
-    # a view comes back as a new tensor with the view's values (eager's shares x2's memory)
-    assert got[0]["flat"].data_ptr() != x2.data_ptr()
+    # a view of an input is that view of the caller's tensor, as eager's is
+    assert got[0]["flat"].data_ptr() == x2.data_ptr() == want[0]["flat"].data_ptr()
     for name in want[0]:
         torch.testing.assert_close(got[0][name], want[0][name])
+
+
+class Views(torch.nn.Module):
+    """Views of the inputs by every kind of view op, one of a computed value, and a reshape
+    that is a view only when the input's strides allow it."""
+
+    def forward(self, x, y):
+        return {"flat": x.reshape(-1), "t": x.transpose(0, 1), "strided": x[1:, ::2], "detached": x.detach(),
+                "expanded": y.unsqueeze(0).expand(3, -1), "bits": x.view(torch.int32),
+                "window": x.flatten()[2:5], "computed": torch.tanh(x).reshape(-1)}
+
+
+def test_views_of_inputs_are_views_of_the_callers_tensors():
+    """The compiled program computes values; eager returns a view of the input, so a write
+    through it shows in the input. The compiled model makes such an output again from the
+    caller's tensor by the exported program's view ops, at a dynamic size too (its shape
+    arguments read from the call's input). A reshape of a non-contiguous input is a copy in
+    eager too, and stays one."""
+    x, y = torch.randn(4, 6), torch.randn(5)
+    seq = torch.export.Dim("seq", min=3, max=16)
+    cm = fexplore.compile(Views(), (x, y), dynamic_shapes=({0: seq}, None))
+    for x2 in (torch.randn(4, 6), torch.randn(7, 6), torch.randn(6, 7).T):
+        y2 = torch.randn(5)
+        got, want = cm(x2, y2), Views()(x2, y2)
+        for name, w in want.items():
+            g = got[name]
+            torch.testing.assert_close(g, w)
+            base = y2 if name == "expanded" else x2
+            shares = w.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+            assert (g.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()) == shares, name
+            assert g.stride() == w.stride(), name
+        assert x2.is_contiguous() or got["flat"].untyped_storage().data_ptr() != x2.untyped_storage().data_ptr()
+    got = cm(x2 := torch.randn(5, 6), torch.randn(5))
+    got["t"][0, 1] = 42.0   # a write through the view shows in the input, as eager's does
+    assert x2[1, 0] == 42.0
 
 
 class SelfAttention(torch.nn.Module):

@@ -120,8 +120,11 @@ class CompiledModel:
         output that is a user input itself (the model returned its input untouched) is the
         caller's tensor, not a copy; one tensor returned more than once is one tensor. Read from
         the exported program's signature, not from fexplore's graph: there a ``clone()`` or an
-        ``x + 0`` has become the input itself, which eager returns as a new tensor. Views of
-        inputs (a reshape, a ``detach()``) come back as new tensors with the view's values."""
+        ``x + 0`` has become the input itself, which eager returns as a new tensor. A view of an
+        input (a reshape, a slice, a ``detach()``) is that view of the caller's tensor, made
+        again by the exported program's view ops (`aliasing.view_of_input`)."""
+        from .aliasing import view_of_input
+
         from torch.export.graph_signature import InputKind, OutputKind
 
         sig = self._ingested.exported.graph_signature
@@ -133,6 +136,7 @@ class CompiledModel:
         given = {name: x for name, x in zip(users, leaves) if name is not None and isinstance(x, torch.Tensor)}
         first: dict[str, int] = {}
         out = list(outs)
+        graph = self._ingested.exported.graph
         for i, name in enumerate(returned):
             if name in given:
                 out[i] = given[name]
@@ -140,6 +144,9 @@ class CompiledModel:
                 out[i] = out[first[name]]
             elif name is not None:
                 first[name] = i
+                view = view_of_input(graph, name, given)
+                if view is not None and view.shape == out[i].shape and view.dtype == out[i].dtype:
+                    out[i] = view
         return out
 
     def __call__(self, *args, **kwargs):
