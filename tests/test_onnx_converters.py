@@ -403,3 +403,37 @@ def test_array_feature_extractor_matches_onnx_runtime(xshape, idx, constant):
     got = fexplore.compile(m, args, target="tiny")(*args)[0]
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("groups, offset_groups, stride, dilation, pads, with_mask", [
+    (1, 1, (1, 1), (1, 1), (0, 0, 0, 0), False),
+    (2, 2, (2, 1), (1, 2), (1, 2, 1, 2), True),
+    (2, 1, (1, 2), (2, 1), (2, 1, 2, 1), True),
+])
+def test_deform_conv_matches_onnxs_reference(groups, offset_groups, stride, dilation, pads, with_mask):
+    """Each kernel tap samples the image at its place plus a learned offset, bilinearly, zero
+    outside; odd sizes, offsets that move taps off the image, groups and offset groups, a mask
+    and a bias. The reference is ONNX's own (onnx.reference), on every stage and on the chip."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(groups * 10 + offset_groups)
+    n, c, h, w, oc, kh, kw = 2, 4, 7, 6, 6, 3, 2
+    oh = (h + pads[0] + pads[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + pads[1] + pads[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    weight = rng.standard_normal((oc, c // groups, kh, kw)).astype(np.float32)
+    offset = (2.5 * rng.standard_normal((n, offset_groups * 2 * kh * kw, oh, ow))).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32)
+    mask = rng.random((n, offset_groups * kh * kw, oh, ow)).astype(np.float32)
+    names = ["x", "w", "offset", "b"] + (["mask"] if with_mask else [])
+    arrays = [x, weight, offset, bias] + ([mask] if with_mask else [])
+    node = helper.make_node("DeformConv", names, ["y"], group=groups, offset_group=offset_groups,
+                            strides=list(stride), dilations=list(dilation), pads=list(pads),
+                            kernel_shape=[kh, kw])
+    m = model([node], [vi(nm, list(a.shape)) for nm, a in zip(names, arrays)], [vi("y", [n, oc, oh, ow])],
+              opset=19)
+    want = ReferenceEvaluator(m).run(None, dict(zip(names, arrays)))[0]
+    assert np.abs(want).max() > 1.0
+    cm = fexplore.compile(m, arrays)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    np.testing.assert_allclose(cm(*arrays)[0], want, rtol=1e-4, atol=1e-4)

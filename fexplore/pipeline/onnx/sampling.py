@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from fexplore.ir import DType
 
 from .elementwise import scalar_like
@@ -132,3 +134,74 @@ def _grid_sample(ctx: OnnxContext):
             vals = ctx.emit("mul", [vals, factor])
         total = vals if total is None else ctx.emit("add", [total, vals])
     return _reshape_to(ctx, total, (n, c) + tuple(out))
+
+
+@onnx_converter("DeformConv", since=19)
+def _deform_conv(ctx: OnnxContext):
+    """A convolution whose every kernel tap reads the input at its own place plus a learned
+    offset (per output position, tap and offset group), bilinearly, zero outside the image, and
+    scaled by a mask when there is one: the taps' samples gathered as a column tensor
+    (N, C, taps, positions), then one batched contraction with the weights per group."""
+    x, w, offset, bias, mask = (ctx.input(i) for i in range(5))
+    dims = x.type.shape + w.type.shape + offset.type.shape + (mask.type.shape if mask is not None else ())
+    if not all(isinstance(d, int) for d in dims):
+        raise NotImplementedError("DeformConv with symbolic dims")
+    if x.type.rank != 4:
+        ctx.refuse(f"DeformConv over {x.type.rank - 2} spatial axes (two are supported)")
+    n, c, h, wd = x.type.shape
+    oc, cg, kh, kw = w.type.shape
+    group, og = int(ctx.attr("group", 1)), int(ctx.attr("offset_group", 1))
+    sh, sw = ctx.attr("strides", (1, 1))
+    dh, dw = ctx.attr("dilations", (1, 1))
+    top, left, _, _ = ctx.attr("pads", (0, 0, 0, 0))
+    oh, ow = offset.type.shape[2:]
+    taps, positions = kh * kw, oh * ow
+    m = _Math(ctx, x)
+    base = ctx._node_base()
+    rows = np.arange(oh, dtype=np.float64).reshape(oh, 1) * sh - top
+    cols = np.arange(ow, dtype=np.float64).reshape(1, ow) * sw - left
+    flat_x = _reshape_to(ctx, x, (n, c, h * wd))
+    per_tap = []
+    for k in range(taps):
+        i, j = divmod(k, kw)
+        groups = []
+        for g in range(og):   # the offsets (and mask) of one offset group move its channels alike
+            dy = ctx.emit("select", [offset], {"axis": 1, "index": g * 2 * taps + 2 * k})       # (N, oH, oW)
+            dx = ctx.emit("select", [offset], {"axis": 1, "index": g * 2 * taps + 2 * k + 1})
+            y = m("add", dy, ctx.b.literal((rows + i * dh).astype(x.type.dtype.numpy), f"{base}.y{k}"))
+            xx = m("add", dx, ctx.b.literal((cols + j * dw).astype(x.type.dtype.numpy), f"{base}.x{k}"))
+            y0, x0 = m("floor", y), m("floor", xx)
+            ty, tx = m("sub", y, y0), m("sub", xx, x0)
+            total = None
+            for cy, wy in ((y0, m("sub", 1.0, ty)), (m("add", y0, 1.0), ty)):
+                for cx, wx in ((x0, m("sub", 1.0, tx)), (m("add", x0, 1.0), tx)):
+                    inside = ctx.emit("logical_and", [
+                        ctx.emit("logical_and", [m("ge", cy, m.c(0.0)), m("le", cy, m.c(h - 1.0))]),
+                        ctx.emit("logical_and", [m("ge", cx, m.c(0.0)), m("le", cx, m.c(wd - 1.0))])])
+                    at = ctx.emit("add", [
+                        ctx.emit("mul", [ctx.emit("cast", [ctx.emit("clamp", [cy], {"min": 0.0, "max": h - 1.0})],
+                                                  {"dtype": DType.i64}), ctx.scalar(wd, DType.i64)]),
+                        ctx.emit("cast", [ctx.emit("clamp", [cx], {"min": 0.0, "max": wd - 1.0})],
+                                 {"dtype": DType.i64})])
+                    at = ctx.emit("expand", [_reshape_to(ctx, at, (n, 1, positions))],
+                                  {"shape": (n, c // og, positions)})
+                    channels = flat_x if og == 1 else ctx.emit(
+                        "slice", [flat_x], {"axis": 1, "start": g * (c // og), "end": (g + 1) * (c // og), "step": 1})
+                    weight = m("mul", m("mul", wy, wx), ctx.emit("cast", [inside], {"dtype": x.type.dtype}))
+                    if mask is not None:
+                        weight = m("mul", weight, ctx.emit("select", [mask], {"axis": 1, "index": g * taps + k}))
+                    term = m("mul", ctx.emit("gather", [channels, at], {"axis": 2}),
+                             _reshape_to(ctx, weight, (n, 1, positions)))
+                    total = term if total is None else m("add", total, term)
+            groups.append(total)
+        tap = groups[0] if og == 1 else ctx.emit("concat", groups, {"axis": 1})            # (N, C, P)
+        per_tap.append(_reshape_to(ctx, tap, (n, c, 1, positions)))
+    columns = ctx.emit("concat", per_tap, {"axis": 2})                                    # (N, C, K, P)
+    columns = _reshape_to(ctx, columns, (n, group, cg * taps, positions))
+    weights = _reshape_to(ctx, w, (1, group, oc // group, cg * taps))
+    out = ctx.emit("matmul", [ctx.emit("expand", [weights], {"shape": (n, group, oc // group, cg * taps)}),
+                              columns])                                                   # (N, G, oC/G, P)
+    out = _reshape_to(ctx, out, (n, oc, oh, ow))
+    if bias is not None:
+        out = m("add", out, _reshape_to(ctx, bias, (1, oc, 1, 1)))
+    return out
