@@ -418,8 +418,32 @@ def test_a_slice_from_a_position_read_from_a_tensor_is_taken_at_run_time():
         torch.testing.assert_close(cm(x, torch.tensor(n)), model(x, torch.tensor(n)))
 
 
+class RowAtACounter(torch.nn.Module):
+    """The row (and the column) at a position read by ``.item()``: a token's embedding at the
+    cache's counter, counted from the end when negative."""
+
+    def forward(self, x, counter):
+        i = counter.item()
+        torch._check(i >= -x.shape[0])
+        torch._check(i < x.shape[0])
+        return x[i] * 2, x[:, i]
+
+
+def test_the_element_at_a_position_read_from_a_tensor_is_taken_at_run_time():
+    """``x[i]`` with ``i`` read by ``.item()`` was refused (FX400); it is a gather of the one row
+    at i (from the end when negative) now, right at every counter."""
+    model = RowAtACounter()
+    x = torch.randn(5, 6)
+    cm = fexplore.compile(model, (x, torch.tensor(1)))
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    for n in (0, 4, -1, -5):
+        got, want = cm(x, torch.tensor(n)), model(x, torch.tensor(n))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+
+
 def test_another_op_given_a_value_read_from_a_tensor_is_refused_by_name_and_line():
-    """A value read by ``.item()`` anywhere else than a slice's start is refused clearly (it was a
+    """A value read by ``.item()`` anywhere else than a slice's start or a select is refused clearly (it was a
     raw 'Cannot convert symbols to int' out of a converter)."""
     with pytest.raises(UnsupportedOperatorError) as info:
         fexplore.compile(RollsByACounter(), (torch.randn(1, 5), torch.tensor(1)))

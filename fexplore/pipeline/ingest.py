@@ -435,8 +435,10 @@ def _refuse_data_dependent(n, target: str, loc) -> None:
 
 
 # ops whose converter takes an argument read from a tensor's contents at run time
-# (``convert.movement.read_position``): a slice of a static length from such a position
-_TAKE_VALUES_READ_FROM_DATA = ("aten.slice.Tensor", "aten.slice_copy.Tensor")
+# (``convert.movement.read_position``): a slice of a static length from such a position, and
+# the one element (row, ...) at it
+_TAKE_VALUES_READ_FROM_DATA = ("aten.slice.Tensor", "aten.slice_copy.Tensor", "aten.select.int",
+                               "aten.select_copy.int")
 
 
 def _refuse_values_read_from_data(n, target: str, loc) -> None:

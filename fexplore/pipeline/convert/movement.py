@@ -200,6 +200,14 @@ def _same(a, b) -> bool:
 def _select(ctx):
     x, dim, index = ctx.args[0], ctx.args[1], ctx.args[2]
     ax = _axis(dim, x.type.rank)
+    fx_index = ctx.node.args[2] if len(ctx.node.args) > 2 else ctx.node.kwargs.get("index")
+    at_run_time = read_position(ctx, fx_index)
+    if at_run_time is not None:   # x[i] with i read from a tensor (.item()): a slice of one, then dropped
+        size = x.type.shape[ax]
+        at = ctx.emit("where", [ctx.emit("lt", [at_run_time, ctx.value(0)]),
+                                ctx.emit("add", [at_run_time, ctx.value(size)]), at_run_time])
+        one = ctx.emit("index", [x, at], {"axes": (ax,)})
+        return _reshape_to(ctx, one, x.type.shape[:ax] + x.type.shape[ax + 1:])
     if isinstance(index, int) and index < 0:
         index = x.type.shape[ax] + index
     return ctx.emit("select", [x], {"axis": ax, "index": index})
