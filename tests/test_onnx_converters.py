@@ -437,3 +437,61 @@ def test_deform_conv_matches_onnxs_reference(groups, offset_groups, stride, dila
     cm = fexplore.compile(m, arrays)
     assert cm.verification["ok"].all() and not cm.lowering.host_ops
     np.testing.assert_allclose(cm(*arrays)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def _ms_model(nodes, inputs, outputs):
+    g = helper.make_graph(nodes, "g", inputs, outputs)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def _ms(op, ins, outs, **attrs):
+    return helper.make_node(op, ins, outs, domain="com.microsoft", **attrs)
+
+
+_CONTRIB = {
+    "FusedMatMul": ([_ms("FusedMatMul", ["a", "b"], ["y"], alpha=0.125, transA=1, transB=1)],
+                    {"a": (2, 5, 3), "b": (2, 4, 5)}, {"y": (2, 3, 4)}),
+    "FastGelu": ([_ms("FastGelu", ["x", "bias"], ["y"])], {"x": (2, 3, 6), "bias": (6,)}, {"y": (2, 3, 6)}),
+    "BiasGelu": ([_ms("BiasGelu", ["x", "bias"], ["y"])], {"x": (2, 3, 6), "bias": (6,)}, {"y": (2, 3, 6)}),
+    "Gelu": ([_ms("Gelu", ["x"], ["y"])], {"x": (2, 3, 6)}, {"y": (2, 3, 6)}),
+    "QuickGelu": ([_ms("QuickGelu", ["x"], ["y"])], {"x": (2, 3, 6)}, {"y": (2, 3, 6)}),
+    "QuickGelu-silu": ([_ms("QuickGelu", ["x"], ["y"], alpha=1.0)], {"x": (2, 3, 6)}, {"y": (2, 3, 6)}),
+    "SkipLayerNormalization": (
+        [_ms("SkipLayerNormalization", ["x", "skip", "gamma", "beta", "bias"], ["y", "mean", "inv", "sum"],
+             epsilon=1e-5)],
+        {"x": (2, 3, 8), "skip": (2, 3, 8), "gamma": (8,), "beta": (8,), "bias": (8,)},
+        {"y": (2, 3, 8), "mean": (2, 3, 1), "inv": (2, 3, 1), "sum": (2, 3, 8)}),
+    "SkipLayerNormalization-sum-only": (
+        [_ms("SkipLayerNormalization", ["x", "skip", "gamma"], ["y", "", "", "sum"])],
+        {"x": (2, 3, 8), "skip": (2, 3, 8), "gamma": (8,)}, {"y": (2, 3, 8), "sum": (2, 3, 8)}),
+    "SkipSimplifiedLayerNormalization": (
+        [_ms("SkipSimplifiedLayerNormalization", ["x", "skip", "gamma"], ["y", "", "", "sum"], epsilon=1e-6)],
+        {"x": (2, 3, 8), "skip": (2, 3, 8), "gamma": (8,)}, {"y": (2, 3, 8), "sum": (2, 3, 8)}),
+    "SimplifiedLayerNormalization": (
+        [helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["y", "inv"], axis=-1, epsilon=1e-6)],
+        {"x": (2, 3, 8), "scale": (8,)}, {"y": (2, 3, 8), "inv": (2, 3, 1)}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CONTRIB))
+def test_onnx_runtime_contrib_ops_match_onnx_runtime(case):
+    """The com.microsoft ops ONNX Runtime's optimizer writes into the models it saves, each with
+    its optional inputs and outputs, against ONNX Runtime itself, on the chip."""
+    nodes, ins, outs = _CONTRIB[case]
+    m = _ms_model(nodes, [vi(k, list(s)) for k, s in ins.items()], [vi(k, list(s)) for k, s in outs.items()])
+    rng = np.random.default_rng(len(case))
+    arrays = [(2.0 * rng.standard_normal(s) + 0.5).astype(np.float32) for s in ins.values()]
+    want = ort(m, arrays)
+    cm = fexplore.compile(m, arrays)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    got = cm(*arrays)
+    assert len(got) == len(want) == len(outs)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_fused_matmul_that_moves_batch_axes_is_refused_by_name():
+    m = _ms_model([_ms("FusedMatMul", ["a", "b"], ["y"], transBatchA=1)],
+                  [vi("a", [2, 3, 4]), vi("b", [4, 5])], [vi("y", [3, 2, 5])])
+    with pytest.raises(FexploreError, match="transBatchA"):
+        fexplore.compile(m, [np.ones((2, 3, 4), np.float32), np.ones((4, 5), np.float32)])

@@ -222,3 +222,31 @@ def test_a_sliding_window_over_a_symbolic_sequence_equals_the_static_compiles():
         assert not static.graph.symbols
         for got, want in zip(dynamic(*xs), static(*xs)):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_a_model_saved_optimized_by_onnx_runtime_compiles_with_its_contrib_ops(name, tmp_path):
+    """ONNX Runtime saves the models it optimizes with its own fused ops (FusedMatMul,
+    SkipLayerNormalization, FastGelu, QuickGelu): an "optimized for ONNX Runtime" file is a
+    common ONNX model in the wild. They convert to the standard ops they fuse; every stage is
+    checked against ONNX Runtime running the optimized file, and the result equals the torch
+    door's."""
+    import collections
+
+    import onnxruntime as ort
+
+    model, inputs = ZOO[name]()
+    path = export(model, inputs, tmp_path / f"{name}.onnx")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / f"{name}.ort.onnx")
+    ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(options.optimized_model_filepath)
+    contrib = collections.Counter(n.op_type for n in optimized.graph.node if n.domain == "com.microsoft")
+    assert contrib, "ONNX Runtime fused nothing: the test would prove nothing"
+    arrays = [to_numpy(x) for x in inputs]
+    cm = fexplore.compile(options.optimized_model_filepath, arrays)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops, cm.verification
+    with torch.no_grad():
+        want = model(*inputs)
+    np.testing.assert_allclose(cm(*arrays)[0], to_numpy(want), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,133 @@
+"""ONNX Runtime's contrib ops (domain ``com.microsoft``) that its graph optimizer writes into the
+models it saves: an ONNX file "optimized for ONNX Runtime" (``SessionOptions.
+optimized_model_filepath``, the transformers optimizer) replaces standard subgraphs with them.
+Each becomes the standard ops it fuses, so fusion sees what it would see in the unoptimized
+model: a matmul with its scale and transposes (FusedMatMul), GELU with its bias (FastGelu,
+BiasGelu, Gelu), SiLU-like QuickGelu, and a residual add followed by a layer or RMS norm
+(SkipLayerNormalization, SkipSimplifiedLayerNormalization, and SimplifiedLayerNormalization,
+which ONNX Runtime registers in the standard domain). The semantics are ONNX Runtime's contrib
+operator documentation's; tests check each against ONNX Runtime itself. The fused attention
+ops (Attention, MultiHeadAttention, GroupQueryAttention) are not converted yet.
+"""
+
+from __future__ import annotations
+
+from .elementwise import scalar_like
+from .movement import axis
+from .registry import OnnxContext, onnx_converter
+
+MS = "com.microsoft"
+
+
+@onnx_converter("FusedMatMul", domain=MS, since=1)
+def _fused_matmul(ctx: OnnxContext):
+    """alpha * op(A) @ op(B), op a transpose of the last two axes when transA / transB."""
+    if ctx.attr("transBatchA", 0) or ctx.attr("transBatchB", 0):
+        ctx.refuse("FusedMatMul with transBatchA or transBatchB (batch axes moved into the matrix)")
+    a, b = ctx.input(0), ctx.input(1)
+    if ctx.attr("transA", 0):
+        a = _swap_last(ctx, a)
+    if ctx.attr("transB", 0):
+        b = _swap_last(ctx, b)
+    y = ctx.emit("matmul", [a, b])
+    alpha = float(ctx.attr("alpha", 1.0))
+    return y if alpha == 1.0 else ctx.emit("mul", [y, scalar_like(ctx, alpha, y)])
+
+
+def _swap_last(ctx, x):
+    if x.type.rank < 2:
+        return x
+    perm = tuple(range(x.type.rank - 2)) + (x.type.rank - 1, x.type.rank - 2)
+    return ctx.emit("permute", [x], {"perm": perm})
+
+
+def _plus_bias(ctx, x, i: int):
+    bias = ctx.input(i)
+    return x if bias is None else ctx.emit("add", [x, bias])
+
+
+@onnx_converter("FastGelu", domain=MS, since=1)
+def _fast_gelu(ctx: OnnxContext):
+    """GELU's tanh approximation of X (+ bias)."""
+    return ctx.emit("gelu", [_plus_bias(ctx, ctx.input(0), 1)], {"approximate": "tanh"})
+
+
+@onnx_converter("Gelu", domain=MS, since=1)
+def _gelu(ctx: OnnxContext):
+    return ctx.emit("gelu", [ctx.input(0)], {"approximate": "none"})
+
+
+@onnx_converter("BiasGelu", domain=MS, since=1)
+def _bias_gelu(ctx: OnnxContext):
+    return ctx.emit("gelu", [_plus_bias(ctx, ctx.input(0), 1)], {"approximate": "none"})
+
+
+@onnx_converter("QuickGelu", domain=MS, since=1)
+def _quick_gelu(ctx: OnnxContext):
+    """x * sigmoid(alpha * x); with alpha 1 (what the optimizer writes for SiLU) the IR's silu."""
+    x = ctx.input(0)
+    alpha = float(ctx.attr("alpha", 1.702))
+    if alpha == 1.0:
+        return ctx.emit("silu", [x])
+    return ctx.emit("mul", [x, ctx.emit("sigmoid", [ctx.emit("mul", [x, scalar_like(ctx, alpha, x)])])])
+
+
+def _norm_outputs(ctx, x, normed, axes, eps, *, rms: bool, sum_output: int | None):
+    """The outputs after the first that the node asks for: mean (layer norm only), inverse
+    standard deviation, and (at `sum_output`) the normalized input itself."""
+    want = [i for i, o in enumerate(ctx.onnx.output) if o and i > 0]
+    if not want:
+        return normed
+    outs = [normed]
+    for i in range(1, max(want) + 1):
+        if i == sum_output:
+            outs.append(x)
+        elif i not in want:
+            outs.append(normed)   # not asked for: the importer skips an output without a name
+        elif i == 1 and not rms:
+            outs.append(ctx.emit("mean", [x], {"axes": axes, "keepdim": True}))
+        else:
+            centered = x if rms else ctx.emit("sub", [x, ctx.emit("mean", [x], {"axes": axes, "keepdim": True})])
+            power = ctx.emit("mean", [ctx.emit("mul", [centered, centered])], {"axes": axes, "keepdim": True})
+            outs.append(ctx.emit("rsqrt", [ctx.emit("add", [power, scalar_like(ctx, eps, power)])]))
+    return tuple(outs)
+
+
+def _norm(ctx, op, x, ax, scale, bias, eps):
+    from .nn import _norm_last
+
+    return _norm_last(ctx, op, x, ax, scale, bias, eps)
+
+
+@onnx_converter("SkipLayerNormalization", domain=MS, since=1)
+def _skip_layer_norm(ctx: OnnxContext):
+    """input + skip (+ bias), then a layer norm over the last axis with gamma (and beta).
+    Outputs: the normed sum, its mean, its inverse standard deviation, the sum itself."""
+    eps = float(ctx.attr("epsilon", 1e-12))
+    x = _plus_bias(ctx, ctx.emit("add", [ctx.input(0), ctx.input(1)]), 4)
+    ax = x.type.rank - 1
+    normed = _norm(ctx, "layer_norm", x, ax, ctx.input(2), ctx.input(3), eps)
+    return _norm_outputs(ctx, x, normed, (ax,), eps, rms=False, sum_output=3)
+
+
+@onnx_converter("SkipSimplifiedLayerNormalization", domain=MS, since=1)
+def _skip_rms_norm(ctx: OnnxContext):
+    """input + skip (+ bias), then an RMS norm over the last axis with gamma. Outputs: the
+    normed sum, (mean: none), its inverse root mean square, the sum itself."""
+    eps = float(ctx.attr("epsilon", 1e-12))
+    x = _plus_bias(ctx, ctx.emit("add", [ctx.input(0), ctx.input(1)]), 3)
+    ax = x.type.rank - 1
+    normed = _norm(ctx, "rms_norm", x, ax, ctx.input(2), None, eps)
+    return _norm_outputs(ctx, x, normed, (ax,), eps, rms=True, sum_output=3)
+
+
+@onnx_converter("SimplifiedLayerNormalization")
+def _simplified_layer_norm(ctx: OnnxContext):
+    """ONNX Runtime's RMS norm in the standard domain (before ONNX had RMSNormalization): over
+    the axes from `axis` on, with scale. Outputs: the normed input, its inverse root mean
+    square."""
+    x, scale = ctx.input(0), ctx.input(1)
+    ax = axis(ctx.attr("axis", -1), x.type.rank)
+    eps = float(ctx.attr("epsilon", 1e-5))
+    normed = _norm(ctx, "rms_norm", x, ax, scale, None, eps)
+    return _norm_outputs(ctx, x, normed, tuple(range(ax, x.type.rank)), eps, rms=True, sum_output=None)
