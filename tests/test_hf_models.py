@@ -912,3 +912,40 @@ def test_the_readmes_hugging_face_factory_compiles_from_the_command_line(tmp_pat
         assert cli.main(["compile", "my_llm:tiny_llama", "--no-report"]) == 0
     out = capsys.readouterr().out
     assert "compiled @forward" in out and "✓" in out and "✗" not in out
+
+
+# Through the second front door: the architecture exported by torch.onnx (dynamo) and compiled
+# from the .onnx file, every stage checked against ONNX Runtime (a decoder LLM, a state-space
+# model, a segmentation net)
+THROUGH_ONNX = [("llama", "rngd", "fp32"), ("mamba", "tiny", "bf16"), ("segformer", "rngd", "bf16")]
+
+
+@pytest.mark.parametrize("name, target, precision", THROUGH_ONNX, ids=["-".join(v) for v in THROUGH_ONNX])
+def test_hf_model_through_the_onnx_door(name, target, precision, tmp_path):
+    import contextlib
+    import io
+    import logging
+
+    import numpy as np
+
+    from fexplore.pipeline.numeric import to_numpy
+
+    model, inputs = build(name)
+    path = str(tmp_path / f"{name}.onnx")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            torch.onnx.export(model, inputs, path, dynamo=True, verbose=False)
+        finally:
+            logging.disable(logging.NOTSET)
+    arrays = [to_numpy(x) for x in inputs]
+    cm = fexplore.compile(path, arrays, target=target, precision=precision)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops and not cm.codegen_bugs, cm.verification
+    want = _eager(model, inputs)
+    _assert_spread(want)
+    got = cm(*arrays)[0]
+    scale = max(1.0, float(want.abs().max()))
+    err = float(np.abs(got.astype(np.float64) - to_numpy(want).astype(np.float64)).max())
+    assert err <= (2e-5 if precision == "fp32" else 0.05) * scale, err
