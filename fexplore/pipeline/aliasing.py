@@ -33,10 +33,10 @@ def is_view_op(target) -> bool:
     return out is not None and first is not None and not out.is_write and out.before_set == first.before_set
 
 
-def view_of_input(graph: torch.fx.Graph, name: str, given: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    """Output `name` of the exported `graph` made again on the caller's tensors (`given`, by
-    placeholder name), when it is a chain of view ops on one of them; else None."""
-    nodes = {n.name: n for n in graph.nodes}
+def view_of_input(nodes: dict[str, torch.fx.Node], name: str, given: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """Output `name` of an exported graph (`nodes`: its nodes by name) made again on the caller's
+    tensors (`given`, by placeholder name), when it is a chain of view ops on one of them; else
+    None."""
     node, chain = nodes.get(name), []
     while node is not None and node.op == "call_function" and is_view_op(node.target) and node.args:
         chain.append(node)

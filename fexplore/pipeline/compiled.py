@@ -136,7 +136,7 @@ class CompiledModel:
         given = {name: x for name, x in zip(users, leaves) if name is not None and isinstance(x, torch.Tensor)}
         first: dict[str, int] = {}
         out = list(outs)
-        graph = self._ingested.exported.graph
+        nodes = self._exported_nodes()
         for i, name in enumerate(returned):
             if name in given:
                 out[i] = given[name]
@@ -144,10 +144,16 @@ class CompiledModel:
                 out[i] = out[first[name]]
             elif name is not None:
                 first[name] = i
-                view = view_of_input(graph, name, given)
+                view = view_of_input(nodes, name, given)
                 if view is not None and view.shape == out[i].shape and view.dtype == out[i].dtype:
                     out[i] = view
         return out
+
+    def _exported_nodes(self) -> dict:
+        """The exported program's nodes by name (made once: `_aliased` reads them every call)."""
+        if getattr(self, "_nodes_by_name", None) is None:
+            self._nodes_by_name = {n.name: n for n in self._ingested.exported.graph.nodes}
+        return self._nodes_by_name
 
     def __call__(self, *args, **kwargs):
         """Run on new inputs (same structure as the model's) on the simulated NPU (functional

@@ -115,7 +115,7 @@ def _restored(tensors: list[torch.Tensor]):
     finally:
         with torch.no_grad():
             for t, values, grad in saved:
-                if t.grad_fn is not None:
+                if t.grad_fn is not None and not t._is_view():   # a view keeps its base's history
                     t.detach_()
                     t.requires_grad_(grad)
                 if not torch.equal(t, values):
