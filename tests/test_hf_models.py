@@ -922,24 +922,13 @@ THROUGH_ONNX = [("llama", "rngd", "fp32"), ("mamba", "tiny", "bf16"), ("segforme
 
 @pytest.mark.parametrize("name, target, precision", THROUGH_ONNX, ids=["-".join(v) for v in THROUGH_ONNX])
 def test_hf_model_through_the_onnx_door(name, target, precision, tmp_path):
-    import contextlib
-    import io
-    import logging
-
     import numpy as np
+    from test_onnx_door import export
 
     from fexplore.pipeline.numeric import to_numpy
 
     model, inputs = build(name)
-    path = str(tmp_path / f"{name}.onnx")
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-            contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        logging.disable(logging.WARNING)
-        try:
-            torch.onnx.export(model, inputs, path, dynamo=True, verbose=False)
-        finally:
-            logging.disable(logging.NOTSET)
+    path = export(model, inputs, tmp_path / f"{name}.onnx")
     arrays = [to_numpy(x) for x in inputs]
     cm = fexplore.compile(path, arrays, target=target, precision=precision)
     assert cm.verification["ok"].all() and not cm.lowering.host_ops and not cm.codegen_bugs, cm.verification
