@@ -264,3 +264,16 @@ def test_a_real_error_in_an_f16_chain_still_fails():
                             + NARROW_MULTIPLE * chain)]
     assert not compare(within, oracle.expected[0], tol, oracle.noise[0])[2]
     assert compare(within, oracle.expected[0], tol, oracle.noise[0], narrow_noise=oracle.narrow_noise[0])[2]
+
+
+def test_the_exact_copy_of_a_narrow_model_keeps_within_the_twins_size_limit(monkeypatch):
+    """The all-f64 copy of a bf16 model is four times its size: past the f64 twin's limit it is
+    not made, and the round-once noise alone applies."""
+    from fexplore.pipeline import numeric
+
+    x = torch.randn(2, 6, 8)
+    model = F16Chain()
+    size = sum(t.numel() for t in model.parameters())
+    monkeypatch.setattr(numeric, "F64_TWIN_LIMIT_BYTES", 4 * size)   # the f16 twin fits, f64 does not
+    oracle = Oracle(model, (x,))
+    assert oracle.f64_note is None and oracle.narrow_noise is None

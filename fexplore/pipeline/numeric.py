@@ -274,7 +274,11 @@ def _widen_f32(t: torch.Tensor) -> torch.Tensor:
 
 def _exact_twin(model: torch.nn.Module):
     """An all-f64 copy of the model (its f16 and bf16 weights too), for ``_NoNarrowing``; None
-    when it cannot be made."""
+    when it cannot be made, or would pass the f64 twin's size limit (a bf16 model's copy is four
+    times its size)."""
+    numel = sum(t.numel() for t in list(model.parameters()) + list(model.buffers()))
+    if 8 * numel > F64_TWIN_LIMIT_BYTES:
+        return None
     try:
         return copy.deepcopy(model).to(torch.float64)
     except Exception:  # noqa: BLE001 - no exact reference: the round-once noise alone applies
