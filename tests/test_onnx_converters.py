@@ -495,3 +495,36 @@ def test_a_fused_matmul_that_moves_batch_axes_is_refused_by_name():
                   [vi("a", [2, 3, 4]), vi("b", [4, 5])], [vi("y", [3, 2, 5])])
     with pytest.raises(FexploreError, match="transBatchA"):
         fexplore.compile(m, [np.ones((2, 3, 4), np.float32), np.ones((4, 5), np.float32)])
+
+
+_MHA = {   # inputs by name -> shapes, attributes
+    "self-with-bias": ({"q": (2, 5, 8), "k": (2, 5, 8), "v": (2, 5, 8), "bias": (24,)}, {"num_heads": 2}),
+    "cross-with-attention-bias": ({"q": (2, 3, 8), "k": (2, 6, 8), "v": (2, 6, 12), "": None,
+                                   "ab": (2, 4, 3, 6)}, {"num_heads": 4, "scale": 0.3}),
+    "causal": ({"q": (1, 7, 6), "k": (1, 7, 6), "v": (1, 7, 6)}, {"num_heads": 3, "unidirectional": 1}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MHA))
+def test_multi_head_attention_matches_onnx_runtime(case):
+    ins, attrs = _MHA[case]
+    names = list(ins)
+    inputs = [n for n in names if n]
+    node = _ms("MultiHeadAttention", names[:3] + (["bias"] if "bias" in ins else [""] if "ab" in ins else [])
+               + (["", "ab"] if "ab" in ins else []), ["y"], **attrs)
+    b, s, _ = ins["q"]
+    m = _ms_model([node], [vi(n, list(ins[n])) for n in inputs], [vi("y", [b, s, ins["v"][2]])])
+    rng = np.random.default_rng(len(case))
+    arrays = [rng.standard_normal(ins[n]).astype(np.float32) for n in inputs]
+    want = ort(m, arrays)[0]
+    cm = fexplore.compile(m, arrays)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    np.testing.assert_allclose(cm(*arrays)[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_multi_head_attention_with_a_cache_is_refused_by_name():
+    node = _ms("MultiHeadAttention", ["q", "k", "v", "", "", "", "pk", "pv"], ["y"], num_heads=2)
+    m = _ms_model([node], [vi(n, [1, 2, 4]) for n in "qkv"] + [vi("pk", [1, 2, 3, 2]), vi("pv", [1, 2, 3, 2])],
+                  [vi("y", [1, 2, 4])])
+    with pytest.raises(FexploreError, match="past_key"):
+        fexplore.compile(m, [np.ones((1, 2, 4), np.float32)] * 3 + [np.ones((1, 2, 3, 2), np.float32)] * 2)

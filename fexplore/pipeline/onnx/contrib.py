@@ -6,14 +6,16 @@ model: a matmul with its scale and transposes (FusedMatMul), GELU with its bias 
 BiasGelu, Gelu), SiLU-like QuickGelu, and a residual add followed by a layer or RMS norm
 (SkipLayerNormalization, SkipSimplifiedLayerNormalization, and SimplifiedLayerNormalization,
 which ONNX Runtime registers in the standard domain). The semantics are ONNX Runtime's contrib
-operator documentation's; tests check each against ONNX Runtime itself. The fused attention
-ops (Attention, MultiHeadAttention, GroupQueryAttention) are not converted yet.
+operator documentation's; tests check each against ONNX Runtime itself. MultiHeadAttention is
+converted over separate query, key and value (with its projection bias, an additive attention
+bias and a causal mask); its packed, padded and cached forms, and the other fused attention ops
+(Attention, GroupQueryAttention), are refused or not converted yet.
 """
 
 from __future__ import annotations
 
 from .elementwise import scalar_like
-from .movement import axis
+from .movement import _reshape_to, axis
 from .registry import OnnxContext, onnx_converter
 
 MS = "com.microsoft"
@@ -131,3 +133,37 @@ def _simplified_layer_norm(ctx: OnnxContext):
     eps = float(ctx.attr("epsilon", 1e-5))
     normed = _norm(ctx, "rms_norm", x, ax, scale, None, eps)
     return _norm_outputs(ctx, x, normed, tuple(range(ax, x.type.rank)), eps, rms=True, sum_output=None)
+
+
+@onnx_converter("MultiHeadAttention", domain=MS, since=1)
+def _multi_head_attention(ctx: OnnxContext):
+    """Attention over `num_heads` heads of query (B, S, D), key (B, L, D) and value (B, L, Dv):
+    each plus its part of the projection bias (D + D + Dv), split into heads, the IR's
+    attention (scaled by `scale`, default 1/sqrt(head size); causal when `unidirectional`; the
+    attention bias, (B or 1, heads or 1, S, L), added to the scores), heads joined again."""
+    q, k, v, bias = (ctx.input(i) for i in range(4))
+    extra = [name for i, name in ((4, "key_padding_mask"), (6, "past_key"), (7, "past_value"))
+             if ctx.has_input(i)] + [name for i, name in ((1, "present_key"), (2, "present_value"))
+                                     if i < len(ctx.onnx.output) and ctx.onnx.output[i]]
+    if extra or k is None or v is None or not q.type.rank == k.type.rank == v.type.rank == 3:
+        ctx.refuse("MultiHeadAttention other than over separate 3-D query, key and value without "
+                   f"padding mask or cache ({', '.join(extra) or 'packed query, key and value'})")
+    heads = int(ctx.attr("num_heads"))
+    (b, s, d), (_, length, _), dv = q.type.shape, k.type.shape, v.type.shape[2]
+    causal = bool(ctx.attr("unidirectional", 0))
+    if causal and s != length:
+        ctx.refuse("a causal MultiHeadAttention whose query and key lengths differ")
+    if bias is not None:
+        parts = [(q, 0, d), (k, d, 2 * d), (v, 2 * d, 2 * d + dv)]
+        q, k, v = (ctx.emit("add", [x, ctx.emit("slice", [bias], {"axis": 0, "start": lo, "end": hi, "step": 1})])
+                   for x, lo, hi in parts)
+
+    def split(x, n, width):   # (B, n, width) -> (B, heads, n, width / heads)
+        return ctx.emit("permute", [_reshape_to(ctx, x, (b, n, heads, width // heads))], {"perm": (0, 2, 1, 3)})
+
+    ins = [split(q, s, d), split(k, length, d), split(v, length, dv)]
+    if ctx.has_input(5):
+        ins.append(ctx.input(5))
+    scale = ctx.attr("scale", None)
+    y = ctx.emit("attention", ins, {"causal": causal, "scale": None if not scale else float(scale), "gqa": False})
+    return _reshape_to(ctx, ctx.emit("permute", [y], {"perm": (0, 2, 1, 3)}), (b, s, dv))
