@@ -528,3 +528,26 @@ def test_multi_head_attention_with_a_cache_is_refused_by_name():
                   [vi("y", [1, 2, 4])])
     with pytest.raises(FexploreError, match="past_key"):
         fexplore.compile(m, [np.ones((1, 2, 4), np.float32)] * 3 + [np.ones((1, 2, 3, 2), np.float32)] * 2)
+
+
+@pytest.mark.parametrize("qkv, causal, with_bias", [(None, 0, True), ((8, 8, 12), 1, False), (None, 1, True)])
+def test_attention_with_its_input_projection_matches_onnx_runtime(qkv, causal, with_bias):
+    """ONNX Runtime's Attention: one weight projects the input to query, key and value (their
+    widths may differ), then multi-head attention, causal when unidirectional, with an
+    attention bias added to the scores."""
+    b, s, din, heads = 2, 5, 6, 2
+    d, dk, dv = qkv or (8, 8, 8)
+    names = ["x", "w", "bias" if with_bias else "", "", "", "ab"]
+    attrs = {"num_heads": heads, "unidirectional": causal}
+    if qkv:
+        attrs["qkv_hidden_sizes"] = list(qkv)
+    node = _ms("Attention", names, ["y"], **attrs)
+    shapes = {"x": (b, s, din), "w": (din, d + dk + dv), "bias": (d + dk + dv,), "ab": (1, heads, s, s)}
+    inputs = [n for n in names if n]
+    m = _ms_model([node], [vi(n, list(shapes[n])) for n in inputs], [vi("y", [b, s, dv])])
+    rng = np.random.default_rng(d + dv + causal)
+    arrays = [rng.standard_normal(shapes[n]).astype(np.float32) for n in inputs]
+    want = ort(m, arrays)[0]
+    cm = fexplore.compile(m, arrays)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    np.testing.assert_allclose(cm(*arrays)[0], want, rtol=1e-4, atol=1e-5)

@@ -7,9 +7,10 @@ BiasGelu, Gelu), SiLU-like QuickGelu, and a residual add followed by a layer or 
 (SkipLayerNormalization, SkipSimplifiedLayerNormalization, and SimplifiedLayerNormalization,
 which ONNX Runtime registers in the standard domain). The semantics are ONNX Runtime's contrib
 operator documentation's; tests check each against ONNX Runtime itself. MultiHeadAttention is
-converted over separate query, key and value (with its projection bias, an additive attention
-bias and a causal mask); its packed, padded and cached forms, and the other fused attention ops
-(Attention, GroupQueryAttention), are refused or not converted yet.
+converted over separate query, key and value, and Attention (the input projection folded in:
+one weight for query, key and value), each with its projection bias, an additive attention bias
+and a causal mask; their packed, padded, rotary and cached forms, and GroupQueryAttention, are
+refused or not converted yet.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def _multi_head_attention(ctx: OnnxContext):
         ctx.refuse("MultiHeadAttention other than over separate 3-D query, key and value without "
                    f"padding mask or cache ({', '.join(extra) or 'packed query, key and value'})")
     heads = int(ctx.attr("num_heads"))
-    (b, s, d), (_, length, _), dv = q.type.shape, k.type.shape, v.type.shape[2]
+    (_, s, d), length, dv = q.type.shape, k.type.shape[1], v.type.shape[2]
     causal = bool(ctx.attr("unidirectional", 0))
     if causal and s != length:
         ctx.refuse("a causal MultiHeadAttention whose query and key lengths differ")
@@ -158,12 +159,43 @@ def _multi_head_attention(ctx: OnnxContext):
         q, k, v = (ctx.emit("add", [x, ctx.emit("slice", [bias], {"axis": 0, "start": lo, "end": hi, "step": 1})])
                    for x, lo, hi in parts)
 
-    def split(x, n, width):   # (B, n, width) -> (B, heads, n, width / heads)
+    return _heads_attention(ctx, q, k, v, ctx.input(5), heads, causal)
+
+
+def _heads_attention(ctx, q, k, v, attention_bias, heads: int, causal: bool):
+    """Query (B, S, D), key (B, L, D) and value (B, L, Dv) split into `heads` heads, the IR's
+    attention over them (the node's `scale`, default 1/sqrt(head size); the attention bias added
+    to the scores), and the heads joined again: (B, S, Dv)."""
+    (b, s, _), length, dv = q.type.shape, k.type.shape[1], v.type.shape[2]
+
+    def split(x, n):   # (B, n, width) -> (B, heads, n, width / heads)
+        width = x.type.shape[2]
         return ctx.emit("permute", [_reshape_to(ctx, x, (b, n, heads, width // heads))], {"perm": (0, 2, 1, 3)})
 
-    ins = [split(q, s, d), split(k, length, d), split(v, length, dv)]
-    if ctx.has_input(5):
-        ins.append(ctx.input(5))
+    ins = [split(q, s), split(k, length), split(v, length)] + ([attention_bias] if attention_bias is not None else [])
     scale = ctx.attr("scale", None)
     y = ctx.emit("attention", ins, {"causal": causal, "scale": None if not scale else float(scale), "gqa": False})
     return _reshape_to(ctx, ctx.emit("permute", [y], {"perm": (0, 2, 1, 3)}), (b, s, dv))
+
+
+@onnx_converter("Attention", domain=MS, since=1)
+def _attention(ctx: OnnxContext):
+    """Self-attention with its input projection: input (B, S, Din) times one weight (Din,
+    D + D + Dv; `qkv_hidden_sizes` when they differ) plus its bias gives query, key and value,
+    then as MultiHeadAttention (attention bias at input 5, `unidirectional` causal)."""
+    x, w, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    extra = [name for i, name in ((3, "mask_index"), (4, "past"), (6, "past_sequence_length"))
+             if ctx.has_input(i)] + (["present"] if len(ctx.onnx.output) > 1 and ctx.onnx.output[1] else []) \
+        + (["do_rotary"] if ctx.attr("do_rotary", 0) else [])
+    if extra or x.type.rank != 3:
+        ctx.refuse(f"Attention with {', '.join(extra) or 'an input of rank other than 3'}")
+    sizes = ctx.attr("qkv_hidden_sizes", None)
+    d_all = w.type.shape[1]
+    d, dk, dv = sizes if sizes else (d_all // 3,) * 3
+    projected = ctx.emit("matmul", [x, w])
+    if bias is not None:
+        projected = ctx.emit("add", [projected, bias])
+    q, k, v = (ctx.emit("slice", [projected], {"axis": 2, "start": lo, "end": hi, "step": 1})
+               for lo, hi in ((0, d), (d, d + dk), (d + dk, d + dk + dv)))
+    return _heads_attention(ctx, q, k, v, ctx.input(5), int(ctx.attr("num_heads")),
+                            bool(ctx.attr("unidirectional", 0)))
