@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .elementwise import scalar_like
 from .movement import _reshape_to, axis
+from .nn import _norm_last, inverse_deviation
 from .registry import OnnxContext, onnx_converter
 
 MS = "com.microsoft"
@@ -90,16 +91,8 @@ def _norm_outputs(ctx, x, normed, axes, eps, *, rms: bool, sum_output: int | Non
         elif i == 1 and not rms:
             outs.append(ctx.emit("mean", [x], {"axes": axes, "keepdim": True}))
         else:
-            centered = x if rms else ctx.emit("sub", [x, ctx.emit("mean", [x], {"axes": axes, "keepdim": True})])
-            power = ctx.emit("mean", [ctx.emit("mul", [centered, centered])], {"axes": axes, "keepdim": True})
-            outs.append(ctx.emit("rsqrt", [ctx.emit("add", [power, scalar_like(ctx, eps, power)])]))
+            outs.append(inverse_deviation(ctx, x, axes, eps, centered=not rms))
     return tuple(outs)
-
-
-def _norm(ctx, op, x, ax, scale, bias, eps):
-    from .nn import _norm_last
-
-    return _norm_last(ctx, op, x, ax, scale, bias, eps)
 
 
 @onnx_converter("SkipLayerNormalization", domain=MS, since=1)
@@ -109,7 +102,7 @@ def _skip_layer_norm(ctx: OnnxContext):
     eps = float(ctx.attr("epsilon", 1e-12))
     x = _plus_bias(ctx, ctx.emit("add", [ctx.input(0), ctx.input(1)]), 4)
     ax = x.type.rank - 1
-    normed = _norm(ctx, "layer_norm", x, ax, ctx.input(2), ctx.input(3), eps)
+    normed = _norm_last(ctx, "layer_norm", x, ax, ctx.input(2), ctx.input(3), eps)
     return _norm_outputs(ctx, x, normed, (ax,), eps, rms=False, sum_output=3)
 
 
@@ -120,7 +113,7 @@ def _skip_rms_norm(ctx: OnnxContext):
     eps = float(ctx.attr("epsilon", 1e-12))
     x = _plus_bias(ctx, ctx.emit("add", [ctx.input(0), ctx.input(1)]), 3)
     ax = x.type.rank - 1
-    normed = _norm(ctx, "rms_norm", x, ax, ctx.input(2), None, eps)
+    normed = _norm_last(ctx, "rms_norm", x, ax, ctx.input(2), None, eps)
     return _norm_outputs(ctx, x, normed, (ax,), eps, rms=True, sum_output=3)
 
 
@@ -132,7 +125,7 @@ def _simplified_layer_norm(ctx: OnnxContext):
     x, scale = ctx.input(0), ctx.input(1)
     ax = axis(ctx.attr("axis", -1), x.type.rank)
     eps = float(ctx.attr("epsilon", 1e-5))
-    normed = _norm(ctx, "rms_norm", x, ax, scale, None, eps)
+    normed = _norm_last(ctx, "rms_norm", x, ax, scale, None, eps)
     return _norm_outputs(ctx, x, normed, tuple(range(ax, x.type.rank)), eps, rms=True, sum_output=None)
 
 

@@ -459,10 +459,17 @@ def _layer_norm(ctx):
     if not extra:
         return y
     axes = tuple(range(ax, x.type.rank))
-    mean = ctx.emit("mean", [x], {"axes": axes, "keepdim": True})
-    var = ctx.emit("var", [x], {"axes": axes, "keepdim": True, "correction": 0})
-    inv = ctx.emit("rsqrt", [ctx.emit("add", [var, scalar_like(ctx, eps, var)])])
-    return (y, mean, inv)
+    return (y, ctx.emit("mean", [x], {"axes": axes, "keepdim": True}), inverse_deviation(ctx, x, axes, eps))
+
+
+def inverse_deviation(ctx, x, axes, eps, *, centered: bool = True):
+    """1 / sqrt(var + eps) over `axes` (kept): a layer norm's inverse standard deviation, or with
+    `centered` False an RMS norm's inverse root mean square."""
+    if centered:
+        power = ctx.emit("var", [x], {"axes": axes, "keepdim": True, "correction": 0})
+    else:
+        power = ctx.emit("mean", [ctx.emit("mul", [x, x])], {"axes": axes, "keepdim": True})
+    return ctx.emit("rsqrt", [ctx.emit("add", [power, scalar_like(ctx, eps, power)])])
 
 
 @onnx_converter("RMSNormalization", since=23)

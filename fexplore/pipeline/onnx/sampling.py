@@ -65,6 +65,46 @@ def _cubic_weights(m: _Math, t):
     return [far(m("add", t, 1.0)), near(t), near(one_minus), far(m("sub", 2.0, t))]
 
 
+def _sample_taps(ctx, m: _Math, flat_x, spatial, axes_taps, pad_mode: str):
+    """The image `flat_x` (N, C, prod(spatial)) read at every combination of the axes' taps
+    (per axis: (index, weight or None, size, lo, hi), indices and weights shaped (N, *O)), each
+    index padded as `pad_mode` says (zeros: masked out; border: clamped; reflection: reflected),
+    weighted and summed: (N, C, prod(O))."""
+    n, c = flat_x.type.shape[:2]
+    strides = [product(spatial[i + 1:]) for i in range(len(spatial))]
+    o_n = product(axes_taps[0][0][0].type.shape[1:])
+    total = None
+    for combo in itertools.product(*axes_taps):
+        lin, ok, weight = None, None, None
+        for i, (idx, w, size, lo, hi) in enumerate(combo):
+            if pad_mode == "border":
+                idx = ctx.emit("clamp", [idx], {"min": 0.0, "max": size - 1.0})
+            elif pad_mode == "reflection":
+                idx = ctx.emit("clamp", [_reflect(m, idx, lo, hi)], {"min": 0.0, "max": size - 1.0})
+                idx = m("trunc", idx)
+            else:
+                inside = ctx.emit("logical_and", [m("ge", idx, m.c(0.0)), m("le", idx, m.c(size - 1.0))])
+                ok = inside if ok is None else ctx.emit("logical_and", [ok, inside])
+                idx = ctx.emit("clamp", [idx], {"min": 0.0, "max": size - 1.0})
+            ii = ctx.emit("cast", [idx], {"dtype": DType.i64})
+            term = ctx.emit("mul", [ii, ctx.scalar(strides[i], DType.i64)]) if strides[i] != 1 else ii
+            lin = term if lin is None else ctx.emit("add", [lin, term])
+            if w is not None:
+                weight = w if weight is None else m("mul", weight, w)
+        lin = _reshape_to(ctx, lin, (n, 1, o_n))
+        lin = ctx.emit("expand", [lin], {"shape": (n, c, o_n)})
+        vals = ctx.emit("gather", [flat_x, lin], {"axis": 2})          # (N, C, O)
+        factor = weight
+        if ok is not None:
+            okf = ctx.emit("cast", [ok], {"dtype": flat_x.type.dtype})
+            factor = okf if factor is None else m("mul", factor, okf)
+        if factor is not None:
+            factor = _reshape_to(ctx, factor, (n, 1, o_n))
+            vals = ctx.emit("mul", [vals, factor])
+        total = vals if total is None else ctx.emit("add", [total, vals])
+    return total
+
+
 @onnx_converter("GridSample", since=16)
 def _grid_sample(ctx: OnnxContext):
     x, grid = ctx.input(0), ctx.input(1)
@@ -101,38 +141,8 @@ def _grid_sample(ctx: OnnxContext):
                 ws = _cubic_weights(m, t)
                 taps = [(m("add", base, float(o)), w) for o, w in zip((-1, 0, 1, 2), ws)]
         axes_taps.append([(idx, w, size, lo, hi) for idx, w in taps])
-    strides = [product(spatial[i + 1:]) for i in range(k)]
     flat_x = _reshape_to(ctx, x, (n, c, product(spatial)))
-    total = None
-    o_n = product(out)
-    for combo in itertools.product(*axes_taps):
-        lin, ok, weight = None, None, None
-        for i, (idx, w, size, lo, hi) in enumerate(combo):
-            if pad_mode == "border":
-                idx = ctx.emit("clamp", [idx], {"min": 0.0, "max": size - 1.0})
-            elif pad_mode == "reflection":
-                idx = ctx.emit("clamp", [_reflect(m, idx, lo, hi)], {"min": 0.0, "max": size - 1.0})
-                idx = m("trunc", idx)
-            else:
-                inside = ctx.emit("logical_and", [m("ge", idx, m.c(0.0)), m("le", idx, m.c(size - 1.0))])
-                ok = inside if ok is None else ctx.emit("logical_and", [ok, inside])
-                idx = ctx.emit("clamp", [idx], {"min": 0.0, "max": size - 1.0})
-            ii = ctx.emit("cast", [idx], {"dtype": DType.i64})
-            term = ctx.emit("mul", [ii, ctx.scalar(strides[i], DType.i64)]) if strides[i] != 1 else ii
-            lin = term if lin is None else ctx.emit("add", [lin, term])
-            if w is not None:
-                weight = w if weight is None else m("mul", weight, w)
-        lin = _reshape_to(ctx, lin, (n, 1, o_n))
-        lin = ctx.emit("expand", [lin], {"shape": (n, c, o_n)})
-        vals = ctx.emit("gather", [flat_x, lin], {"axis": 2})          # (N, C, O)
-        factor = weight
-        if ok is not None:
-            okf = ctx.emit("cast", [ok], {"dtype": x.type.dtype})
-            factor = okf if factor is None else m("mul", factor, okf)
-        if factor is not None:
-            factor = _reshape_to(ctx, factor, (n, 1, o_n))
-            vals = ctx.emit("mul", [vals, factor])
-        total = vals if total is None else ctx.emit("add", [total, vals])
+    total = _sample_taps(ctx, m, flat_x, spatial, axes_taps, pad_mode)
     return _reshape_to(ctx, total, (n, c) + tuple(out))
 
 
@@ -155,51 +165,40 @@ def _deform_conv(ctx: OnnxContext):
     dh, dw = ctx.attr("dilations", (1, 1))
     top, left, _, _ = ctx.attr("pads", (0, 0, 0, 0))
     oh, ow = offset.type.shape[2:]
-    taps, positions = kh * kw, oh * ow
+    taps_n, positions = kh * kw, oh * ow
     m = _Math(ctx, x)
     base = ctx._node_base()
     rows = np.arange(oh, dtype=np.float64).reshape(oh, 1) * sh - top
     cols = np.arange(ow, dtype=np.float64).reshape(1, ow) * sw - left
     flat_x = _reshape_to(ctx, x, (n, c, h * wd))
     per_tap = []
-    for k in range(taps):
+    for k in range(taps_n):
         i, j = divmod(k, kw)
         groups = []
         for g in range(og):   # the offsets (and mask) of one offset group move its channels alike
-            dy = ctx.emit("select", [offset], {"axis": 1, "index": g * 2 * taps + 2 * k})       # (N, oH, oW)
-            dx = ctx.emit("select", [offset], {"axis": 1, "index": g * 2 * taps + 2 * k + 1})
+            dy = ctx.emit("select", [offset], {"axis": 1, "index": g * 2 * taps_n + 2 * k})       # (N, oH, oW)
+            dx = ctx.emit("select", [offset], {"axis": 1, "index": g * 2 * taps_n + 2 * k + 1})
             y = m("add", dy, ctx.b.literal((rows + i * dh).astype(x.type.dtype.numpy), f"{base}.y{k}"))
             xx = m("add", dx, ctx.b.literal((cols + j * dw).astype(x.type.dtype.numpy), f"{base}.x{k}"))
-            y0, x0 = m("floor", y), m("floor", xx)
-            ty, tx = m("sub", y, y0), m("sub", xx, x0)
-            total = None
-            for cy, wy in ((y0, m("sub", 1.0, ty)), (m("add", y0, 1.0), ty)):
-                for cx, wx in ((x0, m("sub", 1.0, tx)), (m("add", x0, 1.0), tx)):
-                    inside = ctx.emit("logical_and", [
-                        ctx.emit("logical_and", [m("ge", cy, m.c(0.0)), m("le", cy, m.c(h - 1.0))]),
-                        ctx.emit("logical_and", [m("ge", cx, m.c(0.0)), m("le", cx, m.c(wd - 1.0))])])
-                    at = ctx.emit("add", [
-                        ctx.emit("mul", [ctx.emit("cast", [ctx.emit("clamp", [cy], {"min": 0.0, "max": h - 1.0})],
-                                                  {"dtype": DType.i64}), ctx.scalar(wd, DType.i64)]),
-                        ctx.emit("cast", [ctx.emit("clamp", [cx], {"min": 0.0, "max": wd - 1.0})],
-                                 {"dtype": DType.i64})])
-                    at = ctx.emit("expand", [_reshape_to(ctx, at, (n, 1, positions))],
-                                  {"shape": (n, c // og, positions)})
-                    channels = flat_x if og == 1 else ctx.emit(
-                        "slice", [flat_x], {"axis": 1, "start": g * (c // og), "end": (g + 1) * (c // og), "step": 1})
-                    weight = m("mul", m("mul", wy, wx), ctx.emit("cast", [inside], {"dtype": x.type.dtype}))
-                    if mask is not None:
-                        weight = m("mul", weight, ctx.emit("select", [mask], {"axis": 1, "index": g * taps + k}))
-                    term = m("mul", ctx.emit("gather", [channels, at], {"axis": 2}),
-                             _reshape_to(ctx, weight, (n, 1, positions)))
-                    total = term if total is None else m("add", total, term)
+            taps = []
+            for pos, size in ((y, h), (xx, wd)):   # bilinear, zero outside the image
+                below = m("floor", pos)
+                t = m("sub", pos, below)
+                taps.append([(below, m("sub", 1.0, t), size, 0.0, size - 1.0),
+                             (m("add", below, 1.0), t, size, 0.0, size - 1.0)])
+            channels = flat_x if og == 1 else ctx.emit(
+                "slice", [flat_x], {"axis": 1, "start": g * (c // og), "end": (g + 1) * (c // og), "step": 1})
+            total = _sample_taps(ctx, m, channels, (h, wd), taps, "zeros")             # (N, C/og, P)
+            if mask is not None:
+                scale = ctx.emit("select", [mask], {"axis": 1, "index": g * taps_n + k})
+                total = m("mul", total, _reshape_to(ctx, scale, (n, 1, positions)))
             groups.append(total)
         tap = groups[0] if og == 1 else ctx.emit("concat", groups, {"axis": 1})            # (N, C, P)
         per_tap.append(_reshape_to(ctx, tap, (n, c, 1, positions)))
     columns = ctx.emit("concat", per_tap, {"axis": 2})                                    # (N, C, K, P)
-    columns = _reshape_to(ctx, columns, (n, group, cg * taps, positions))
-    weights = _reshape_to(ctx, w, (1, group, oc // group, cg * taps))
-    out = ctx.emit("matmul", [ctx.emit("expand", [weights], {"shape": (n, group, oc // group, cg * taps)}),
+    columns = _reshape_to(ctx, columns, (n, group, cg * taps_n, positions))
+    weights = _reshape_to(ctx, w, (1, group, oc // group, cg * taps_n))
+    out = ctx.emit("matmul", [ctx.emit("expand", [weights], {"shape": (n, group, oc // group, cg * taps_n)}),
                               columns])                                                   # (N, G, oC/G, P)
     out = _reshape_to(ctx, out, (n, oc, oh, ow))
     if bias is not None:
