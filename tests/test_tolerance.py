@@ -127,7 +127,10 @@ def test_a_small_real_bug_in_a_deep_network_still_fails(deep, scale):
     assert "eager's f32 noise" in broken.verification.numeric.detail
 
 
-def test_models_that_refuse_f64_fall_back_to_the_floor():
+def test_models_that_refuse_f64_fall_back_to_the_rerounded_estimate():
+    from fexplore.pipeline.numeric import REROUNDED_SHARE
+    from fexplore.pipeline.rerounding import rerounding_distance
+
     class InsistsOnF32(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -136,9 +139,11 @@ def test_models_that_refuse_f64_fall_back_to_the_floor():
         def forward(self, x):
             return (x @ self.w) @ torch.eye(4, dtype=torch.float32)  # f64 @ f32 raises
 
-    model = InsistsOnF32()
-    oracle = Oracle(model, (torch.randn(3, 4),))
-    assert oracle.noise == [[0.0], [0.0]]
+    model, x = InsistsOnF32(), torch.randn(3, 4)
+    oracle = Oracle(model, (x,), random_sets=0)
+    spec = torch.utils._pytree.tree_structure((x,))
+    moved = rerounding_distance(model, [x], spec, [model(x)], seed=0)
+    assert oracle.noise == [[REROUNDED_SHARE * moved[0]]] and moved[0] > 0
     assert "does not run in f64" in oracle.f64_note
     assert fexplore.compile(model, (torch.randn(3, 4),)).verification["ok"].all()
 
@@ -277,3 +282,55 @@ def test_the_exact_copy_of_a_narrow_model_keeps_within_the_twins_size_limit(monk
     monkeypatch.setattr(numeric, "F64_TWIN_LIMIT_BYTES", 4 * size)   # the f16 twin fits, f64 does not
     oracle = Oracle(model, (x,))
     assert oracle.f64_note is None and oracle.narrow_noise is None
+
+
+class MeansEqualInExactArithmetic(torch.nn.Module):
+    """Fuzz seed 2020216, shrunk: the column means of eye(4) + x are equal in exact arithmetic,
+    and eager's summation order happens to make them equal too, so the norm gives exactly 0 and
+    eager's distance from f64 is 0. Another summation order leaves them an ulp apart, and the
+    norm's 1/sqrt(eps) turns that ulp into ~1e-5."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4, elementwise_affine=False)
+
+    def forward(self, x):
+        return self.norm((torch.eye(4) + x).mean(-2))
+
+
+def test_an_output_sensitive_to_rounding_has_noise_where_eagers_own_rounding_was_exact():
+    from fexplore.pipeline.numeric import REROUNDED_SHARE, _f32_noise, _f64_twin
+    from fexplore.pipeline.rerounding import rerounding_distance
+
+    model, x = MeansEqualInExactArithmetic().eval(), torch.tensor(0.7358745336532593)
+    out = model(x)
+    spec = torch.utils._pytree.tree_structure((x,))
+    twin, _ = _f64_twin(model)
+    assert _f32_noise(twin, [x], spec, [out])[0] == [0.0] and torch.equal(out, torch.zeros(4))
+    oracle = Oracle(model, (x,), random_sets=0)
+    moved = rerounding_distance(model, [x], spec, [out], seed=0)
+    assert oracle.noise[0][0] == REROUNDED_SHARE * moved[0] > 2e-6   # what an ulp does, not 0
+    cm = fexplore.compile(model, (x,))
+    assert cm.verification["ok"].all()
+    # the fixed tolerance alone refused this correct compile (another summation order)
+    assert cm.verification["max_abs_err"].max() > TOLERANCES[DType.f32].atol
+    # a real error still fails
+    tol = TOLERANCES[DType.f32]
+    assert not compare([out.numpy() + 1e-3], [out.numpy()], tol, noise=oracle.noise[0])[2]
+
+
+class ExactOpsAndAFlippedFloor(torch.nn.Module):
+    def forward(self, x):
+        return torch.cat([torch.relu(x), x.amax(0, keepdim=True)]), torch.floor(x * 3)
+
+
+def test_rerounding_leaves_exact_ops_alone_and_drops_a_flipped_decision():
+    from fexplore.pipeline.rerounding import rerounding_distance
+
+    model, x = ExactOpsAndAFlippedFloor(), torch.tensor([1.0, 2.0, -0.5])
+    outs = list(model(x))
+    spec = torch.utils._pytree.tree_structure((x,))
+    distances = [rerounding_distance(model, [x], spec, outs, seed=s) for s in range(8)]
+    assert all(d[0] == 0.0 for d in distances)   # data movement, ReLU, max: exact everywhere
+    # x * 3 an ulp below 3.0 floors to 2.0: a decision, not rounding, so no estimate from it
+    assert all(d[1] == 0.0 for d in distances)

@@ -32,6 +32,7 @@ from fexplore.ir import DType, Graph, run
 from .eager_modes import eager_under, runs_cond_branches
 from .ingest import tensor_payload
 from .policy_noise import POLICY_DTYPES, policy_error
+from .rerounding import rerounding_distance
 from .stage import NumericCheck
 
 
@@ -62,6 +63,11 @@ TOLERANCES = {
 # the f64 run): the interpreter rounds in another order than torch's kernels, so its error is of
 # the same size as eager's, not smaller; a wrong rewrite is off by orders of magnitude more.
 NOISE_MULTIPLE = 8.0
+
+# Eager's noise is at least this share of how far re-rounding every op by an ulp moves the
+# output (``rerounding``): one ulp of random sign is ~3.5x the spread of round-to-nearest. It
+# counts where eager's rounding happened to be exact but the output is sensitive to rounding.
+REROUNDED_SHARE = 0.25
 
 # A model that computes in f16 or bf16 by itself (its own casts and narrow weights) rounds at every
 # such op; a compile rounds at the same ops, but not always the same way (it adds a linear's bias
@@ -129,8 +135,9 @@ class AsPureFunction(torch.nn.Module):
 
 class Oracle:
     """Eager PyTorch outputs for the example inputs and ``random_sets`` fresh input sets, and for
-    each output eager's own rounding noise (``noise``: max |eager - the f64 twin|, 0 where the f64
-    run is not possible; ``f64_note`` says why). For a model that computes in f16 or bf16 by
+    each output eager's own rounding noise (``noise``: max |eager - the f64 twin|, and at least
+    ``REROUNDED_SHARE`` of how far re-rounding every op moves it (``rerounding``); 0 where the f64
+    twin cannot be made; ``f64_note`` says why). For a model that computes in f16 or bf16 by
     itself, ``narrow_noise`` is per set and output max |eager - the model's exact arithmetic|
     (``_NoNarrowing``), the rounding along the chain (None for a model of no narrow floats, or
     where that run fails). A random set the model itself refuses
@@ -193,6 +200,9 @@ class Oracle:
                 seen = _ExactNarrowOps()
                 noise, note = _f32_noise(twin, leaves, spec, outs, exact_narrow, seen)
                 self.f64_note = self.f64_note or note
+                moved = rerounding_distance(model, leaves, spec, outs, seed + i)
+                if moved is not None:
+                    noise = [max(n, REROUNDED_SHARE * m) for n, m in zip(noise, moved)]
                 chain = noise   # no narrow op: the exact arithmetic is the twin's
                 if seen.narrow and exact_narrow and note is None:
                     narrow_seen = True
