@@ -59,6 +59,26 @@ graph @g(%x: f32[1, 1, 3, 3]) {
 }
 """)
 
+CASES['simplify-where-constant-condition'] = dict(
+    stage='simplify', options={}, rules=['pick-where-branch-of-a-constant-condition'],
+    before="""\
+graph @g(%x: f32[2, 3], %y: f32[3]) {
+  const %yes: bool[] = dense true
+  const %no: bool[1, 3] = dense [false, false, false]
+  %a: f32[2, 3] = where(%yes, %y, %x)
+  %b: f32[2, 3] = where(%no, %y, %x)
+  %c: f32[2, 3] = add(%a, %b)
+  return %c
+}
+""",
+    after="""\
+graph @g(%x: f32[2, 3], %y: f32[3]) {
+  %a: f32[2, 3] = expand(%y) {shape=[2, 3]}
+  %c: f32[2, 3] = add(%a, %x)
+  return %c
+}
+""")
+
 CASES['simplify-all'] = dict(
     stage='simplify', options={}, rules=['cancel-transpose-pair', 'collapse-reshape-chain', 'cse', 'dce', 'dedupe-constant', 'drop-add-zero', 'drop-full-slice', 'drop-identity-permute', 'drop-multiply-by-one', 'drop-noop-cast', 'drop-noop-expand', 'drop-single-concat', 'drop-where-same-branches'],
     before="""\

@@ -126,6 +126,24 @@ def _where_same(rw, n, ins, made):
     return ins[1] if n.op.name == "where" and ins[1] is ins[2] else None
 
 
+@rule("pick-where-branch-of-a-constant-condition")
+def _where_constant(rw, n, ins, made):
+    """where(c, a, b) with c a constant all true (all false) is a (b), broadcast to the result:
+    a condition made of sizes (a first prompt's S == total length), known once the size is."""
+    cond = ins[0] if n.op.name == "where" else None
+    if not isinstance(cond, Constant) or cond.payload is None or cond.payload.size > 1 << 16:
+        return None
+    c = np.asarray(cond.payload)
+    if not (c.all() or not c.any()):
+        return None
+    pick, out = (ins[1] if c.all() else ins[2]), n.output.type
+    if pick.type.dtype != out.dtype:
+        return None
+    if pick.type.shape == out.shape:
+        return pick
+    return rw.emit("expand", [pick], {"shape": out.shape}, name=n.output.name, loc=n.loc, layout=out.layout)
+
+
 @rule("vector-matmul-as-matrix")
 def _vector_matmul(rw, n, ins, made):
     """A matmul with a 1-d operand (torch's vector-matrix, matrix-vector, dot) as one of matrices:
