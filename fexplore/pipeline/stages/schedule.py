@@ -76,7 +76,7 @@ class Schedule:
     tile_search_commands: int = 0                  # what the tile search traced (its budget's unit)
 
     def dram_inputs(self, arrays) -> dict:
-        feed = {self.tensor_of[n]: np.asarray(a) for n, a in zip(self.inputs, arrays)}
+        feed = {self.tensor_of[n]: np.asarray(a) for n, a in zip(self.inputs, arrays) if n in self.tensor_of}
         feed.update(self.weights)
         return feed
 
@@ -155,7 +155,11 @@ def not_schedulable(graph: Graph) -> str | None:
     """Why `graph` gets no program of its own (it runs another way), or None."""
     if any(not isinstance(d, int) for v in graph.inputs for d in v.type.shape):
         return SYMBOLIC
-    values = list(graph.inputs) + list(graph.constants) + [o for n in graph.nodes for o in n.outputs]
+    # an empty input nothing reads (the empty cache of a first prompt, whose positions the
+    # attention computes from the lengths) costs nothing and is no reason to leave the chip
+    read = {i.name for n in graph.nodes for i in n.inputs} | {o.name for o in graph.outputs}
+    values = [v for v in graph.inputs if v.name in read] + list(graph.constants) + \
+        [o for n in graph.nodes for o in n.outputs]
     if any(0 in tuple(v.type.shape) for v in values):
         return ("a tensor with no elements: nothing for the chip to move or compute; the "
                 "interpreter runs the model")
@@ -270,6 +274,8 @@ def _reread(sched: Schedule) -> set[str]:
     out, excess = set(), 0
     room = prog.target.sram_bytes_per_pe * RESIDENT_SHARES[0]
     for name in list(sched.inputs) + list(sched.weights):   # weights: by the constants' names
+        if name not in sched.tensor_of:   # an empty input nothing reads
+            continue
         t = prog.tensors[sched.tensor_of[name]]
         if t.nbytes <= room and moved.get(t.storage, 0) > REREAD_FACTOR * t.nbytes:
             out.add(name)
@@ -325,7 +331,8 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
         return tensors[name]
 
     for v in graph.inputs:
-        declare(v, "input")
+        if 0 not in tuple(v.type.shape):   # an empty input is one nothing reads (`not_schedulable`)
+            declare(v, "input")
     weights = {}
     for c in graph.constants:
         t = declare(c, "input")
