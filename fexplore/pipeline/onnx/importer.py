@@ -177,11 +177,21 @@ def ingest_onnx(model, example_inputs, *, name: str = "forward") -> OnnxIngested
             f"the model takes {len(ins)} inputs ({', '.join(i.name for i in ins)}), "
             f"got {len(arrays)} example inputs",
             hint="pass numpy arrays in the graph's input order")
-    imp = _Importer(proto.graph, opset, SymbolTable(), parent=None)
-    imp.domain_opsets = {o.domain: o.version for o in proto.opset_import}
-    imp.bind_inputs(ins, arrays)
-    graph = imp.convert(name)
+    pinned: dict[str, int] = {}
+    while True:   # a converter that needs a dim_param fixed asks once; the import starts over
+        imp = _Importer(proto.graph, opset, SymbolTable(), parent=None)
+        imp.domain_opsets = {o.domain: o.version for o in proto.opset_import}
+        imp.pinned = pinned
+        imp.bind_inputs(ins, arrays)
+        try:
+            graph = imp.convert(name)
+            break
+        except _Pin as p:
+            pinned[p.dim] = p.size
     notes = [note] if note else []
+    for dim, size in pinned.items():
+        notes.append(f"dim {dim!r} is fixed at {size}: the model needs it equal to that size "
+                     f"(a call with another size is refused)")
     for i, v in sorted(imp.frozen.items()):
         notes.append(f"input {ins[i].name!r} is a shape-like operand: frozen to its example "
                      f"value {np.asarray(v).tolist()!r} (a call with another value is refused)")
@@ -194,6 +204,14 @@ _NEVER_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUnifo
                "Multinomial", "Bernoulli", "If", "Loop", "Scan", "SequenceConstruct",
                "Dropout"}
 _FOLD_LIMIT = 1 << 16  # elements: folding is for shape arithmetic, not for weight preprocessing
+
+
+class _Pin(Exception):
+    """Raised by ``_Importer.pin``: import again with ``dim`` (a dim_param) fixed at ``size``."""
+
+    def __init__(self, dim: str, size: int):
+        super().__init__(dim)
+        self.dim, self.size = dim, size
 
 
 class _Importer:
@@ -209,6 +227,7 @@ class _Importer:
         self.examples: dict[str, np.ndarray] = {}
         self.frozen: dict[int, np.ndarray] = {}
         self.symbols: dict[str, tuple] = {}
+        self.pinned: dict[str, int] = dict(parent.pinned) if parent else {}   # dim_param -> its size
         self.captured: list[str] = []   # a branch: outer values it reads, in order
         self.producers: dict[str, Any] = {}  # ONNX value name -> the node computing it
         self.domain_opsets: dict[str, int] = dict(parent.domain_opsets) if parent else {}
@@ -245,6 +264,13 @@ class _Importer:
                                 f"input {vi.name!r} dim {k} is {d.dim_value} in the model, the "
                                 f"example has {a.shape[k]}")
                         shape.append(int(d.dim_value))
+                    elif d.HasField("dim_param") and _symbol_name(d.dim_param) in self.pinned:
+                        size = self.pinned[_symbol_name(d.dim_param)]
+                        if a.shape[k] != size:
+                            raise OnnxModelError(
+                                f"input {vi.name!r} dim {k} ({d.dim_param!r}) is {a.shape[k]} in the "
+                                f"example; the model needs it equal to {size} (another input's size)")
+                        shape.append(size)
                     elif d.HasField("dim_param") and a.shape[k] != 0:
                         name = _symbol_name(d.dim_param)
                         self.symbols.setdefault(name, (1, None))
@@ -260,6 +286,15 @@ class _Importer:
             self.examples[vi.name] = a
 
     # -- what converters ask for -----------------------------------------------------------
+
+    def pin(self, dim, size: int) -> None:
+        """Fix a graph input's symbolic dim at `size` (a converter found the model needs that:
+        a cache's head size named by a dim_param of its own): the import starts over with the
+        dim static, and a call with another size is refused as for any static dim."""
+        name = str(dim)
+        if name in self.pinned or not isinstance(dim, sympy.Symbol):
+            raise NotImplementedError(f"the dim {dim} must equal {size}, and fexplore cannot fix it there")
+        raise _Pin(name, int(size))
 
     def value(self, name: str, ctx: OnnxContext | None = None) -> Value:
         if name in self.env:
