@@ -551,3 +551,68 @@ def test_attention_with_its_input_projection_matches_onnx_runtime(qkv, causal, w
     cm = fexplore.compile(m, arrays)
     assert cm.verification["ok"].all() and not cm.lowering.host_ops
     np.testing.assert_allclose(cm(*arrays)[0], want, rtol=1e-4, atol=1e-5)
+
+
+# ONNX Runtime's GroupQueryAttention: (batch, new tokens, cache length, heads, kv heads, head
+# size), seqlens_k (per row: the index of its last valid key), total_sequence_length, and the
+# node's options. ONNX Runtime's CPU kernel is the reference; its rotary needs head sizes of 16.
+_GQA = {
+    "first-prompt-padded-rows": ((2, 5, 0, 4, 2, 8), [4, 2], 5, {}),
+    "decode-on-a-cache-rotary": ((2, 1, 5, 4, 2, 16), [5, 3], 6, {"do_rotary": 1}),
+    "prompt-after-a-cache-packed-interleaved-window": (
+        (1, 3, 4, 4, 2, 16), [6], 7, {"packed": True, "do_rotary": 1, "rotary_interleaved": 1, "local_window_size": 3}),
+    "multi-query-softcap-scale-attention-bias": ((2, 3, 0, 4, 1, 8), [2, 2], 3, {"softcap": 2.0, "scale": 0.3, "bias": True}),
+    "cache-longer-than-the-total": ((1, 1, 8, 2, 2, 8), [5], 6, {}),
+    "partial-rotary": ((1, 4, 0, 2, 1, 32), [3], 4, {"do_rotary": 1, "rotary_dim": 16}),
+}
+
+
+def _gqa_case(case):
+    (b, s, past, heads, kv_heads, d), seqlens, total, opts = _GQA[case]
+    opts = dict(opts)
+    packed, bias, rotary_dim = opts.pop("packed", False), opts.pop("bias", False), opts.pop("rotary_dim", d)
+    rotary = opts.get("do_rotary", 0)
+    length = max(past, total)
+    shapes = {"q": (b, s, (heads + 2 * kv_heads) * d if packed else heads * d), "k": (b, s, kv_heads * d),
+              "v": (b, s, kv_heads * d), "pk": (b, kv_heads, past, d), "pv": (b, kv_heads, past, d),
+              "sl": (b,), "tl": (), "cos": (32, rotary_dim // 2), "sin": (32, rotary_dim // 2),
+              "ab": (b, 1, s, length)}
+    names = ["q", "" if packed else "k", "" if packed else "v", "pk" if past else "", "pv" if past else "",
+             "sl", "tl"] + (["cos", "sin"] if rotary else ["", ""]) + (["", "ab"] if bias else [])
+    while not names[-1]:
+        names.pop()
+    node = _ms("GroupQueryAttention", names, ["y", "present_k", "present_v"], num_heads=heads,
+               kv_num_heads=kv_heads, **opts)
+    inputs = [n for n in names if n]
+    m = _ms_model([node], [vi(n, list(shapes[n]), TensorProto.INT32 if n in ("sl", "tl") else F) for n in inputs],
+                  [vi("y", [b, s, heads * d]), vi("present_k", [b, kv_heads, length, d]),
+                   vi("present_v", [b, kv_heads, length, d])])
+    rng = np.random.default_rng(len(case))
+    angles = rng.uniform(0, 6, shapes["cos"])
+    given = {"sl": np.array(seqlens, np.int32), "tl": np.array(total, np.int32),
+             "cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32)}
+    arrays = [given[n] if n in given else rng.standard_normal(shapes[n]).astype(np.float32) for n in inputs]
+    return m, arrays
+
+
+@pytest.mark.parametrize("case", sorted(_GQA))
+def test_group_query_attention_matches_onnx_runtime(case):
+    """Each form of the op the GenAI model builder and ONNX Runtime's fusions write: padded rows
+    of a first prompt, a decode step on a cache, a prompt after a cache, packed query/key/value,
+    rotary (halves, interleaved pairs, partial), a sliding window, a softcap, an attention bias,
+    a cache longer than the total length; the attention output and both present caches."""
+    m, arrays = _gqa_case(case)
+    want = ort(m, arrays)
+    cm = fexplore.compile(m, arrays)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    got = cm(*arrays)
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_group_query_attention_with_a_smooth_softmax_is_refused_by_name():
+    m, arrays = _gqa_case("first-prompt-padded-rows")
+    m.graph.node[0].attribute.append(helper.make_attribute("smooth_softmax", 1))
+    with pytest.raises(FexploreError, match="smooth_softmax"):
+        fexplore.compile(m, arrays)

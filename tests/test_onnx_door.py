@@ -7,6 +7,7 @@ import contextlib
 import io
 import logging
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -250,3 +251,50 @@ def test_a_model_saved_optimized_by_onnx_runtime_compiles_with_its_contrib_ops(n
     with torch.no_grad():
         want = model(*inputs)
     np.testing.assert_allclose(cm(*arrays)[0], to_numpy(want), rtol=1e-4, atol=1e-4)
+
+
+GENAI_LLAMA = Path(__file__).parent / "data" / "genai_llama_tiny.onnx"
+
+
+def test_a_decoder_written_by_onnx_runtimes_genai_builder_prompts_and_decodes_on_the_chip():
+    """ONNX Runtime's GenAI builder's Llama (tests/data/README.md): a prompt on the empty cache,
+    then two decode steps from one compile with a symbolic cache length, each equal to ONNX
+    Runtime (logits and the present caches) and run wholly on the chip. The cache's head size
+    is a dim_param of its own ('kv_cache_dim'): the compile fixes it at the head size and says so."""
+    path = str(GENAI_LLAMA)
+    model = onnx.load(path)
+    names = [i.name for i in model.graph.input]
+    caches = [n for n in names if n.startswith("past_key_values")]
+    outs = [o.name for o in model.graph.output]
+    sess = session(model)
+    rng = np.random.default_rng(0)
+
+    def inputs(new, past, cache=None):
+        given = {"input_ids": rng.integers(0, 64, (1, new)).astype(np.int64),
+                 "attention_mask": np.ones((1, past + new), np.int64)}
+        for n in caches:
+            given[n] = cache[n] if cache else np.zeros((1, 1, past, 16), np.float32)
+        return [given[n] for n in names]
+
+    def step(cm, arrays):
+        want = run_session(sess, names, arrays)
+        got = cm(*arrays)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+        made = cm.schedules.for_inputs(arrays)
+        assert made.schedule is not None, made.why
+        assert not [k.name for k in made.schedule.kernels if k.how == "host"]
+        return {n: w for n, w in zip(outs, want)}
+
+    prompt = inputs(6, 0)
+    cm = fexplore.compile(path, prompt)
+    assert cm.verification["ok"].all(), cm.verification
+    assert "'kv_cache_dim' is fixed at 16" in cm.stages[0].summary
+    present = step(cm, prompt)
+    cache = {n: present[n.replace("past_key_values", "present")] for n in caches}
+    first = inputs(1, 6, cache)
+    decode = fexplore.compile(path, first)
+    assert decode.verification["ok"].all(), decode.verification
+    present = step(decode, first)
+    cache = {n: present[n.replace("past_key_values", "present")] for n in caches}
+    step(decode, inputs(1, 7, cache))

@@ -5,8 +5,8 @@ registered by ``(domain, op type, opset range)`` with ``onnx_converter``. Import
 package fills the registry.
 """
 
-from . import (attention, contrib, control, einsum, elementwise, loss, ml, movement, nn,  # noqa: F401
-               recurrent, quant, reduction, resize, sampling, spectral)  # noqa: F401  (fill the registry)
+from . import (attention, contrib, control, einsum, elementwise, group_query_attention, loss, ml,  # noqa: F401
+               movement, nn, recurrent, quant, reduction, resize, sampling, spectral)  # noqa: F401
 from . import out_of_scope  # noqa: F401,E402  (last: it never shadows a real converter)
 from .importer import (OnnxIngested, OnnxModelError, check_frozen, graph_inputs, ingest_onnx,
                        is_onnx_model, load_model)

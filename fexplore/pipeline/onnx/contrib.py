@@ -9,8 +9,8 @@ which ONNX Runtime registers in the standard domain). The semantics are ONNX Run
 operator documentation's; tests check each against ONNX Runtime itself. MultiHeadAttention is
 converted over separate query, key and value, and Attention (the input projection folded in:
 one weight for query, key and value), each with its projection bias, an additive attention bias
-and a causal mask; their packed, padded, rotary and cached forms, and GroupQueryAttention, are
-refused or not converted yet.
+and a causal mask; their packed, padded, rotary and cached forms are refused by name.
+GroupQueryAttention, with its KV cache, has a module of its own (``group_query_attention``).
 """
 
 from __future__ import annotations
