@@ -421,3 +421,31 @@ def test_scatter_reductions_of_a_graph_network_run_on_the_chip(target, precision
     for g, w in zip(cm(nodes, src, dst), want):
         torch.testing.assert_close(g, w, rtol=2e-2 if precision == "bf16" else 1e-5,
                                    atol=2e-2 if precision == "bf16" else 1e-5)
+
+
+class LongIndexRows(torch.nn.Module):
+    """torch.gather and scatter_reduce along the middle axis with index rows of 16 x 600 elements:
+    on tiny one row does not fit a quarter of a PE's SRAM (BigBird's block-sparse attention
+    gathers such rows), nor does a row of x the scatters copy first, so the kernels cut both
+    along their last axis too."""
+
+    def forward(self, x, idx, src):
+        picked = torch.gather(x, 1, idx)
+        total = x.scatter_reduce(1, idx, src, "sum")
+        peak = x.scatter_reduce(1, idx, src, "amax", include_self=False)
+        average = x.scatter_reduce(1, idx, src, "mean")
+        return picked * 2.0, total, peak, average
+
+
+def test_gathers_and_scatters_with_index_rows_longer_than_sram_are_cut_along_the_row():
+    torch.manual_seed(0)
+    x, idx = torch.randn(3, 20, 600), torch.randint(0, 20, (3, 16, 600))
+    src = torch.randn(3, 16, 600)
+    cm = fexplore.compile(LongIndexRows(), (x, idx, src), target="tiny")
+    assert not cm.lowering.host_ops, [(h.op, h.reason) for h in cm.lowering.host_ops]
+    cut = [k for k in cm.kernels if k.kind == "gather"]
+    assert len(cut) == 4 and all("for cs in fl.range(" in k.source for k in cut)
+    assert sum("for ccs in fl.range(" in k.source for k in cut) == 3   # the scatters' copies of x, cut too
+    assert cm["schedule"].verification.ok
+    for g, w in zip(cm(x, idx, src), LongIndexRows()(x, idx, src)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

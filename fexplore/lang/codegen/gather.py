@@ -23,6 +23,7 @@ kernel runs, as torch does.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -299,23 +300,42 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
                                            any(s < j for s, j in zip(src.type.shape, js))):
         raise UnsupportedRegionError(op, label, f"a source {src.type} smaller than the index", loc=node.loc)
     item = x.type.dtype.itemsize
-    per_row = STAGES * math.prod(js[1:]) * (8 + 2 * item)
+    per_element = STAGES * (8 + 2 * item)   # an index, the picked value and the one written, in flight
+    per_row = per_element * math.prod(js[1:])
     budget = cfg.sram_bytes_per_pe // 4
+    # an index row too long for SRAM is cut along its last axis other than the indexed one (the
+    # table and the output are cut alike there: torch.gather pairs them position for position)
+    col_axis, cols = None, None
     if per_row > budget:
-        raise UnsupportedRegionError(op, label, f"one index row of {math.prod(js[1:])} elements does not fit "
-                                                f"a quarter of a PE's SRAM on {cfg.name}", loc=node.loc)
+        col_axis = next((d for d in range(rank - 1, 0, -1) if d != axis), None)
+        cols = budget // (per_row // js[col_axis]) if col_axis is not None else 0
+        if cols < 1:
+            raise UnsupportedRegionError(op, label, f"one index row of {math.prod(js[1:])} elements does not fit "
+                                                    f"a quarter of a PE's SRAM on {cfg.name}", loc=node.loc)
+        per_row = per_row // js[col_axis] * cols
     rows = max(1, min(js[0], budget // per_row, 512))
     while rows > 1 and math.ceil(js[0] / rows) < cfg.num_pes:
         rows = -(-rows // 2)
+    blocks = math.ceil(js[0] / rows) * (math.ceil(js[col_axis] / cols) if cols else 1)
+    if blocks > MAX_ITERATIONS:
+        raise UnsupportedRegionError(op, label, f"more than {MAX_ITERATIONS:,} blocks to unroll", loc=node.loc)
     # the copy's rows in flight; a mean's last pass holds a row of the sum, of the f32 count and its quotient
     mean = reduce == "mean"
-    copy_rows = max(1, min(xs[0], budget // max(1, (3 if mean else 2) * STAGES * math.prod(xs[1:]) * max(item, 4))))
-    if values is not None and 2 * STAGES * math.prod(xs[1:]) * item > budget:
-        raise UnsupportedRegionError(op, label, "a row of the tensor does not fit SRAM for the copy", loc=node.loc)
+    copy_row = (3 if mean else 2) * STAGES * math.prod(xs[1:]) * max(item, 4)
+    copy_cols = None   # a row too long for SRAM is copied in pieces of its last axis
+    if values is not None and copy_row > budget:
+        copy_cols = budget // (copy_row // xs[-1]) if rank > 1 else 0
+        if copy_cols < 1:
+            raise UnsupportedRegionError(op, label, "a row of the tensor does not fit SRAM for the copy", loc=node.loc)
+        copy_row = copy_row // xs[-1] * copy_cols
+    copy_rows = max(1, min(xs[0], budget // max(1, copy_row)))
+    if values is not None and math.ceil(xs[0] / copy_rows) * math.ceil(xs[-1] / (copy_cols or xs[-1])) > MAX_ITERATIONS:
+        raise UnsupportedRegionError(op, label, f"more than {MAX_ITERATIONS:,} blocks to copy", loc=node.loc)
 
     body = body_of(node)
     inputs = Inputs.of(node, body)
-    names = Names({"rows", "stages", "ts", "i", "picked", "vals", "OUT", "X", "J"})
+    names = Names({"rows", "cols", "copy_rows", "copy_cols", "stages", "ts", "cs", "ccs", "i", "picked", "vals",
+                   "OUT", "COUNT", "X", "J", "t"})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, inputs)
@@ -330,16 +350,48 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
                         ["1"] if scalar else [f'"S{d}"' for d in range(rank)])
 
     def box(tensor, full, tiled_axis_full):
-        """Dim 0 tiled (ts), the indexed axis whole in a table box, the rest cut to the index's extent."""
+        """Dim 0 tiled (ts), the indexed axis whole in a table box, a cut index row's axis tiled
+        (cs), the rest cut to the index's extent."""
         parts = []
         for d in range(rank):
             if d == 0:
                 parts.append(":" if (tiled_axis_full and d == axis) else "ts")
+            elif d == col_axis:
+                parts.append("cs")
             elif (tiled_axis_full and d == axis) or full[d] == js[d]:
                 parts.append(":")
             else:
                 parts.append(f"0:{js[d]}")
         return f"{tensor}[{', '.join(parts)}]"
+
+    index_box = box(iname, js, False)
+
+    def copy_box(tensor):
+        return f"{tensor}[ts{', :' * (rank - 2)}, ccs]" if copy_cols else f"{tensor}[ts]"
+
+    @contextlib.contextmanager
+    def copy_tiles():
+        """The copy's loops: rows in parallel, and a row's pieces when it is cut."""
+        w(f"for ts in fl.parallel(fl.tiles({xs[0]}, copy_rows), stages=stages):")
+        with w.indent():
+            if copy_cols is None:
+                yield
+                return
+            w(f"for ccs in fl.range(fl.tiles({xs[-1]}, copy_cols), stages=stages):")
+            with w.indent():
+                yield
+
+    @contextlib.contextmanager
+    def index_tiles():
+        """The loops over the index's tiles: rows (dim 0) in parallel, and a cut row's columns."""
+        w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
+        with w.indent():
+            if col_axis is None:
+                yield
+                return
+            w(f"for cs in fl.range(fl.tiles({js[col_axis]}, cols), stages=stages):")
+            with w.indent():
+                yield
 
     w = Writer()
     what = "scatter" if src is not None else "gather"
@@ -357,7 +409,9 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
               "before any value is combined)")
     w(f'@fl.kernel(target="{cfg.name}")')
     copy_kw = f", copy_rows: int = {copy_rows}" if src is not None else ""
-    w(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}{copy_kw}, stages: int = {STAGES}):")
+    copy_kw += f", copy_cols: int = {copy_cols}" if copy_cols else ""
+    cols_kw = f", cols: int = {cols}" if col_axis is not None else ""
+    w(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}{cols_kw}{copy_kw}, stages: int = {STAGES}):")
     dt = fl_dtype(x.type.dtype)
     with w.indent():
         if src is None:
@@ -366,28 +420,25 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
             w(f"OUT = fl.output({dt}[{', '.join(xaxes)}])")
             if mean:
                 w(f"COUNT = fl.scratch(fl.f32[{', '.join(xaxes)}])   # the values each place averages")
-            w(f"for ts in fl.parallel(fl.tiles({xs[0]}, copy_rows), stages=stages):")
-            with w.indent():
+            with copy_tiles():
                 if mean:
-                    w(f"t = fl.load({tname}[ts])")
-                    w("fl.store(OUT[ts], t)   # the copy")
-                    w(f"fl.store(COUNT[ts], fl.full(t.shape, {1.0 if include_self else 0.0}, fl.f32))"
+                    w(f"t = fl.load({copy_box(tname)})")
+                    w(f"fl.store({copy_box('OUT')}, t)   # the copy")
+                    w(f"fl.store({copy_box('COUNT')}, fl.full(t.shape, {1.0 if include_self else 0.0}, fl.f32))"
                       + ("   # its own value counts" if include_self else ""))
                 else:
-                    w(f"fl.store(OUT[ts], fl.load({tname}[ts]))   # the copy")
+                    w(f"fl.store({copy_box('OUT')}, fl.load({copy_box(tname)}))   # the copy")
             if reduce and not include_self:
-                w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
-                with w.indent():
-                    w(f"i = fl.load({iname}[ts])")
+                with index_tiles():
+                    w(f"i = fl.load({index_box})")
                     start = literal(reduction_identity(node.attrs["reduce"], x.type.dtype.numpy))
                     w(f"fl.scatter({box('OUT', xs, True)}, i, fl.full(i.shape, {start}, {dt}), axis={axis}, "
                       f"mode=\"elements\")")
-        w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
-        with w.indent():
-            w(f"i = fl.load({iname}[ts])")
+        with index_tiles():
+            w(f"i = fl.load({index_box})")
             if src is None:
                 w(f'picked = fl.gather({box(tname, xs, True)}, i, axis={axis}, mode="elements")')
-                w("fl.store(OUT[ts], picked)")
+                w(f"fl.store({box('OUT', js, False)}, picked)")
             else:
                 if scattered is not None:
                     w(f"vals = fl.full(i.shape, {scattered}, {dt})   # the scattered value, written in")
@@ -401,9 +452,9 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
                     w(f'fl.scatter({box("COUNT", xs, True)}, i, fl.full(i.shape, 1.0, fl.f32), axis={axis}, '
                       'mode="elements", reduce="add")')
         if mean:   # a place no value reached keeps its own (a count of 0, or 1 for its own)
-            w(f"for ts in fl.parallel(fl.tiles({xs[0]}, copy_rows), stages=stages):")
-            with w.indent():
-                w(f"fl.store(OUT[ts], fl.div(fl.load(OUT[ts]), fl.maximum(fl.load(COUNT[ts]), 1.0), dtype={dt}))")
+            with copy_tiles():
+                w(f"fl.store({copy_box('OUT')}, fl.div(fl.load({copy_box('OUT')}), "
+                  f"fl.maximum(fl.load({copy_box('COUNT')}), 1.0), dtype={dt}))")
         w("return OUT")
     results = (Result(0, tuple(node.outputs[0].type.shape)),)
     return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (f"element {what}",))
