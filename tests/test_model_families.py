@@ -802,3 +802,55 @@ def test_unbatched_3d_pooling_runs_as_a_batch_of_one():
     for got, want in zip(cm(x), model(x)):
         assert got.shape == want.shape and got.dtype == want.dtype
         torch.testing.assert_close(got, want)
+
+
+class StridedViews(nn.Module):
+    """``as_strided`` views as sliding-window attention writes them: overlapping chunks of a
+    contiguous tensor, one with a storage offset, one of a transpose nobody copied (its storage
+    is the untransposed tensor's), and one of a slice that starts past the storage's start."""
+
+    def forward(self, x):
+        chunks = x.as_strided((3, 4, 2), (8, 2, 1))            # windows of 4 rows of 2, 2 apart
+        shifted = x.view(2, 16).as_strided((2, 2, 4), (16, 4, 1), 4)
+        untransposed = x.transpose(0, 1).as_strided((3, 4), (2, 1))
+        tail = x.reshape(-1)[2:].as_strided((4,), (3,))
+        return chunks * 2.0, shifted + 1.0, untransposed, tail
+
+
+@pytest.mark.parametrize("target", ["rngd", "tiny"])
+def test_as_strided_views_are_row_gathers_equal_to_eager(target):
+    x = torch.randn(4, 8)
+    cm = fexplore.compile(StridedViews(), (x,), target=target)
+    assert bool(cm.verification["ok"].all()) and not cm.lowering.host_ops
+    for g, w in zip(cm(x), StridedViews()(x)):
+        assert torch.equal(g, w)
+
+
+def test_longformers_sliding_chunk_attention_compiles_and_matches_eager():
+    """transformers' Longformer (local attention: its chunks are as_strided views of the queries
+    and keys), on the chip, equal to eager."""
+    import transformers
+
+    class LocalAttention(nn.Module):   # the encoder without global tokens (whose count is data)
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            h = self.m.embeddings(input_ids=ids)
+            mask = torch.zeros(ids.shape, dtype=h.dtype)
+            for layer in self.m.encoder.layer:
+                h = layer(h, attention_mask=mask, is_index_masked=mask < 0, is_index_global_attn=mask > 0,
+                          is_global_attn=False)[0]
+            return h
+
+    torch.manual_seed(0)
+    c = transformers.LongformerConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=64, max_position_embeddings=66, attention_window=4,
+                                      pad_token_id=1)
+    model = LocalAttention(transformers.LongformerModel(c).eval())
+    ids = torch.randint(2, 96, (1, 16))
+    cm = fexplore.compile(model, (ids,))
+    assert bool(cm.verification["ok"].all()) and not cm.lowering.host_ops
+    with torch.no_grad():
+        torch.testing.assert_close(cm(ids), model(ids), rtol=1.3e-6, atol=2e-5)

@@ -6,6 +6,7 @@ these converters resolve every such argument, using torch's own result type wher
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -250,6 +251,52 @@ def _unfold(ctx):
         w = w if ax == rank - 1 else ctx.emit("permute", [w], {"perm": perm})
         windows.append(_reshape_to(ctx, w, shape[:ax] + (1,) + shape[ax + 1:] + (size,)))
     return windows[0] if n == 1 else ctx.emit("concat", windows, {"axis": ax})
+
+
+@converter("aten.as_strided.default", "aten.as_strided_copy.default")
+def _as_strided(ctx):
+    """``x.as_strided(size, stride, offset)``: out[i] = storage[offset + sum(i_k * stride_k)], for
+    an x whose elements are its storage from its own offset: contiguous, or a permutation of a
+    contiguous tensor (Longformer's overlapping attention chunks are such views). A row gather from the
+    flattened x: the trailing output axes that are contiguous blocks of x (the largest one all the
+    other steps are whole multiples of) are rows, and a constant index of the other axes picks
+    them, so the index holds one entry per row, not per element."""
+    x, size, stride = ctx.args[:3]
+    offset = ctx.arg(3, "storage_offset")
+    given = ctx.node.args[0].meta.get("val")
+    size, stride = tuple(size), tuple(stride)
+    if not all(isinstance(d, int) for d in size + stride + tuple(x.type.shape)) or \
+            not isinstance(offset, (int, type(None))) or not isinstance(given, torch.Tensor):
+        raise NotImplementedError("as_strided over dynamic sizes")
+    # the storage's elements in order: x itself, or x's axes put back in the order of their
+    # strides when x is a permutation of a contiguous tensor (a transpose nobody copied)
+    order = sorted(range(x.type.rank), key=lambda d: -given.stride(d))
+    if not given.permute(order).is_contiguous():
+        raise NotImplementedError("as_strided of a tensor whose elements are not its storage (a strided "
+                                  "slice or an expand)")
+    if order != sorted(order):
+        x = ctx.emit("permute", [x], {"perm": tuple(order)})
+    start = (given.storage_offset() if offset is None else offset) - given.storage_offset()
+    numel = math.prod(x.type.shape)
+    if math.prod(size) == 0:
+        return ctx.b.literal(np.zeros(size, x.type.dtype.numpy), f"{ctx.node.name}.empty")
+    places = start + sum(np.arange(n).reshape((1,) * k + (n,) + (1,) * (len(size) - k - 1)) * st
+                         for k, (n, st) in enumerate(zip(size, stride))) if size else np.array(start)
+    if np.min(places) < 0 or np.max(places) >= numel:
+        raise NotImplementedError("as_strided reaching outside its input's elements")
+    m = 0   # trailing axes that are a contiguous block of x
+    for k in range(len(size) - 1, -1, -1):
+        block = math.prod(size[k:])
+        whole = start % block == 0 and numel % block == 0 and all(st % block == 0 for st in stride[:k])
+        if stride[k] != math.prod(size[k + 1:]) or not whole:
+            break
+        m = len(size) - k
+    block = math.prod(size[len(size) - m:]) if m else 1
+    rows = ctx.b.literal((places.reshape(-1)[::block] // block).reshape(size[:len(size) - m]).astype(np.int64),
+                         f"{ctx.node.name}.rows")
+    table = _reshape_to(ctx, x, (numel // block, block))
+    picked = ctx.emit("index", [table, rows], {"axes": (0,)})
+    return _reshape_to(ctx, picked, size)
 
 
 @converter("aten.cat.default", "aten.concat.default", "aten.concatenate.default")
