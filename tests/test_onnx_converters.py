@@ -616,3 +616,29 @@ def test_group_query_attention_with_a_smooth_softmax_is_refused_by_name():
     m.graph.node[0].attribute.append(helper.make_attribute("smooth_softmax", 1))
     with pytest.raises(FexploreError, match="smooth_softmax"):
         fexplore.compile(m, arrays)
+
+
+# ONNX Runtime's RotaryEmbedding: input shape, positions (per token, or one offset), cache width
+# (half the rotary width), attributes
+_ROTARY = {
+    "3d-heads-from-the-cache-width": ((2, 5, 32), (2, 5), 8, {}),
+    "4d-interleaved-positions-from-an-offset": ((1, 2, 4, 16), (1,), 8, {"interleaved": 1}),
+    "3d-partial": ((1, 3, 32), (1, 3), 4, {"num_heads": 2, "rotary_embedding_dim": 8}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_ROTARY))
+def test_rotary_embedding_matches_onnx_runtime(case):
+    shape, at, half, attrs = _ROTARY[case]
+    node = _ms("RotaryEmbedding", ["x", "at", "cos", "sin"], ["y"], **attrs)
+    m = _ms_model([node], [vi("x", list(shape)), vi("at", list(at), TensorProto.INT64), vi("cos", [16, half]),
+                           vi("sin", [16, half])], [vi("y", list(shape))])
+    rng = np.random.default_rng(len(case))
+    angles = rng.uniform(0, 6, (16, half))
+    positions = rng.integers(0, 12, at).astype(np.int64) if len(at) == 2 else np.array([3], np.int64)
+    arrays = [rng.standard_normal(shape).astype(np.float32), positions,
+              np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)]
+    want = ort(m, arrays)[0]
+    cm = fexplore.compile(m, arrays)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    np.testing.assert_allclose(cm(*arrays)[0], want, rtol=1e-5, atol=1e-6)

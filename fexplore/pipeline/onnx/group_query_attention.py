@@ -1,5 +1,6 @@
 """ONNX Runtime's GroupQueryAttention (domain ``com.microsoft``): the attention op of the decoder
-LLMs ONNX Runtime's GenAI model builder writes, with its KV cache, onto the IR's attention.
+LLMs ONNX Runtime's GenAI model builder writes, with its KV cache, onto the IR's attention; and
+its RotaryEmbedding, which the builder writes before it in half precision.
 
 Per batch row b the op reads ``seqlens_k[b]`` (the index of the row's last valid key) at run time,
 so the positions it implies are IR values over that input, not constants:
@@ -103,6 +104,33 @@ def _group_query_attention(ctx: OnnxContext):
                      {"causal": False, "scale": None if scale is None else float(scale), "gqa": gqa})
     y = _reshape_to(ctx, ctx.emit("permute", [y], {"perm": (0, 2, 1, 3)}), (b, s, heads * d))
     return (y, present_k, present_v)[:len(ctx.onnx.output)]
+
+
+@onnx_converter("RotaryEmbedding", domain=MS, since=1)
+def _rotary_embedding(ctx: OnnxContext):
+    """ONNX Runtime's rotary embedding (what the GenAI builder writes before GroupQueryAttention
+    in half precision): x (B, S, hidden) with ``num_heads`` heads, or (B, H, S, D); positions
+    (B, S), or one offset the S positions count from; cos and sin caches of half the rotary
+    width (``rotary_embedding_dim``, default the head size) each, by position."""
+    x, at, cos_cache, sin_cache = (ctx.input(i) for i in range(4))
+    if ctx.attr("is_packed_batching", 0) or x.type.rank not in (3, 4):
+        ctx.refuse("RotaryEmbedding with packed batching or an input of rank other than 3 or 4")
+    three_d = x.type.rank == 3
+    if three_d:
+        b, s, hidden = x.type.shape
+        # without num_heads the rotation spans whole heads: the caches' width is half a head
+        heads = int(ctx.attr("num_heads", 0)) or hidden // (2 * cos_cache.type.shape[1])
+        x = ctx.emit("permute", [_reshape_to(ctx, x, (b, s, heads, hidden // heads))], {"perm": (0, 2, 1, 3)})
+    b, _, s, _ = x.type.shape
+    at = ctx.emit("cast", [at], {"dtype": DType.i64})
+    if at.type.rank != 2:   # one offset: positions offset .. offset + S
+        at = ctx.emit("add", [_reshape_to(ctx, at, (1, 1)), _row(ctx, positions(ctx, s, DType.i64), s)])
+    cos, sin = (ctx.emit("embedding", [cache, at]) for cache in (cos_cache, sin_cache))   # (B or 1, S, R/2)
+    cos, sin = (_reshape_to(ctx, t, (t.type.shape[0], 1, s, t.type.shape[2])) for t in (cos, sin))
+    y = _rotated(ctx, x, cos, sin, bool(ctx.attr("interleaved", 0)))
+    if three_d:
+        y = _reshape_to(ctx, ctx.emit("permute", [y], {"perm": (0, 2, 1, 3)}), (b, s, hidden))
+    return y
 
 
 def _decided(relation) -> bool | None:
