@@ -522,12 +522,39 @@ def test_multi_head_attention_matches_onnx_runtime(case):
     np.testing.assert_allclose(cm(*arrays)[0], want, rtol=1e-4, atol=1e-5)
 
 
-def test_multi_head_attention_with_a_cache_is_refused_by_name():
-    node = _ms("MultiHeadAttention", ["q", "k", "v", "", "", "", "pk", "pv"], ["y"], num_heads=2)
-    m = _ms_model([node], [vi(n, [1, 2, 4]) for n in "qkv"] + [vi("pk", [1, 2, 3, 2]), vi("pv", [1, 2, 3, 2])],
-                  [vi("y", [1, 2, 4])])
-    with pytest.raises(FexploreError, match="past_key"):
-        fexplore.compile(m, [np.ones((1, 2, 4), np.float32)] * 3 + [np.ones((1, 2, 3, 2), np.float32)] * 2)
+_MHA_CACHED = {   # (batch, new tokens, past, heads, head size), unidirectional, a key padding mask
+    "decode-step-causal": ((2, 1, 4, 2, 4), 1, False),
+    "prompt-after-a-cache-causal-padded": ((2, 3, 4, 2, 4), 1, True),
+    "cross-attention-to-a-cache-padded": ((1, 2, 5, 4, 2), 0, True),
+    "prompt-after-a-cache-causal": ((2, 3, 4, 2, 4), 1, False),
+    "prompt-padded": ((2, 3, 4, 2, 4), 0, True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MHA_CACHED))
+def test_multi_head_attention_on_a_cache_matches_onnx_runtime(case):
+    """MultiHeadAttention as ONNX Runtime's fusions write it for decoders: the new keys and
+    values follow the cache's (present_key and present_value), causality counts from the end of
+    the past, and a key padding mask drops keys; output and both present caches."""
+    (b, s, past, heads, d), causal, padded = _MHA_CACHED[case]
+    hidden, total = heads * d, past + s
+    names = ["q", "k", "v", "", "pad" if padded else "", "", "pk", "pv"]
+    node = _ms("MultiHeadAttention", names, ["y", "present_k", "present_v"], num_heads=heads, unidirectional=causal)
+    shapes = {"q": (b, s, hidden), "k": (b, s, hidden), "v": (b, s, hidden), "pad": (b, total),
+              "pk": (b, heads, past, d), "pv": (b, heads, past, d)}
+    inputs = [n for n in names if n]
+    m = _ms_model([node], [vi(n, list(shapes[n]), TensorProto.INT32 if n == "pad" else F) for n in inputs],
+                  [vi("y", [b, s, hidden]), vi("present_k", [b, heads, total, d]), vi("present_v", [b, heads, total, d])])
+    rng = np.random.default_rng(len(case))
+    keep = np.ones((b, total), np.int32)
+    keep[0, 1] = 0
+    keep[-1, :min(total - 1, past + 1)] = 0   # left padding: the last row's first query sees no key
+    arrays = [keep if n == "pad" else rng.standard_normal(shapes[n]).astype(np.float32) for n in inputs]
+    want = ort(m, arrays)
+    cm = fexplore.compile(m, arrays)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    for g, w in zip(cm(*arrays), want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("qkv, causal, with_bias", [(None, 0, True), ((8, 8, 12), 1, False), (None, 1, True)])

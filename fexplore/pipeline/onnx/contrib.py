@@ -7,14 +7,17 @@ BiasGelu, Gelu), SiLU-like QuickGelu, and a residual add followed by a layer or 
 (SkipLayerNormalization, SkipSimplifiedLayerNormalization, and SimplifiedLayerNormalization,
 which ONNX Runtime registers in the standard domain). The semantics are ONNX Runtime's contrib
 operator documentation's; tests check each against ONNX Runtime itself. MultiHeadAttention is
-converted over separate query, key and value, and Attention (the input projection folded in:
-one weight for query, key and value), each with its projection bias, an additive attention bias
-and a causal mask; their packed, padded, rotary and cached forms are refused by name.
+converted over separate query, key and value, with its cache (past and present keys and values)
+and a key padding mask, and Attention (the input projection folded in: one weight for query,
+key and value); each with its projection bias, an additive attention bias and a causal mask.
+Packed query/key/value, Attention's cache and rotary forms are refused by name.
 GroupQueryAttention, with its KV cache, has a module of its own (``group_query_attention``).
 """
 
 from __future__ import annotations
 
+
+from .attention import _full_mask, _heads, _positions_mask, _static_mask
 from .elementwise import scalar_like
 from .movement import _reshape_to, axis
 from .nn import _norm_last, inverse_deviation
@@ -134,25 +137,56 @@ def _multi_head_attention(ctx: OnnxContext):
     """Attention over `num_heads` heads of query (B, S, D), key (B, L, D) and value (B, L, Dv):
     each plus its part of the projection bias (D + D + Dv), split into heads, the IR's
     attention (scaled by `scale`, default 1/sqrt(head size); causal when `unidirectional`; the
-    attention bias, (B or 1, heads or 1, S, L), added to the scores), heads joined again."""
+    attention bias, (B or 1, heads or 1, S, L), added to the scores), heads joined again. With
+    a cache (past_key, past_value: (B, heads, P, head size)) the new keys and values follow the
+    past ones, the concatenations are present_key and present_value, and causality counts from
+    the end of the past (query i sees keys up to P + i); a key padding mask (B, P + L) adds
+    ``mask_filter_value`` to the scores of the keys whose entry is not positive, as ONNX
+    Runtime does (so a row with every key dropped averages them, as there)."""
     q, k, v, bias = (ctx.input(i) for i in range(4))
-    extra = [name for i, name in ((4, "key_padding_mask"), (6, "past_key"), (7, "past_value"))
-             if ctx.has_input(i)] + [name for i, name in ((1, "present_key"), (2, "present_value"))
-                                     if i < len(ctx.onnx.output) and ctx.onnx.output[i]]
-    if extra or k is None or v is None or not q.type.rank == k.type.rank == v.type.rank == 3:
-        ctx.refuse("MultiHeadAttention other than over separate 3-D query, key and value without "
-                   f"padding mask or cache ({', '.join(extra) or 'packed query, key and value'})")
+    pad, past_k, past_v = ctx.input(4), ctx.input(6), ctx.input(7)
+    if k is None or v is None or not q.type.rank == k.type.rank == v.type.rank == 3 or \
+            (past_k is None) != (past_v is None) or (past_k is not None and past_k.type.rank != 4) or \
+            (pad is not None and pad.type.rank != 2):
+        ctx.refuse("MultiHeadAttention other than over separate 3-D query, key and value (a cache in "
+                   "BNSH, a key padding mask of shape (batch, keys))")
     heads = int(ctx.attr("num_heads"))
-    (_, s, d), length, dv = q.type.shape, k.type.shape[1], v.type.shape[2]
-    causal = bool(ctx.attr("unidirectional", 0))
-    if causal and s != length:
-        ctx.refuse("a causal MultiHeadAttention whose query and key lengths differ")
+    (b, s, d), length, dv = q.type.shape, k.type.shape[1], v.type.shape[2]
     if bias is not None:
         parts = [(q, 0, d), (k, d, 2 * d), (v, 2 * d, 2 * d + dv)]
         q, k, v = (ctx.emit("add", [x, ctx.emit("slice", [bias], {"axis": 0, "start": lo, "end": hi, "step": 1})])
                    for x, lo, hi in parts)
-
-    return _heads_attention(ctx, q, k, v, ctx.input(5), heads, causal)
+    q, k, v = _heads(ctx, q, heads), _heads(ctx, k, heads), _heads(ctx, v, heads)
+    past = 0
+    if past_k is not None:
+        past = past_k.type.shape[2]
+        k, v = (ctx.emit("concat", [p, x], {"axis": 2}) for p, x in ((past_k, k), (past_v, v)))
+    total = k.type.shape[2]
+    causal = bool(ctx.attr("unidirectional", 0))
+    if causal and past_k is None and s != length:
+        ctx.refuse("a causal MultiHeadAttention without a cache whose query and key lengths differ")
+    allowed = None
+    if causal:
+        allowed = _static_mask(s, total, past, True, None, None) \
+            if all(isinstance(n, int) for n in (s, total, past)) else _positions_mask(ctx, s, total, past, True, None, None)
+    scores_bias = ctx.input(5)
+    if pad is not None:   # (B, keys): a key whose entry is not > 0 gets mask_filter_value, as ONNX Runtime adds it
+        keep = _reshape_to(ctx, ctx.emit("gt", [pad, ctx.scalar(0, pad.type.dtype)]), (b, 1, 1, total))
+        dropped = float(ctx.attr("mask_filter_value", -10000.0))
+        padding = ctx.emit("where", [keep, scalar_like(ctx, 0.0, q), scalar_like(ctx, dropped, q)])
+        scores_bias = padding if scores_bias is None else ctx.emit("add", [scores_bias, padding])
+    mask = _full_mask(ctx, scores_bias, allowed, total, q.type.dtype)
+    scale = ctx.attr("scale", None)
+    if pad is None:
+        y = ctx.emit("attention", [q, k, v] + ([mask] if mask is not None else []),
+                     {"causal": False, "scale": None if not scale else float(scale), "gqa": False})
+    else:   # in ONNX Runtime's order: a query whose keys are all dropped averages scores shifted
+        # by -10000, where an f32 ulp is 1e-3, so the order of the roundings is the result
+        scores = ctx.emit("matmul", [q, ctx.emit("permute", [k], {"perm": (0, 1, 3, 2)})])
+        scores = ctx.emit("mul", [scores, scalar_like(ctx, float(scale) if scale else d ** -0.5 * heads ** 0.5, scores)])
+        y = ctx.emit("matmul", [ctx.emit("softmax", [ctx.emit("add", [scores, mask])], {"axis": -1}), v])
+    y = _reshape_to(ctx, ctx.emit("permute", [y], {"perm": (0, 2, 1, 3)}), (b, s, dv))
+    return (y, k, v)[:len(ctx.onnx.output)]
 
 
 def _heads_attention(ctx, q, k, v, attention_bias, heads: int, causal: bool):
