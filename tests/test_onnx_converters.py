@@ -669,3 +669,26 @@ def test_rotary_embedding_matches_onnx_runtime(case):
     cm = fexplore.compile(m, arrays)
     assert cm.verification["ok"].all() and not cm.lowering.host_ops
     np.testing.assert_allclose(cm(*arrays)[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("new, past", [(1, 5), (3, 4)], ids=["decode-step", "prompt-after-a-cache"])
+def test_attention_on_its_packed_cache_with_a_mask_matches_onnx_runtime(new, past):
+    """ONNX Runtime's Attention as its GPT-2 conversion writes it: the cache one tensor (2, B,
+    heads, P, head size), keys then values, and so the present; a causal mask counted from the
+    end of the past; the attention mask (B, P + S), left-padded in one row."""
+    b, din, heads, hd = 2, 8, 2, 4
+    total = past + new
+    node = _ms("Attention", ["x", "w", "bias", "mask", "past"], ["y", "present"], num_heads=heads, unidirectional=1)
+    shapes = {"x": (b, new, din), "w": (din, 3 * heads * hd), "bias": (3 * heads * hd,), "mask": (b, total),
+              "past": (2, b, heads, past, hd)}
+    m = _ms_model([node], [vi(n, list(sh), TensorProto.INT32 if n == "mask" else F) for n, sh in shapes.items()],
+                  [vi("y", [b, new, heads * hd]), vi("present", [2, b, heads, total, hd])])
+    rng = np.random.default_rng(new)
+    mask = np.ones((b, total), np.int32)
+    mask[1, :2] = 0
+    arrays = [mask if n == "mask" else rng.standard_normal(sh).astype(np.float32) for n, sh in shapes.items()]
+    want = ort(m, arrays)
+    cm = fexplore.compile(m, arrays)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    for g, w in zip(cm(*arrays), want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

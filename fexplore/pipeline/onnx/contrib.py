@@ -10,7 +10,8 @@ operator documentation's; tests check each against ONNX Runtime itself. MultiHea
 converted over separate query, key and value, with its cache (past and present keys and values)
 and a key padding mask, and Attention (the input projection folded in: one weight for query,
 key and value); each with its projection bias, an additive attention bias and a causal mask.
-Packed query/key/value, Attention's cache and rotary forms are refused by name.
+Attention's cache is its one packed past/present tensor. Packed query/key/value, a shared
+cache buffer and rotary forms are refused by name.
 GroupQueryAttention, with its KV cache, has a module of its own (``group_query_attention``).
 """
 
@@ -134,15 +135,10 @@ def _simplified_layer_norm(ctx: OnnxContext):
 
 @onnx_converter("MultiHeadAttention", domain=MS, since=1)
 def _multi_head_attention(ctx: OnnxContext):
-    """Attention over `num_heads` heads of query (B, S, D), key (B, L, D) and value (B, L, Dv):
-    each plus its part of the projection bias (D + D + Dv), split into heads, the IR's
-    attention (scaled by `scale`, default 1/sqrt(head size); causal when `unidirectional`; the
-    attention bias, (B or 1, heads or 1, S, L), added to the scores), heads joined again. With
-    a cache (past_key, past_value: (B, heads, P, head size)) the new keys and values follow the
-    past ones, the concatenations are present_key and present_value, and causality counts from
-    the end of the past (query i sees keys up to P + i); a key padding mask (B, P + L) adds
-    ``mask_filter_value`` to the scores of the keys whose entry is not positive, as ONNX
-    Runtime does (so a row with every key dropped averages them, as there)."""
+    """Attention over `num_heads` heads of query (B, S, D), key (B, L, D) and value (B, L, Dv),
+    each plus its part of the projection bias (D + D + Dv); a cache as past_key and past_value
+    (B, heads, P, head size), returned as present_key and present_value (see
+    ``_cached_heads_attention``)."""
     q, k, v, bias = (ctx.input(i) for i in range(4))
     pad, past_k, past_v = ctx.input(4), ctx.input(6), ctx.input(7)
     if k is None or v is None or not q.type.rank == k.type.rank == v.type.rank == 3 or \
@@ -150,12 +146,25 @@ def _multi_head_attention(ctx: OnnxContext):
             (pad is not None and pad.type.rank != 2):
         ctx.refuse("MultiHeadAttention other than over separate 3-D query, key and value (a cache in "
                    "BNSH, a key padding mask of shape (batch, keys))")
-    heads = int(ctx.attr("num_heads"))
-    (b, s, d), length, dv = q.type.shape, k.type.shape[1], v.type.shape[2]
+    d, dv = q.type.shape[2], v.type.shape[2]
     if bias is not None:
         parts = [(q, 0, d), (k, d, 2 * d), (v, 2 * d, 2 * d + dv)]
         q, k, v = (ctx.emit("add", [x, ctx.emit("slice", [bias], {"axis": 0, "start": lo, "end": hi, "step": 1})])
                    for x, lo, hi in parts)
+    y, k, v = _cached_heads_attention(ctx, q, k, v, past_k, past_v, pad, ctx.input(5))
+    return (y, k, v)[:len(ctx.onnx.output)]
+
+
+def _cached_heads_attention(ctx, q, k, v, past_k, past_v, pad, attention_bias):
+    """(output (B, S, Dv), all keys, all values) of query (B, S, D), key (B, L, D) and value
+    (B, L, Dv) split into `num_heads` heads: the past keys and values (B, heads, P, head size),
+    when given, go before the new ones, and causality (``unidirectional``) counts from the end of
+    the past (query i sees keys up to P + i). The attention bias is added to the scores, and so
+    is ``mask_filter_value`` (-10000) for the keys whose entry of the padding mask (B, P + L) is
+    not positive, as ONNX Runtime adds it (a query with every key dropped averages them, as
+    there). Scaled by ``scale``, default 1/sqrt(head size)."""
+    heads = int(ctx.attr("num_heads"))
+    (b, s, d), length, dv = q.type.shape, k.type.shape[1], v.type.shape[2]
     q, k, v = _heads(ctx, q, heads), _heads(ctx, k, heads), _heads(ctx, v, heads)
     past = 0
     if past_k is not None:
@@ -164,13 +173,13 @@ def _multi_head_attention(ctx: OnnxContext):
     total = k.type.shape[2]
     causal = bool(ctx.attr("unidirectional", 0))
     if causal and past_k is None and s != length:
-        ctx.refuse("a causal MultiHeadAttention without a cache whose query and key lengths differ")
+        ctx.refuse(f"a causal {ctx.onnx.op_type} without a cache whose query and key lengths differ")
     allowed = None
     if causal:
         allowed = _static_mask(s, total, past, True, None, None) \
             if all(isinstance(n, int) for n in (s, total, past)) else _positions_mask(ctx, s, total, past, True, None, None)
-    scores_bias = ctx.input(5)
-    if pad is not None:   # (B, keys): a key whose entry is not > 0 gets mask_filter_value, as ONNX Runtime adds it
+    scores_bias = attention_bias
+    if pad is not None:
         keep = _reshape_to(ctx, ctx.emit("gt", [pad, ctx.scalar(0, pad.type.dtype)]), (b, 1, 1, total))
         dropped = float(ctx.attr("mask_filter_value", -10000.0))
         padding = ctx.emit("where", [keep, scalar_like(ctx, 0.0, q), scalar_like(ctx, dropped, q)])
@@ -183,37 +192,23 @@ def _multi_head_attention(ctx: OnnxContext):
     else:   # in ONNX Runtime's order: a query whose keys are all dropped averages scores shifted
         # by -10000, where an f32 ulp is 1e-3, so the order of the roundings is the result
         scores = ctx.emit("matmul", [q, ctx.emit("permute", [k], {"perm": (0, 1, 3, 2)})])
-        scores = ctx.emit("mul", [scores, scalar_like(ctx, float(scale) if scale else d ** -0.5 * heads ** 0.5, scores)])
+        scores = ctx.emit("mul", [scores, scalar_like(ctx, float(scale) if scale else (d // heads) ** -0.5, scores)])
         y = ctx.emit("matmul", [ctx.emit("softmax", [ctx.emit("add", [scores, mask])], {"axis": -1}), v])
-    y = _reshape_to(ctx, ctx.emit("permute", [y], {"perm": (0, 2, 1, 3)}), (b, s, dv))
-    return (y, k, v)[:len(ctx.onnx.output)]
-
-
-def _heads_attention(ctx, q, k, v, attention_bias, heads: int, causal: bool):
-    """Query (B, S, D), key (B, L, D) and value (B, L, Dv) split into `heads` heads, the IR's
-    attention over them (the node's `scale`, default 1/sqrt(head size); the attention bias added
-    to the scores), and the heads joined again: (B, S, Dv)."""
-    (b, s, _), length, dv = q.type.shape, k.type.shape[1], v.type.shape[2]
-
-    def split(x, n):   # (B, n, width) -> (B, heads, n, width / heads)
-        width = x.type.shape[2]
-        return ctx.emit("permute", [_reshape_to(ctx, x, (b, n, heads, width // heads))], {"perm": (0, 2, 1, 3)})
-
-    ins = [split(q, s), split(k, length), split(v, length)] + ([attention_bias] if attention_bias is not None else [])
-    scale = ctx.attr("scale", None)
-    y = ctx.emit("attention", ins, {"causal": causal, "scale": None if not scale else float(scale), "gqa": False})
-    return _reshape_to(ctx, ctx.emit("permute", [y], {"perm": (0, 2, 1, 3)}), (b, s, dv))
+    return _reshape_to(ctx, ctx.emit("permute", [y], {"perm": (0, 2, 1, 3)}), (b, s, dv)), k, v
 
 
 @onnx_converter("Attention", domain=MS, since=1)
 def _attention(ctx: OnnxContext):
     """Self-attention with its input projection: input (B, S, Din) times one weight (Din,
     D + D + Dv; `qkv_hidden_sizes` when they differ) plus its bias gives query, key and value,
-    then as MultiHeadAttention (attention bias at input 5, `unidirectional` causal)."""
-    x, w, bias = ctx.input(0), ctx.input(1), ctx.input(2)
-    extra = [name for i, name in ((3, "mask_index"), (4, "past"), (6, "past_sequence_length"))
-             if ctx.has_input(i)] + (["present"] if len(ctx.onnx.output) > 1 and ctx.onnx.output[1] else []) \
-        + (["do_rotary"] if ctx.attr("do_rotary", 0) else [])
+    then as MultiHeadAttention. Its cache is one tensor, past (2, B, heads, P, head size), keys
+    then values, and so is present; its mask (mask_index) the padding mask (B, P + S)."""
+    x, w, bias, pad, past_both = (ctx.input(i) for i in range(5))
+    extra = (["past_sequence_length"] if ctx.has_input(6) else []) + \
+        (["do_rotary"] if ctx.attr("do_rotary", 0) else []) + \
+        (["a mask_index other than (batch, keys)"] if pad is not None and pad.type.rank != 2 else []) + \
+        (["a past other than (2, batch, heads, length, head size)"] if past_both is not None and
+         past_both.type.rank != 5 else [])
     if extra or x.type.rank != 3:
         ctx.refuse(f"Attention with {', '.join(extra) or 'an input of rank other than 3'}")
     sizes = ctx.attr("qkv_hidden_sizes", None)
@@ -224,5 +219,11 @@ def _attention(ctx: OnnxContext):
         projected = ctx.emit("add", [projected, bias])
     q, k, v = (ctx.emit("slice", [projected], {"axis": 2, "start": lo, "end": hi, "step": 1})
                for lo, hi in ((0, d), (d, d + dk), (d + dk, d + dk + dv)))
-    return _heads_attention(ctx, q, k, v, ctx.input(5), int(ctx.attr("num_heads")),
-                            bool(ctx.attr("unidirectional", 0)))
+    past_k = past_v = None
+    if past_both is not None:
+        past_k, past_v = (ctx.emit("select", [past_both], {"axis": 0, "index": i}) for i in (0, 1))
+    y, k, v = _cached_heads_attention(ctx, q, k, v, past_k, past_v, pad, ctx.input(5))
+    if len(ctx.onnx.output) < 2 or not ctx.onnx.output[1]:
+        return y
+    shape = (1,) + tuple(k.type.shape)
+    return y, ctx.emit("concat", [_reshape_to(ctx, k, shape), _reshape_to(ctx, v, shape)], {"axis": 0})
