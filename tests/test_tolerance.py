@@ -334,3 +334,18 @@ def test_rerounding_leaves_exact_ops_alone_and_drops_a_flipped_decision():
     assert all(d[0] == 0.0 for d in distances)   # data movement, ReLU, max: exact everywhere
     # x * 3 an ulp below 3.0 floors to 2.0: a decision, not rounding, so no estimate from it
     assert all(d[1] == 0.0 for d in distances)
+
+
+class IndexPuts(torch.nn.Module):
+    def forward(self, x, i, v):
+        return x.index_put((i,), v), x.index_put((i,), v, accumulate=True)
+
+
+def test_rerounding_moves_what_an_accumulating_index_put_adds_but_not_what_it_copies():
+    from fexplore.pipeline.rerounding import rerounding_distance
+
+    x, i, v = torch.randn(5), torch.tensor([0, 2, 2]), torch.randn(3)
+    outs = list(IndexPuts()(x, i, v))
+    spec = torch.utils._pytree.tree_structure((x, i, v))
+    copied, added = rerounding_distance(IndexPuts(), [x, i, v], spec, outs, seed=0)
+    assert copied == 0.0 and added > 0.0

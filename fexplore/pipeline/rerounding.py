@@ -72,7 +72,7 @@ class _ReRounded(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         schema = func._schema
         if schema.is_mutable or any(r.alias_info is not None for r in schema.returns) \
-                or func.overloadpacket.__name__ in EXACT_OPS:
+                or (func.overloadpacket.__name__ in EXACT_OPS and not _accumulates(func, args, kwargs)):
             return out
         return pytree.tree_map(self._moved, out)
 
@@ -82,6 +82,13 @@ class _ReRounded(TorchDispatchMode):
         up = torch.rand(t.shape, generator=self.generator) < 0.5
         toward = torch.where(up, torch.inf, -torch.inf)
         return torch.where((t != 0) & torch.isfinite(t), torch.nextafter(t, toward), t)
+
+
+def _accumulates(func, args, kwargs) -> bool:
+    """index_put with accumulate=True adds (and rounds) where it writes."""
+    if func.overloadpacket.__name__ != "index_put":
+        return False
+    return bool(args[3] if len(args) > 3 else (kwargs or {}).get("accumulate", False))
 
 
 def rerounding_distance(model, leaves: list, spec, outs: list[torch.Tensor], seed: int) -> list[float] | None:
