@@ -370,28 +370,24 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
         return f"{tensor}[ts{', :' * (rank - 2)}, ccs]" if copy_cols else f"{tensor}[ts]"
 
     @contextlib.contextmanager
-    def copy_tiles():
-        """The copy's loops: rows in parallel, and a row's pieces when it is cut."""
-        w(f"for ts in fl.parallel(fl.tiles({xs[0]}, copy_rows), stages=stages):")
+    def tiled(extent: int, rows: str, cut_extent: int, cut: str | None, var: str):
+        """Loops over tiles: `rows` of the first axis in parallel, and pieces (`cut` wide, of a
+        `cut_extent` axis) when a row is cut."""
+        w(f"for ts in fl.parallel(fl.tiles({extent}, {rows}), stages=stages):")
         with w.indent():
-            if copy_cols is None:
+            if cut is None:
                 yield
                 return
-            w(f"for ccs in fl.range(fl.tiles({xs[-1]}, copy_cols), stages=stages):")
+            w(f"for {var} in fl.range(fl.tiles({cut_extent}, {cut}), stages=stages):")
             with w.indent():
                 yield
 
-    @contextlib.contextmanager
-    def index_tiles():
-        """The loops over the index's tiles: rows (dim 0) in parallel, and a cut row's columns."""
-        w(f"for ts in fl.parallel(fl.tiles({js[0]}, rows), stages=stages):")
-        with w.indent():
-            if col_axis is None:
-                yield
-                return
-            w(f"for cs in fl.range(fl.tiles({js[col_axis]}, cols), stages=stages):")
-            with w.indent():
-                yield
+    def copy_tiles():   # the copy of x: rows, and a row's pieces along x's last axis
+        return tiled(xs[0], "copy_rows", xs[-1], "copy_cols" if copy_cols else None, "ccs")
+
+    def index_tiles():   # the index: rows, and a cut row's columns
+        return tiled(js[0], "rows", js[col_axis] if col_axis is not None else 0,
+                     "cols" if col_axis is not None else None, "cs")
 
     w = Writer()
     what = "scatter" if src is not None else "gather"
