@@ -106,7 +106,7 @@ def rerounding_distance(model, leaves: list, spec, outs: list[torch.Tensor], see
     if len(got) != len(outs) or any(a.shape != b.shape for a, b in zip(got, outs)):
         return None
     distances = []
-    for a, b in zip(got, outs):
+    for a, b in zip(got, (o.detach() for o in outs)):
         if b.dtype != torch.float32 or b.numel() == 0:
             distances.append(0.0)
             continue
