@@ -62,12 +62,18 @@ def main() -> None:
     ap.add_argument("--merge", default="", help="comma-separated shard files: write the table")
     args = ap.parse_args()
     if args.merge:
-        results, elapsed, n_entries = [], 0.0, 0
+        results, elapsed, n_entries, settings = [], 0.0, 0, None
         for path in args.merge.split(","):
             lines = Path(path).read_text().splitlines()
             head = json.loads(lines[0])
             elapsed, n_entries = max(elapsed, head["elapsed"]), n_entries + head["entries"]
             results += [opinfo.SampleResult(**json.loads(line)) for line in lines[1:]]
+            # the table states the shards' sample counts, not this command's defaults
+            if settings is not None and head.get("settings") != settings:
+                raise SystemExit(f"{path} was run with {head.get('settings')}, another shard with {settings}")
+            settings = head.get("settings")
+        for name, value in (settings or {}).items():
+            setattr(args, name, value)
         text = report(results, args, elapsed, n_entries)
         Path(args.out).write_text(text)
         print(text.split("\n## ")[0])
@@ -98,7 +104,8 @@ def main() -> None:
     results = opinfo.run(infos, dtypes=tuple(caps), max_per_dtype=caps, progress=progress)
     elapsed = time.perf_counter() - t0
     if args.shard:
-        rows = [json.dumps({"elapsed": elapsed, "entries": len(infos)})]
+        settings = {k: getattr(args, k) for k in ("float_samples", "narrow_samples", "int_samples", "ops")}
+        rows = [json.dumps({"elapsed": elapsed, "entries": len(infos), "settings": settings})]
         rows += [json.dumps(dataclasses.asdict(r)) for r in results]
         Path(args.jsonl).write_text("\n".join(rows) + "\n")
         print(f"shard {args.shard}: {len(results)} samples in {elapsed:.0f} s -> {args.jsonl}")
