@@ -93,3 +93,34 @@ def test_fusion_stays_acyclic_and_correct_whatever_the_sram(name, sram_kib):
     fusion = ex["fusion"]
     ir.verify(fusion.after)
     assert fusion.stats["split_for_sram"]
+
+
+class TwoLayersOneTable(torch.nn.Module):
+    """Each layer rotates its input by one shared table (as rotary embeddings read one cos and
+    sin table in every layer), with a matmul between the layers: the elementwise ops of both
+    layers read the tables, so grouping siblings joins them, and that group a path leaves
+    (through the matmul) and re-enters is not a region."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8) / 3)
+        self.register_buffer("cos_table", torch.rand(16, 8))
+        self.register_buffer("sin_table", torch.rand(16, 8))
+
+    def forward(self, x, at):
+        cos, sin = self.cos_table[at], self.sin_table[at]   # rows gathered by position, as GQA does
+        y = x * cos - x.flip(-1) * sin
+        y = y @ self.w
+        return y * cos - y.flip(-1) * sin
+
+
+def test_an_elementwise_group_that_is_not_convex_is_fused_in_convex_parts():
+    torch.manual_seed(0)
+    model, x, at = TwoLayersOneTable(), torch.randn(4, 8), torch.tensor([3, 1, 4, 1])
+    cm = fexplore.compile(model, (x, at))
+    fusion = cm["fusion"]
+    assert not [r for r in fusion.rewrites if r.rule == "fuse-elementwise" and len(r.nodes) < 2]
+    regions = [n for n in fusion.after.nodes if n.op.name == "region" and n.attrs["kind"] == "elementwise"]
+    assert len(regions) == 2 and all(len(n.regions[0].nodes) == 3 for n in regions)   # one per layer
+    assert bool(cm.verification["ok"].all())
+    torch.testing.assert_close(cm(x, at), model(x, at).detach())

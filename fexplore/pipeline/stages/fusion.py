@@ -9,7 +9,8 @@ Patterns, claimed in this order (a node joins at most one region):
    exclusively;
 3. reductions with their surroundings: layer_norm, rms_norm (also written out: pow -> mean ->
    rsqrt -> mul), batch norm, softmax, with the residual add before a norm when no epilogue took it;
-4. elementwise chains: what is left, grouped vertically and with siblings.
+4. elementwise chains: what is left, grouped vertically and with siblings (a group that is not
+   convex, as siblings in two layers reading one table are, in convex parts).
 
 Every region must be convex (no path leaves it and comes back) and the working set of one tile
 step (a block of rows of every value it touches) must fit one PE's SRAM on the target; a region
@@ -316,8 +317,43 @@ class _Fuser:
         for i in free:
             comps.setdefault(find(i), set()).add(i)
         for members in sorted(comps.values(), key=min):
-            if len(members) >= 2:
+            if len(members) < 2:
+                continue
+            if self.convex(members):
                 self.claim("elementwise", min(members), members)
+                continue
+            # siblings far apart (two layers' rotary embeddings reading one cos table) make a
+            # group a path leaves and re-enters: claim its convex parts instead of nothing
+            for part in self._convex_parts(members):
+                if len(part) >= 2:
+                    self.claim("elementwise", min(part), part)
+
+    def _convex_parts(self, members: set[int]) -> list[set[int]]:
+        """`members` (elementwise nodes) in parts, each convex: joined along producer -> user
+        links first, then two parts reading one value when the two together stay convex."""
+        part = {i: {i} for i in members}
+
+        def join(a: int, b: int, check: bool) -> None:
+            pa, pb = part[a], part[b]
+            if pa is pb or (check and not self.convex(pa | pb)):
+                return
+            merged = pa | pb
+            for m in merged:
+                part[m] = merged
+        for i in sorted(members):
+            for v in self.nodes[i].inputs:
+                p = self.producer.get(v.name)
+                if p in members:
+                    join(i, p, check=True)
+        for i in sorted(members):
+            for v in self.nodes[i].inputs:
+                if isinstance(v, Constant):
+                    continue
+                for u in self.users.get(v.name, []):
+                    if u in members:
+                        join(i, u, check=True)
+        unique = {id(p): p for p in part.values()}
+        return sorted(unique.values(), key=min)
 
 
 def fusion(graph: Graph, options) -> StageResult:
