@@ -105,16 +105,14 @@ def rerounding_distance(model, leaves: list, spec, outs: list[torch.Tensor], see
     got = [o for o in pytree.tree_leaves(again) if isinstance(o, torch.Tensor)]
     if len(got) != len(outs) or any(a.shape != b.shape for a, b in zip(got, outs)):
         return None
-    distances = []
-    for a, b in zip(got, (o.detach() for o in outs)):
-        if b.dtype != torch.float32 or b.numel() == 0:
-            distances.append(0.0)
-            continue
-        both = torch.isfinite(a) & torch.isfinite(b)
-        if not bool(both.any()):
-            distances.append(0.0)
-            continue
-        d = float((a[both].double() - b[both].double()).abs().max())
-        scale = max(1.0, float(b[both].abs().max()))
-        distances.append(d if d <= DECISION_SHARE * scale else 0.0)
-    return distances
+    from .numeric import _max_diffs   # numeric imports this module: its distance, not a second one
+
+    eager = [o.detach() for o in outs]
+    return [d if o.dtype == torch.float32 and d <= DECISION_SHARE * _scale(o) else 0.0
+            for d, o in zip(_max_diffs(eager, got), eager)]
+
+
+def _scale(t: torch.Tensor) -> float:
+    """max(1, max |t|) over its finite values: what a decision's distance is judged against."""
+    finite = t[torch.isfinite(t)]
+    return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0

@@ -71,8 +71,8 @@ def _group_query_attention(ctx: OnnxContext):
         first = ctx.emit("eq", [given, ctx.value(s, DType.i64)])
         pos0 = ctx.emit("where", [first, ctx.scalar(0, DType.i64), later])
     else:
-        pos0 = ctx.emit("mul", [later, ctx.scalar(0, DType.i64)]) if first else later
-    query_at = ctx.emit("add", [pos0, _row(ctx, positions(ctx, s, DType.i64), s)])   # (B, S)
+        pos0 = ctx.emit("full", [], {"shape": (b, 1), "value": 0, "dtype": DType.i64}) if first else later
+    query_at = ctx.emit("add", [pos0, _reshape_to(ctx, positions(ctx, s, DType.i64), (1, s))])   # (B, S)
 
     if ctx.attr("do_rotary", 0):
         interleaved = bool(ctx.attr("rotary_interleaved", 0))
@@ -124,7 +124,7 @@ def _rotary_embedding(ctx: OnnxContext):
     b, _, s, _ = x.type.shape
     at = ctx.emit("cast", [at], {"dtype": DType.i64})
     if at.type.rank != 2:   # one offset: positions offset .. offset + S
-        at = ctx.emit("add", [_reshape_to(ctx, at, (1, 1)), _row(ctx, positions(ctx, s, DType.i64), s)])
+        at = ctx.emit("add", [_reshape_to(ctx, at, (1, 1)), _reshape_to(ctx, positions(ctx, s, DType.i64), (1, s))])
     cos, sin = (ctx.emit("embedding", [cache, at]) for cache in (cos_cache, sin_cache))   # (B or 1, S, R/2)
     cos, sin = (_reshape_to(ctx, t, (t.type.shape[0], 1, s, t.type.shape[2])) for t in (cos, sin))
     y = _rotated(ctx, x, cos, sin, bool(ctx.attr("interleaved", 0)))
@@ -137,10 +137,6 @@ def _decided(relation) -> bool | None:
     """A relation between sizes (ints or symbols) as a bool, or None when sympy cannot tell."""
     relation = sympy.simplify(relation)
     return bool(relation) if relation in (sympy.true, sympy.false) else None
-
-
-def _row(ctx, x, n):
-    return _reshape_to(ctx, x, (1, n))
 
 
 def _rotated(ctx, x, cos, sin, interleaved: bool):
