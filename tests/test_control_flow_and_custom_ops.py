@@ -1,6 +1,9 @@
-"""Acceptance: torch.cond becomes a cond node whose two regions both run correctly; a
-torch.library custom op fails with UnsupportedOperatorError until registered, then compiles."""
+"""Acceptance: torch.cond becomes a cond node whose two regions both run correctly (a condition on
+a dynamic size too: a cond until the size is known, then the branch it takes); functorch's map
+is unrolled; a torch.library custom op fails with UnsupportedOperatorError until registered,
+then compiles."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,6 +66,86 @@ def test_cond_under_the_oracles_dispatch_modes_leaves_eager_working(how):
             want = model(xx)                       # the user's eager call still works
         tol = 0.05 if how == "bf16 policy" else 2e-3
         torch.testing.assert_close(cm(xx), want, rtol=tol, atol=tol)
+
+
+class SizeBranch(torch.nn.Module):
+    """A branch on a size that torch.export keeps symbolic (a SymBool predicate)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        return torch.cond(x.shape[0] > 2, lambda x, y: self.proj(x) + y, lambda x, y: x - y, (x, y))
+
+
+def test_cond_on_a_dynamic_size_is_a_cond_until_the_size_is_known():
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    model, y = SizeBranch().eval(), torch.randn(4)
+    cm = fexplore.compile(model, (torch.randn(3, 4), y), dynamic_shapes={"x": {0: Dim("n", min=1, max=32)}, "y": None})
+    (cond,) = [n for n in cm.graph.nodes if n.op.name == "cond"]
+    assert cond.inputs[0].type.rank == 0 and cond.inputs[0].type.dtype == ir.DType.bool
+    assert ir.parse(str(cm.graph)) == cm.graph
+    for n, branch in ((1, "sub"), (2, "sub"), (3, "linear"), (9, "linear")):
+        x = torch.randn(n, 4)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x, y), model(x, y))
+        made = cm.schedules.for_inputs([x.numpy(), y.numpy()])
+        ops = {m.op.name for nd in made.graph.nodes for m in ([nd] + [b for r in nd.regions for b in r.nodes])}
+        assert "cond" not in ops and branch in ops, ops     # the branch taken, inlined, on the chip
+        assert not [k.name for k in made.schedule.kernels if k.how == "host"]
+
+
+def test_a_constant_predicate_inlines_the_branch_it_takes():
+    """simplify's rule alone: the branch's constants and nodes come in renamed where their names
+    are taken, and the other branch is gone."""
+    from fexplore.pipeline.options import CompileOptions
+    from fexplore.pipeline.stages.simplify import simplify
+
+    model = Branchy().eval()
+    g = fexplore.compile(model, (torch.ones(3, 6),)).stages[0].after
+    (cond,) = [n for n in g.nodes if n.op.name == "cond"]
+    for pick, want in ((True, "linear"), (False, "sigmoid")):
+        pred = ir.Constant("pred", ir.TensorType((), ir.DType.bool), np.array(pick))
+        nodes = [ir.Node(n.op, [pred, *n.inputs[1:]], n.attrs, n.outputs, n.loc, n.regions) if n is cond else n
+                 for n in g.nodes]
+        fixed = ir.Graph(g.name, g.inputs, list(g.constants) + [pred], nodes, g.outputs, dict(g.symbols))
+        res = simplify(fixed, CompileOptions())
+        ops = res.graph.op_counts()
+        assert "cond" not in ops and want in ops, ops
+        assert res.stats["rules_fired"].get("inline-cond-of-a-constant-predicate") == 1
+        ir.verify(res.graph)
+        x = torch.randn(3, 6)
+        with torch.no_grad():
+            want = model.proj(x).relu() * 2.0 if pick else torch.sigmoid(x) - 1.0
+        (got,) = ir.run(res.graph, [x.numpy()])
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class MapsRows(torch.nn.Module):
+    def forward(self, xs, y):
+        from functorch.experimental.control_flow import map as fmap
+
+        return fmap(lambda x, y: (x * y).sum() + x, xs, y)
+
+
+def test_map_is_unrolled_over_a_static_leading_axis():
+    xs, y = torch.randn(3, 5), torch.randn(5)
+    cm = fexplore.compile(MapsRows(), (xs, y))
+    assert cm.stages[0].after.op_counts()["sum"] == 3     # one copy of the body per row
+    for _ in range(2):
+        xs = torch.randn(3, 5)
+        torch.testing.assert_close(cm(xs, y), MapsRows()(xs, y))
+
+
+def test_map_over_a_dynamic_leading_axis_is_refused_clearly():
+    from torch.export import Dim
+
+    with pytest.raises(UnsupportedOperatorError, match="unrolled, one copy of the body per slice"):
+        fexplore.compile(MapsRows(), (torch.randn(3, 5), torch.randn(5)),
+                         dynamic_shapes={"xs": {0: Dim("n", max=16)}, "y": None})
 
 
 # A custom op of the kind users write: defined with torch.library, with a fake kernel for export.

@@ -112,8 +112,10 @@ class CompiledModel:
             with torch.no_grad():
                 for i, value in zip(updated, new):
                     tensors[i].copy_(to_torch(value))
-        return pytree.tree_unflatten(self._aliased([to_torch(o) for o in outs], args, kwargs),
-                                     self._ingested.out_spec)
+        made = self._aliased([to_torch(o) for o in outs], args, kwargs)
+        for i, kind in self._ingested.number_outputs.items():   # a size or constant the model returns
+            made[i] = kind(made[i].item())
+        return pytree.tree_unflatten(made, self._ingested.out_spec)
 
     def _aliased(self, outs: list, args, kwargs) -> list:
         """`outs` with the aliasing of eager's outputs that torch's exported program records: an
@@ -125,12 +127,15 @@ class CompiledModel:
         again by the exported program's view ops (`aliasing.view_of_input`)."""
         from .aliasing import view_of_input
 
-        from torch.export.graph_signature import InputKind, OutputKind
+        from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
+
+        def tensor(arg):   # a number's argument has no name of its own (several share "")
+            return arg.name if isinstance(arg, TensorArgument) else None
 
         sig = self._ingested.exported.graph_signature
         leaves = pytree.tree_leaves((args, kwargs or {}))
-        users = [getattr(s.arg, "name", None) for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
-        returned = [getattr(s.arg, "name", None) for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
+        users = [tensor(s.arg) for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+        returned = [tensor(s.arg) for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
         if len(users) != len(leaves) or len(returned) != len(outs):   # not one for one: leave them
             return outs
         given = {name: x for name, x in zip(users, leaves) if name is not None and isinstance(x, torch.Tensor)}
@@ -267,6 +272,9 @@ class CompiledModel:
     def _flatten_inputs(self, args, kwargs):
         if self.is_onnx:
             return self._onnx_inputs(args, kwargs)
+        order = self._ingested.in_spec.children()[1].context or []
+        if set(kwargs) == set(order):   # keywords in any order, as Python takes them
+            kwargs = {k: kwargs[k] for k in order}
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if spec != self._ingested.in_spec:
             raise InputError(_structure_mismatch(self._ingested.in_spec, spec),

@@ -19,8 +19,9 @@ from fexplore.npu.errors import CompileMemoryError, SimulationMemoryError
 from .compiled import CompiledModel
 from .export import export_model, real_state
 from .ingest import Ingested, ingest
-from .numeric import (AsPureFunction, Oracle, check_graph, compare_with_oracle, compute_dtype,
-                      first_divergent_from_export, shapes_at_another_size, to_numpy, to_torch, tolerance_of)
+from .numeric import (AsPureFunction, KeywordCall, Oracle, check_graph, compare_with_oracle, compute_dtype,
+                      first_divergent_from_export, output_tensors, shapes_at_another_size, to_numpy, to_torch,
+                      tolerance_of)
 from .options import CompileOptions
 from .passmanager import PassManager
 from .stage import Stage, StageRecord, Verification, graph_stats
@@ -42,7 +43,7 @@ class Exploration:
     """A compile you can step through: ``step()``, ``run_all()``, ``ex["ingest"]``, ``result``."""
 
     def __init__(self, model, example_inputs, options: CompileOptions,
-                 stages: list[Stage] | None = None):
+                 stages: list[Stage] | None = None, example_kwargs: dict | None = None):
         from .onnx.importer import is_onnx_model
 
         # the second front door: an onnx.ModelProto or a path to a .onnx file
@@ -55,7 +56,14 @@ class Exploration:
         self.model = model
         self.example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
             else (example_inputs,)
+        # keyword inputs, as torch.export takes them; eager runs (the oracle's) call the model
+        # through KeywordCall with them as a last positional dict, so the flat inputs are the
+        # positional ones' then theirs, as the exported program orders them
+        self.example_kwargs = dict(example_kwargs or {})
         if self.is_onnx:
+            if self.example_kwargs:
+                raise FexploreError("an ONNX model's inputs are positional, in the graph's input order",
+                                    hint="pass them as example_inputs")
             self.example_inputs = tuple(_as_numpy(x) for x in self.example_inputs)
         self.options = options
         self.graph_stages = list(GRAPH_STAGES if stages is None else stages)
@@ -67,9 +75,19 @@ class Exploration:
         self._pm = PassManager(self.graph_stages, hooks=[self._verify_hook])
         # A model on the meta device (or meta inputs) has shapes and no values: it compiles with
         # structural verification only and simulates timing-only.
-        leaves = [x for x in torch.utils._pytree.tree_leaves(self.example_inputs) if isinstance(x, torch.Tensor)]
+        leaves = [x for x in torch.utils._pytree.tree_leaves(self._call_example) if isinstance(x, torch.Tensor)]
         self.meta = not self.is_onnx and \
             any(t.is_meta for t in list(model.parameters()) + list(model.buffers()) + leaves)
+
+    @property
+    def _call_example(self) -> tuple:
+        """The example inputs as eager runs take them: the positional ones, then the keyword
+        ones as one dict (see `_eager`)."""
+        return self.example_inputs + ((self.example_kwargs,) if self.example_kwargs else ())
+
+    def _eager(self, model):
+        """``model`` called as `_call_example` holds its inputs."""
+        return KeywordCall(model) if self.example_kwargs else model
 
     # -- stepping --------------------------------------------------------------------------
 
@@ -214,7 +232,7 @@ class Exploration:
             return self._ingest_onnx()
         t0 = time.perf_counter()
         with _model_untouched(self.model):
-            ep = export_model(self.model, self.example_inputs,
+            ep = export_model(self.model, self.example_inputs, kwargs=self.example_kwargs,
                               dynamic_shapes=self.options.dynamic_shapes)
             t_export = time.perf_counter() - t0
             self._ingested = ingest(ep, dynamic_shapes=self.options.dynamic_shapes,
@@ -266,7 +284,7 @@ class Exploration:
         """The program's flat inputs on the oracle's input set ``k`` (0: the example inputs
         themselves): the model's input leaves, then the buffers it updates (the graph's last
         inputs; their values the oracle's)."""
-        leaves = torch.utils._pytree.tree_leaves(self.example_inputs) + list(self._ingested.state.values())
+        leaves = torch.utils._pytree.tree_leaves(self._call_example) + list(self._ingested.state.values())
         if k == 0:
             return leaves
         fresh = iter(self._oracle.input_sets[k])
@@ -280,8 +298,8 @@ class Exploration:
         ing = self._ingested
         if ing.input_mutations or ing.state:
             return False
-        spec = torch.utils._pytree.tree_structure(self.example_inputs)
-        program = ing.exported.module()
+        spec = torch.utils._pytree.tree_structure(self._call_example)
+        program = self._eager(ing.exported.module())
         for k in range(len(self._oracle.input_sets)):
             args = torch.utils._pytree.tree_unflatten(self._input_leaves(k), spec)
             try:
@@ -289,7 +307,7 @@ class Exploration:
                     out = program(*args)
             except Exception:  # noqa: BLE001 - a program torch cannot rerun says nothing either way
                 return False
-            got = [to_numpy(t) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+            got = [to_numpy(t) for t in output_tensors(out)]
             if not compare_with_oracle(g, self._oracle, k, got)[2]:
                 return True
         return False
@@ -300,7 +318,7 @@ class Exploration:
         and for a model that updates its buffers, from `state` (the values the compiled model
         carries into that call; default the model's own)."""
         fresh = example is None
-        example = self.example_inputs if fresh else example
+        example = self._call_example if fresh else example
         random_sets = self.options.random_input_sets if fresh else 0
         if self.is_onnx:
             from .onnx.oracle import OnnxOracle
@@ -315,7 +333,7 @@ class Exploration:
         resized = shapes_at_another_size(g, examples) if random_sets else None
         if resized is not None and not self._sizes_meet_relations(resized):
             resized = None   # the other size breaks a guard over several sizes: not one to check at
-        model = self.model
+        model = self._eager(self.model)
         ing = self._ingested
         if ing.input_mutations or ing.state:
             model = AsPureFunction(model, ing.input_mutations, list(ing.state))
@@ -333,10 +351,10 @@ class Exploration:
         for their size on first call is checked against. A model that updates its inputs runs on
         copies; one that updates its buffers runs from the carried values, so the check sees
         the call the program makes (a decode step on the cache the prefill wrote)."""
-        spec = torch.utils._pytree.tree_structure(self.example_inputs)
+        spec = torch.utils._pytree.tree_structure(self._call_example)
         given = iter(arrays)
         leaves = [next(given) if self.is_onnx else to_torch(next(given)) if isinstance(x, torch.Tensor) else x
-                  for x in torch.utils._pytree.tree_leaves(self.example_inputs)]
+                  for x in torch.utils._pytree.tree_leaves(self._call_example)]
         state = [to_torch(a) for a in given] if getattr(self._ingested, "state", None) else None
         return self._make_oracle(torch.utils._pytree.tree_unflatten(leaves, spec), state)
 
@@ -353,10 +371,11 @@ class Exploration:
         if not ing.size_relations or ing.signature is None:
             return True
         shapes = iter(shapes)
-        leaves, spec = torch.utils._pytree.tree_flatten(self.example_inputs)
+        leaves, spec = torch.utils._pytree.tree_flatten((self.example_inputs, self.example_kwargs))
         sized = [torch.empty(next(shapes), device="meta") if isinstance(x, torch.Tensor) else x
                  for x in leaves]
-        named = ing.signature.bind(*torch.utils._pytree.tree_unflatten(sized, spec)).arguments
+        args, kwargs = torch.utils._pytree.tree_unflatten(sized, spec)
+        named = ing.signature.bind(*args, **kwargs).arguments
         return broken_relation(ing.size_relations, named) is None
 
     def _verify_hook(self, rec: StageRecord) -> None:
@@ -470,16 +489,18 @@ class _model_untouched:
 
 
 def explore(model, example_inputs, *, target="rngd", dynamic_shapes=None, precision="fp32",
-            verify=True, **extra) -> Exploration:
-    """An Exploration of compiling ``model``: nothing runs until you step."""
+            verify=True, example_kwargs=None, **extra) -> Exploration:
+    """An Exploration of compiling ``model``: nothing runs until you step. ``example_kwargs``:
+    keyword inputs (``model(*example_inputs, **example_kwargs)``), as torch.export takes them;
+    the compiled model is then called with the same keywords."""
     options = CompileOptions(target=target, dynamic_shapes=dynamic_shapes, precision=precision,
                              verify=verify, **extra)
-    return Exploration(model, example_inputs, options)
+    return Exploration(model, example_inputs, options, example_kwargs=example_kwargs)
 
 
 def compile(model, example_inputs, *, target="rngd", dynamic_shapes=None, precision="fp32",
-            verify=True, **extra) -> CompiledModel:
+            verify=True, example_kwargs=None, **extra) -> CompiledModel:
     """Compile ``model`` through every stage, verifying each; returns a CompiledModel."""
     return explore(model, example_inputs, target=target, dynamic_shapes=dynamic_shapes,
-                   precision=precision, verify=verify, **extra).result
+                   precision=precision, verify=verify, example_kwargs=example_kwargs, **extra).result
 

@@ -1,5 +1,6 @@
-"""Running a user's model in eager under one of fexplore's dispatch modes (the f64 twin's exact
-narrow ops, the precision policy's rounding), when the model uses ``torch.cond``.
+"""Running a user's model in eager: what its outputs are to the checks (``output_tensors``), and
+running it under one of fexplore's dispatch modes (the f64 twin's exact narrow ops, the precision
+policy's rounding) when the model uses ``torch.cond``.
 
 In eager, ``torch.cond`` compiles itself with dynamo and dispatches the ``cond`` higher-order op.
 Under a Python dispatch mode that has no rule for the op, it raises; worse, the failed compile
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.utils._pytree as pytree
 
 
 def runs_cond_branches(mode_cls):
@@ -44,3 +46,10 @@ def eager_under(mode):
     finally:
         if compile_and_call is not None:
             hop_utils._hop_compile_and_call = compile_and_call
+
+
+def output_tensors(out) -> list[torch.Tensor]:
+    """A model's outputs as the compiled graph has them: its tensors, and each number it returns
+    (a size, ``x.shape[1] + 1``, or a constant) as a 0-d tensor, in pytree order."""
+    return [o if isinstance(o, torch.Tensor) else torch.tensor(o) for o in pytree.tree_leaves(out)
+            if isinstance(o, (torch.Tensor, bool, int, float))]

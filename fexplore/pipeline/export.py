@@ -46,25 +46,25 @@ def decomposition_table() -> dict:
     return table
 
 
-def export_model(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None):
+def export_model(model: torch.nn.Module, args: tuple, *, kwargs: dict | None = None, dynamic_shapes=None):
     """torch.export (non-strict) then decomposition with the intent-keeping table.
 
     A model partly on the meta device (parameters on meta, buffers real: what accelerate's
     ``init_empty_weights`` and ``torch.device("meta")`` builds with real buffers make) is exported
     with meta twins of its real tensors, as torch.export cannot mix devices; `real_state` gives
     their values back to ingestion, so a causal mask or a rotary table stays known."""
-    args = _unaliased(args)
+    args, kwargs = _unaliased((args, kwargs or {}))
     with warnings.catch_warnings(), _restored(_tensors_outside_state(model)):
         # torch.export's own pytree deprecation chatter, not the user's business
         warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
         made: dict[int, torch.Tensor] = {}   # one twin per tensor: tied weights stay tied
         twins = {name: made.setdefault(id(t), _meta_twin(t)) for name, t in real_state(model).items()}
         if not twins:
-            return _export(model, args, dynamic_shapes)
+            return _export(model, args, kwargs, dynamic_shapes)
         from torch.nn.utils.stateless import _reparametrize_module
 
         with _reparametrize_module(model, twins):   # the user's model is itself again after
-            return _export(model, args, dynamic_shapes)
+            return _export(model, args, kwargs, dynamic_shapes)
 
 
 def _tensors_outside_state(model: torch.nn.Module, depth: int = 4) -> list[torch.Tensor]:
@@ -159,14 +159,14 @@ def real_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: t for name, t in state.items() if not t.is_meta}
 
 
-def _export(model, args, dynamic_shapes):
-    for i, a in enumerate(torch.utils._pytree.tree_leaves(args)):
+def _export(model, args, kwargs, dynamic_shapes):
+    for i, a in enumerate(torch.utils._pytree.tree_leaves((args, kwargs))):
         if isinstance(a, torch.Tensor) and a.is_complex():  # the IR holds complex values inside
             raise ExportError(f"model input {i} is a complex tensor ({a.dtype})",
                               hint="pass torch.view_as_real(x) and call torch.view_as_complex "
                                    "inside the model")
     try:
-        ep = torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
+        ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch raises many kinds; the user needs the message, not our stack
         if _data_dependent(e):
             raise ControlFlowError(
@@ -185,7 +185,7 @@ def _export(model, args, dynamic_shapes):
                  "supports (torch's message above names the guard that failed)") from None
     written = _written_constants(ep)
     if written:
-        ep = _export_strict(model, args, dynamic_shapes, written)
+        ep = _export_strict(model, args, kwargs, dynamic_shapes, written)
     try:
         return ep.run_decompositions(decomposition_table())
     except Exception as e:
@@ -212,13 +212,13 @@ def _written_constants(ep) -> list:
     return written
 
 
-def _export_strict(model, args, dynamic_shapes, written: list):
+def _export_strict(model, args, kwargs, dynamic_shapes, written: list):
     """torch.export with dynamo (strict), which follows a tensor to the buffer it is, however
     the model reaches it: for a model whose non-strict program writes into constants."""
     # dynamo's notes on side effects it saw in the model's libraries, not the user's business
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._dynamo")
     try:
-        ep = torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=True)
+        ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=True)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds
         raise _writes_constants(written, f"; exporting it with dynamo, which would follow them to "
                                          f"the buffers they may be, failed: {type(e).__name__}: "

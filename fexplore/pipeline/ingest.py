@@ -68,6 +68,9 @@ class Ingested:
     # value a graph output after the inputs' updates; the compiled model carries it from call to
     # call, as the model carries its buffer
     state: dict = field(default_factory=dict)
+    # the model's own outputs that are numbers (a size, a constant): {index: int, float or bool};
+    # a 0-d tensor in the graph, a number again in what the compiled model returns
+    number_outputs: dict = field(default_factory=dict)
 
 
 def tensor_payload(t: torch.Tensor) -> np.ndarray:
@@ -168,7 +171,7 @@ def ingest(ep: torch.export.ExportedProgram, *, name: str = "forward", dynamic_s
     graph.symbols.update(symbols.ranges)
     signature = inspect.signature(forward) if forward is not None else None
     return Ingested(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, ep, values_of,
-                    symbols.relations, signature, mutations, state)
+                    symbols.relations, signature, mutations, state, _number_outputs(ep))
 
 
 def _tie_attention_lengths(gm: torch.fx.GraphModule, symbols: SymbolTable) -> None:
@@ -257,23 +260,25 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
             if top:
                 _check_outputs(ep)
             outputs = _outputs(n.args[0], env, ep.graph_signature.output_specs if top else None, inputs,
-                               mutations, state)
+                               mutations, state, b)
     used = {v.name for node in b.nodes for v in node.inputs} | {v.name for v in outputs}
     constants = [c for c in b.constants if c.name in used]  # tied weights leave orphans
     return Graph(name, inputs, constants, b.nodes, outputs, {})
 
 
-def _outputs(flat, env, specs, inputs, mutations, state) -> list[Value]:
+def _outputs(flat, env, specs, inputs, mutations, state, b: GraphBuilder) -> list[Value]:
     """The graph's outputs: the model's own, then the new values of the inputs it updates in
     place (in input order, each index put in `mutations`), then those of the buffers it updates
     (in the order of `state`). `specs`: the exported program's output specs (None inside a
-    subgraph, whose outputs are all its own)."""
+    subgraph, whose outputs are all its own). A number the model returns is a 0-d tensor
+    (`_number_output`); the compiled model gives it back as a number."""
     own, updated, new_state = [], {}, {}
     for i, o in enumerate(flat):
         if isinstance(o, torch.fx.Node) and is_complex(o):
             raise ExportError(f"model output {i} is a complex tensor",
                               hint="return torch.view_as_real(z) instead")
         v = env.get(o.name) if isinstance(o, torch.fx.Node) else o
+        v = _number_output(v, b, f"output{i}")
         if not isinstance(v, Value):
             raise ExportError(f"model output {i} is not a tensor ({v!r})",
                               hint="fexplore compiles models whose outputs are tensors "
@@ -288,6 +293,40 @@ def _outputs(flat, env, specs, inputs, mutations, state) -> list[Value]:
     if mutations is not None:
         mutations += sorted(updated)
     return own + [updated[i] for i in sorted(updated)] + [new_state[name] for name in (state or {})]
+
+
+def _number_outputs(ep) -> dict:
+    """{index among the model's own outputs: the Python type} of the outputs that are numbers."""
+    (out,) = [n for n in ep.graph.nodes if n.op == "output"]
+    own = [o for o, s in zip(out.args[0], ep.graph_signature.output_specs) if s.kind == OutputKind.USER_OUTPUT]
+    kinds = {}
+    for i, o in enumerate(own):
+        v = o.meta.get("val") if isinstance(o, torch.fx.Node) else o
+        for sym, py in ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool)):
+            if isinstance(v, sym):
+                v = py(1)
+        if isinstance(v, (bool, int, float)):
+            kinds[i] = type(v)
+    return kinds
+
+
+def _number_output(v, b: GraphBuilder, name: str):
+    """A number output as a 0-d tensor of the dtype ``torch.tensor`` gives it (what the oracle
+    compares, ``eager_modes.output_tensors``): a constant as a literal, a size (an int of the
+    symbols, ``x.shape[1] + 1``) as ``full`` of that size, known once the size is."""
+    import sympy
+
+    from fexplore.ir import Attrs, DType, Node, get_op
+
+    if isinstance(v, (bool, int, float)):
+        return b.literal(torch.tensor(v).numpy(), name)
+    if isinstance(v, sympy.Expr) and v.is_integer:
+        full = get_op("full")
+        out = Value(b._unique(name), TensorType((), DType.i64))
+        b.nodes.append(Node(full, [], Attrs(full.complete_attrs({"shape": (), "value": v, "dtype": DType.i64})),
+                            [out], None))
+        return out
+    return v
 
 
 def _check_outputs(ep) -> None:

@@ -32,6 +32,7 @@ from fexplore.ir import DType, Graph, run
 from .eager_modes import eager_under, runs_cond_branches
 from .ingest import tensor_payload
 from .policy_noise import POLICY_DTYPES, policy_error
+from .eager_modes import output_tensors
 from .rerounding import rerounding_distance
 from .stage import NumericCheck
 
@@ -101,6 +102,19 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
     if dt == DType.fp8:
         return torch.from_numpy(np.array(a, order="C").view(np.uint8)).view(torch.float8_e4m3fn)
     return torch.from_numpy(np.array(a, copy=True))
+
+
+class KeywordCall(torch.nn.Module):
+    """``model`` called with keyword inputs given as a last positional dict: how the oracle's
+    runs, which take one tuple of inputs, call a model compiled with ``example_kwargs``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        *args, kwargs = args
+        return self.model(*args, **kwargs)
 
 
 class AsPureFunction(torch.nn.Module):
@@ -192,7 +206,7 @@ class Oracle:
                                          f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
             self.input_sets.append([to_numpy(x) for x in leaves if isinstance(x, torch.Tensor)])
-            outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+            outs = output_tensors(out)
             self.expected.append([to_numpy(o) for o in outs])
             noise = [0.0] * len(outs)
             chain = None
@@ -355,7 +369,7 @@ def _narrow_noise(exact, leaves, spec, outs) -> list[float] | None:
             out64 = exact(*pytree.tree_unflatten(wide, spec))
     except Exception:  # noqa: BLE001 - no exact reference: the round-once noise alone applies
         return None
-    outs64 = [o for o in pytree.tree_leaves(out64) if isinstance(o, torch.Tensor)]
+    outs64 = output_tensors(out64)
     return _max_diffs(outs, outs64) if len(outs64) == len(outs) else None
 
 
@@ -386,7 +400,7 @@ def _f32_noise(twin, leaves, spec, outs32, exact_narrow: bool = True, mode=None)
     except Exception as e:  # models that insist on f32 somewhere inside: floor tolerance only
         return [0.0] * len(outs32), f"no f64 reference: the model does not run in f64 " \
                                     f"({type(e).__name__})"
-    outs64 = [o for o in pytree.tree_leaves(out64) if isinstance(o, torch.Tensor)]
+    outs64 = output_tensors(out64)
     if len(outs64) != len(outs32):
         return [0.0] * len(outs32), "no f64 reference: the f64 run's outputs differ in number"
     return _max_diffs(outs32, outs64), None

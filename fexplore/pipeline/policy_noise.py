@@ -28,7 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from fexplore.ir import DType
 
 from .convert import ir_dtype
-from .eager_modes import eager_under, runs_cond_branches
+from .eager_modes import eager_under, output_tensors, runs_cond_branches
 
 # The narrow dtype of each reduced-precision policy.
 POLICY_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
@@ -205,7 +205,7 @@ def _errors_of_one_run(model, flat, spec, outs, mode, *, round_probabilities: bo
     attention = _PolicyAttention(mode, round_probabilities)
     with torch.no_grad(), eager_under(mode), attention:
         narrowed = model(*args)
-    got = [o for o in pytree.tree_leaves(narrowed) if isinstance(o, torch.Tensor)]
+    got = output_tensors(narrowed)
     if len(got) != len(outs):
         raise ValueError("the run under the policy gave another number of outputs")
     if any(a.shape != b.shape for a, b in zip(got, outs)):

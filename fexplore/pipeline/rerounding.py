@@ -29,7 +29,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .eager_modes import eager_under, runs_cond_branches
+from .eager_modes import eager_under, output_tensors, runs_cond_branches
 
 # A re-rounded distance above this share of max(1, max|output|) is a flipped decision (see the module).
 DECISION_SHARE = 1e-3
@@ -102,7 +102,7 @@ def rerounding_distance(model, leaves: list, spec, outs: list[torch.Tensor], see
             again = model(*args)
     except Exception:  # noqa: BLE001 - a model that breaks under the mode: no estimate
         return None
-    got = [o for o in pytree.tree_leaves(again) if isinstance(o, torch.Tensor)]
+    got = output_tensors(again)
     if len(got) != len(outs) or any(a.shape != b.shape for a, b in zip(got, outs)):
         return None
     from .numeric import _max_diffs   # numeric imports this module: its distance, not a second one

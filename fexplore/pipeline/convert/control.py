@@ -1,20 +1,88 @@
-"""Converters for control flow: ``torch.cond`` becomes a ``cond`` node owning two regions."""
+"""Converters for control flow: ``torch.cond`` becomes a ``cond`` node owning two regions;
+``map`` (functorch's, over the leading axis) is unrolled, as torch.export unrolls a Python loop.
+
+A predicate on sizes (``x.shape[0] > 2`` with a dynamic dim: a SymBool) becomes a 0-d bool
+computed from the sizes, so the cond stays a cond while the size is a symbol; once a size is
+known (a static compile, a schedule made for one size) it is a constant and simplify's
+"inline-cond-of-a-constant-predicate" keeps the taken branch alone.
+"""
 
 from __future__ import annotations
 
-from fexplore.ir import Value
+import sympy
+import torch
+
+from fexplore.ir import DType, Value
+from fexplore.ir.inline import inline_body
 
 from .registry import ConvertContext, converter
+
+# sympy's relations and the IR's comparison ops of the same meaning
+_COMPARISONS = {sympy.StrictGreaterThan: "gt", sympy.GreaterThan: "ge", sympy.StrictLessThan: "lt",
+                sympy.LessThan: "le", sympy.Eq: "eq", sympy.Ne: "ne"}
+_LOGIC = {sympy.And: "logical_and", sympy.Or: "logical_or"}
 
 
 @converter("higher_order.cond")
 def _cond(ctx: ConvertContext):
     pred, true_gm, false_gm, operands = ctx.args[:4]
     if not isinstance(pred, Value):
-        raise NotImplementedError(
-            "torch.cond on a shape condition (export resolves those at trace time when it can; "
-            "make the predicate a tensor)")
+        pred = size_predicate(ctx, pred)
     then_g = ctx.graph_module_converter(true_gm, "then")
     else_g = ctx.graph_module_converter(false_gm, "else")
     outs = ctx.emit_region_op("cond", [pred, *operands], [then_g, else_g])
     return outs if isinstance(outs, tuple) else (outs,)
+
+
+@converter("higher_order.map_impl")
+def _map(ctx: ConvertContext):
+    """``map(f, xs, *args)``: f on each slice ``xs[i]`` along the leading axis (with the other
+    operands whole), the results stacked. Unrolled: one copy of f's body per slice, so the
+    count must be known when compiling."""
+    body_gm, xs, extra = ctx.args[:3]
+    n = xs[0].type.shape[0]
+    if not isinstance(n, int):
+        raise NotImplementedError(
+            f"map over a leading axis of symbolic length {n}: it is unrolled, one copy of the "
+            "body per slice, so the length must be static (no dynamic_shapes on that dim)")
+    body = ctx.graph_module_converter(body_gm, "body")
+    steps = []
+    for i in range(n):
+        slices = [ctx.emit("select", [x], {"axis": 0, "index": i}) for x in xs]
+        constants, nodes, outs = inline_body(body, slices + list(extra), ctx.b._names, ctx.loc, sep="_")
+        ctx.b.constants += constants
+        ctx.b.nodes += nodes
+        steps.append(outs)
+    stacked = []
+    for k, out in enumerate(body.outputs):
+        rows = [ctx.emit("reshape", [step[k]], {"shape": (1,) + tuple(out.type.shape)}) for step in steps]
+        stacked.append(ctx.emit("concat", rows, {"axis": 0}) if n else
+                       ctx.emit("full", [], {"shape": (0,) + tuple(out.type.shape), "value": 0,
+                                             "dtype": out.type.dtype}))
+    return tuple(stacked)
+
+
+def size_predicate(ctx: ConvertContext, pred) -> Value:
+    """A predicate over sizes (a SymBool, or a bool export decided) as a 0-d bool tensor."""
+    if isinstance(pred, torch.SymBool):
+        pred = ctx.b.symbols.expr(pred.node.expr)
+    if isinstance(pred, (bool, type(sympy.true), type(sympy.false))):
+        return ctx.value(bool(pred))
+    return _relation(ctx, pred)
+
+
+def _relation(ctx: ConvertContext, rel) -> Value:
+    if rel in (sympy.true, sympy.false):
+        return ctx.value(bool(rel))
+    if type(rel) in _COMPARISONS:
+        a, b = (ctx.value(int(x) if x.is_Integer else x, DType.i64) for x in rel.args)
+        return ctx.emit(_COMPARISONS[type(rel)], [a, b])
+    if type(rel) in _LOGIC:
+        parts = [_relation(ctx, x) for x in rel.args]
+        out = parts[0]
+        for p in parts[1:]:
+            out = ctx.emit(_LOGIC[type(rel)], [out, p])
+        return out
+    if isinstance(rel, sympy.Not):
+        return ctx.emit("logical_not", [_relation(ctx, rel.args[0])])
+    raise NotImplementedError(f"torch.cond on the size condition {rel} (a {type(rel).__name__})")

@@ -18,6 +18,7 @@ import numpy as np
 from fexplore.errors import SourceLoc
 from fexplore.ir import Attrs, Constant, DType, Graph, Node, TensorType, Value, get_op
 from fexplore.ir.graph import unique_name
+from fexplore.ir.inline import inline_body
 
 from ..stage import Rewrite
 
@@ -96,6 +97,14 @@ class Rewriter:
         self._names.add(name)
         self.nodes.append(Node(opdef, ins, full, [out], loc))
         return out
+
+    def inline(self, body: Graph, ins: list[Value], loc: SourceLoc | None = None) -> list[Value]:
+        """``body``'s nodes (a region's) in this graph, reading ``ins`` for its inputs; returns
+        what stands for its outputs (``ir.inline.inline_body``: names made unique here)."""
+        constants, nodes, outs = inline_body(body, [self.lookup(x) for x in ins], self._names, loc)
+        self.constants += constants
+        self.nodes += nodes
+        return outs
 
     def record(self, rule: str, nodes: Iterable[str], result: Iterable[str] = ()) -> None:
         self.rewrites.append(Rewrite(rule, tuple(nodes), tuple(result)))

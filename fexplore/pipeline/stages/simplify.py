@@ -187,6 +187,8 @@ def _round(graph: Graph, rewrites: list[Rewrite]) -> Graph:
         ins = [rw.lookup(v) for v in node.inputs]
         if len(node.outputs) == 1 and not node.regions and _apply_rules(rw, node, ins, made):
             continue
+        if _inline_decided_cond(rw, node, ins, made):
+            continue
         key = None if node.regions else (node.op.name, tuple(v.name for v in ins), node.attrs)
         if key is not None and key in seen:
             for old, new in zip(node.outputs, seen[key].outputs):
@@ -219,6 +221,23 @@ def _apply_rules(rw: Rewriter, node: Node, ins, made) -> bool:
         rw.record(name, [node.output.name], [result.name])
         return True
     return False
+
+
+def _inline_decided_cond(rw: Rewriter, node: Node, ins, made) -> bool:
+    """A cond whose predicate is a constant (a condition on sizes, once they are known) is the
+    branch it takes: that region's nodes, inlined."""
+    if node.op.name != "cond" or not isinstance(ins[0], Constant) or ins[0].payload is None:
+        return False
+    before = len(rw.nodes)
+    branch = node.regions[0] if bool(np.asarray(ins[0].payload)) else node.regions[1]
+    outs = rw.inline(branch, ins[1:], node.loc)
+    for n in rw.nodes[before:]:
+        for v in n.outputs:
+            made[v.name] = n
+    for old, new in zip(node.outputs, outs):
+        rw.replace(old, new)
+    rw.record("inline-cond-of-a-constant-predicate", [v.name for v in node.outputs], [v.name for v in outs])
+    return True
 
 
 def _dedupe_constants(rw: Rewriter) -> None:
