@@ -646,6 +646,37 @@ def test_hf_model_with_a_dynamic_sequence_length(name):
     assert not cm.codegen_bugs, cm.codegen_bugs
 
 
+def _with_flex_attention(model):
+    """The model with attn_implementation="flex_attention" (its config, and its modules' own)."""
+    for sub in model.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            config._attn_implementation = "flex_attention"
+    return model
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")   # their flex advice
+@pytest.mark.parametrize("name, target, precision", [
+    ("llama", "rngd", "fp32"), ("llama", "tiny", "bf16"), ("mistral", "rngd", "fp32"),
+    ("gemma2", "rngd", "fp32"), ("gemma2", "tiny", "bf16")])
+def test_hf_decoder_with_flex_attention(name, target, precision):
+    """Hugging Face's flex_attention path: a BlockMask of its causal (Mistral: sliding-window)
+    mask_mod, Gemma 2's softcap as a score_mod; exported for inference, though Hugging Face
+    compiles flex_attention itself in eager."""
+    model, inputs = build(name)
+    model = _with_flex_attention(model)
+    want = _eager(model, inputs)
+    cm = fexplore.compile(model, inputs, target=target, precision=precision)
+    assert "flex_attention" in str(cm._ingested.exported.graph)
+    assert cm.verification["ok"].all(), cm.verification
+    assert not cm.lowering.host_ops, [(h.op, h.reason) for h in cm.lowering.host_ops]
+    got = cm(*inputs)
+    if precision == "fp32":
+        torch.testing.assert_close(got, want, rtol=1.3e-6, atol=2e-5)
+    else:
+        assert 0 < float((got - want).abs().max()) < 0.05 * max(1.0, float(want.abs().max()))
+
+
 @pytest.mark.parametrize("name", ["t5", "bart"])
 def test_hf_encoder_decoder_with_dynamic_source_and_target_lengths(name):
     """Two symbols, each length its own. T5's relative-position buckets, a constant at static

@@ -1,12 +1,14 @@
 """Running a user's model in eager: what its outputs are to the checks (``output_tensors``), and
 running it under one of fexplore's dispatch modes (the f64 twin's exact narrow ops, the precision
-policy's rounding) when the model uses ``torch.cond``.
+policy's rounding) when the model uses ``torch.cond`` or ``flex_attention``.
 
-In eager, ``torch.cond`` compiles itself with dynamo and dispatches the ``cond`` higher-order op.
-Under a Python dispatch mode that has no rule for the op, it raises; worse, the failed compile
-leaves dynamo's cache so that the user's own later eager calls of the model fail too. So a mode
-used here gets a rule (the branch the predicate picks runs under the mode, which sees its ops),
-and while the mode is on, ``cond`` calls itself directly instead of through dynamo.
+In eager, ``torch.cond`` and ``flex_attention`` compile themselves with dynamo and dispatch a
+higher-order op. Under a Python dispatch mode that has no rule for the op, it raises; worse, the
+failed compile leaves dynamo's cache so that the user's own later eager calls of the model (and
+torch.export of it) fail too. So a mode used here gets a rule for each (cond runs the branch its
+predicate picks, flex_attention torch's dense reference, with the mode on, which sees their
+ops), and while the mode is on, they call the op directly instead of through dynamo, and whatever
+the model compiles itself runs eagerly.
 """
 
 from __future__ import annotations
@@ -17,22 +19,31 @@ import torch
 import torch.utils._pytree as pytree
 
 
-def runs_cond_branches(mode_cls):
+def runs_higher_order_ops(mode_cls):
     """Class decorator for a TorchDispatchMode: ``cond`` under it runs the branch its predicate
-    picks, with the mode on."""
+    picks, and ``flex_attention`` torch's dense reference, with the mode on."""
     cond = getattr(torch.ops.higher_order, "cond", None)
     if cond is not None:
         @cond.py_impl(mode_cls)
         def _cond(mode, pred, true_fn, false_fn, operands):
             with mode:
                 return (true_fn if bool(pred) else false_fn)(*operands)
+    try:
+        from torch._higher_order_ops.flex_attention import flex_attention, sdpa_dense
+    except ImportError:  # pragma: no cover - a torch without flex_attention
+        return mode_cls
+
+    @flex_attention.py_impl(mode_cls)
+    def _flex_attention(mode, *args):
+        with mode:
+            return sdpa_dense(*args)
     return mode_cls
 
 
 @contextlib.contextmanager
 def eager_under(mode):
-    """``with mode:``, with ``torch.cond`` kept out of dynamo (where this torch has the hook;
-    elsewhere the mode's rule alone applies)."""
+    """``with mode:``, with ``torch.cond`` and ``flex_attention`` kept out of dynamo (where this
+    torch has the hooks; elsewhere the mode's rules alone apply)."""
     try:
         import torch._higher_order_ops.utils as hop_utils
     except ImportError:  # pragma: no cover - torch without higher-order ops
@@ -40,12 +51,25 @@ def eager_under(mode):
     compile_and_call = getattr(hop_utils, "_hop_compile_and_call", None)
     if compile_and_call is not None:
         hop_utils._hop_compile_and_call = lambda fn, args, kwargs=None: fn(*args, **(kwargs or {}))
+    try:   # flex_attention's own switch: the op called directly, not compiled
+        import torch.nn.attention.flex_attention as flex
+    except ImportError:  # pragma: no cover - a torch without flex_attention
+        flex = None
+    direct = getattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", None)
+    if direct is not None:
+        flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    # a model's own torch.compile (Hugging Face compiles flex_attention) would trace under the mode
+    # with dynamo too: every compiled function runs eagerly while the mode is on
+    stance = getattr(torch.compiler, "set_stance", None)
+    eager = stance("force_eager") if stance is not None else contextlib.nullcontext()
     try:
-        with mode:
+        with eager, mode:
             yield mode
     finally:
         if compile_and_call is not None:
             hop_utils._hop_compile_and_call = compile_and_call
+        if direct is not None:
+            flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = direct
 
 
 def output_tensors(out) -> list[torch.Tensor]:

@@ -166,7 +166,10 @@ def _export(model, args, kwargs, dynamic_shapes):
                               hint="pass torch.view_as_real(x) and call torch.view_as_complex "
                                    "inside the model")
     try:
-        ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        # traced for inference, without autograd: an op with no backward on this device
+        # (flex_attention on CPU) refuses to be traced for one
+        with torch.no_grad():
+            ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch raises many kinds; the user needs the message, not our stack
         if _data_dependent(e):
             raise ControlFlowError(
@@ -218,7 +221,8 @@ def _export_strict(model, args, kwargs, dynamic_shapes, written: list):
     # dynamo's notes on side effects it saw in the model's libraries, not the user's business
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._dynamo")
     try:
-        ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=True)
+        with torch.no_grad():   # for inference, as `_export`
+            ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=True)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds
         raise _writes_constants(written, f"; exporting it with dynamo, which would follow them to "
                                          f"the buffers they may be, failed: {type(e).__name__}: "

@@ -212,8 +212,12 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
     outputs: list[Value] = []
     updated_buffers = set(ep.graph_signature.buffers_to_mutate.values()) if top else set()
     state_inputs: list[Value] = []
+    unread = _block_mask_only(gm.graph)
 
     for n in gm.graph.nodes:
+        if n in unread:
+            env[n.name] = None   # what reads it (the BlockMask's slots of flex_attention) ignores it
+            continue
         if n.op == "placeholder":
             spec = specs.get(n.name)
             if spec is not None and spec.kind in (InputKind.PARAMETER, InputKind.BUFFER,
@@ -259,11 +263,32 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
             inputs += state_inputs
             if top:
                 _check_outputs(ep)
-            outputs = _outputs(n.args[0], env, ep.graph_signature.output_specs if top else None, inputs,
+            flat = n.args[0] if isinstance(n.args[0], (tuple, list)) else (n.args[0],)   # a score_mod's one
+            outputs = _outputs(flat, env, ep.graph_signature.output_specs if top else None, inputs,
                                mutations, state, b)
     used = {v.name for node in b.nodes for v in node.inputs} | {v.name for v in outputs}
     constants = [c for c in b.constants if c.name in used]  # tied weights leave orphans
     return Graph(name, inputs, constants, b.nodes, outputs, {})
+
+
+def _block_mask_only(graph: torch.fx.Graph) -> set:
+    """The call nodes whose results reach nothing but flex_attention's BlockMask tensors: its
+    block counts and indices, which say where a fused kernel may skip work while the op's
+    meaning reads the mask_mod alone (``convert/flex_attention.py``). They are not converted:
+    with a dynamic length they are sizes rounded up to whole blocks, of no use to the IR."""
+    flex = [n for n in graph.nodes if n.op == "call_function" and op_key(n.target) == "higher_order.flex_attention"]
+    if not flex:
+        return set()
+    skipped = {id(n): {x for x in n.args[4][:-1] if isinstance(x, torch.fx.Node)} for n in flex}
+    # from the output and side effects (not the checks of metadata torch adds: never converted)
+    live, stack = set(), [n for n in graph.nodes if not n.users and not op_key(n.target).startswith(_SKIPPED)]
+    while stack:
+        n = stack.pop()
+        if n in live:
+            continue
+        live.add(n)
+        stack += [x for x in n.all_input_nodes if x not in skipped.get(id(n), ())]
+    return {n for n in graph.nodes if n.op == "call_function" and n not in live}
 
 
 def _outputs(flat, env, specs, inputs, mutations, state, b: GraphBuilder) -> list[Value]:

@@ -29,7 +29,7 @@ from fexplore.errors import ExportError
 
 from fexplore.ir import DType, Graph, run
 
-from .eager_modes import eager_under, runs_cond_branches
+from .eager_modes import eager_under, runs_higher_order_ops
 from .ingest import tensor_payload
 from .policy_noise import POLICY_DTYPES, policy_error
 from .eager_modes import output_tensors
@@ -312,7 +312,7 @@ def _exact_twin(model: torch.nn.Module):
 _NARROW_FLOATS = (torch.float16, torch.bfloat16)
 
 
-@runs_cond_branches
+@runs_higher_order_ops
 class _ExactNarrowOps(TorchDispatchMode):
     """The f64 twin's ops on the model's own f16/bf16 values (a cast inside ``forward`` stays a
     cast in the twin) computed in f64 and rounded once, to the dtype eager gives: eager's kernels
@@ -341,7 +341,7 @@ class _ExactNarrowOps(TorchDispatchMode):
             and isinstance(w, torch.Tensor) and w.shape == o.shape else o, out, wide)
 
 
-@runs_cond_branches
+@runs_higher_order_ops
 class _NoNarrowing(TorchDispatchMode):
     """The model's exact arithmetic, on the all-f64 twin: every op computes in f64, and what one
     gives in f16 or bf16 (a cast in ``forward``, a tensor made in a narrow dtype) is widened

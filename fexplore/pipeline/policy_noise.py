@@ -28,7 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from fexplore.ir import DType
 
 from .convert import ir_dtype
-from .eager_modes import eager_under, output_tensors, runs_cond_branches
+from .eager_modes import eager_under, output_tensors, runs_higher_order_ops
 
 # The narrow dtype of each reduced-precision policy.
 POLICY_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
@@ -66,7 +66,7 @@ def _rank(t: torch.Tensor) -> int:
     return _FLOATS.index(t.dtype) if t.dtype in _FLOATS else _WIDE
 
 
-@runs_cond_branches
+@runs_higher_order_ops
 class _NarrowContractions(TorchDispatchMode):
     """Rounds each contraction's narrowed operands to ``dtype`` (and back: the op itself runs in
     its own dtype, accumulating wide, as the chip does), and notes for every tensor the narrowest

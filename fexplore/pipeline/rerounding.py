@@ -29,7 +29,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .eager_modes import eager_under, output_tensors, runs_cond_branches
+from .eager_modes import eager_under, output_tensors, runs_higher_order_ops
 
 # A re-rounded distance above this share of max(1, max|output|) is a flipped decision (see the module).
 DECISION_SHARE = 1e-3
@@ -58,7 +58,7 @@ EXACT_OPS = frozenset({
 })
 
 
-@runs_cond_branches
+@runs_higher_order_ops
 class _ReRounded(TorchDispatchMode):
     """Moves each f32 value an op computes by one ulp, up or down at random (``generator``);
     exact ops (``EXACT_OPS``), ops that write or return a view of their input, and values that

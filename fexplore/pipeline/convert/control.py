@@ -49,7 +49,9 @@ def _map(ctx: ConvertContext):
     steps = []
     for i in range(n):
         slices = [ctx.emit("select", [x], {"axis": 0, "index": i}) for x in xs]
-        constants, nodes, outs = inline_body(body, slices + list(extra), ctx.b._names, ctx.loc, sep="_")
+        # named under this node's name and step: the body's names (``add``) may be the model's own
+        constants, nodes, outs = inline_body(body, slices + list(extra), ctx.b._names, ctx.loc, sep="_",
+                                             prefix=f"{ctx.node.name}.{i}.")
         ctx.b.constants += constants
         ctx.b.nodes += nodes
         steps.append(outs)
