@@ -1,7 +1,7 @@
 """Acceptance: torch.cond becomes a cond node whose two regions both run correctly (a condition on
 a dynamic size too: a cond until the size is known, then the branch it takes); functorch's map
 is unrolled; a torch.library custom op fails with UnsupportedOperatorError until registered,
-then compiles."""
+then compiles. scan is unrolled like map; a while_loop is refused by name."""
 
 import numpy as np
 import pytest
@@ -146,6 +146,48 @@ def test_map_over_a_dynamic_leading_axis_is_refused_clearly():
     with pytest.raises(UnsupportedOperatorError, match="unrolled, one copy of the body per slice"):
         fexplore.compile(MapsRows(), (torch.randn(3, 5), torch.randn(5)),
                          dynamic_shapes={"xs": {0: Dim("n", max=16)}, "y": None})
+
+
+class Scans(torch.nn.Module):
+    """A recurrence as torch's scan: a carry and a stacked output per step, a weight read whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 4))
+
+    def forward(self, init, xs):
+        from torch._higher_order_ops.scan import scan
+
+        def step(c, x):
+            c = c * 0.5 + x @ self.w
+            return c, c.sin()
+
+        return scan(step, init, xs)
+
+
+def test_scan_is_unrolled_with_its_carry():
+    torch.manual_seed(0)
+    model = Scans()
+    cm = fexplore.compile(model, (torch.randn(4), torch.randn(5, 3)))
+    assert cm.stages[0].after.op_counts()["sin"] == 5
+    init, xs = torch.randn(4), torch.randn(5, 3)
+    with torch.no_grad():
+        want = model(init, xs)
+    got = cm(init, xs)
+    assert got[1].shape == (5, 4)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_while_loop_is_refused_with_what_to_write_instead():
+    class Loops(torch.nn.Module):
+        def forward(self, x):
+            from torch._higher_order_ops.while_loop import while_loop
+
+            return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2 + 1),
+                              (torch.zeros((), dtype=torch.int64), x))[1]
+
+    with pytest.raises(UnsupportedOperatorError, match="no run-time loop"):
+        fexplore.compile(Loops(), (torch.randn(4),))
 
 
 # A custom op of the kind users write: defined with torch.library, with a fake kernel for export.

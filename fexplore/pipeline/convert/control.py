@@ -1,5 +1,6 @@
 """Converters for control flow: ``torch.cond`` becomes a ``cond`` node owning two regions;
-``map`` (functorch's, over the leading axis) is unrolled, as torch.export unrolls a Python loop.
+``map`` (functorch's, over the leading axis) and ``scan`` are unrolled, as torch.export unrolls
+a Python loop.
 
 A predicate on sizes (``x.shape[0] > 2`` with a dynamic dim: a SymBool) becomes a 0-d bool
 computed from the sizes, so the cond stays a cond while the size is a symbol; once a size is
@@ -37,31 +38,74 @@ def _cond(ctx: ConvertContext):
 @converter("higher_order.map_impl")
 def _map(ctx: ConvertContext):
     """``map(f, xs, *args)``: f on each slice ``xs[i]`` along the leading axis (with the other
-    operands whole), the results stacked. Unrolled: one copy of f's body per slice, so the
-    count must be known when compiling."""
+    operands whole), the results stacked."""
     body_gm, xs, extra = ctx.args[:3]
+    n = _steps(xs, "map")
+    body = ctx.graph_module_converter(body_gm, "body")
+    steps = [_step(ctx, body, [_slice(ctx, x, i) for x in xs] + list(extra), i) for i in range(n)]
+    return tuple(_stacked(ctx, steps, body.outputs))
+
+
+@converter("higher_order.scan")
+def _scan(ctx: ConvertContext):
+    """``scan(f, init, xs, additional_inputs)``: carries start at ``init``; each step
+    ``carries, ys = f(*carries, *xs[i], *additional_inputs)``. Gives the last carries, then
+    each y stacked over the steps (torch's wrapper has moved the scanned axis first and
+    flipped xs for a reverse scan)."""
+    body_gm, init, xs, extra = ctx.args[:4]
+    n = _steps(xs, "scan")
+    body = ctx.graph_module_converter(body_gm, "combine")
+    carries, steps = list(init), []
+    for i in range(n):
+        outs = _step(ctx, body, carries + [_slice(ctx, x, i) for x in xs] + list(extra), i)
+        carries, ys = outs[:len(init)], outs[len(init):]
+        steps.append(ys)
+    return tuple(carries) + tuple(_stacked(ctx, steps, body.outputs[len(init):]))
+
+
+@converter("higher_order.while_loop")
+def _while_loop(ctx: ConvertContext):
+    raise NotImplementedError(
+        "a while_loop runs until a condition on tensor values fails: a compiled program has no "
+        "run-time loop (write the loop in Python over a known count, or as torch scan/map, "
+        "which are unrolled)")
+
+
+def _steps(xs, what: str) -> int:
+    """The number of steps of an unrolled loop: one copy of its body per step, so it must be
+    known when compiling."""
     n = xs[0].type.shape[0]
     if not isinstance(n, int):
         raise NotImplementedError(
-            f"map over a leading axis of symbolic length {n}: it is unrolled, one copy of the "
+            f"{what} over a leading axis of symbolic length {n}: it is unrolled, one copy of the "
             "body per slice, so the length must be static (no dynamic_shapes on that dim)")
-    body = ctx.graph_module_converter(body_gm, "body")
-    steps = []
-    for i in range(n):
-        slices = [ctx.emit("select", [x], {"axis": 0, "index": i}) for x in xs]
-        # named under this node's name and step: the body's names (``add``) may be the model's own
-        constants, nodes, outs = inline_body(body, slices + list(extra), ctx.b._names, ctx.loc, sep="_",
-                                             prefix=f"{ctx.node.name}.{i}.")
-        ctx.b.constants += constants
-        ctx.b.nodes += nodes
-        steps.append(outs)
+    return n
+
+
+def _slice(ctx: ConvertContext, x: Value, i: int) -> Value:
+    return ctx.emit("select", [x], {"axis": 0, "index": i})
+
+
+def _step(ctx: ConvertContext, body, ins, i: int) -> list[Value]:
+    """One copy of ``body`` on ``ins``, named under this node's name and step (the body's own
+    names, ``add``, may be the model's)."""
+    constants, nodes, outs = inline_body(body, ins, ctx.b._names, ctx.loc, sep="_", prefix=f"{ctx.node.name}.{i}.")
+    ctx.b.constants += constants
+    ctx.b.nodes += nodes
+    return outs
+
+
+def _stacked(ctx: ConvertContext, steps: list, outputs) -> list[Value]:
+    """Each of the body's ``outputs`` stacked over the steps (a new leading axis)."""
     stacked = []
-    for k, out in enumerate(body.outputs):
-        rows = [ctx.emit("reshape", [step[k]], {"shape": (1,) + tuple(out.type.shape)}) for step in steps]
-        stacked.append(ctx.emit("concat", rows, {"axis": 0}) if n else
-                       ctx.emit("full", [], {"shape": (0,) + tuple(out.type.shape), "value": 0,
-                                             "dtype": out.type.dtype}))
-    return tuple(stacked)
+    for k, out in enumerate(outputs):
+        shape = tuple(out.type.shape)
+        if not steps:
+            stacked.append(ctx.emit("full", [], {"shape": (0,) + shape, "value": 0, "dtype": out.type.dtype}))
+            continue
+        rows = [ctx.emit("reshape", [step[k]], {"shape": (1,) + shape}) for step in steps]
+        stacked.append(ctx.emit("concat", rows, {"axis": 0}))
+    return stacked
 
 
 def size_predicate(ctx: ConvertContext, pred) -> Value:
