@@ -16,7 +16,9 @@ inlined. An indexing of a captured buffer (``bias[h]``) broadcasts as the vmappe
 A score_mod that leaves the score alone, adds to it a term of the indices (ALiBi, a relative
 bias), or masks it with ``where(cond, score, -inf)`` becomes the IR's ``attention`` op with an
 additive or boolean mask: a flash-attention kernel on the chip. Any other (a softcap's tanh)
-is written out: matmul, the score_mod, the mask, softmax, matmul. The log-sum-exp and row-max
+is written out as attention is written in eager: matmul, the score_mod, the mask, softmax,
+matmul, which fusion makes a flash kernel of too; the safe softmax's empty rows are zeroed
+after the product (from the mask_mod's rows, which keep a key or not). The log-sum-exp and row-max
 outputs (``return_lse``), when read, are computed from the written-out scores, in log2 units
 as the op gives them.
 """
@@ -68,7 +70,8 @@ def _flex_attention(ctx: ConvertContext):
     if (0 in wants and out is None) or 1 in wants or 2 in wants:
         scores = _post_mod_scores(ctx, q, k, scale, score_body, index + score_bufs, keep, work, gqa)
         if 0 in wants and out is None:
-            out = _softmax_times_v(ctx, scores, v, q.type.dtype, gqa)
+            out = _softmax_times_v(ctx, scores, v, q.type.dtype, gqa,
+                                   _rows_kept(ctx, scores, keep, score_body))
         if 1 in wants or 2 in wants:
             lse, row_max = _lse_and_max(ctx, scores)
     return out, lse, row_max
@@ -201,17 +204,31 @@ def _repeat_heads(ctx, x: Value, heads) -> Value:
     return ctx.emit("reshape", [x], {"shape": (B, heads, S, D)})
 
 
-def _softmax_times_v(ctx, scores: Value, v: Value, dtype: DType, gqa: bool) -> Value:
-    """A safe softmax (a row of -inf is zeros) of ``scores``, in ``dtype``, @ v."""
-    p = ctx.emit("softmax", [scores], {"axis": -1})
+def _rows_kept(ctx, scores: Value, keep, body: Graph):
+    """Which query rows keep a key (B|1, H|1, L, 1), or None when every row must: a row that
+    keeps none has zeros out of the reference's safe softmax. From the mask_mod when the
+    score_mod cannot make a score -inf itself (it holds no -inf); else from the scores' row max,
+    a pass over the scores of its own."""
+    makes_minus_inf = any(_is_minus_inf(body, x) for n in body.nodes for x in n.inputs)
+    if not makes_minus_inf:
+        return None if keep is None else ctx.emit("any", [keep], {"axes": (-1,), "keepdim": True})
     row_max = ctx.emit("amax", [scores], {"axes": (-1,), "keepdim": True})
-    kept = ctx.emit("ne", [row_max, ctx.scalar(-math.inf, scores.type.dtype)])
-    p = ctx.emit("where", [kept, p, ctx.scalar(0.0, scores.type.dtype)])
+    return ctx.emit("ne", [row_max, ctx.scalar(-math.inf, scores.type.dtype)])
+
+
+def _softmax_times_v(ctx, scores: Value, v: Value, dtype: DType, gqa: bool, kept) -> Value:
+    """softmax(``scores``) in ``dtype`` @ v, as attention is written (fusion makes a flash
+    kernel of it); the rows ``kept`` says keep no key are zeros, as the reference's safe softmax
+    gives them (softmax's 0/0 there is replaced after the product)."""
+    p = ctx.emit("softmax", [scores], {"axis": -1})
     if gqa:
         v = _repeat_heads(ctx, v, scores.type.shape[1])
     p = ctx.emit("cast", [p], {"dtype": dtype}) if dtype != p.type.dtype else p
     v = ctx.emit("cast", [v], {"dtype": dtype}) if dtype != v.type.dtype else v
-    return ctx.emit("matmul", [p, v])
+    out = ctx.emit("matmul", [p, v])
+    if kept is None:
+        return out
+    return ctx.emit("where", [kept, out, ctx.scalar(0.0, dtype)])
 
 
 def _lse_and_max(ctx, scores: Value):
