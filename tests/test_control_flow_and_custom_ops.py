@@ -3,6 +3,8 @@ a dynamic size too: a cond until the size is known, then the branch it takes); f
 is unrolled; a torch.library custom op fails with UnsupportedOperatorError until registered,
 then compiles. scan is unrolled like map; a while_loop is refused by name."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -245,3 +247,55 @@ def test_custom_op_with_a_numpy_reference():
         assert calls  # the IR's meaning really is the given reference
     finally:
         fexplore.register_op(torch.ops.fexplore_test.scaled_tanh)
+
+
+# Custom ops that update arguments in place (a cache write, an accumulation), as kernel authors write.
+@torch.library.custom_op("fexplore_test::add_into", mutates_args=("x",))
+def add_into(x: torch.Tensor, y: torch.Tensor) -> None:
+    x.add_(y)
+
+
+@torch.library.custom_op("fexplore_test::accumulate_rows", mutates_args=("acc",))
+def accumulate_rows(acc: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+    acc.add_(y * scale)
+    return acc.sum(0)
+
+
+@accumulate_rows.register_fake
+def _(acc, y, scale):
+    return acc.new_empty(acc.shape[1:])
+
+
+class UpdatesInPlace(torch.nn.Module):
+    """Updates a copy, a slice of a buffer (state carried from call to call) and an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(4, 3))
+
+    def forward(self, x, y):
+        z = x.clone()
+        add_into(z, y)
+        total = accumulate_rows(self.cache[1:3], y[:2].reshape(2, 1).expand(2, 3), 0.5)
+        add_into(x, y)
+        return z * 2, total
+
+
+def test_custom_ops_that_update_their_arguments_compile_once_registered():
+    model = UpdatesInPlace()
+    x, y = torch.randn(4), torch.randn(4)
+    with pytest.raises(UnsupportedOperatorError, match="updates its arguments in place"):
+        fexplore.compile(copy.deepcopy(model), (x.clone(), y))
+    fexplore.register_op(torch.ops.fexplore_test.add_into)
+    fexplore.register_op(torch.ops.fexplore_test.accumulate_rows)
+    cm = fexplore.compile(copy.deepcopy(model), (x.clone(), y))
+    assert cm.verification["ok"].all(), cm.verification
+    eager = copy.deepcopy(model)
+    for _ in range(2):   # the buffer's slice accumulates from call to call, in both
+        xs = torch.randn(4)
+        mine, theirs = xs.clone(), xs.clone()
+        got, want = cm(mine, y), eager(theirs, y)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(mine, theirs)            # the input updated in place, as eager's
+        torch.testing.assert_close(cm.state["cache"], eager.cache)
+    assert float(eager.cache.abs().sum()) > 0

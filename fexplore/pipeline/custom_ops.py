@@ -4,6 +4,12 @@ built-in ops, as one OpDef each.
 From the op's schema: tensor arguments become IR inputs, the rest typed attributes. Unless given,
 the type rule comes from torch's fake (meta) kernel, and the numpy reference calls the op's eager
 implementation, so registering is one line for most ops.
+
+An op that updates some of its arguments in place (``mutates_args``: a cache write, an
+accumulation) is pure in the IR: its results are its returns, then the new values of the
+arguments it updates. torch.export writes a call of it as ``auto_functionalized_v2``, which
+names the base tensor each updated argument is (or is a slice of); the conversion computes the
+op on that argument and writes its new value back into the base.
 """
 
 from __future__ import annotations
@@ -13,11 +19,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fexplore.errors import RegistrationError
+from fexplore.errors import RegistrationError, UnsupportedOperatorError
 from fexplore.ir import AttrSpec, Category, Cost, DType, OpDef, TensorType, register
 from fexplore.ir.opdef import REQUIRED, io_bytes
 
-from .convert import CONVERTERS, ConvertContext, ir_dtype, torch_dtype
+from .convert import CONVERTERS, ConvertContext, converter, ir_dtype, torch_dtype
 from .numeric import to_numpy, to_torch
 
 _ATTR_KINDS = {"int": "int", "float": "float", "bool": "bool", "str": "str", "SymInt": "dim",
@@ -38,6 +44,7 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
                                      "mutates_args=()) and pass torch.ops.mylib.myop")
     schema = overload._schema
     key = str(overload)  # "mylib.foo.default", the key ingestion looks up
+    updated = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
     name = key.rsplit(".", 1)[0] if key.endswith(".default") else key
     tensor_args, attr_args = [], []
     for a in schema.arguments:
@@ -53,9 +60,8 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
                                     hint="a custom op's arguments are tensors or attributes of kinds "
                                          f"{', '.join(sorted(_ATTR_KINDS))}")
 
-    def call_torch(arrays, attrs):
+    def call_torch(args, attrs):
         kwargs = dict(attrs)
-        args = [to_torch(np.ascontiguousarray(x)) for x in arrays]
         for k, v in kwargs.items():
             if isinstance(v, DType):
                 kwargs[k] = torch_dtype(v)
@@ -63,14 +69,18 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
             out = overload(*args, **kwargs)
         return out
 
+    def returned(out) -> list:
+        return [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
+
     def default_reference(arrays, attrs):
-        out = call_torch(arrays, attrs)
-        outs = out if isinstance(out, (tuple, list)) else [out]
-        return [to_numpy(o) for o in outs]
+        args = [to_torch(np.ascontiguousarray(x)) for x in arrays]   # copies: the op may update them
+        out = call_torch(args, attrs)
+        return [to_numpy(o) for o in returned(out) + [args[tensor_args.index(n)] for n in updated_names]]
 
     def user_reference(arrays, attrs):
+        arrays = [np.array(x, copy=True) for x in arrays]   # it may update them in place, as the op
         out = reference(*arrays, **dict(attrs))
-        return list(out) if isinstance(out, (tuple, list)) else [out]
+        return returned(out) + [arrays[tensor_args.index(n)] for n in updated_names]
 
     def default_infer(types, attrs):
         if not all(t.is_static for t in types):
@@ -83,12 +93,15 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
             kwargs = {k: (torch_dtype(v) if isinstance(v, DType) else v)
                       for k, v in attrs.items()}
             out = overload(*fakes, **kwargs)
-        outs = out if isinstance(out, (tuple, list)) else [out]
+        outs = returned(out) + [fakes[tensor_args.index(n)] for n in updated_names]
         return [TensorType(tuple(o.shape), ir_dtype(o.dtype)) for o in outs]
 
     def default_cost(ins, outs, attrs) -> Cost:
         return Cost(0, io_bytes(ins, outs))
 
+    updated_names = [schema.arguments[i].name for i in updated]
+    if any(n not in tensor_args for n in updated_names):
+        raise RegistrationError(f"{key} updates an argument that is not a tensor", hint="an op updates tensors in place")
     opdef = OpDef(name, category, infer or default_infer,
                   user_reference if reference is not None else default_reference,
                   cost or default_cost, attrs=tuple(attr_args), arity=len(tensor_args),
@@ -106,8 +119,71 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
                 attrs[a.name] = ir_dtype(attrs[a.name])
             if isinstance(attrs.get(a.name), list):
                 attrs[a.name] = tuple(attrs[a.name])
-        n_out = len(schema.returns)
+        n_out = len(schema.returns) + len(updated_names)
         return ctx.emit(name, inputs, attrs, n_results=n_out if n_out > 1 else None)
 
     CONVERTERS[key] = convert
+    _REGISTERED[key] = (name, schema, tensor_args, attr_args, updated_names)
     return opdef
+
+
+# key -> what the auto_functionalized conversion needs of each registered op
+_REGISTERED: dict = {}
+
+
+@converter("higher_order.auto_functionalized_v2", "higher_order.auto_functionalized")
+def _auto_functionalized(ctx: ConvertContext):
+    """A call of an op that updates arguments in place, as torch.export writes it: the op's
+    returns (None for none), then the new value of each base tensor. In v2 an updated argument
+    is base ``_<arg>_base_index`` of ``_all_bases`` itself, or its slice ``_<arg>_slice_dim/start/
+    end``; in v1 it is the kwarg itself, and its new value follows the returns."""
+    overload = ctx.args[0]
+    key = str(overload)
+    if key not in _REGISTERED:
+        raise UnsupportedOperatorError(key, loc=ctx.loc, reason="a custom op that updates its arguments in place, not registered",
+                                       hint=f"register it: fexplore.register_op(torch.ops.{key.rsplit('.', 1)[0]})")
+    name, schema, tensor_args, attr_args, updated_names = _REGISTERED[key]
+    kw = dict(ctx.kwargs)
+    v2 = "_all_bases" in kw
+    bases = list(kw.get("_all_bases", ()))
+    views = {}
+    for arg in updated_names:
+        if not v2:
+            views[arg] = kw[arg]
+            continue
+        base = bases[kw[f"_{arg}_base_index"]]
+        if f"_{arg}_slice_dim" in kw:
+            views[arg] = ctx.emit("slice", [base], _slice_attrs(kw, arg, base))
+        elif any(f"_{arg}_{k}" in kw for k in ("size", "stride", "storage_offset")):
+            raise NotImplementedError(f"{key} updates {arg}, a strided view of a tensor (not the tensor "
+                                      "or a slice of it)")
+        else:
+            views[arg] = base
+    inputs = [views[n] if n in views else kw.get(n) for n in tensor_args]
+    attrs = {a.name: kw[a.name] for a in attr_args if kw.get(a.name) is not None}
+    for a in attr_args:
+        if isinstance(attrs.get(a.name), torch.dtype):
+            attrs[a.name] = ir_dtype(attrs[a.name])
+        if isinstance(attrs.get(a.name), list):
+            attrs[a.name] = tuple(attrs[a.name])
+    n_returns = len(schema.returns)
+    outs = ctx.emit(name, inputs, attrs, n_results=n_returns + len(updated_names))
+    returns, new = list(outs[:n_returns]), dict(zip(updated_names, outs[n_returns:]))
+    if not v2:
+        return tuple(returns + [new[n] for n in updated_names])
+    for arg in updated_names:   # each new value written into its base
+        i = kw[f"_{arg}_base_index"]
+        if f"_{arg}_slice_dim" in kw:
+            new[arg] = ctx.emit("slice_scatter", [bases[i], new[arg]], _slice_attrs(kw, arg, bases[i]))
+        bases[i] = new[arg]
+    return tuple((returns or [None]) + bases)
+
+
+def _slice_attrs(kw: dict, arg: str, base) -> dict:
+    """The slice of its base an updated argument is (auto_functionalized_v2's ``_<arg>_slice_*``)."""
+    axis = kw[f"_{arg}_slice_dim"]
+    start, end = kw.get(f"_{arg}_slice_start"), kw.get(f"_{arg}_slice_end")
+    size = base.type.shape[axis]
+    start = 0 if start is None else start + size if start < 0 else start
+    end = size if end is None else end + size if end < 0 else min(end, size)
+    return {"axis": axis, "start": start, "end": end}
