@@ -14,7 +14,6 @@ import sympy
 import torch
 
 from fexplore.ir import DType, Value
-from fexplore.ir.inline import inline_body
 
 from .registry import ConvertContext, converter
 
@@ -87,12 +86,8 @@ def _slice(ctx: ConvertContext, x: Value, i: int) -> Value:
 
 
 def _step(ctx: ConvertContext, body, ins, i: int) -> list[Value]:
-    """One copy of ``body`` on ``ins``, named under this node's name and step (the body's own
-    names, ``add``, may be the model's)."""
-    constants, nodes, outs = inline_body(body, ins, ctx.b._names, ctx.loc, sep="_", prefix=f"{ctx.node.name}.{i}.")
-    ctx.b.constants += constants
-    ctx.b.nodes += nodes
-    return outs
+    """Step ``i``: one copy of ``body`` on ``ins``."""
+    return ctx.inline(body, ins, str(i))
 
 
 def _stacked(ctx: ConvertContext, steps: list, outputs) -> list[Value]:

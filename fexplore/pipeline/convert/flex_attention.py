@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from fexplore.ir import Constant, DType, Graph, Value
-from fexplore.ir.inline import inline_body
 
 from .movement import positions
 from .registry import ConvertContext, converter, torch_dtype
@@ -119,13 +118,7 @@ def _inline(ctx, body: Graph, ins, *, drop=None, outputs=None) -> list[Value]:
     if drop is not None or outputs is not None:
         body = Graph(body.name, list(body.inputs), list(body.constants),
                      [n for n in body.nodes if n is not drop], list(outputs or body.outputs), dict(body.symbols))
-    # named under this node's name: a converter names its values after their FX node, and the
-    # subgraph's names (``add``, ``full``) may be those of the model's own nodes
-    constants, nodes, outs = inline_body(body, ins, ctx.b._names, ctx.loc, sep="_",
-                                         prefix=f"{ctx.node.name}.{body.name}.")
-    ctx.b.constants += constants
-    ctx.b.nodes += nodes
-    return outs
+    return ctx.inline(body, ins, body.name)
 
 
 def _all_true(ctx, keep: Value) -> bool:

@@ -169,6 +169,19 @@ class ConvertContext:
         self.b.nodes.append(Node(opdef, inputs, full, outs, self.loc))
         return outs[0] if len(outs) == 1 and n_results is None else tuple(outs)
 
+    def inline(self, body, inputs, tag: str) -> list[Value]:
+        """``body``'s nodes (a converted subgraph: a loop body, a score_mod) emitted here on
+        ``inputs``; returns what stands for its outputs. Its values are named under this node's
+        name and ``tag``: a converter names values after their FX node, and the subgraph's own
+        names (``add``, ``full``) may be those of the model's nodes."""
+        from fexplore.ir.inline import inline_body
+
+        constants, nodes, outs = inline_body(body, inputs, self.b._names, self.loc, sep="_",
+                                             prefix=f"{self.node.name}.{tag}.")
+        self.b.constants += constants
+        self.b.nodes += nodes
+        return outs
+
     def emit_region_op(self, op: str, inputs, regions, attrs: dict | None = None):
         opdef = get_op(op)
         inputs = [self.value(x) for x in inputs]
