@@ -71,9 +71,9 @@ def test_shape_operand_computed_from_a_graph_input_freezes_that_input():
         cm(x, np.array([1], np.int64))
 
 
-def _branch(name, op):
+def _branch(name, op, shape=(3,)):
     return helper.make_graph([helper.make_node(op, ["x"], [f"{name}_y"])], name, [],
-                             [vi(f"{name}_y", [3])])
+                             [vi(f"{name}_y", list(shape))])
 
 
 def test_if_on_a_run_time_condition_becomes_cond():
@@ -85,6 +85,26 @@ def test_if_on_a_run_time_condition_becomes_cond():
     assert any(n.op.name == "cond" for n in cm.stages[0].after.nodes)
     for c in (True, False):
         np.testing.assert_allclose(cm(np.array(c), x)[0], ort(m, [np.array(c), x])[0])
+
+
+def test_if_on_a_symbolic_size_runs_its_branch_on_the_chip_at_each_size():
+    """A condition on a dim_param is a cond while the size is a symbol; each size's program has
+    the branch it takes inlined (simplify), not a cond run from the host."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Greater", ["n", "two"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "Relu", ["n", 4]),
+                              else_branch=_branch("else", "Neg", ["n", 4]))]
+    consts = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+              numpy_helper.from_array(np.array(2, np.int64), "two")]
+    m = model(nodes, [vi("x", ["n", 4])], [vi("y", ["n", 4])], consts)
+    cm = fexplore.compile(m, (np.ones((3, 4), np.float32),))
+    assert "cond" in cm.graph.op_counts()
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 6):
+        x = rng.standard_normal((n, 4)).astype(np.float32)
+        np.testing.assert_allclose(cm(x)[0], ort(m, [x])[0])
+        made = cm.schedules.for_inputs([x])
+        assert not [k.name for k in made.schedule.kernels if k.how == "host"], n
 
 
 def test_if_on_a_known_condition_keeps_only_its_branch():
