@@ -113,12 +113,7 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
         values = dict(zip([a.name for a in schema.arguments], args))
         values.update(ctx.kwargs)
         inputs = [values[n] for n in tensor_args]
-        attrs = {a.name: values[a.name] for a in attr_args if values.get(a.name) is not None}
-        for a in attr_args:
-            if isinstance(attrs.get(a.name), torch.dtype):
-                attrs[a.name] = ir_dtype(attrs[a.name])
-            if isinstance(attrs.get(a.name), list):
-                attrs[a.name] = tuple(attrs[a.name])
+        attrs = _attrs(attr_args, values)
         n_out = len(schema.returns) + len(updated_names)
         return ctx.emit(name, inputs, attrs, n_results=n_out if n_out > 1 else None)
 
@@ -160,12 +155,7 @@ def _auto_functionalized(ctx: ConvertContext):
         else:
             views[arg] = base
     inputs = [views[n] if n in views else kw.get(n) for n in tensor_args]
-    attrs = {a.name: kw[a.name] for a in attr_args if kw.get(a.name) is not None}
-    for a in attr_args:
-        if isinstance(attrs.get(a.name), torch.dtype):
-            attrs[a.name] = ir_dtype(attrs[a.name])
-        if isinstance(attrs.get(a.name), list):
-            attrs[a.name] = tuple(attrs[a.name])
+    attrs = _attrs(attr_args, kw)
     n_returns = len(schema.returns)
     outs = ctx.emit(name, inputs, attrs, n_results=n_returns + len(updated_names))
     returns, new = list(outs[:n_returns]), dict(zip(updated_names, outs[n_returns:]))
@@ -177,6 +167,16 @@ def _auto_functionalized(ctx: ConvertContext):
             new[arg] = ctx.emit("slice_scatter", [bases[i], new[arg]], _slice_attrs(kw, arg, bases[i]))
         bases[i] = new[arg]
     return tuple((returns or [None]) + bases)
+
+
+def _attrs(attr_args, values: dict) -> dict:
+    """The op's attributes from a call's arguments by name, as the IR holds them."""
+    attrs = {}
+    for a in attr_args:
+        v = values.get(a.name)
+        if v is not None:
+            attrs[a.name] = ir_dtype(v) if isinstance(v, torch.dtype) else tuple(v) if isinstance(v, list) else v
+    return attrs
 
 
 def _slice_attrs(kw: dict, arg: str, base) -> dict:
