@@ -40,6 +40,14 @@ def runs_higher_order_ops(mode_cls):
     return mode_cls
 
 
+def eager_only():
+    """A context in which what the model compiles itself (Hugging Face torch.compiles
+    flex_attention) runs eagerly: eager is the reference, and a compile would trace under our
+    modes with dynamo too, or meet a bug of torch's code generator on this machine."""
+    stance = getattr(torch.compiler, "set_stance", None)
+    return stance("force_eager") if stance is not None else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def eager_under(mode):
     """``with mode:``, with ``torch.cond`` and ``flex_attention`` kept out of dynamo (where this
@@ -58,12 +66,8 @@ def eager_under(mode):
     direct = getattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", None)
     if direct is not None:
         flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
-    # a model's own torch.compile (Hugging Face compiles flex_attention) would trace under the mode
-    # with dynamo too: every compiled function runs eagerly while the mode is on
-    stance = getattr(torch.compiler, "set_stance", None)
-    eager = stance("force_eager") if stance is not None else contextlib.nullcontext()
     try:
-        with eager, mode:
+        with eager_only(), mode:
             yield mode
     finally:
         if compile_and_call is not None:

@@ -29,10 +29,9 @@ from fexplore.errors import ExportError
 
 from fexplore.ir import DType, Graph, run
 
-from .eager_modes import eager_under, runs_higher_order_ops
+from .eager_modes import eager_only, eager_under, output_tensors, runs_higher_order_ops
 from .ingest import tensor_payload
 from .policy_noise import POLICY_DTYPES, policy_error
-from .eager_modes import output_tensors
 from .rerounding import rerounding_distance
 from .stage import NumericCheck
 
@@ -196,7 +195,7 @@ class Oracle:
             policy_leaves = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves] \
                 if self.policy_noise is not None else None
             try:
-                with torch.no_grad():
+                with torch.no_grad(), eager_only():
                     out = model(*args)
             except Exception as e:
                 if i == 0:  # the user's own inputs: export ran them, so this is not expected
