@@ -34,7 +34,8 @@ In a notebook, the same compile can be stepped through:
 EPILOG = """\
 examples:
   fexplore demo                                  compile the bundled GPT-style model
-  fexplore compile fexplore.models:gpt           a factory returning (model, example_inputs)
+  fexplore compile fexplore.models:gpt           a factory returning (model, example_inputs),
+                                                 or (model, example_inputs, example_kwargs)
   fexplore compile llama --target tiny           a model of the bundled zoo, by name
   fexplore compile mypkg.nets:build --out build/fx --precision bf16
   fexplore kernel kernels.py                     list the kernels a file defines
@@ -78,20 +79,25 @@ def _load_factory(spec: str):
 
 
 def _build(factory):
+    """(model, example_inputs, example_kwargs) from a factory that returns the first two, or all
+    three (keyword inputs, for a model called by keyword)."""
     made = factory()
-    if not (isinstance(made, tuple) and len(made) == 2):
-        raise FexploreError(f"the factory returned {type(made).__name__}, not "
-                            "(model, example_inputs)")
-    return made
+    if isinstance(made, tuple) and len(made) == 2:
+        return made + ({},)
+    if isinstance(made, tuple) and len(made) == 3 and isinstance(made[2], dict):
+        return made
+    raise FexploreError(f"the factory returned {type(made).__name__}, not "
+                        "(model, example_inputs) or (model, example_inputs, example_kwargs)")
 
 
-def compile_and_report(model, inputs, args):
+def compile_and_report(model, inputs, args, kwargs=None):
     """Compile, print the summary, write the report folder. A stage that fails verification still
-    gets its report written: that is when a person most needs to look. Returns (status, model)."""
+    gets its report written: that is when a person most needs to look. Returns (status, model).
+    ``kwargs``: the model's keyword inputs."""
     import fexplore
     from fexplore.pipeline import CompiledModel
 
-    ex = fexplore.explore(model, inputs, target=args.target, precision=args.precision,
+    ex = fexplore.explore(model, inputs, example_kwargs=kwargs, target=args.target, precision=args.precision,
                           verify=not args.no_verify, pe_fusion=args.pe_fusion)
     ex.run_all()
     status = 0
@@ -152,8 +158,8 @@ def cmd_compile(args) -> int:
     if args.input_shapes:
         raise FexploreError("--input-shapes is for ONNX models (a .onnx file)",
                             hint="a factory returns its own example inputs")
-    model, inputs = _build(_load_factory(args.factory))
-    return compile_and_report(model, inputs, args)[0]
+    model, inputs, kwargs = _build(_load_factory(args.factory))
+    return compile_and_report(model, inputs, args, kwargs)[0]
 
 
 def cmd_kernel(args) -> int:
@@ -247,7 +253,8 @@ def parser() -> argparse.ArgumentParser:
                                        "the IR of every stage, a verification CSV and an HTML "
                                        "report",
                        description="Compile the model that FACTORY returns. FACTORY is a function "
-                                   "taking no arguments and returning (model, example_inputs); "
+                                   "taking no arguments and returning (model, example_inputs), "
+                                   "or (model, example_inputs, example_kwargs) for keyword inputs; "
                                    "a bare name (gpt, llama, cnn, mlp, vit, vla) picks a model "
                                    "of the bundled zoo. A path to a .onnx file compiles that ONNX "
                                    "model on seeded random inputs of the --input-shapes given.")

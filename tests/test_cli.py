@@ -42,6 +42,28 @@ def test_compile_a_factory_writes_ir_csv_and_report(tmp_path, monkeypatch, capsy
     assert str(tmp_path) not in sys.path  # the factory's folder was on sys.path only while loading
 
 
+def test_a_factory_may_give_keyword_inputs(tmp_path, monkeypatch, capsys):
+    (tmp_path / "kwmodels.py").write_text(textwrap.dedent("""
+        import torch
+
+        class Gated(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = torch.nn.Linear(8, 8)
+
+            def forward(self, x, *, gate=None):
+                y = self.proj(x)
+                return y if gate is None else y * gate
+
+        def gated():
+            torch.manual_seed(0)
+            return Gated().eval(), (torch.randn(2, 8),), {"gate": torch.rand(2, 8)}
+    """))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["compile", "kwmodels:gated", "--no-report"]) == 0
+    assert "compiled @forward" in capsys.readouterr().out
+
+
 def test_compile_a_zoo_model_by_name_without_writing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["compile", "mlp", "--no-report"]) == 0
