@@ -53,6 +53,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     sdpa = [n for n in body.nodes if n.op.name == "attention"]
     expanded = []   # expands of the mask, read through
     score_ops, mask, scale, swap_k, causal = [], None, None, False, False
+    window = None   # a constant sliding-window mask's width (keys i - W < j <= i)
     if sdpa:
         core = sdpa[0]
         causal = core.attrs["causal"]
@@ -69,6 +70,10 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             # a constant causal triangle: the causal block structure instead, the diagonal
             # blocks' mask read from the constant
             causal_mask, mask, causal = (mask, scores.mask_how(constant(mask))), None, True
+        elif mask is not None and not causal:
+            # a constant sliding window: the key blocks wholly before a query block's window are
+            # masked whole and skipped; the others read the mask as before
+            window = scores.band_width(constant(mask), q.type.shape[-2], k.type.shape[-2])
         gqa = core.attrs["gqa"]
         result = core.outputs[0]
         core_nodes = {id(core)} | {id(n) for n in expanded}
@@ -375,6 +380,9 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         keys = f"bands(T, {t_cuts}, bk)" if cache else "fl.tiles(T, bk)"
         if causal:   # key blocks after the block's last query are masked whole: skipped
             w(f"for ts in fl.range([ts for ts in {keys} if ts.start < qs.stop], stages=stages):")
+        elif window and not cache:   # and those wholly before its first query's window
+            w(f"for ts in fl.range([ts for ts in {keys} if ts.start < qs.stop and ts.stop > qs.start - {window - 1}], "
+              "stages=stages):   # a sliding window of " + f"{window} keys")
         else:
             w(f"for ts in fl.range({keys}, stages=stages):")
         with w.indent():

@@ -103,6 +103,32 @@ def is_causal(keep, S: int, T: int) -> bool:
     return bool((keep.reshape(-1, S, T) == np.tri(S, T, dtype=bool)).all())
 
 
+def band_width(mask, S: int, T: int) -> int | None:
+    """W when a constant mask (a bool one keeps True, a float one is added) keeps, in every
+    leading slice, key j for query i iff 0 <= i - j < W with W < S: a sliding window of W keys
+    ending at the query's own; else None. (W >= S is the causal triangle: `is_causal_constant`.)"""
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    if mask.ndim < 2 or tuple(mask.shape[-2:]) != (S, T):
+        return None
+    if mask.dtype == np.bool_:
+        keep = mask
+    elif _is_float(mask):
+        keep, dropped = mask.astype(np.float64) == 0, _masked(mask)
+        if not bool((keep | dropped).all()):
+            return None
+    else:
+        return None
+    first = keep.reshape(-1, S, T)[0]
+    w = int(first[-1].sum()) if S else 0   # the last query keeps the whole window
+    if not 0 < w < S:
+        return None
+    i, j = np.arange(S)[:, None], np.arange(T)[None, :]
+    band = (i - j >= 0) & (i - j < w)
+    return w if bool((keep.reshape(-1, S, T) == band).all()) else None
+
+
 def constant_payload(node: Node, index: dict[str, int]):
     """`constant(value)` for a region `node`: the payload of the region input a body input stands
     for when it is a constant, else None."""
