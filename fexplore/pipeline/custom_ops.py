@@ -42,23 +42,9 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
         raise RegistrationError(f"register_op takes a torch.ops custom op, got {op!r}",
                                 hint="define it with @torch.library.custom_op('mylib::myop', "
                                      "mutates_args=()) and pass torch.ops.mylib.myop")
-    schema = overload._schema
     key = str(overload)  # "mylib.foo.default", the key ingestion looks up
-    updated = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    name = key.rsplit(".", 1)[0] if key.endswith(".default") else key
-    tensor_args, attr_args = [], []
-    for a in schema.arguments:
-        t = str(a.type)
-        if t in ("Tensor", "Tensor?"):
-            tensor_args.append(a.name)
-        elif t.rstrip("?") in _ATTR_KINDS:
-            attr_args.append(AttrSpec(a.name, _ATTR_KINDS[t.rstrip("?")],
-                                      a.default_value if a.has_default_value() else REQUIRED,
-                                      optional=t.endswith("?")))
-        else:
-            raise RegistrationError(f"{key}: argument {a.name} of type {t} is not supported",
-                                    hint="a custom op's arguments are tensors or attributes of kinds "
-                                         f"{', '.join(sorted(_ATTR_KINDS))}")
+    schema = overload._schema
+    name, tensor_args, attr_args, updated_names = _signature(overload)
 
     def call_torch(args, attrs):
         kwargs = dict(attrs)
@@ -99,9 +85,6 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
     def default_cost(ins, outs, attrs) -> Cost:
         return Cost(0, io_bytes(ins, outs))
 
-    updated_names = [schema.arguments[i].name for i in updated]
-    if any(n not in tensor_args for n in updated_names):
-        raise RegistrationError(f"{key} updates an argument that is not a tensor", hint="an op updates tensors in place")
     opdef = OpDef(name, category, infer or default_infer,
                   user_reference if reference is not None else default_reference,
                   cost or default_cost, attrs=tuple(attr_args), arity=len(tensor_args),
@@ -118,34 +101,49 @@ def register_op(op, *, reference: Callable | None = None, infer: Callable | None
         return ctx.emit(name, inputs, attrs, n_results=n_out if n_out > 1 else None)
 
     CONVERTERS[key] = convert
-    _REGISTERED[key] = (name, schema, tensor_args, attr_args, updated_names)
     return opdef
 
 
-# key -> what the auto_functionalized conversion needs of each registered op
-_REGISTERED: dict = {}
+def _signature(overload):
+    """(the IR op's name, its tensor arguments, its attributes, the arguments it updates in
+    place) from a custom op's schema."""
+    schema, key = overload._schema, str(overload)
+    name = key.rsplit(".", 1)[0] if key.endswith(".default") else key
+    tensor_args, attr_args = [], []
+    for a in schema.arguments:
+        t = str(a.type)
+        if t in ("Tensor", "Tensor?"):
+            tensor_args.append(a.name)
+        elif t.rstrip("?") in _ATTR_KINDS:
+            attr_args.append(AttrSpec(a.name, _ATTR_KINDS[t.rstrip("?")],
+                                      a.default_value if a.has_default_value() else REQUIRED,
+                                      optional=t.endswith("?")))
+        else:
+            raise RegistrationError(f"{key}: argument {a.name} of type {t} is not supported",
+                                    hint="a custom op's arguments are tensors or attributes of kinds "
+                                         f"{', '.join(sorted(_ATTR_KINDS))}")
+    updated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if any(n not in tensor_args for n in updated):
+        raise RegistrationError(f"{key} updates an argument that is not a tensor", hint="an op updates tensors in place")
+    return name, tensor_args, attr_args, updated
 
 
-@converter("higher_order.auto_functionalized_v2", "higher_order.auto_functionalized")
+@converter("higher_order.auto_functionalized_v2")
 def _auto_functionalized(ctx: ConvertContext):
     """A call of an op that updates arguments in place, as torch.export writes it: the op's
-    returns (None for none), then the new value of each base tensor. In v2 an updated argument
-    is base ``_<arg>_base_index`` of ``_all_bases`` itself, or its slice ``_<arg>_slice_dim/start/
-    end``; in v1 it is the kwarg itself, and its new value follows the returns."""
+    returns (None for none), then the new value of each base tensor. An updated argument is
+    base ``_<arg>_base_index`` of ``_all_bases`` itself, or its slice ``_<arg>_slice_dim/start/
+    end``."""
     overload = ctx.args[0]
     key = str(overload)
-    if key not in _REGISTERED:
+    if key not in CONVERTERS:   # register_op puts its converter there
         raise UnsupportedOperatorError(key, loc=ctx.loc, reason="a custom op that updates its arguments in place, not registered",
                                        hint=f"register it: fexplore.register_op(torch.ops.{key.rsplit('.', 1)[0]})")
-    name, schema, tensor_args, attr_args, updated_names = _REGISTERED[key]
+    name, tensor_args, attr_args, updated_names = _signature(overload)
     kw = dict(ctx.kwargs)
-    v2 = "_all_bases" in kw
-    bases = list(kw.get("_all_bases", ()))
+    bases = list(kw["_all_bases"])
     views = {}
     for arg in updated_names:
-        if not v2:
-            views[arg] = kw[arg]
-            continue
         base = bases[kw[f"_{arg}_base_index"]]
         if f"_{arg}_slice_dim" in kw:
             views[arg] = ctx.emit("slice", [base], _slice_attrs(kw, arg, base))
@@ -156,11 +154,9 @@ def _auto_functionalized(ctx: ConvertContext):
             views[arg] = base
     inputs = [views[n] if n in views else kw.get(n) for n in tensor_args]
     attrs = _attrs(attr_args, kw)
-    n_returns = len(schema.returns)
+    n_returns = len(overload._schema.returns)
     outs = ctx.emit(name, inputs, attrs, n_results=n_returns + len(updated_names))
     returns, new = list(outs[:n_returns]), dict(zip(updated_names, outs[n_returns:]))
-    if not v2:
-        return tuple(returns + [new[n] for n in updated_names])
     for arg in updated_names:   # each new value written into its base
         i = kw[f"_{arg}_base_index"]
         if f"_{arg}_slice_dim" in kw:

@@ -50,8 +50,9 @@ def eager_only():
 
 @contextlib.contextmanager
 def eager_under(mode):
-    """``with mode:``, with ``torch.cond`` and ``flex_attention`` kept out of dynamo (where this
-    torch has the hooks; elsewhere the mode's rules alone apply)."""
+    """``with mode:``, with ``torch.cond`` and ``flex_attention`` kept out of dynamo: compiled
+    functions (flex_attention's own, the model's) run eagerly, and cond calls itself directly
+    (where this torch has the hooks; elsewhere the mode's rules alone apply)."""
     try:
         import torch._higher_order_ops.utils as hop_utils
     except ImportError:  # pragma: no cover - torch without higher-order ops
@@ -59,21 +60,12 @@ def eager_under(mode):
     compile_and_call = getattr(hop_utils, "_hop_compile_and_call", None)
     if compile_and_call is not None:
         hop_utils._hop_compile_and_call = lambda fn, args, kwargs=None: fn(*args, **(kwargs or {}))
-    try:   # flex_attention's own switch: the op called directly, not compiled
-        import torch.nn.attention.flex_attention as flex
-    except ImportError:  # pragma: no cover - a torch without flex_attention
-        flex = None
-    direct = getattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", None)
-    if direct is not None:
-        flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
     try:
         with eager_only(), mode:
             yield mode
     finally:
         if compile_and_call is not None:
             hop_utils._hop_compile_and_call = compile_and_call
-        if direct is not None:
-            flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = direct
 
 
 def output_tensors(out) -> list[torch.Tensor]:

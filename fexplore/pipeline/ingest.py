@@ -324,14 +324,13 @@ def _number_outputs(ep) -> dict:
     """{index among the model's own outputs: the Python type} of the outputs that are numbers."""
     (out,) = [n for n in ep.graph.nodes if n.op == "output"]
     own = [o for o, s in zip(out.args[0], ep.graph_signature.output_specs) if s.kind == OutputKind.USER_OUTPUT]
+    symbolic = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
     kinds = {}
     for i, o in enumerate(own):
         v = o.meta.get("val") if isinstance(o, torch.fx.Node) else o
-        for sym, py in ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool)):
-            if isinstance(v, sym):
-                v = py(1)
-        if isinstance(v, (bool, int, float)):
-            kinds[i] = type(v)
+        kind = symbolic.get(type(v)) or (type(v) if isinstance(v, (bool, int, float)) else None)
+        if kind is not None:
+            kinds[i] = kind
     return kinds
 
 

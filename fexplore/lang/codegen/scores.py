@@ -76,22 +76,29 @@ def mask_how(mask) -> str:
 def is_causal_constant(mask, S: int, T: int) -> bool:
     """A mask as SDPA takes it (a bool one keeps True, a float one is added) that is the causal
     triangle; False for None (not a constant)."""
-    if mask is None:
-        return False
-    mask = np.asarray(mask)
-    return is_causal(mask, S, T) if mask.dtype == np.bool_ else is_causal_additive(mask, S, T)
+    keep = _kept(mask)
+    return keep is not None and is_causal(keep, S, T)
 
 
 def is_causal_additive(mask, S: int, T: int) -> bool:
     """An additive mask of 0 where a key is kept and -inf (or a huge negative) where it is not,
     in the causal triangle."""
+    return mask is not None and _is_float(np.asarray(mask)) and is_causal_constant(mask, S, T)
+
+
+def _kept(mask):
+    """Which keys a constant mask as SDPA takes it keeps (a bool one keeps True; a float one
+    of 0 and -inf, or a huge negative, is added), or None: not a constant, or a float mask that
+    adds anything else."""
     if mask is None:
-        return False
+        return None
     mask = np.asarray(mask)
+    if mask.dtype == np.bool_:
+        return mask
     if not _is_float(mask):
-        return False
+        return None
     kept, dropped = mask.astype(np.float64) == 0, _masked(mask)
-    return bool((kept | dropped).all()) and is_causal(kept, S, T)
+    return kept if bool((kept | dropped).all()) else None
 
 
 def is_causal(keep, S: int, T: int) -> bool:
@@ -107,18 +114,8 @@ def band_width(mask, S: int, T: int) -> int | None:
     """W when a constant mask (a bool one keeps True, a float one is added) keeps, in every
     leading slice, key j for query i iff 0 <= i - j < W with W < S: a sliding window of W keys
     ending at the query's own; else None. (W >= S is the causal triangle: `is_causal_constant`.)"""
-    if mask is None:
-        return None
-    mask = np.asarray(mask)
-    if mask.ndim < 2 or tuple(mask.shape[-2:]) != (S, T):
-        return None
-    if mask.dtype == np.bool_:
-        keep = mask
-    elif _is_float(mask):
-        keep, dropped = mask.astype(np.float64) == 0, _masked(mask)
-        if not bool((keep | dropped).all()):
-            return None
-    else:
+    keep = _kept(mask)
+    if keep is None or keep.ndim < 2 or tuple(keep.shape[-2:]) != (S, T):
         return None
     first = keep.reshape(-1, S, T)[0]
     w = int(first[-1].sum()) if S else 0   # the last query keeps the whole window

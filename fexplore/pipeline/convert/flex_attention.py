@@ -33,7 +33,7 @@ import torch
 
 from fexplore.ir import Constant, DType, Graph, Value
 
-from .movement import positions
+from .movement import positions, repeat_interleave
 from .registry import ConvertContext, converter, torch_dtype
 
 
@@ -189,12 +189,8 @@ def _post_mod_scores(ctx, q, k, scale, body: Graph, ins, keep, work: DType, gqa:
 
 
 def _repeat_heads(ctx, x: Value, heads) -> Value:
-    """Each key/value head repeated for the query heads of its group (repeat_interleave)."""
-    B, Hk, S, D = x.type.shape
-    g = heads // Hk
-    x = ctx.emit("reshape", [x], {"shape": (B, Hk, 1, S, D)})
-    x = ctx.emit("expand", [x], {"shape": (B, Hk, g, S, D)})
-    return ctx.emit("reshape", [x], {"shape": (B, heads, S, D)})
+    """Each key/value head repeated for the query heads of its group."""
+    return repeat_interleave(ctx, x, heads // x.type.shape[1], 1)
 
 
 def _rows_kept(ctx, scores: Value, keep, body: Graph):

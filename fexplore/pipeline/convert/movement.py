@@ -99,11 +99,17 @@ def _repeat_interleave(ctx):
     dim = ctx.kwargs.get("dim", ctx.arg(2))
     if dim is None:
         raise NotImplementedError("repeat_interleave without dim")
-    ax = _axis(dim, x.type.rank)
-    shape = x.type.shape
-    x = _reshape_to(ctx, x, shape[:ax + 1] + (1,) + shape[ax + 1:])
-    x = ctx.emit("expand", [x], {"shape": shape[:ax + 1] + (reps,) + shape[ax + 1:]})
-    return _reshape_to(ctx, x, ctx.out_type().shape)
+    return repeat_interleave(ctx, x, reps, _axis(dim, x.type.rank), ctx.out_type().shape)
+
+
+def repeat_interleave(ctx, x, reps, ax: int, shape=None):
+    """Each slice of ``x`` along ``ax`` repeated ``reps`` times in place (torch's
+    repeat_interleave; a key/value head for each query head of its group): a size-1 axis after
+    ``ax``, expanded, merged back. ``shape``: the result's, when known."""
+    dims = tuple(x.type.shape)
+    x = _reshape_to(ctx, x, dims[:ax + 1] + (1,) + dims[ax + 1:])
+    x = ctx.emit("expand", [x], {"shape": dims[:ax + 1] + (reps,) + dims[ax + 1:]})
+    return _reshape_to(ctx, x, shape if shape is not None else dims[:ax] + (dims[ax] * reps,) + dims[ax + 1:])
 
 
 def _clamp_index(v, size):

@@ -15,7 +15,7 @@ import numpy as np
 
 from fexplore.ir import DType
 
-from ..convert.movement import positions
+from ..convert.movement import positions, repeat_interleave
 from .elementwise import only_use_of, scalar_like
 from .movement import _reshape_to
 from .registry import OnnxContext, onnx_converter
@@ -164,7 +164,7 @@ def _decomposed(ctx, q, k, v, mask, scale, softcap, gqa):
     s = float(np.sqrt(scale if scale is not None else 1.0 / np.sqrt(d)))
     if gqa:
         rep = q.type.shape[1] // k.type.shape[1]
-        k, v = (_repeat_heads(ctx, t, rep) for t in (k, v))
+        k, v = (repeat_interleave(ctx, t, rep, 1) for t in (k, v))
     kt = ctx.emit("permute", [k], {"perm": (0, 1, 3, 2)})
     qk = ctx.emit("matmul", [ctx.emit("mul", [q, scalar_like(ctx, s, q)]),
                              ctx.emit("mul", [kt, scalar_like(ctx, s, kt)])])
@@ -185,13 +185,6 @@ def _decomposed(ctx, q, k, v, mask, scale, softcap, gqa):
     mode = ctx.attr("qk_matmul_output_mode", 0)
     out_qk = {0: qk, 1: qk, 2: scores, 3: p}[mode]
     return ctx.emit("matmul", [p, v]), out_qk
-
-
-def _repeat_heads(ctx, t, rep):
-    b, h, s, d = t.type.shape
-    t = _reshape_to(ctx, t, (b, h, 1, s, d))
-    t = ctx.emit("expand", [t], {"shape": (b, h, rep, s, d)})
-    return _reshape_to(ctx, t, (b, h * rep, s, d))
 
 
 # -- scaled_dot_product_attention as exporters write it, read back -------------------------
