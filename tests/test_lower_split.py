@@ -256,11 +256,12 @@ def test_a_wrong_piece_is_named():
 
 
 def test_a_region_split_in_a_compile_verifies_schedules_and_saves(tmp_path):
-    """The zoo's GPT on tiny: its attention regions (q·kᵀ from the fused qkv projection, the
-    softmax given back for SRAM) split; the pieces verify, are scheduled and saved."""
+    """The zoo's Llama on tiny: its MLP regions (the RMSNorm as the gate projection's prologue,
+    the up projection given back for SRAM, so the normed rows leave the region) split; the
+    pieces verify, are scheduled and saved."""
     import os
 
-    model, inputs = fexplore.models.ZOO["gpt"]()
+    model, inputs = fexplore.models.ZOO["llama"]()
     cm = fexplore.compile(model, inputs, target="tiny", precision="bf16")
     low = cm.lowering
     assert low.splits and all(r.verification.ok for r in cm.stages)

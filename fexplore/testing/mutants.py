@@ -168,6 +168,17 @@ MUTANTS: list[Mutant] = [
                   'rw.replace(v, rw.constant(v.name, np.asarray(a, order="C"), type=v.type))',
                   'rw.replace(v, rw.constant(v.name, np.asarray(np.asarray(a).astype(np.float16).astype('
                   'np.asarray(a).dtype) if np.asarray(a).dtype.kind == "f" else a, order="C"), type=v.type))'),)),
+    Mutant("merged-projections-misaligned", "fold: parallel linears merged",
+           "the merged weight puts the projections in reverse order while the slices take them in "
+           "order (q reads v's and k's columns)",
+           (Patch("fexplore.pipeline.stages.parallel_linears:_merge",
+                  'w = _concatenated(rw, weights, f"{first.output.name}.merged_weight")',
+                  'w = _concatenated(rw, weights[::-1], f"{first.output.name}.merged_weight")'),)),
+    Mutant("rms-norm-weight-dropped", "simplify: fold-weight-into-rms-norm",
+           "a written-out RMSNorm's weight is taken into the rms_norm op and then left out of it",
+           (Patch("fexplore.pipeline.stages.simplify:_rms_norm_weight",
+                  'return rw.emit("rms_norm", [norm.inputs[0], w], dict(norm.attrs)',
+                  'return rw.emit("rms_norm", [norm.inputs[0]], dict(norm.attrs)'),)),
     Mutant("fold-batchnorm-without-eps", "fold: conv + batch norm folding",
            "the folded scale is gamma / sqrt(var), the batch norm's eps forgotten",
            (Patch("fexplore.pipeline.stages.fold:_bn_scale",

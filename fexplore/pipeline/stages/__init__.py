@@ -13,7 +13,8 @@ from .simplify import simplify
 
 # `reads`: the options each stage's result depends on (`Stage.reads`)
 GRAPH_STAGE_LIST = [
-    Stage("fold", fold, "constant folding through the interpreter; conv + batch norm folding",
+    Stage("fold", fold, "constant folding through the interpreter; conv + batch norm folding; "
+                        "projections of one input into attention merged",
           reads=frozenset({"fold_limit_bytes"})),
     Stage("simplify", simplify, "canonicalization rules, CSE, DCE", reads=frozenset()),
     Stage("shapes", shapes, "shape inference to a fixed point, symbolic dims simplified",

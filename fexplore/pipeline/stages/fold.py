@@ -8,6 +8,9 @@ their neighbours. On the meta device both rewrites are made on structure alone (
 constants have no values), so a real-size model reaches the graph it would with weights. The fold
 size limit (an option) keeps huge results from being materialized, and broadcasts stay lazy (an
 expanded constant is cheaper to regenerate than to store).
+
+Last, linears reading one input with constant weights become one linear over the weights side by
+side (`parallel_linears`: attention's q, k and v projections as one kernel).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from fexplore.ir import Constant, Graph, Node, TensorType, evaluate_node
 from fexplore.ir.types import names_a_symbol
 
 from ..stage import StageResult
+from .parallel_linears import merge_parallel_linears
 from .rewrite import Rewriter
 
 _NEVER_FOLD = {"expand"}  # materializing a broadcast only bloats the constant pool
@@ -87,12 +91,19 @@ def fold(graph: Graph, options, *, regions: bool = False) -> StageResult:
         folded_bytes += nbytes
         rw.record("fold-constant", [v.name for v in node.outputs])
     g = rw.finish()
+    rewrites = rw.rewrites
+    merged = []
+    if not regions:   # the stage itself; a graph specialized after fusion has its kernels already
+        g, merged = merge_parallel_linears(g)
+        rewrites = rewrites + merged
     stats = {"constants_folded": folded, "folded_bytes": folded_bytes,
              "conv_batchnorm_folded": len(absorbed), "batchnorm_as_scale_shift": scale_shift,
-             "not_folded_over_size_limit": skipped_for_size, "empty_values": emptied}
+             "not_folded_over_size_limit": skipped_for_size, "empty_values": emptied,
+             "parallel_linears_merged": sum(len(r.nodes) for r in merged)}
     summary = f"{folded} values folded ({folded_bytes:,} B), {len(absorbed)} conv+batch-norm pairs" + \
-        (f", {scale_shift} batch norms as scale and shift" if scale_shift else "")
-    return StageResult(g, stats, rw.rewrites, summary)
+        (f", {scale_shift} batch norms as scale and shift" if scale_shift else "") + \
+        (f", {len(merged)} groups of parallel linears merged" if merged else "")
+    return StageResult(g, stats, rewrites, summary)
 
 
 def _all_empty(node: Node) -> bool:

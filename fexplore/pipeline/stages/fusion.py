@@ -194,7 +194,12 @@ class _Fuser:
         for m in members:
             for v in list(self.nodes[m].inputs) + list(self.nodes[m].outputs):
                 values[v.name] = v
-        return sum(_tile_bytes(v, self.g.symbols) for v in values.values())
+        made = {v.name for m in members for v in self.nodes[m].outputs}
+        # an operand the region reads only through views (the q, k and v slices of one merged
+        # projection) is loaded as those views' boxes, never whole: the views are counted
+        through_views = {name for name in values if name not in made and
+                         all(self.movement(u) for u in self.users.get(name, []) if u in members)}
+        return sum(_tile_bytes(v, self.g.symbols) for name, v in values.items() if name not in through_views)
 
     def claim(self, kind: str, anchor: int, members: set[int]) -> None:
         members = set(members)

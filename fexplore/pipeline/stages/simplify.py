@@ -163,6 +163,65 @@ def _vector_matmul(rw, n, ins, made):
                    layout=n.output.type.layout)
 
 
+@rule("raise-written-out-rms-norm")
+def _written_out_rms_norm(rw, n, ins, made):
+    """x * rsqrt(mean(x ** 2 over the last axes) + eps), as Llama, T5, Gemma, Qwen and Mistral
+    write their RMSNorm, is the rms_norm op: then a contraction takes it as its prologue (the
+    normed rows never go to DRAM) instead of it being a kernel of its own."""
+    if n.op.name != "mul":
+        return None
+    for x, r in ((ins[0], ins[1]), (ins[1], ins[0])):
+        found = _rms_of(x, r, made)
+        if found is not None:
+            ndim, eps = found
+            return rw.emit("rms_norm", [x], {"ndim": ndim, "eps": eps}, name=n.output.name, loc=n.loc,
+                           layout=n.output.type.layout)
+    return None
+
+
+def _rms_of(x: Value, r: Value, made) -> tuple[int, float] | None:
+    """(ndim, eps) when `r` is rsqrt(mean(x * x over the last ndim axes, kept) + eps), else None."""
+    if not x.type.dtype.is_float or r.type.dtype != x.type.dtype:
+        return None
+    rsqrt = made.get(r.name)
+    if rsqrt is None or rsqrt.op.name != "rsqrt":
+        return None
+    add = made.get(rsqrt.inputs[0].name)
+    if add is None or add.op.name != "add":
+        return None
+    for m, eps in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+        mean = made.get(m.name)
+        if mean is None or mean.op.name != "mean" or not mean.attrs["keepdim"] or \
+                not isinstance(eps, Constant) or eps.payload is None or eps.payload.size != 1:
+            continue
+        rank = x.type.rank
+        axes = sorted(a % rank for a in mean.attrs["axes"])
+        if not axes or axes != list(range(rank - len(axes), rank)):
+            continue
+        sq = made.get(mean.inputs[0].name)
+        if sq is None or not (sq.op.name == "mul" and sq.inputs[0] is x and sq.inputs[1] is x or
+                              sq.op.name == "pow" and sq.inputs[0] is x and _const_all(sq.inputs[1], 2)):
+            continue
+        return len(axes), float(np.asarray(eps.payload).reshape(()))
+    return None
+
+
+@rule("fold-weight-into-rms-norm")
+def _rms_norm_weight(rw, n, ins, made):
+    """rms_norm(x) * w, w a constant over the normalized axes, is rms_norm(x, w)."""
+    if n.op.name != "mul":
+        return None
+    for y, w in ((ins[0], ins[1]), (ins[1], ins[0])):
+        norm = made.get(y.name)
+        if norm is None or norm.op.name != "rms_norm" or len(norm.inputs) != 1 or not isinstance(w, Constant):
+            continue
+        ndim = norm.attrs["ndim"]
+        if tuple(w.type.shape) == tuple(y.type.shape[y.type.rank - ndim:]) and w.type.dtype == y.type.dtype:
+            return rw.emit("rms_norm", [norm.inputs[0], w], dict(norm.attrs), name=n.output.name, loc=n.loc,
+                           layout=n.output.type.layout)
+    return None
+
+
 def simplify(graph: Graph, options) -> StageResult:
     rewrites: list[Rewrite] = []
     for _ in range(20):  # a fixed point comes in two or three rounds; the bound is a guard

@@ -1,0 +1,169 @@
+"""Parallel linears over one input become one linear over their weights side by side.
+
+Attention's q, k and v projections (and DeepSeek's q_a and kv_a, an encoder-decoder's cross-
+attention k and v, two heads on one trunk) each read the same activations with a weight of their
+own. As separate kernels each loads the activations again and the norm before them cannot be a
+prologue (it has three readers), so it is a kernel of its own whose result goes to DRAM and back.
+One linear whose weight is the weights concatenated along N (a constant, made at compile time)
+computes the same dot products, and each projection's result is a slice of its columns: a view
+the attention kernel reads in place.
+
+Only linears whose results go into attention are merged: the attention region takes the slices
+(and the views and rotary embedding after them) as part of its kernel. A slice read by anything
+else is a copy kernel of its own, more than the merge saves (two heads returned side by side).
+Two linears whose results meet again in an elementwise op (SwiGLU's gate and up projections) are
+left apart: fusion makes them sibling contractions of one kernel, whose epilogue pairs each
+column tile of one with the same tile of the other, which slices of one wide result would not.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from fexplore.errors import SourceLoc
+from fexplore.ir import Category, Constant, Graph, Node, TensorType
+
+from .rewrite import Rewriter
+
+REACH = 8   # elementwise steps followed from a linear to see whether its result meets another's
+
+
+def merge_parallel_linears(graph: Graph) -> tuple[Graph, list]:
+    """(the graph with each group of parallel linears merged, the rewrites made)."""
+    groups = _groups(graph)
+    if not groups:
+        return graph, []
+    first_of = {id(g[0]): g for g in groups}
+    merged = {id(n) for g in groups for n in g}
+    rw = Rewriter(graph)
+    for node in graph.nodes:
+        if id(node) in first_of:
+            _merge(rw, first_of[id(node)])
+        elif id(node) not in merged:
+            rw.keep(node)
+    return rw.finish(), rw.rewrites
+
+
+def _groups(graph: Graph) -> list[list[Node]]:
+    """Linears reading one activation with constant weights (and biases, all or none) of one dtype
+    and K, in groups of two or more whose results never meet in an elementwise op."""
+    users = graph.users()
+    by_input: dict[tuple, list[Node]] = {}
+    for n in graph.nodes:
+        if n.op.name != "linear" or not _constant_operands(n) or not _feeds_attention_only(n, users):
+            continue
+        w = n.inputs[1]
+        key = (n.inputs[0].name, w.type.dtype, w.type.shape[1], len(n.inputs),
+               n.inputs[2].type.dtype if len(n.inputs) == 3 else None, n.attrs)
+        by_input.setdefault(key, []).append(n)
+    groups = []
+    for members in by_input.values():
+        if len(members) < 2:
+            continue
+        reach = {id(n): _elementwise_reach(n, users) for n in members}
+        parts: list[list[Node]] = []
+        for n in members:   # in program order: each joins the first part it meets no one in
+            for part in parts:
+                if all(not (reach[id(n)] & reach[id(m)]) for m in part):
+                    part.append(n)
+                    break
+            else:
+                parts.append([n])
+        groups += [p for p in parts if len(p) >= 2]
+    return groups
+
+
+def _constant_operands(n: Node) -> bool:
+    w = n.inputs[1]
+    return isinstance(w, Constant) and w.type.rank == 2 and all(isinstance(d, int) for d in w.type.shape) and \
+        all(isinstance(v, Constant) and v.type.rank == 1 for v in n.inputs[2:])
+
+
+def _feeds_attention_only(n: Node, users) -> bool:
+    """`n`'s result, through views and elementwise ops (head reshapes, rotary embedding, a KV
+    cache's concat), reaches attention (the op, or a matmul of attention written out) and
+    nothing else that computes."""
+    seen: set[int] = set()
+    frontier, found = [n], False
+    for _ in range(4 * REACH):
+        nxt = []
+        for m in frontier:
+            for v in m.outputs:
+                for u in users.get(v.name, []):
+                    if id(u) in seen:
+                        continue
+                    seen.add(id(u))
+                    if u.op.name in ("attention", "matmul"):
+                        found = True
+                    elif u.op.category in (Category.elementwise, Category.movement) and not u.regions:
+                        nxt.append(u)
+                    else:
+                        return False
+        if not nxt:
+            return found
+        frontier = nxt
+    return False
+
+
+def _elementwise_reach(n: Node, users) -> set[int]:
+    """The elementwise nodes `n`'s result flows into within REACH steps (views passed through)."""
+    seen: set[int] = set()
+    frontier, out = [n], set()
+    for _ in range(REACH):
+        nxt = []
+        for m in frontier:
+            for v in m.outputs:
+                for u in users.get(v.name, []):
+                    if id(u) in seen:
+                        continue
+                    seen.add(id(u))
+                    if u.op.category == Category.elementwise:
+                        out.add(id(u))
+                        nxt.append(u)
+                    elif u.op.category == Category.movement:
+                        nxt.append(u)
+        frontier = nxt
+    return out
+
+
+def _merge(rw: Rewriter, group: list[Node]) -> None:
+    first = group[0]
+    weights = [rw.lookup(n.inputs[1]) for n in group]
+    w = _concatenated(rw, weights, f"{first.output.name}.merged_weight")
+    ins = [rw.lookup(first.inputs[0]), w]
+    if len(first.inputs) == 3:
+        ins.append(_concatenated(rw, [rw.lookup(n.inputs[2]) for n in group], f"{first.output.name}.merged_bias"))
+    wide = rw.emit("linear", ins, dict(first.attrs), name=rw.fresh_name(f"{first.output.name}_merged"),
+                   loc=_loc(group))
+    last, start = wide.type.rank - 1, 0
+    for n, wt in zip(group, weights):
+        end = start + wt.type.shape[0]
+        part = rw.emit("slice", [wide], {"axis": last, "start": start, "end": end, "step": 1},
+                       name=n.output.name, loc=n.loc, layout=n.output.type.layout)
+        rw.replace(n.output, part)
+        start = end
+    rw.record("merge-parallel-linears", [n.output.name for n in group], [wide.name])
+
+
+def _concatenated(rw: Rewriter, parts: list[Constant], name: str) -> Constant:
+    """The constants side by side along axis 0; on the meta device (no values) by structure."""
+    shape = (sum(p.type.shape[0] for p in parts),) + tuple(parts[0].type.shape[1:])
+    t = TensorType(shape, parts[0].type.dtype)
+    if any(p.payload is None for p in parts):
+        digest = "merged-" + "-".join(str(p.digest or p.name) for p in parts)
+        return rw.constant(name, None, type=t, digest=digest)
+    return rw.constant(name, np.concatenate([np.asarray(p.payload) for p in parts], axis=0), type=t)
+
+
+def _loc(group: list[Node]) -> SourceLoc | None:
+    """The first member's place, its module path naming every member's module
+    (``...self_attn.q_proj+k_proj+v_proj``), so the kernel is named for all of them."""
+    loc = group[0].loc
+    mods = [n.loc.module for n in group if n.loc is not None and n.loc.module]
+    if loc is None or len(mods) != len(group):
+        return loc
+    parent = os.path.commonprefix([m.split(".") for m in mods])
+    tails = ["/".join(m.split(".")[len(parent):]) or m for m in mods]
+    return SourceLoc(loc.file, loc.line, ".".join(parent + ["+".join(tails)]))

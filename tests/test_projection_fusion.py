@@ -1,0 +1,130 @@
+"""Projections fused across modules: a written-out RMSNorm is the rms_norm op (so the projection
+after it takes it as its prologue), and the q, k and v projections reading one input are one
+linear over their weights side by side, whose slices the attention kernel reads in place."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch import nn
+
+import fexplore
+from fexplore.models import ZOO
+
+# the module (the package's name `fold` is the stage function)
+fold_stage = importlib.import_module("fexplore.pipeline.stages.fold")
+
+
+class WrittenOutRMSNorm(nn.Module):
+    """Llama's and T5's spelling; `square` picks x.pow(2) or x * x."""
+
+    def __init__(self, width, square="pow", axes=(-1,)):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(width) + 0.5)
+        self.square, self.axes = square, axes
+
+    def forward(self, x, other=None):
+        y = x if other is None else other
+        sq = y.pow(2) if self.square == "pow" else y * y
+        return self.weight * (x * torch.rsqrt(sq.mean(self.axes, keepdim=True) + 1e-5))
+
+
+def _ops(cm, stage):
+    return [n.op.name for n in cm[stage].after.nodes]
+
+
+@pytest.mark.parametrize("square", ["pow", "mul"])
+def test_a_written_out_rms_norm_is_the_rms_norm_op_with_its_weight(square):
+    torch.manual_seed(0)
+    m, x = WrittenOutRMSNorm(24, square).eval(), torch.randn(2, 5, 24) * 3
+    cm = fexplore.compile(m, (x,))
+    assert _ops(cm, "simplify") == ["rms_norm"]
+    (norm,) = cm["simplify"].after.nodes
+    assert len(norm.inputs) == 2 and norm.attrs["eps"] == pytest.approx(1e-5) and norm.attrs["ndim"] == 1
+    fired = {r.rule for r in cm["simplify"].rewrites}
+    assert {"raise-written-out-rms-norm", "fold-weight-into-rms-norm"} <= fired
+    assert cm.verification["ok"].all()
+    torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["not-the-last-axis", "another-value"])
+def test_what_only_looks_like_an_rms_norm_stays_written_out(case):
+    torch.manual_seed(0)
+    m = WrittenOutRMSNorm(24, axes=(1,) if case == "not-the-last-axis" else (-1,)).eval()
+    args = (torch.randn(2, 5, 24),) + ((torch.randn(2, 5, 24),) if case == "another-value" else ())
+    cm = fexplore.compile(m, args)
+    assert "rms_norm" not in _ops(cm, "simplify")
+    torch.testing.assert_close(cm(*args), m(*args), rtol=1e-5, atol=1e-5)
+
+
+def _without_merging(monkeypatch):
+    monkeypatch.setattr(fold_stage, "merge_parallel_linears", lambda g: (g, []))
+
+
+@pytest.mark.parametrize("target, precision", [("rngd", "fp32"), ("tiny", "bf16")])
+def test_q_k_v_are_one_kernel_with_the_norm_as_its_prologue(target, precision, monkeypatch):
+    model, inputs = ZOO["llama"]()
+    cm = fexplore.compile(model, inputs, target=target, precision=precision)
+    merged = [r for r in cm["fold"].rewrites if r.rule == "merge-parallel-linears"]
+    assert [len(r.nodes) for r in merged] == [3] * len(model.layers)
+    names = [k.kernel.name for k in cm.kernels if k.kernel is not None]
+    for i in range(len(model.layers)):
+        qkv = next(k.kernel for k in cm.kernels
+                   if k.kernel is not None and k.kernel.name == f"layers_{i}_self_attn_q_proj_k_proj_v_proj")
+        assert qkv.parts[:2] == ("norm", "contraction"), qkv.parts
+        assert f"layers_{i}_input_layernorm" not in names
+    assert not cm.lowering.host_ops
+    assert cm.verification["ok"].all()
+    want = model(*inputs)
+    got = cm(*inputs)
+    if precision == "fp32":
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+
+    # what it bought, on the simulated chip: fewer kernels and fewer cycles than the same compile
+    # with the projections apart (the norm then a kernel of its own, its result through DRAM)
+    _without_merging(monkeypatch)
+    apart = fexplore.compile(model, inputs, target=target, precision=precision, verify=False)
+    assert not [r for r in apart["fold"].rewrites if r.rule == "merge-parallel-linears"]
+    assert len(cm.schedule.kernels) < len(apart.schedule.kernels)
+    assert cm.simulate(*inputs).cycles < apart.simulate(*inputs).cycles
+
+
+class TwoHeads(nn.Module):
+    """Linears on one input whose results do not go into attention: two returned heads, and
+    SwiGLU's gate and up projections (which fusion makes sibling contractions of one kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 16), nn.Linear(32, 8)
+        self.gate, self.up = nn.Linear(32, 24, bias=False), nn.Linear(32, 24, bias=False)
+
+    def forward(self, x):
+        return self.a(x), torch.relu(self.b(x)), nn.functional.silu(self.gate(x)) * self.up(x)
+
+
+def test_linears_not_feeding_attention_stay_apart():
+    torch.manual_seed(0)
+    m, x = TwoHeads().eval(), torch.randn(2, 5, 32)
+    cm = fexplore.compile(m, (x,))
+    assert not [r for r in cm["fold"].rewrites if r.rule == "merge-parallel-linears"]
+    assert _ops(cm, "fold").count("linear") == 4
+    swiglu = [k.kernel for k in cm.kernels if k.kernel is not None and k.kernel.name == "gate"]
+    assert len(swiglu) == 1   # gate and up: one kernel, as sibling contractions
+    for g, w in zip(cm(x), m(x)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_decode_steps_cache_update_reads_the_merged_projections():
+    """The new keys and values a decode step appends to its cache are slices of the merged
+    result, exported by the attention kernel as before."""
+    model, inputs = ZOO["llama_decode"]()
+    cm = fexplore.compile(model, inputs, target="tiny", precision="bf16")
+    assert [len(r.nodes) for r in cm["fold"].rewrites if r.rule == "merge-parallel-linears"] == [3, 3]
+    assert not cm.lowering.host_ops and cm.verification["ok"].all()
+    want = model(*inputs)
+    for g, w in zip(cm(*inputs), want):
+        assert float((g - w).abs().max()) <= 0.05 * max(1.0, float(w.abs().max()))
