@@ -32,6 +32,8 @@ _NORMS = {"layer_norm", "rms_norm", "batch_norm", "softmax", "log_softmax"}
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "var"}
 _CONTRACTIONS = {"linear", "matmul", "conv2d"}
 _NOT_ABSORBED = {"embedding", "gather", "index"}  # gathers are kernels of their own
+# views a kernel reads as boxes of their operand, in place (a relayout, concat or pad moves data)
+_IN_PLACE_VIEWS = {"slice", "select", "split", "reshape", "permute"}
 
 
 TILE_ROWS, TILE_COLS = 128, 8192
@@ -198,7 +200,7 @@ class _Fuser:
         # an operand the region reads only through views (the q, k and v slices of one merged
         # projection) is loaded as those views' boxes, never whole: the views are counted
         through_views = {name for name in values if name not in made and
-                         all(self.movement(u) for u in self.users.get(name, []) if u in members)}
+                         all(self.op(u) in _IN_PLACE_VIEWS for u in self.users.get(name, []) if u in members)}
         return sum(_tile_bytes(v, self.g.symbols) for name, v in values.items() if name not in through_views)
 
     def claim(self, kind: str, anchor: int, members: set[int]) -> None:
