@@ -85,47 +85,40 @@ def _feeds_attention_only(n: Node, users) -> bool:
     """`n`'s result, through views and elementwise ops (head reshapes, rotary embedding, a KV
     cache's concat), reaches attention (the op, or a matmul of attention written out) and
     nothing else that computes."""
-    seen: set[int] = set()
-    frontier, found = [n], False
-    for _ in range(4 * REACH):
-        nxt = []
-        for m in frontier:
-            for v in m.outputs:
-                for u in users.get(v.name, []):
-                    if id(u) in seen:
-                        continue
-                    seen.add(id(u))
-                    if u.op.name in ("attention", "matmul"):
-                        found = True
-                    elif u.op.category in (Category.elementwise, Category.movement) and not u.regions:
-                        nxt.append(u)
-                    else:
-                        return False
-        if not nxt:
-            return found
-        frontier = nxt
-    return False
+    found = False
+    for u in _readers(n, users, 4 * REACH):
+        if u.op.name in ("attention", "matmul"):
+            found = True
+        elif not _passes_on(u):
+            return False
+    return found
 
 
 def _elementwise_reach(n: Node, users) -> set[int]:
     """The elementwise nodes `n`'s result flows into within REACH steps (views passed through)."""
+    return {id(u) for u in _readers(n, users, REACH) if u.op.category == Category.elementwise}
+
+
+def _passes_on(u: Node) -> bool:
+    return u.op.category in (Category.elementwise, Category.movement) and not u.regions
+
+
+def _readers(n: Node, users, steps: int):
+    """Each node reading `n`'s result within `steps` steps, once; the walk goes on through
+    elementwise ops and views only."""
     seen: set[int] = set()
-    frontier, out = [n], set()
-    for _ in range(REACH):
+    frontier = [n]
+    for _ in range(steps):
         nxt = []
         for m in frontier:
             for v in m.outputs:
                 for u in users.get(v.name, []):
-                    if id(u) in seen:
-                        continue
-                    seen.add(id(u))
-                    if u.op.category == Category.elementwise:
-                        out.add(id(u))
-                        nxt.append(u)
-                    elif u.op.category == Category.movement:
-                        nxt.append(u)
+                    if id(u) not in seen:
+                        seen.add(id(u))
+                        yield u
+                        if _passes_on(u):
+                            nxt.append(u)
         frontier = nxt
-    return out
 
 
 def _merge(rw: Rewriter, group: list[Node]) -> None:
