@@ -346,6 +346,23 @@ class _CausalAttention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+class _NormedAttention(torch.nn.Module):
+    """RMSNorm written out (weight off 1), then q, k and v projections of the normed rows into
+    attention: the rms_norm raising and the merged projection."""
+
+    def __init__(self, g):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(32, generator=g) + 0.5)
+        self.q, self.k, self.v = (torch.nn.Linear(32, n, bias=False) for n in (32, 16, 16))
+
+    def forward(self, x):
+        h = self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+        q = self.q(h).view(1, -1, 2, 16).transpose(1, 2)
+        k = self.k(h).view(1, -1, 1, 16).transpose(1, 2).expand(1, 2, -1, 16)
+        v = self.v(h).view(1, -1, 1, 16).transpose(1, 2).expand(1, 2, -1, 16)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class _ConvBlock(torch.nn.Module):
     """conv (padded) + batch norm with running statistics of a trained network (not 0 and 1)."""
 
@@ -547,6 +564,7 @@ CASES: list[Case] = [
     Case("streamed-linear", _seeded(lambda g: (_StreamedLinear().eval(), (torch.randn(512, 256, generator=g),)))),
     Case("causal-attention", _seeded(lambda g: (_CausalAttention(), tuple(
         torch.randn(1, 2, 40, 16, generator=g) for _ in range(3))))),
+    Case("normed-attention", _seeded(lambda g: (_NormedAttention(g).eval(), (torch.randn(1, 12, 32, generator=g),)))),
     Case("conv-bn", _seeded(lambda g: (_ConvBlock(g).eval(), (torch.randn(2, 3, 12, 12, generator=g),)))),
     Case("reductions", _seeded(lambda g: (_Reductions(), (torch.randn(4, 6, 10, generator=g) - 3.0,)))),
     Case("scatter-reductions@tiny", _seeded(lambda g: (_ScatterReductions(), (

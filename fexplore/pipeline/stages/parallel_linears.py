@@ -100,7 +100,7 @@ def _elementwise_reach(n: Node, users) -> set[int]:
 
 
 def _passes_on(u: Node) -> bool:
-    return u.op.category in (Category.elementwise, Category.movement) and not u.regions
+    return u.op.category in (Category.elementwise, Category.movement, Category.broadcast) and not u.regions
 
 
 def _readers(n: Node, users, steps: int):
