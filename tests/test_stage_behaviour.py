@@ -44,9 +44,8 @@ def test_regions_too_big_for_the_tiny_target_are_split():
     for split in fusion.stats["split_for_sram"]:
         assert split["working_set_bytes"] > sram or split["given_back"]
     # every region that remains fits: one tile step of it (a block of rows of every value but an
-    # operand read only through views, which is loaded as the views' boxes)
-    from fexplore.ir import Category
-    from fexplore.pipeline.stages.fusion import _tile_bytes
+    # operand read only through in-place views, which is loaded as the views' boxes)
+    from fexplore.pipeline.stages.fusion import _IN_PLACE_VIEWS, _tile_bytes
 
     for n in fusion.after.nodes:
         if n.op.name == "region":
@@ -54,8 +53,7 @@ def test_regions_too_big_for_the_tiny_target_are_split():
             touched = {v.name: v for m in body.nodes for v in list(m.inputs) + list(m.outputs)}
             made = {v.name for m in body.nodes for v in m.outputs}
             viewed = {name for name in touched if name not in made and
-                      all(m.op.category in (Category.movement, Category.broadcast)
-                          for m in body.nodes if name in {x.name for x in m.inputs})}
+                      all(m.op.name in _IN_PLACE_VIEWS for m in body.nodes if name in {x.name for x in m.inputs})}
             assert sum(_tile_bytes(v, {}) for k, v in touched.items() if k not in viewed) <= sram
     rng = fexplore.compile(model, inputs)  # the default target fuses more
     rng_fusion = next(r for r in rng.stages if r.name == "fusion")

@@ -7,8 +7,9 @@ Patterns, claimed in this order (a node joins at most one region):
 2. contraction + epilogue: linear / matmul / conv2d with the elementwise chain after it (bias,
    activation, scaling, residual add), and as prologue the views and the norm feeding it
    exclusively;
-3. reductions with their surroundings: layer_norm, rms_norm (also written out: pow -> mean ->
-   rsqrt -> mul), batch norm, softmax, with the residual add before a norm when no epilogue took it;
+3. reductions with their surroundings: layer_norm, rms_norm (simplify raises the written-out
+   form to the op; other written-out reductions are grouped as they stand), batch norm, softmax,
+   with the residual add before a norm when no epilogue took it;
 4. elementwise chains: what is left, grouped vertically and with siblings (a group that is not
    convex, as siblings in two layers reading one table are, in convex parts).
 
