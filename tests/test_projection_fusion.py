@@ -130,3 +130,26 @@ def test_a_decode_steps_cache_update_reads_the_merged_projections():
         want = model(*inputs)
     for g, w in zip(cm(*inputs), want):
         assert float((g - w).abs().max()) <= 0.05 * max(1.0, float(w.abs().max()))
+
+
+def test_on_the_meta_device_the_merged_weight_is_narrowed_at_compile_time():
+    """A real-size model is compiled on the meta device (no weights), where the merged weight is
+    made by structure. It must still be a weight the precision stage narrows to bf16 as it
+    compiles, as the weights it was made of are, not a cast that runs every call: also for a
+    merged linear left outside a region (precision then narrows the bare node's operands)."""
+    from fexplore.pipeline.options import CompileOptions
+    from fexplore.pipeline.stages.precision import precision
+
+    model, inputs = ZOO["llama"]()
+    meta = fexplore.compile(model.to("meta"), tuple(x.to("meta") for x in inputs), precision="bf16")
+    assert [len(r.nodes) for r in meta["fold"].rewrites if r.rule == "merge-parallel-linears"] == \
+        [3] * len(model.layers)
+    assert meta.simulate().cycles > 0
+    # the fold stage's graph, no regions yet: each merged linear is a bare node
+    narrowed = precision(meta["fold"].after, CompileOptions(precision="bf16")).graph
+    merged = [n for n in narrowed.nodes if n.op.name == "linear" and "merged" in n.inputs[1].name]
+    assert len(merged) == len(model.layers)
+    constants = {c.name: c for c in narrowed.constants}
+    for n in merged:   # the weight: a bf16 constant of the graph, not a cast's result
+        assert n.inputs[1].name in constants and constants[n.inputs[1].name].type.dtype.value == "bf16"
+    assert not [n for n in narrowed.nodes if n.op.name == "cast" and "merged_weight" in n.inputs[0].name]

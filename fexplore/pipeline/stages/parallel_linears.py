@@ -141,11 +141,13 @@ def _merge(rw: Rewriter, group: list[Node]) -> None:
 
 
 def _concatenated(rw: Rewriter, parts: list[Constant], name: str) -> Constant:
-    """The constants side by side along axis 0; on the meta device (no values) by structure."""
+    """The constants side by side along axis 0; on the meta device (no values) by structure, as a
+    meta constant (its digest says so), which the precision stage narrows at compile time as it
+    does the weights it was made of: otherwise each layer casts its merged weight as it runs."""
     shape = (sum(p.type.shape[0] for p in parts),) + tuple(parts[0].type.shape[1:])
     t = TensorType(shape, parts[0].type.dtype)
     if any(p.payload is None for p in parts):
-        digest = "merged-" + "-".join(str(p.digest or p.name) for p in parts)
+        digest = "meta-merged-" + "-".join(str(p.digest or p.name) for p in parts)
         return rw.constant(name, None, type=t, digest=digest)
     return rw.constant(name, np.concatenate([np.asarray(p.payload) for p in parts], axis=0), type=t)
 
