@@ -542,6 +542,49 @@ def decode_step_with_a_head_dim_of_1():
     return b.region(k, v, b("attention", heads(q), k, v, keep, scale=1.0), kind="attention"), b.arrays
 
 
+def qk_norms_before_rotary_halves_grouped_heads():
+    """QK-norm as Qwen 3 and Gemma 3 write it: q and k, slices of one merged projection, each
+    head normalized over D (q a layer norm with weight and bias, k an RMS norm), then transposed
+    and rotated by halves of D, causal, two query heads per key head. The norm's statistics are
+    summed over both halves of the row the rotation cuts it into."""
+    b = Body(15)
+    S, D = 19, 12
+    qkv = b.input("qkv", (1, S, (4 + 2 + 2) * D))
+    cos, sin = b.input("cos", (S, D)), b.input("sin", (S, D))
+    q_w, q_b, k_w = b.input("q_norm.weight", (D,)), b.input("q_norm.bias", (D,)), b.input("k_norm.weight", (D,))
+
+    def heads(start, n):
+        return b("reshape", b("slice", qkv, axis=2, start=start * D, end=(start + n) * D), shape=(1, S, n, D))
+
+    def rotated(x):
+        x = b("permute", x, perm=(0, 2, 1, 3))
+        half = b("concat", b("neg", b("slice", x, axis=3, start=D // 2, end=D)),
+                 b("slice", x, axis=3, start=0, end=D // 2), axis=3)
+        return b("add", b("mul", x, cos), b("mul", half, sin))
+
+    q = rotated(b("layer_norm", heads(0, 4), q_w, q_b, eps=1e-6))
+    k = rotated(b("rms_norm", heads(4, 2), k_w, eps=1e-6))
+    v = b("permute", heads(6, 2), perm=(0, 2, 1, 3))
+    return b.region(b("attention", q, k, v, causal=True, gqa=True), kind="attention"), b.arrays
+
+
+def multi_query_heads_expanded():
+    """One key and value head broadcast to three query heads with an expand (no reshape after it,
+    as Hugging Face's repeat_kv has): each query head reads the one head where it is."""
+    b = Body(17)
+    q, kv = b.input("q", (2, 3, 10, 8)), b.input("kv", (2, 1, 2, 21, 8))
+    k, v = (b("expand", b("select", kv, axis=2, index=i), shape=(2, 3, 21, 8)) for i in (0, 1))
+    return b.region(b("attention", q, k, v), kind="attention"), b.arrays
+
+
+def qk_rms_norm_without_weight_single_head():
+    """A norm of each head with no weight and torch's default eps, no rotation: batch 1, one head,
+    a depth of 5 and 23 keys, neither dividing a tile."""
+    b = Body(16)
+    q, k, v = b.input("q", (1, 1, 9, 5)), b.input("k", (1, 1, 23, 5)), b.input("v", (1, 1, 23, 3))
+    return b.region(b("attention", b("rms_norm", q), b("rms_norm", k), v), kind="attention"), b.arrays
+
+
 def causal_attention_odd_sizes(S=45, T=45):
     b = Body(13)
     q = b.input("q", (1, 1, S, 12))
@@ -555,6 +598,8 @@ def causal_attention_fewer_queries_than_keys():
 
 
 HAND_BUILT = {f.__name__: f for f in (causal_attention_odd_sizes, causal_attention_fewer_queries_than_keys,
+                                      qk_norms_before_rotary_halves_grouped_heads, qk_rms_norm_without_weight_single_head,
+                                      multi_query_heads_expanded,
                                       attention_bool_mask_with_padding_rows, decode_step_with_a_head_dim_of_1,
                                       sdpa_gqa_float_mask_odd_sizes, written_out_attention_single_head_bool_mask,
                                       conv_strided_padded_dilated, residual_block_with_projection_shortcut,
@@ -571,6 +616,9 @@ def test_hand_built_regions_equal_the_ir_interpreter(case, target):
     node, arrays = HAND_BUILT[case]()
     gk = _check(node, arrays, target)
     assert "# from blk.fc (model.py:7)" in gk.source and "/some/dir" not in gk.source
+    if case.startswith("qk_"):   # the norms are computed in the attention kernel, as it loads q and k
+        assert gk.kind == "attention" and "norm" in gk.parts, gk.parts
+        assert ("rotary" in gk.parts) == ("rotary" in case)
 
 
 def test_sizes_that_do_not_divide_the_tiles_make_edge_tiles():

@@ -378,6 +378,9 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             w("l = o = None                         # running row sum, output (ACC)")
         t_cuts = tuple(b for _, b, _ in k_parts[:-1])
         keys = f"bands(T, {t_cuts}, bk)" if cache else "fl.tiles(T, bk)"
+        # what computing k loads that no key block indexes (a norm's weight) is loaded once,
+        # before the key loop, not a DMA per key block
+        k_hoist = _Hoist(w, "ts")
         if causal:   # key blocks after the block's last query are masked whole: skipped
             w(f"for ts in fl.range([ts for ts in {keys} if ts.start < qs.stop], stages=stages):")
         elif window and not cache:   # and those wholly before its first query's window
@@ -397,7 +400,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                       else ("else:" if j else "if True:") + f"   # keys {a}:{b_} of %{kx.name}")
                     with w.indent():
                         kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
-                                      tuple(k_shape[:-2]), kidx, "ts", fail, offset=a)
+                                      tuple(k_shape[:-2]), kidx, "ts", fail, offset=a, hoist=k_hoist)
                         k_raw = kpc.pieces(kx, cuts)
                         k_tiles = [_cast_line(w, names, t, kx.type.dtype, op_dt[k.name]) for t in k_raw]
                         vpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
@@ -425,7 +428,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             elif k.name in computed:
                 kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
                 kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
-                              tuple(k_shape[:-2]), kidx, "ts", fail)
+                              tuple(k_shape[:-2]), kidx, "ts", fail, hoist=k_hoist)
                 k_tiles = [_cast_line(w, names, t, k.type.dtype, op_dt[k.name]) for t in kpc.pieces(k, cuts)]
             else:
                 w(f"kt = {cast_to(f'fl.load({k_box})', k.type.dtype, op_dt[k.name])}")
@@ -548,8 +551,10 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     text.lines += w.lines
     w = text
     results = tuple(Result(i, tuple(node.outputs[i].type.shape)) for i in range(len(body.outputs)))
-    parts = ("view",) + (("rotary",) if computed else ()) + ("attention",) + (("score ops",) if score_ops else ()) + \
-        (("causal",) if causal else ()) + (("kv cache",) if cache else ())
+    made = _computing_ops([x for x in (q, k) if x.name in computed], producer)
+    norms = made & {"rms_norm", "layer_norm"}
+    parts = ("view",) + (("norm",) if norms else ()) + (("rotary",) if made - norms else ()) + ("attention",) + \
+        (("score ops",) if score_ops else ()) + (("causal",) if causal else ()) + (("kv cache",) if cache else ())
     return GeneratedKernel(fname, "attention", w.text(), cfg, tuple(sig.params), results, parts)
 
 
@@ -701,6 +706,20 @@ def _is_view(v, producer) -> bool:
     return True
 
 
+def _computing_ops(values, producer) -> set[str]:
+    """The ops other than views that compute `values` in the region (a norm, a rotation)."""
+    ops, stack, seen = set(), list(values), set()
+    while stack:
+        n = producer.get(stack.pop().name)
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op.name not in VIEW_OPS:
+            ops.add(n.op.name)
+        stack.extend(n.inputs)
+    return ops
+
+
 def _concat_cuts(values, producer, D) -> set:
     """Where the graphs of `values` concatenate along the last axis, in D's coordinates: a slice of
     D shifts them (partial rotary embedding concatenates halves of a slice of D), elementwise ops
@@ -744,10 +763,20 @@ class _Hoist:
         self.at += 1
 
 
+SEQ = "<the sequence block>"   # a `_Pieces` axis role: the axis the kernel tiles the sequence along
+
+
+def _aligned_axes(axes: tuple, rank: int) -> tuple:
+    """The roles of an operand of rank `rank` broadcast against a value whose axes (all but D)
+    have roles `axes`: aligned on the right, as broadcasting aligns them."""
+    return axes[len(axes) - (rank - 1):] if rank >= 1 else ()
+
+
 class _Pieces:
     """q or k computed in the region from views of its inputs (rotary embedding: halves of D
-    swapped, negated, scaled by cos and sin tables), written piece by piece along D: a view is
-    loaded per piece, an elementwise op runs per piece, a slice or concat of D only picks pieces."""
+    swapped, negated, scaled by cos and sin tables; a norm over D before it), written piece by
+    piece along D: a view is loaded per piece, an elementwise op runs per piece, a slice or concat
+    of D only picks pieces, a norm sums its statistics over the pieces of the row."""
 
     def __init__(self, w, names, label, producer, params_in, literals, param, lead, index, seq, fail, offset=0,
                  hoist=None):
@@ -759,28 +788,38 @@ class _Pieces:
         self.emit = vector.VectorEmitter(w, names, label)
         self.memo: dict = {}
         self.loaded: dict = {}
+        self.norms: dict = {}   # (norm, pieces, axes) -> (its pieces, 1 / RMS, normalized pieces made)
 
-    def pieces(self, v, cuts: tuple) -> list[str]:
-        key = (v.name, cuts)
+    def pieces(self, v, cuts: tuple, axes: tuple | None = None) -> list[str]:
+        """The tiles of `v` between `cuts` along D, each a block of the sequence. `axes` says what
+        each axis of `v` but the last is: `SEQ`, or the index expression of the grid item it is
+        fixed at; by default `v`'s axes are the kernel's lead axes and then the sequence, aligned
+        on the right (a permute of a computed value reorders them)."""
+        if axes is None:
+            rank = v.type.rank
+            shift = len(self.lead) - (rank - 2)
+            axes = tuple(self.index.get(i + shift, "0") for i in range(rank - 2)) + ((SEQ,) if rank >= 2 else ())
+        key = (v.name, cuts, axes)
         if key not in self.memo:
-            self.memo[key] = self._pieces(v, cuts)
+            self.memo[key] = self._pieces(v, cuts, axes)
         return self.memo[key]
 
-    def _pieces(self, v, cuts):
+    def _pieces(self, v, cuts, axes):
         n_pieces = len(cuts) - 1
         if v.name in self.literals:
             return [self.literals[v.name]] * n_pieces
         if v.type.shape[-1] == 1 and cuts != (0, 1):   # broadcast along D: one tile serves every piece
-            return self.pieces(v, (0, 1)) * n_pieces
+            return self.pieces(v, (0, 1), axes) * n_pieces
         if _is_view(v, self.producer):
             m = ViewMap.of(v, self.producer, self.params_in, self.fail)
-            rank = len(m.shape)
-            shift = len(self.lead) - (rank - 2)
-            index = {i: (self.index.get(i + shift, "0") if m.shape[i] != 1 else "0") for i in range(rank - 2)}
             off = f" - {self.offset}" if self.offset else ""
-            # a view of rank 1 (a vector along D, broadcast over the sequence) has no sequence axis
-            seq = {} if rank < 2 else \
-                {rank - 2: (f"{self.seq}.start{off}", f"{self.seq}.stop{off}") if m.shape[-2] != 1 else ("0", "1")}
+            index, seq = {}, {}
+            for i, role in enumerate(axes):
+                if role is SEQ:   # a view of size 1 there broadcasts over the sequence
+                    seq[i] = (f"{self.seq}.start{off}", f"{self.seq}.stop{off}") if m.shape[i] != 1 else ("0", "1")
+                else:
+                    index[i] = role if m.shape[i] != 1 else "0"
+            rank = len(m.shape)
             out = []
             for c0, c1 in zip(cuts, cuts[1:]):
                 try:
@@ -813,15 +852,81 @@ class _Pieces:
                 if part is None:
                     self.fail(n, "a piece of D across a concat boundary")
                 a, _, x = part
-                out += self.pieces(x, (c0 - a, c1 - a))
+                out += self.pieces(x, (c0 - a, c1 - a), axes)
             return out
         if op == "slice" and n.attrs["axis"] % v.type.rank == v.type.rank - 1 and n.attrs["step"] == 1:
             a = n.attrs["start"]
-            return self.pieces(n.inputs[0], tuple(c + a for c in cuts))
+            return self.pieces(n.inputs[0], tuple(c + a for c in cuts), axes)
+        if op == "permute" and n.attrs["perm"][-1] % v.type.rank == v.type.rank - 1:
+            # axes reordered, D kept last (heads and tokens swapped after a norm of each head):
+            # the input's axis perm[i] is the result's axis i
+            inner = [None] * (v.type.rank - 1)
+            for i, p in enumerate(n.attrs["perm"][:-1]):
+                inner[p % v.type.rank] = axes[i]
+            return self.pieces(n.inputs[0], cuts, tuple(inner))
+        if op == "expand" and n.inputs[0].type.rank and n.inputs[0].type.shape[-1] == v.type.shape[-1]:
+            # heads (or batch) broadcast from one, D kept: each item reads the one there is (its
+            # size-1 axes are read at 0 where the pieces are loaded)
+            return self.pieces(n.inputs[0], cuts, _aligned_axes(axes, n.inputs[0].type.rank))
         if op in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
-            args = [self.pieces(x, cuts if x.type.rank == 0 or x.type.shape[-1] != 1 else (0, 1))
+            args = [self.pieces(x, cuts if x.type.rank == 0 or x.type.shape[-1] != 1 else (0, 1),
+                                _aligned_axes(axes, x.type.rank))
                     if x.name in self.literals or x.type.rank > 0 else self.fail(n, "a scalar tensor operand")
                     for x in n.inputs]
             args = [a * n_pieces if len(a) == 1 and n_pieces > 1 else a for a in args]
             return [self.emit.node(n, [a[j] for a in args], n.inputs[0].type.rank - 1) for j in range(n_pieces)]
-        self.fail(n, "in the computation of q or k (views, elementwise ops, slices and concats of D are handled)")
+        if op in ("rms_norm", "layer_norm") and n.attrs["ndim"] == 1:
+            return self._norm(n, cuts, axes)
+        self.fail(n, "in the computation of q or k (views, elementwise ops, norms over D, slices and concats "
+                     "of D are handled)")
+
+    def _norm(self, n, cuts: tuple, axes: tuple) -> list[str]:
+        """A norm over D (QK-norm) piece by piece: its row statistics summed over every piece of
+        the row, then each piece asked for normalized with its part of the weight and bias. The
+        statistics and each normalized piece are written once, however many slices of D (a
+        rotation's halves) ask for them."""
+        D = n.inputs[0].type.shape[-1]
+        full = tuple(sorted({0, D} | {c for c in cuts if 0 < c < D}))
+        key = (n.outputs[0].name, full, axes)
+        if key not in self.norms:
+            self.norms[key] = (*self._norm_statistics(n, full, axes), {})
+        xs, r, made = self.norms[key]
+        params = [self.pieces(p, full, _aligned_axes(axes, p.type.rank)) for p in n.inputs[1:]]
+        kw = self.emit.dtype_kw(n.outputs[0].type.dtype, DType.f32)
+        for c0 in cuts[:-1]:
+            j = full.index(c0)
+            if j not in made:
+                made[j] = self.names.new(n.outputs[0].name + "_t")
+                self.emit.affine(made[j], f"{xs[j]} * {r}", [p[j] for p in params], kw)
+        return [made[full.index(c0)] for c0 in cuts[:-1]]
+
+    def _norm_statistics(self, n, full: tuple, axes: tuple) -> tuple[list[str], str]:
+        """(the row's pieces between `full`, centred for a layer norm; the reciprocal of its RMS)."""
+        D = full[-1]
+        xs = self.pieces(n.inputs[0], full, axes)
+        w, new, base = self.w, self.names.new, n.outputs[0].name
+        inv_d = literal(1.0 / D)
+
+        def row_mean(tiles: list[str], square: bool) -> str:
+            m = new(base + ("_meansq" if square else "_mean"))
+            w(f"{m} = ({' + '.join(f'({t} * {t}).sum(axis=-1)' if square else f'{t}.sum(axis=-1)' for t in tiles)}) "
+              f"* {inv_d}")
+            return m
+
+        if n.op.name == "layer_norm":
+            # centred twice, as `vector.VectorEmitter` does a whole row: the second pass takes
+            # out the f32 residue of the first mean
+            once, mu = [], row_mean(xs, False)
+            for t in xs:
+                once.append(new(t + "_centered_once"))
+                w(f"{once[-1]} = {t} - {mu}")
+            mu2, xs = row_mean(once, False), []
+            for t in once:
+                xs.append(new(t[:-len("_once")]))
+                w(f"{xs[-1]} = {t} - {mu2}")
+        stat = row_mean(xs, True)
+        eps = n.attrs["eps"]
+        eps = literal(eps if eps is not None else 1.1920928955078125e-07)   # torch's default: f32's epsilon
+        r = new(base + "_rstd")
+        w(f"{r} = fl.rsqrt({stat} + {eps})")
+        return xs, r

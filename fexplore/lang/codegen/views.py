@@ -1,17 +1,17 @@
 """Views of a region input as index maps, so a kernel reads a view straight from the input.
 
-A chain of views (reshape that splits axes, permute, slice, select, split, relayout) maps each
-index of the view to an index of the input that is affine in the view's indices: an input index
-is ``const + sum(coef * view index)``. A box of the view where every view axis is an int (a loop
-variable) or a unit-stride range that lands on an input axis with coefficient 1 is then one
-unit-stride box of the input: ``q[b, h, qs, :]`` of (B, T, 3*H*D) -> (B, H, T, D) is
-``qkv[b, qs, 0 * 64 + h * 16 + 0:0 * 64 + h * 16 + 16]``.
+A chain of views (reshape that splits axes, permute, slice, select, split, relayout, expand)
+maps each index of the view to an index of the input that is affine in the view's indices: an
+input index is ``const + sum(coef * view index)`` (an expanded axis has coefficient 0). A box of
+the view where every view axis is an int (a loop variable) or a unit-stride range that lands on
+an input axis with coefficient 1 is then one unit-stride box of the input: ``q[b, h, qs, :]`` of
+(B, T, 3*H*D) -> (B, H, T, D) is ``qkv[b, qs, 0 * 64 + h * 16 + 0:0 * 64 + h * 16 + 16]``.
 """
 
 from __future__ import annotations
 
 
-VIEW_OPS = {"reshape", "permute", "slice", "select", "split", "relayout"}
+VIEW_OPS = {"reshape", "permute", "slice", "select", "split", "relayout", "expand"}
 
 
 class ViewMap:
@@ -75,6 +75,11 @@ class ViewMap:
                 start = sum(n.attrs["sizes"][:j])
             return ViewMap(self.source, new_shape,
                            self._substitute(lambda i: (start if i == axis else 0, [(1, i)])))
+        if op == "expand":
+            # axes of size 1 broadcast (and new leading axes): every index there reads index 0
+            shift = len(new_shape) - len(self.shape)
+            return ViewMap(self.source, new_shape, self._substitute(
+                lambda i: (0, []) if self.shape[i] == 1 and new_shape[i + shift] != 1 else (0, [(1, i + shift)])))
         if op == "select":
             axis, index = n.attrs["axis"] % len(self.shape), n.attrs["index"]
             return ViewMap(self.source, new_shape, self._substitute(

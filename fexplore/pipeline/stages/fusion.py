@@ -3,7 +3,7 @@
 Patterns, claimed in this order (a node joins at most one region):
 1. attention: the ``attention`` op, or q·kᵀ -> scale -> mask -> softmax -> ·v written out, with
    what feeds it exclusively (head reshapes and transposes, the qkv split, rotary embedding on q
-   and k, grouped-query expansion);
+   and k, grouped-query expansion, a norm of each head of q and k);
 2. contraction + epilogue: linear / matmul / conv2d with the elementwise chain after it (bias,
    activation, scaling, residual add), and as prologue the views and the norm feeding it
    exclusively;
@@ -246,10 +246,23 @@ class _Fuser:
             else:
                 continue
             # the new keys and values a decode step appends to its KV cache are computed here
-            # and exported, rather than left as kernels of their own
-            self.absorb_producers(members, lambda p: self.elementwise(p) or self.movement(p),
-                                  exported_ok=True)
+            # and exported, rather than left as kernels of their own; a norm over each head's
+            # depth (QK-norm) is computed as q and k are loaded, as rotary embeddings are
+            depth = self._depth(members)
+            self.absorb_producers(members, lambda p: self.elementwise(p) or self.movement(p) or
+                                  self._head_norm(p, depth), exported_ok=True)
             self.claim("attention", i, members)
+
+    def _depth(self, members: set[int]):
+        """The depth D of the attention in `members`: its queries' last axis."""
+        core = next((m for m in sorted(members) if self.op(m) in ("attention", "matmul")), None)
+        return self.nodes[core].inputs[0].type.shape[-1] if core is not None else None
+
+    def _head_norm(self, p: int, depth) -> bool:
+        """A layer or RMS norm over the last axis alone, that axis `depth` long: a norm of each head."""
+        n = self.nodes[p]
+        return n.op.name in ("layer_norm", "rms_norm") and n.attrs["ndim"] == 1 and \
+            depth is not None and n.inputs[0].type.shape[-1] == depth
 
     def _written_out_attention(self, s: int):
         us = self.users.get(self.nodes[s].output.name, [])
