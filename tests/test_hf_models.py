@@ -610,6 +610,49 @@ def test_hf_model_lowers_verifies_and_runs(name, target, precision):
 
 
 
+# QK-norm: q and k normalized per head after projecting them (Qwen 3, Gemma 3). The q, k and v
+# projections are still one linear, and the attention kernel computes each head's norm as it loads
+# q and k from the merged result. OLMo 2 and OLMoE normalize q and k over all heads' width, which
+# the attention kernel cannot, so their projections stay apart (a norm reading a slice of the
+# merged result would read it through a copy, which costs more than the merge saves).
+APART = ("olmo2", "olmoe")
+
+
+@pytest.mark.parametrize("name, target, precision", [("qwen3", "rngd", "fp32"), ("qwen3", "tiny", "bf16"),
+                                                     ("gemma3", "tiny", "bf16"), ("olmoe", "rngd", "bf16"),
+                                                     ("olmo2", "rngd", "fp32")])
+def test_qk_norms_are_computed_by_the_attention_kernel_of_merged_projections(name, target, precision,
+                                                                              monkeypatch):
+    import importlib
+
+    model, inputs = build(name)
+    cm = fexplore.compile(model, inputs, target=target, precision=precision)
+    layers = model.model.config.num_hidden_layers
+    merged = [len(r.nodes) for r in cm["fold"].rewrites if r.rule == "merge-parallel-linears"]
+    kernels = [k.kernel for k in cm.kernels if k.kernel is not None]
+    if name in APART:
+        assert merged == [] and any("q_norm" in k.name for k in kernels)
+    else:
+        assert merged == [3] * layers
+        names = [k.name for k in kernels]
+        assert not [n for n in names if n.endswith(("q_norm", "k_norm", "q_proj", "k_proj"))], names
+        assert not [k.name for k in kernels if k.kind == "movement"]
+        attention = [k for k in kernels if k.kind == "attention"]
+        assert len(attention) == layers and all("norm" in k.parts for k in attention), [k.parts for k in attention]
+    assert not cm.lowering.host_ops and not cm["lower"].stats.get("split_regions")
+    assert cm.verification["ok"].all()
+    want, got = _eager(model, inputs), cm(*inputs)
+    scale = max(1.0, float(want.abs().max()))
+    tol = 2e-5 if precision == "fp32" else 0.05
+    assert float((got.float() - want).abs().max()) <= tol * scale
+    if name not in APART:   # what it bought on the simulated chip: against the projections apart
+        fold = importlib.import_module("fexplore.pipeline.stages.fold")
+        monkeypatch.setattr(fold, "merge_parallel_linears", lambda g: (g, []))
+        apart = fexplore.compile(model, inputs, target=target, precision=precision, verify=False)
+        assert len(apart.schedule.kernels) > len(cm.schedule.kernels)
+        assert apart.simulate(*inputs).cycles > cm.simulate(*inputs).cycles
+
+
 # A sequence length decided per call, as a serving stack runs prompts: one compile with the
 # sequence axis of the token ids (and mask) dynamic, each length then lowered and scheduled on its
 # own, every op on the chip at every length (phi3: a zero-width rotary half of [1, heads, seq, 0])

@@ -22,6 +22,7 @@ REPRESENTATIVE = {
     "precision-weights-at-fp8": (["gpt-bf16"], "numeric check of precision"),
     "window-last-row-dropped": (["conv-bn"], "lower check (kernels in the interpreter)"),
     "streamed-weights-stale": (["streamed-linear"], "lower check (kernels in the interpreter)"),
+    "qk-norm-of-one-piece": (["normed-attention"], "lower check (kernels in the interpreter)"),
     "split-row-statistics-short": (["long-rows@tiny"], "lower check (kernels in the interpreter)"),
     "sram-reuse-wait-missing": (["reuse-before-last-reader@tiny"], "simulator hazard check (program)"),
     "sram-reuse-wait-first-writer-only": (["resident-over-reused-sram@tiny"], "simulator hazard check (program)"),

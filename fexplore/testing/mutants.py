@@ -179,6 +179,11 @@ MUTANTS: list[Mutant] = [
            (Patch("fexplore.pipeline.stages.simplify:_rms_norm_weight",
                   'return rw.emit("rms_norm", [norm.inputs[0], w], dict(norm.attrs)',
                   'return rw.emit("rms_norm", [norm.inputs[0]], dict(norm.attrs)'),)),
+    Mutant("qk-norm-of-one-piece", "lower: attention kernel, a norm of each head of q and k",
+           "the norm's statistic sums the first piece of the row only (a rotation by halves cuts "
+           "D in two), not the whole row",
+           (Patch("fexplore.lang.codegen.attention:_Pieces._norm_statistics",
+                  "for t in tiles)}) \"", "for t in tiles[:1])}) \""),)),
     Mutant("fold-batchnorm-without-eps", "fold: conv + batch norm folding",
            "the folded scale is gamma / sqrt(var), the batch norm's eps forgotten",
            (Patch("fexplore.pipeline.stages.fold:_bn_scale",
@@ -348,17 +353,27 @@ class _CausalAttention(torch.nn.Module):
 
 class _NormedAttention(torch.nn.Module):
     """RMSNorm written out (weight off 1), then q, k and v projections of the normed rows into
-    attention: the rms_norm raising and the merged projection."""
+    attention, k normalized per head (QK-norm) and q and k rotated by halves: the rms_norm raising,
+    the merged projection and the attention kernel's norm of each head, summed over its halves."""
 
     def __init__(self, g):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.rand(32, generator=g) + 0.5)
+        self.k_weight = torch.nn.Parameter(torch.rand(16, generator=g) + 0.5)
         self.q, self.k, self.v = (torch.nn.Linear(32, n, bias=False) for n in (32, 16, 16))
+        angle = torch.arange(12.0)[:, None] * torch.rand(16, generator=g)[None, :]
+        self.register_buffer("cos", torch.cos(angle))
+        self.register_buffer("sin", torch.sin(angle))
+
+    def _rotated(self, x):
+        return x * self.cos + torch.cat((-x[..., 8:], x[..., :8]), -1) * self.sin
 
     def forward(self, x):
         h = self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
-        q = self.q(h).view(1, -1, 2, 16).transpose(1, 2)
-        k = self.k(h).view(1, -1, 1, 16).transpose(1, 2).expand(1, 2, -1, 16)
+        q = self._rotated(self.q(h).view(1, -1, 2, 16).transpose(1, 2))
+        k = self.k(h).view(1, -1, 1, 16)
+        k = self.k_weight * (k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6))
+        k = self._rotated(k.transpose(1, 2)).expand(1, 2, -1, 16)
         v = self.v(h).view(1, -1, 1, 16).transpose(1, 2).expand(1, 2, -1, 16)
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 

@@ -8,11 +8,11 @@ One linear whose weight is the weights concatenated along N (a constant, made at
 computes the same dot products, and each projection's result is a slice of its columns: a view
 the attention kernel reads in place.
 
-Only linears whose results go into attention are merged: the attention region takes the slices
-(and the views and rotary embedding after them) as part of its kernel. A slice read by anything
-else is a copy kernel of its own, more than the merge saves (two heads returned side by side).
-Two linears whose results meet again in an elementwise op (SwiGLU's gate and up projections) are
-left apart: fusion makes them sibling contractions of one kernel, whose epilogue pairs each
+Only linears whose results go into attention are merged: the attention region takes the slices (and
+the views, norms of each head and rotary embedding after them) as part of its kernel. A slice read
+by anything else is a copy kernel of its own, more than the merge saves (two heads returned side by
+side). Two linears whose results meet again in an elementwise op (SwiGLU's gate and up projections)
+are left apart: fusion makes them sibling contractions of one kernel, whose epilogue pairs each
 column tile of one with the same tile of the other, which slices of one wide result would not.
 """
 
@@ -84,14 +84,21 @@ def _constant_operands(n: Node) -> bool:
 def _feeds_attention_only(n: Node, users) -> bool:
     """`n`'s result, through views and elementwise ops (head reshapes, rotary embedding, a KV
     cache's concat), reaches attention (the op, or a matmul of attention written out) and
-    nothing else that computes."""
-    found = False
+    nothing else that computes. A norm over each head's depth on the way (QK-norm: Qwen 3,
+    Gemma 3), written out or not, is passed through too: the attention kernel computes it as it
+    loads q and k. A norm over any other width (OLMo 2's and OLMoE's, over all heads) is not: it
+    would be a kernel of its own, reading its slice through a copy, which costs more than the
+    merge saves."""
+    found, depths, normed = False, set(), set()
     for u in _readers(n, users, 4 * REACH):
         if u.op.name in ("attention", "matmul"):
             found = True
+            depths.add(u.inputs[0].type.shape[-1])
+        elif _row_statistic(u):
+            normed.add(u.inputs[0].type.shape[-1])
         elif not _passes_on(u):
             return False
-    return found
+    return found and normed <= depths
 
 
 def _elementwise_reach(n: Node, users) -> set[int]:
@@ -100,7 +107,20 @@ def _elementwise_reach(n: Node, users) -> set[int]:
 
 
 def _passes_on(u: Node) -> bool:
-    return u.op.category in (Category.elementwise, Category.movement, Category.broadcast) and not u.regions
+    return not u.regions and (u.op.category in (Category.elementwise, Category.movement, Category.broadcast)
+                              or _row_statistic(u))
+
+
+def _row_statistic(u: Node) -> bool:
+    """A norm of the last axis, or a mean or sum over it alone, kept (a written-out norm's
+    statistic)."""
+    if u.op.name in ("rms_norm", "layer_norm"):
+        return u.attrs["ndim"] == 1
+    if u.op.name not in ("mean", "sum") or not u.inputs or u.inputs[0].type.rank == 0:
+        return False
+    rank = u.inputs[0].type.rank
+    axes = u.attrs.get("axes") or tuple(range(rank))   # () reduces every axis
+    return sorted({a % rank for a in axes}) == [rank - 1] and bool(u.attrs.get("keepdim", False))
 
 
 def _readers(n: Node, users, steps: int):
