@@ -252,6 +252,57 @@ graph @g(%x: f32[2, 4]) {
 """)
 
 
+# A row-wise result read both ways (a norm whose rows the residual reads in f32 and a projection in
+# bf16) is written both ways by its kernel: the narrow copy is one more result of the norm's region,
+# not a cast kernel reading the f32 rows back. A norm left outside any region becomes a region of
+# itself and the cast.
+CASES['precision-bf16-narrow-copy-at-producer'] = dict(
+    stage='precision', options={'precision': 'bf16'}, rules=['narrow-copy-at-producer-bf16', 'narrow-to-bf16'],
+    before="""\
+graph @g(%x: f32[2, 4], %r: f32[2, 4]) {
+  const %g: f32[4] = dense [1.1, 0.9, 1.2, 0.8]
+  const %w: f32[3, 4] = dense [0.1, -0.2, 0.3, 0.4, -0.5, 0.6, 0.7, -0.8, 0.9, 1.0, -1.1, 1.2]
+  %s: f32[2, 4], %n: f32[2, 4] = region(%x, %r, %g) {kind="norm"} {
+    graph @norm_n(%x: f32[2, 4], %r: f32[2, 4], %g: f32[4]) {
+      %s: f32[2, 4] = add(%x, %r)
+      %n: f32[2, 4] = rms_norm(%s, %g) {eps=1e-06}
+      return %s, %n
+    }
+  }
+  %p: f32[2, 3] = linear(%n, %w)
+  %m: f32[2, 4] = layer_norm(%n)
+  %q: f32[2, 3] = linear(%m, %w)
+  %y: f32[2, 4] = add(%n, %m)
+  return %p, %q, %y
+}
+""",
+    after="""\
+graph @g(%x: f32[2, 4], %r: f32[2, 4]) {
+  const %g: f32[4] = dense [1.1, 0.9, 1.2, 0.8]
+  const %w.bf16: bf16[3, 4] = dense [0.100097656, -0.20019531, 0.30078125, 0.40039062, -0.5, 0.6015625, 0.69921875, -0.80078125, 0.8984375, 1.0, -1.1015625, 1.203125]
+  %s: f32[2, 4], %n: f32[2, 4], %n.bf16: bf16[2, 4] = region(%x, %r, %g) {kind="norm"} {
+    graph @norm_n(%x: f32[2, 4], %r: f32[2, 4], %g: f32[4]) {
+      %s: f32[2, 4] = add(%x, %r)
+      %n: f32[2, 4] = rms_norm(%s, %g) {eps=1e-06}
+      %n.bf16: bf16[2, 4] = cast(%n) {dtype=bf16}
+      return %s, %n, %n.bf16
+    }
+  }
+  %p: f32[2, 3] = linear(%n.bf16, %w.bf16) {out_dtype=f32}
+  %m: f32[2, 4], %m.bf16: bf16[2, 4] = region(%n) {kind="norm"} {
+    graph @norm_m(%n: f32[2, 4]) {
+      %m: f32[2, 4] = layer_norm(%n)
+      %m.bf16: bf16[2, 4] = cast(%m) {dtype=bf16}
+      return %m, %m.bf16
+    }
+  }
+  %q: f32[2, 3] = linear(%m.bf16, %w.bf16) {out_dtype=f32}
+  %y: f32[2, 4] = add(%n, %m)
+  return %p, %q, %y
+}
+""")
+
+
 # A region's result that its only consumer casts to bf16 on entry is cast in its producer instead:
 # half the bytes between the two kernels, and the consumer no longer casts each re-read tile.
 CASES['precision-bf16-narrow-at-producer'] = dict(

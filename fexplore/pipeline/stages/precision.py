@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fexplore.ir import Attrs, Constant, DType, Graph, Node, TensorType, Value, get_op
+from fexplore.ir import Attrs, Category, Constant, DType, Graph, Node, TensorType, Value, get_op
 from fexplore.ir.graph import unique_name
 
 from ..stage import StageResult
+from .fusion import region_kind, region_node
 from .rewrite import Rewriter
 
 POLICIES = {"fp32": None, "bf16": DType.bf16, "fp8": DType.fp8}
@@ -210,6 +211,11 @@ def narrow_through_exact_ops(graph: Graph, dtype: DType) -> tuple[Graph, list]:
         rewrites.extend(rw.rewrites)
 
 
+# regions whose kernel writes any number of results row by row (a second, narrow copy of one is
+# one more store of the rows it has in SRAM)
+_ROW_KINDS = ("norm", "elementwise", "softmax")
+
+
 def narrow_at_producers(graph: Graph, dtype: DType) -> tuple[Graph, list]:
     """A region's result that every consumer narrows to ``dtype`` on entry (a cast, perhaps after
     views) is narrowed in the region that makes it instead, as the last op of its epilogue.
@@ -217,10 +223,17 @@ def narrow_at_producers(graph: Graph, dtype: DType) -> tuple[Graph, list]:
     The values are the same (the same cast, earlier; views commute with it), but the tensor
     between the two kernels is half the bytes, and a consumer that re-reads it tile by tile (a
     contraction reads its left operand once per column tile) no longer casts it each time. The
-    model's own outputs keep their dtype."""
+    model's own outputs keep their dtype.
+
+    A row-wise region's result that some consumers read wide and others narrow (a post-norm
+    encoder's layer norm: the next residual add reads it in f32, the projections in bf16) is
+    written both ways: the narrow copy is one more result of the region, which the narrowing
+    consumers read, instead of a cast kernel reading the wide one back. A row-wise op left outside
+    any region (a norm whose residual add an epilogue took) becomes a region of itself and the
+    cast, for the same reason."""
     outputs = {v.name for v in graph.outputs}
     uses = _uses(graph)
-    narrowed = {}
+    narrowed, both = {}, {}
     for n in graph.nodes:
         if n.op.name != "region":
             continue
@@ -231,26 +244,91 @@ def narrow_at_producers(graph: Graph, dtype: DType) -> tuple[Graph, list]:
             inner = n.regions[0].outputs[n.outputs.index(v)]
             if inner.name not in made or [o.name for o in n.regions[0].outputs].count(inner.name) > 1:
                 continue   # a body input passed through, or one value returned twice: left alone
-            if v.name in uses and all(_narrows_on_entry(u, i, dtype) for u, i in uses[v.name]):
+            narrowing = [(u, i) for u, i in uses.get(v.name, []) if _narrows_on_entry(u, i, dtype)]
+            if narrowing and len(narrowing) == len(uses[v.name]):
                 narrowed[v.name] = n
-    if not narrowed:
+            elif narrowing and n.attrs["kind"] in _ROW_KINDS:
+                both[v.name] = narrowing
+    for n in graph.nodes:   # bare row-wise ops whose result some consumer narrows
+        v = n.outputs[0] if len(n.outputs) == 1 else None
+        if v is None or n.regions or not _row_wise(n) or v.name in outputs or not v.type.dtype.is_float or \
+                v.type.dtype == dtype:
+            continue
+        narrowing = [(u, i) for u, i in uses.get(v.name, []) if _narrows_on_entry(u, i, dtype)]
+        if narrowing:
+            both[v.name] = narrowing
+    if not narrowed and not both:
         return graph, []
     rw = Rewriter(graph)
+    narrow_copy: dict[str, Value] = {}   # wide result -> its narrow copy
+    reads_copy = {(id(u), i): name for name, readers in both.items() for u, i in readers}
+    copy_names = {}
+    for name, readers in both.items():
+        casts = [u.outputs[0].name for u, _ in readers if u.op.name == "cast"]
+        if casts:
+            copy_names[name] = casts[0]
     for n in graph.nodes:
         ins = [rw.lookup(v) for v in n.inputs]
-        entering = {i for i, v in enumerate(n.inputs) if v.name in narrowed}
+        copies = {i: narrow_copy[reads_copy[id(n), i]] for i in range(len(ins)) if (id(n), i) in reads_copy}
+        entering = {i for i, v in enumerate(n.inputs) if v.name in narrowed} | set(copies)
         leaving = {j for j, v in enumerate(n.outputs) if v.name in narrowed}
-        if n.op.name == "region" and (entering or leaving):
+        doubled = [j for j, v in enumerate(n.outputs) if v.name in both]
+        for i, c in copies.items():
+            ins[i] = c
+        if n.op.name != "region" and doubled:   # a bare row-wise op: a region of it and its cast
+            rw.keep(n)
+            op = rw.nodes.pop()
+            body, (narrow,) = _narrow_copies(Graph("copy", [], [], [op], list(op.outputs), {}), [0], dtype, n.loc, rw,
+                                             copy_names)
+            wide_read = len(both[n.outputs[0].name]) < len(uses[n.outputs[0].name])
+            outs = ([op.outputs[0]] if wide_read else []) + [body.outputs[-1]]
+            rw.nodes.append(region_node(list(body.nodes), outs, region_kind([op]),
+                                        f"{region_kind([op])}_{n.name}".replace(".", "_"), n.loc))
+            narrow_copy[n.outputs[0].name] = narrow
+        elif n.op.name == "region" and (entering or leaving or doubled):
             body = _drop_entry_casts(n.regions[0], entering, dtype) if entering else n.regions[0]
             body = _cast_exits(body, leaving, dtype, n.loc) if leaving else body
-            rw.rebuild(n, ins, regions=[body])
+            body, extra = _narrow_copies(body, doubled, dtype, n.loc, rw, copy_names) if doubled else (body, [])
+            rebuilt = rw.rebuild(n, ins, regions=[body])
+            if extra:
+                rw.nodes[-1] = Node(rebuilt.op, rebuilt.inputs, rebuilt.attrs, rebuilt.outputs + tuple(extra),
+                                    rebuilt.loc, rebuilt.regions)
+                for j, c in zip(doubled, extra):
+                    narrow_copy[n.outputs[j].name] = c
         elif entering:   # a cast to dtype at the top level: its input is narrow already
             rw.replace(n.outputs[0], ins[0])
         else:
             rw.keep(n)
     for name, n in narrowed.items():
         rw.record(f"narrow-at-producer-{dtype.value}", [n.name], [name])
+    for name, c in narrow_copy.items():
+        rw.record(f"narrow-copy-at-producer-{dtype.value}", [name], [c.name])
     return rw.finish(), rw.rewrites
+
+
+def _row_wise(n: Node) -> bool:
+    """An op a row-wise (vector) region computes: elementwise, a norm, a softmax."""
+    return n.op.category == Category.elementwise or n.op.name in ("layer_norm", "rms_norm", "softmax", "log_softmax")
+
+
+def _narrow_copies(body: Graph, doubled: list[int], dtype: DType, loc, rw: Rewriter,
+                   names: dict[str, str]) -> tuple[Graph, list[Value]]:
+    """The body with a cast to ``dtype`` of each result ``doubled`` returned as one more result;
+    the region's new results (named as the body's, as a region's results are). ``names``: the
+    name to give the copy of a result, if it has one."""
+    cast = get_op("cast")
+    attrs = Attrs(cast.complete_attrs({"dtype": dtype}))
+    nodes, outs, extra = list(body.nodes), list(body.outputs), []
+    for j in doubled:
+        o = body.outputs[j]
+        (t,) = cast.infer_types([o.type], attrs)
+        # named as the cast it stands for, where there is one at the top level (dropped, so free)
+        name = names.get(o.name) or rw.fresh_name(f"{o.name}.{dtype.value}")
+        narrow = Value(name, TensorType(t.shape, t.dtype, o.type.layout))
+        nodes.append(Node(cast, [o], attrs, [narrow], loc))
+        outs.append(narrow)
+        extra.append(Value(narrow.name, narrow.type))
+    return Graph(body.name, list(body.inputs), list(body.constants), nodes, outs, dict(body.symbols)), extra
 
 
 def _uses(graph: Graph) -> dict[str, list[tuple[Node, int]]]:
