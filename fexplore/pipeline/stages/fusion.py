@@ -290,10 +290,26 @@ class _Fuser:
                 continue
             members = {i}
             self.extend_chain(members, i)
-            # a prologue: views, and a norm whose only reader is this contraction
+            # a prologue: views, and a norm whose only reader is this contraction (a norm the
+            # epilogue reads too, as a post-norm block's residual add does, stays out: the kernel
+            # has the normed rows only as its operand tiles, not where the epilogue reads them)
             self.absorb_producers(members, lambda p: self.movement(p) or
-                                  self.op(p) in ("layer_norm", "rms_norm"))
+                                  (self.op(p) in ("layer_norm", "rms_norm") and self._only_operand_of(p, members)))
             self.claim("contraction", i, members)
+
+    def _only_operand_of(self, p: int, members: set[int]) -> bool:
+        """Node p's results are read, directly or through views, only by the contractions among
+        `members` (the anchor and its siblings, SwiGLU's gate and up)."""
+        stack = [p]
+        while stack:
+            for v in self.nodes[stack.pop()].outputs:
+                for u in self.users.get(v.name, []):
+                    if u in members and self.op(u) in _CONTRACTIONS:
+                        continue
+                    if not self.movement(u):
+                        return False
+                    stack.append(u)
+        return True
 
     def reductions(self) -> None:
         for i, n in enumerate(self.nodes):
