@@ -653,6 +653,23 @@ def test_qk_norms_are_computed_by_the_attention_kernel_of_merged_projections(nam
         assert apart.simulate(*inputs).cycles > cm.simulate(*inputs).cycles
 
 
+@pytest.mark.parametrize("name", ["bert", "olmo2"])
+def test_a_norm_read_wide_and_narrow_writes_both_and_leaves_no_cast_kernel(name):
+    """A post-norm encoder's layer norm (BERT) and OLMo 2's residual sum are read in f32 by the next
+    residual add and in bf16 by the next projections: their kernel writes the rows both ways,
+    where a cast kernel read the f32 rows back before."""
+    model, inputs = build(name)
+    cm = fexplore.compile(model, inputs, target="rngd", precision="bf16")
+    copies = [r for r in cm["precision"].rewrites if r.rule == "narrow-copy-at-producer-bf16"]
+    assert copies
+    casts = [k.name for k in cm.schedule.kernels if k.name.startswith("cast_") and k.how == "generated"]
+    made_by_gather = [c for c in casts if "embedding" in c]   # a gather's result: not a row-wise kernel
+    assert casts == made_by_gather, casts
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    want, got = _eager(model, inputs), cm(*inputs)
+    assert float((got.float() - want).abs().max()) <= 0.05 * max(1.0, float(want.abs().max()))
+
+
 # A sequence length decided per call, as a serving stack runs prompts: one compile with the
 # sequence axis of the token ids (and mask) dynamic, each length then lowered and scheduled on its
 # own, every op on the chip at every length (phi3: a zero-width rotary half of [1, heads, seq, 0])

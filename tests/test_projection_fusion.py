@@ -153,3 +153,49 @@ def test_on_the_meta_device_the_merged_weight_is_narrowed_at_compile_time():
     for n in merged:   # the weight: a bf16 constant of the graph, not a cast's result
         assert n.inputs[1].name in constants and constants[n.inputs[1].name].type.dtype.value == "bf16"
     assert not [n for n in narrowed.nodes if n.op.name == "cast" and "merged_weight" in n.inputs[0].name]
+
+
+class FusedGateUp(nn.Module):
+    """Phi-3's MLP: one linear for gate and up, chunked in two that meet in SwiGLU's product; and
+    a fused linear whose chunks are returned apart (they never meet)."""
+
+    def __init__(self, bias):
+        super().__init__()
+        self.gate_up = nn.Linear(32, 2 * 24, bias=bias)
+        self.down = nn.Linear(24, 32, bias=False)
+        self.heads = nn.Linear(32, 16 + 8)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        a, b = self.heads(x).split([16, 8], dim=-1)
+        return self.down(up * nn.functional.silu(gate)), a, b
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("target, precision", [("rngd", "fp32"), ("tiny", "bf16")])
+def test_a_fused_linear_whose_chunks_meet_again_is_split_into_sibling_contractions(bias, target, precision):
+    torch.manual_seed(0)
+    m, x = FusedGateUp(bias).eval(), torch.randn(2, 5, 32)
+    cm = fexplore.compile(m, (x,), target=target, precision=precision)
+    (cut,) = [r for r in cm["fold"].rewrites if r.rule == "split-fused-linear"]
+    assert cut.nodes == ("linear",) and len(cut.result) == 2
+    assert cm["fold"].stats["fused_linears_split"] == 1
+    # gate and up: one kernel, the SwiGLU product its epilogue; no copy kernel of the chunks
+    gate_up = [k.kernel for k in cm.kernels if k.kernel is not None and k.kernel.name == "gate_up"]
+    assert len(gate_up) == 1 and "epilogue" in gate_up[0].parts
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    with torch.no_grad():
+        want = m(x)
+    for g, w in zip(cm(x), want):
+        tol = 1e-5 if precision == "fp32" else 0.05 * max(1.0, float(w.abs().max()))
+        assert float((g - w).abs().max()) <= tol
+
+
+def test_a_fused_linear_split_on_the_meta_device_cuts_its_weight_by_structure():
+    """Without weights (a real-size model on the meta device) the parts' weights are made by
+    structure, and narrowed at compile time as the weights are."""
+    m = FusedGateUp(True).eval().to("meta")
+    cm = fexplore.compile(m, (torch.randn(2, 5, 32, device="meta"),), precision="bf16")
+    assert cm["fold"].stats["fused_linears_split"] == 1
+    weight_casts = [k.name for k in cm.schedule.kernels if k.name.startswith("cast_") and "rows" in k.name]
+    assert not weight_casts and cm.simulate().cycles > 0

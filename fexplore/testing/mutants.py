@@ -184,6 +184,17 @@ MUTANTS: list[Mutant] = [
            "D in two), not the whole row",
            (Patch("fexplore.lang.codegen.attention:_Pieces._norm_statistics",
                   "for t in tiles)}) \"", "for t in tiles[:1])}) \""),)),
+    Mutant("narrow-copy-of-the-input", "precision: a row-wise result written both wide and narrow",
+           "the narrow copy a norm's kernel writes for its bf16 readers is a copy of the norm's input "
+           "rows, not of its result",
+           (Patch("fexplore.pipeline.stages.precision:_narrow_copies",
+                  "nodes.append(Node(cast, [o], attrs, [narrow], loc))",
+                  "nodes.append(Node(cast, [body.nodes[0].inputs[0]], attrs, [narrow], loc))"),)),
+    Mutant("fused-linear-split-same-rows", "fold: a fused linear split into its parts",
+           "every part of a split fused linear takes the first rows of the weight (gate's for up)",
+           (Patch("fexplore.pipeline.stages.parallel_linears:_split",
+                  'ins = [x, _rows(rw, w, start, end, f"{w.name}.rows_{start}_{end}")]',
+                  'ins = [x, _rows(rw, w, 0, end - start, f"{w.name}.rows_{start}_{end}")]'),)),
     Mutant("fold-batchnorm-without-eps", "fold: conv + batch norm folding",
            "the folded scale is gamma / sqrt(var), the batch norm's eps forgotten",
            (Patch("fexplore.pipeline.stages.fold:_bn_scale",
@@ -462,6 +473,34 @@ class _NormMLP(torch.nn.Module):
         return self.fc2(torch.relu(self.fc(self.ln(x)))) + x
 
 
+class _PostNorm(torch.nn.Module):
+    """Two post-norm blocks (BERT's order, layer norm after the residual add), in bf16: the first
+    norm's rows are read in f32 by the MLP's residual add and in bf16 by its first projection."""
+
+    def __init__(self, k=32):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = torch.nn.Linear(k, k), torch.nn.Linear(k, 2 * k), torch.nn.Linear(2 * k, k)
+        self.ln1, self.ln2 = torch.nn.LayerNorm(k), torch.nn.LayerNorm(k)
+
+    def forward(self, x):
+        h = self.ln1(x + self.fc1(x))
+        return self.ln2(h + self.fc3(torch.relu(self.fc2(h))))
+
+
+class _FusedGateUp(torch.nn.Module):
+    """Phi-3's MLP: gate and up projections as one linear, chunked in two that meet in SwiGLU's
+    product (the fold stage splits it into sibling linears)."""
+
+    def __init__(self, k=32, n=48):
+        super().__init__()
+        self.gate_up = torch.nn.Linear(k, 2 * n)
+        self.down = torch.nn.Linear(n, k, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(up * torch.nn.functional.silu(gate))
+
+
 class _EncoderDecoder(torch.nn.Module):
     """A transformers encoder-decoder (BART) run on the same ids as encoder and decoder input."""
 
@@ -590,6 +629,9 @@ CASES: list[Case] = [
                                                            torch.randn(8, 1, generator=g))))),
     Case("long-rows@tiny", _seeded(lambda g: (_LongRows(), (torch.randn(3, 3000, generator=g) * 2.0 + 5.0,))),
          {"target": "tiny"}),
+    Case("fused-gate-up", _seeded(lambda g: (_FusedGateUp().eval(), (torch.randn(1, 12, 32, generator=g),)))),
+    Case("post-norm-bf16", _seeded(lambda g: (_PostNorm().eval(), (torch.randn(2, 24, 32, generator=g),))),
+         {"precision": "bf16"}),
     Case("norm-mlp@tiny", _seeded(lambda g: (_NormMLP().eval(), (torch.randn(1, 48, 96, generator=g),))),
          {"target": "tiny"}),
     ProgramCase("resident-over-reused-sram@tiny", _resident_over_reused_space),

@@ -21,7 +21,7 @@ from fexplore.ir import Constant, Graph, Node, TensorType, evaluate_node
 from fexplore.ir.types import names_a_symbol
 
 from ..stage import StageResult
-from .parallel_linears import merge_parallel_linears
+from .parallel_linears import merge_parallel_linears, split_fused_linears
 from .rewrite import Rewriter
 
 _NEVER_FOLD = {"expand"}  # materializing a broadcast only bloats the constant pool
@@ -92,17 +92,19 @@ def fold(graph: Graph, options, *, regions: bool = False) -> StageResult:
         rw.record("fold-constant", [v.name for v in node.outputs])
     g = rw.finish()
     rewrites = rw.rewrites
-    merged = []
+    merged = cut = []
     if not regions:   # the stage itself; a graph specialized after fusion has its kernels already
         g, merged = merge_parallel_linears(g)
-        rewrites = rewrites + merged
+        g, cut = split_fused_linears(g)
+        rewrites = rewrites + merged + cut
     stats = {"constants_folded": folded, "folded_bytes": folded_bytes,
              "conv_batchnorm_folded": len(absorbed), "batchnorm_as_scale_shift": scale_shift,
              "not_folded_over_size_limit": skipped_for_size, "empty_values": emptied,
-             "parallel_linears_merged": sum(len(r.nodes) for r in merged)}
+             "parallel_linears_merged": sum(len(r.nodes) for r in merged), "fused_linears_split": len(cut)}
     summary = f"{folded} values folded ({folded_bytes:,} B), {len(absorbed)} conv+batch-norm pairs" + \
         (f", {scale_shift} batch norms as scale and shift" if scale_shift else "") + \
-        (f", {len(merged)} groups of parallel linears merged" if merged else "")
+        (f", {len(merged)} groups of parallel linears merged" if merged else "") + \
+        (f", {len(cut)} fused linears split into their parts" if cut else "")
     return StageResult(g, stats, rewrites, summary)
 
 

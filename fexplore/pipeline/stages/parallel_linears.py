@@ -14,6 +14,11 @@ by anything else is a copy kernel of its own, more than the merge saves (two hea
 side). Two linears whose results meet again in an elementwise op (SwiGLU's gate and up projections)
 are left apart: fusion makes them sibling contractions of one kernel, whose epilogue pairs each
 column tile of one with the same tile of the other, which slices of one wide result would not.
+
+For the same reason the reverse holds for a linear written fused: Phi-3's ``gate_up_proj``,
+chunked in two whose halves meet in SwiGLU's product, is split into one linear per part (its
+weight's rows cut at compile time), which fusion then makes sibling contractions of one kernel;
+as one linear, its chunks were a copy kernel and the product a kernel of its own.
 """
 
 from __future__ import annotations
@@ -44,6 +49,70 @@ def merge_parallel_linears(graph: Graph) -> tuple[Graph, list]:
         elif id(node) not in merged:
             rw.keep(node)
     return rw.finish(), rw.rewrites
+
+
+def split_fused_linears(graph: Graph) -> tuple[Graph, list]:
+    """(the graph with each fused linear whose parts meet again split into a linear per part, the
+    rewrites made)."""
+    users = graph.users()
+    fused = {}   # id(linear) -> the split reading it
+    for n in graph.nodes:
+        if n.op.name != "linear" or not _constant_operands(n):
+            continue
+        readers = users.get(n.output.name, [])
+        if len(readers) != 1 or readers[0].op.name != "split" or len(readers[0].outputs) < 2:
+            continue
+        sp = readers[0]
+        if sp.attrs["axis"] % n.output.type.rank != n.output.type.rank - 1:
+            continue
+        reach = [_elementwise_reach_of(v, users) for v in sp.outputs]
+        if any(reach[i] & reach[j] for i in range(len(reach)) for j in range(i + 1, len(reach))):
+            fused[id(n)] = sp
+    if not fused:
+        return graph, []
+    splits = {id(sp) for sp in fused.values()}
+    rw = Rewriter(graph)
+    for node in graph.nodes:
+        if id(node) in fused:
+            _split(rw, node, fused[id(node)])
+        elif id(node) not in splits:
+            rw.keep(node)
+    return rw.finish(), rw.rewrites
+
+
+def _split(rw: Rewriter, linear: Node, sp: Node) -> None:
+    x, w = rw.lookup(linear.inputs[0]), rw.lookup(linear.inputs[1])
+    bias = rw.lookup(linear.inputs[2]) if len(linear.inputs) == 3 else None
+    start, made = 0, []
+    for part, size in zip(sp.outputs, sp.attrs["sizes"]):
+        end = start + size
+        ins = [x, _rows(rw, w, start, end, f"{w.name}.rows_{start}_{end}")]
+        if bias is not None:
+            ins.append(_rows(rw, bias, start, end, f"{bias.name}.rows_{start}_{end}"))
+        out = rw.emit("linear", ins, dict(linear.attrs), name=part.name, loc=linear.loc,
+                      layout=part.type.layout)
+        rw.replace(part, out)
+        made.append(out.name)
+        start = end
+    rw.record("split-fused-linear", [linear.output.name], made)
+
+
+def _rows(rw: Rewriter, c: Constant, start: int, end: int, name: str) -> Constant:
+    """Rows start:end of constant `c`; on the meta device (no values) by structure."""
+    t = TensorType((end - start,) + tuple(c.type.shape[1:]), c.type.dtype)
+    if c.payload is None:
+        return rw.constant(name, None, type=t, digest=f"meta-rows-{start}-{end}-{c.digest or c.name}")
+    return rw.constant(name, np.ascontiguousarray(np.asarray(c.payload)[start:end]), type=t)
+
+
+def _elementwise_reach_of(v, users) -> set[int]:
+    """The elementwise nodes value `v` flows into within REACH steps (views passed through)."""
+    first = users.get(v.name, [])
+    out = {id(u) for u in first if u.op.category == Category.elementwise}
+    for u in first:
+        if _passes_on(u):
+            out |= _elementwise_reach(u, users)
+    return out
 
 
 def _groups(graph: Graph) -> list[list[Node]]:
