@@ -568,6 +568,31 @@ def qk_norms_before_rotary_halves_grouped_heads():
     return b.region(b("attention", q, k, v, causal=True, gqa=True), kind="attention"), b.arrays
 
 
+def interleaved_partial_rotary():
+    """GPT-J's and GLM's rotation of interleaved pairs on the first 8 of 12 dims of each head:
+    x[..., ::2] and x[..., 1::2] taken apart, stacked as (-odd, even) pairs and flattened back into
+    D, the rest passed through. The kernel takes each piece's even and odd positions apart as
+    strided reads of the tiles it loaded."""
+    b = Body(18)
+    S, D, R = 11, 12, 8
+    qkv = b.input("qkv", (1, S, 3 * 2 * D))
+    cos, sin = b.input("cos", (S, R)), b.input("sin", (S, R))
+
+    def rotated(start):
+        x = b("permute", b("reshape", b("slice", qkv, axis=2, start=start * D, end=(start + 2) * D),
+                           shape=(1, S, 2, D)), perm=(0, 2, 1, 3))
+        rot, rest = b("slice", x, axis=3, start=0, end=R), b("slice", x, axis=3, start=R, end=D)
+        even, odd = b("slice", rot, axis=3, start=0, end=R, step=2), b("slice", rot, axis=3, start=1, end=R, step=2)
+        pairs = b("concat", b("reshape", b("neg", odd), shape=(1, 2, S, R // 2, 1)),
+                  b("reshape", even, shape=(1, 2, S, R // 2, 1)), axis=4)
+        turned = b("add", b("mul", rot, cos), b("mul", b("reshape", pairs, shape=(1, 2, S, R)), sin))
+        return b("concat", turned, rest, axis=3)
+
+    v = b("permute", b("reshape", b("slice", qkv, axis=2, start=4 * D, end=6 * D), shape=(1, S, 2, D)),
+          perm=(0, 2, 1, 3))
+    return b.region(b("attention", rotated(0), rotated(2), v, causal=True), kind="attention"), b.arrays
+
+
 def multi_query_heads_expanded():
     """One key and value head broadcast to three query heads with an expand (no reshape after it,
     as Hugging Face's repeat_kv has): each query head reads the one head where it is."""
@@ -599,7 +624,7 @@ def causal_attention_fewer_queries_than_keys():
 
 HAND_BUILT = {f.__name__: f for f in (causal_attention_odd_sizes, causal_attention_fewer_queries_than_keys,
                                       qk_norms_before_rotary_halves_grouped_heads, qk_rms_norm_without_weight_single_head,
-                                      multi_query_heads_expanded,
+                                      multi_query_heads_expanded, interleaved_partial_rotary,
                                       attention_bool_mask_with_padding_rows, decode_step_with_a_head_dim_of_1,
                                       sdpa_gqa_float_mask_odd_sizes, written_out_attention_single_head_bool_mask,
                                       conv_strided_padded_dilated, residual_block_with_projection_shortcut,
@@ -616,6 +641,8 @@ def test_hand_built_regions_equal_the_ir_interpreter(case, target):
     node, arrays = HAND_BUILT[case]()
     gk = _check(node, arrays, target)
     assert "# from blk.fc (model.py:7)" in gk.source and "/some/dir" not in gk.source
+    if case == "interleaved_partial_rotary":   # one attention kernel, strided reads of its tiles
+        assert gk.kind == "attention" and "rotary" in gk.parts and "::2]" in gk.source
     if case.startswith("qk_"):   # the norms are computed in the attention kernel, as it loads q and k
         assert gk.kind == "attention" and "norm" in gk.parts, gk.parts
         assert ("rotary" in gk.parts) == ("rotary" in case)

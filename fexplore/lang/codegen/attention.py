@@ -254,8 +254,13 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     if min(len(q_letters), len(k_letters), len(v_letters)) < 2:   # a box read its one-element axis away
         fail(next(n for n in body.nodes if id(n) in core_nodes), "q, k or v of depth 1 read as a vector")
     # pieces of D: computed q and k (rotary embedding) are made per piece between the cuts where
-    # their graphs slice and concatenate D, and contracted piece by piece
-    cuts = tuple(sorted({0, D} | _concat_cuts([x for x in (q, k) if x.name in computed], producer, D)))
+    # their graphs slice and concatenate D, and contracted piece by piece; a rotation of
+    # interleaved pairs (GPT-J, GLM) takes each piece's even and odd positions apart
+    made_of = [x for x in (q, k) if x.name in computed]
+    bounds = sorted({0, D} | _concat_cuts(made_of, producer, D))
+    cuts = tuple((a, 1, b - a) for a, b in zip(bounds, bounds[1:]))
+    if _interleaves(made_of, producer):
+        cuts = tuple(p for a, _, n in cuts for p in ((a, 2, (n + 1) // 2), (a + 1, 2, n // 2)) if p[2])
 
     # score operands (a mask): region inputs aligned to the scores (lead..., S, T)
     score_rank = len(lead) + 2
@@ -405,7 +410,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                         k_tiles = [_cast_line(w, names, t, kx.type.dtype, op_dt[k.name]) for t in k_raw]
                         vpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
                                       tuple(v_shape[:-2]), v_index, "ts", fail, offset=a)
-                        (vtile,) = vpc.pieces(vx, (0, Dv))
+                        (vtile,) = vpc.pieces(vx, ((0, 1, Dv),))
                         v_raw = vtile
                         vtile = _cast_line(w, names, vtile, vx.type.dtype, op_dt[v.name])
                         w(f"vt = {vtile}")
@@ -414,17 +419,20 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                         else:
                             for jj, (qa, kb) in enumerate(zip(q_tiles, k_tiles)):
                                 acc = "" if jj == 0 else ", acc=s"
-                                w(f's = fl.contract("sd,td->st", {qa}, {kb}{acc})   # D[{cuts[jj]}:{cuts[jj + 1]}]')
+                                w(f's = fl.contract("sd,td->st", {qa}, {kb}{acc})   # D[{_piece_text(cuts[jj])}]')
                         if exports:
                             cond = " and ".join(c for c in (first_head, "qs.start == 0") if c)
                             w(f"if {cond}:   # the keys and values leave the region: stored once")
                             with w.indent():
-                                for val, tiles_, pc, idx_ in ((k, k_raw, cuts, kidx), (v, [v_raw], (0, Dv), v_index)):
+                                for val, tiles_, pc, idx_ in ((k, k_raw, cuts, kidx), (v, [v_raw], ((0, 1, Dv),), v_index)):
                                     if val.name not in export_names:
                                         continue
+                                    if any(step != 1 for _, step, _ in pc):
+                                        fail(producer.get(val.name), "keys exported in interleaved pieces (a DRAM box "
+                                                                     "does not stride)")
                                     lead_idx = [idx_.get(i, "0") for i in range(len(val.type.shape) - 2)]
-                                    for t_, c0, c1 in zip(tiles_, pc, pc[1:]):
-                                        w(f"fl.store({export_names[val.name]}[{', '.join(lead_idx + ['ts', f'{c0}:{c1}'])}], {t_})")
+                                    for t_, (c0, _, cn) in zip(tiles_, pc):
+                                        w(f"fl.store({export_names[val.name]}[{', '.join(lead_idx + ['ts', f'{c0}:{c0 + cn}'])}], {t_})")
             elif k.name in computed:
                 kidx = {i - kp: e for i, e in kv_index(klead).items() if i >= kp}
                 kpc = _Pieces(w, names, label, producer, params_in, inputs.literals, param,
@@ -442,7 +450,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             if cache and group:
                 for jj, qa in enumerate(q_tiles):
                     acc = "" if jj == 0 else ", acc=s"
-                    w(f's = fl.contract("sd,td->st", {qa}, kt[{jj}]{acc})   # D[{cuts[jj]}:{cuts[jj + 1]}]')
+                    w(f's = fl.contract("sd,td->st", {qa}, kt[{jj}]{acc})   # D[{_piece_text(cuts[jj])}]')
             elif cache:   # the scores were made part by part above
                 pass
             elif q.name in computed or k.name in computed:
@@ -453,7 +461,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                          "only one of q and k computed in the region")
                 for j, (a, b_) in enumerate(zip(qs_, ks_)):
                     acc = "" if j == 0 else ", acc=s"
-                    w(f's = fl.contract("sd,td->st", {a}, {b_}{acc})   # D[{cuts[j]}:{cuts[j + 1]}]')
+                    w(f's = fl.contract("sd,td->st", {a}, {b_}{acc})   # D[{_piece_text(cuts[j])}]')
             else:
                 w(f's = fl.contract("{q_letters},{k_letters}->st", qt, kt)')
             if causal:
@@ -706,6 +714,43 @@ def _is_view(v, producer) -> bool:
     return True
 
 
+def _piece_text(piece) -> str:
+    """A piece of D as a slice: ``0:32`` or, every other position, ``1:32:2``."""
+    a, step, n = piece
+    return f"{a}:{a + step * (n - 1) + 1}" + (f":{step}" if step != 1 else "")
+
+
+def _interleaves(values, producer) -> bool:
+    """Whether the graphs of `values` take D's even and odd positions apart: a slice of D with a
+    step of 2, or pairs stacked and flattened back into D (a rotation of interleaved pairs)."""
+    stack, seen = list(values), set()
+    while stack:
+        v = stack.pop()
+        n = producer.get(v.name)
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        last = v.type.rank - 1
+        if n.op.name == "slice" and v.type.rank and n.attrs["axis"] % v.type.rank == last and n.attrs["step"] == 2:
+            return True
+        if _pairs_flattened(n) is not None:
+            return True
+        stack.extend(n.inputs)
+    return False
+
+
+def _pairs_flattened(n):
+    """For ``reshape(concat([u0, u1], -1))`` of (..., m, 2) into (..., 2m), each u_j a (..., m, 1)
+    reshape of a (..., m) value w_j (torch.stack((a, b), -1).flatten(-2)): [w0, w1]. Else None."""
+    if n.op.name != "reshape" or not n.inputs:
+        return None
+    y, v = n.inputs[0], n.outputs[0]
+    if y.type.rank != v.type.rank + 1 or tuple(y.type.shape[-1:]) != (2,) or \
+            v.type.shape[-1] != 2 * y.type.shape[-2] or tuple(y.type.shape[:-2]) != tuple(v.type.shape[:-1]):
+        return None
+    return y   # the concat is checked where the pieces are made (`_Pieces`)
+
+
 def _computing_ops(values, producer) -> set[str]:
     """The ops other than views that compute `values` in the region (a norm, a rotation)."""
     ops, stack, seen = set(), list(values), set()
@@ -791,10 +836,11 @@ class _Pieces:
         self.norms: dict = {}   # (norm, pieces, axes) -> (its pieces, 1 / RMS, normalized pieces made)
 
     def pieces(self, v, cuts: tuple, axes: tuple | None = None) -> list[str]:
-        """The tiles of `v` between `cuts` along D, each a block of the sequence. `axes` says what
-        each axis of `v` but the last is: `SEQ`, or the index expression of the grid item it is
-        fixed at; by default `v`'s axes are the kernel's lead axes and then the sequence, aligned
-        on the right (a permute of a computed value reorders them)."""
+        """The tiles of `v` at `cuts`, pieces of D as (start, step, count) (step 1: a range; 2:
+        every other position), each a block of the sequence. `axes` says what each axis of `v`
+        but the last is: `SEQ`, or the index expression of the grid item it is fixed at; by
+        default `v`'s axes are the kernel's lead axes and then the sequence, aligned on the right
+        (a permute of a computed value reorders them)."""
         if axes is None:
             rank = v.type.rank
             shift = len(self.lead) - (rank - 2)
@@ -805,62 +851,39 @@ class _Pieces:
         return self.memo[key]
 
     def _pieces(self, v, cuts, axes):
-        n_pieces = len(cuts) - 1
+        n_pieces = len(cuts)
         if v.name in self.literals:
             return [self.literals[v.name]] * n_pieces
-        if v.type.shape[-1] == 1 and cuts != (0, 1):   # broadcast along D: one tile serves every piece
-            return self.pieces(v, (0, 1), axes) * n_pieces
+        if v.type.shape[-1] == 1 and cuts != ((0, 1, 1),):   # broadcast along D: one tile serves every piece
+            return self.pieces(v, ((0, 1, 1),), axes) * n_pieces
+        n = self.producer.get(v.name)
+        last = v.type.rank - 1
+        if n is not None and n.op.name == "slice" and n.attrs["axis"] % v.type.rank == last:
+            # a slice of D (with a step: every other position) picks positions of its input's D
+            start, st = n.attrs["start"], n.attrs["step"]
+            return self.pieces(n.inputs[0], tuple((start + st * a, st * step, count) for a, step, count in cuts), axes)
         if _is_view(v, self.producer):
-            m = ViewMap.of(v, self.producer, self.params_in, self.fail)
-            off = f" - {self.offset}" if self.offset else ""
-            index, seq = {}, {}
-            for i, role in enumerate(axes):
-                if role is SEQ:   # a view of size 1 there broadcasts over the sequence
-                    seq[i] = (f"{self.seq}.start{off}", f"{self.seq}.stop{off}") if m.shape[i] != 1 else ("0", "1")
-                else:
-                    index[i] = role if m.shape[i] != 1 else "0"
-            rank = len(m.shape)
-            out = []
-            for c0, c1 in zip(cuts, cuts[1:]):
-                try:
-                    text, order = m.box(index, {**seq, rank - 1: (str(c0), str(c1))})
-                except ValueError:
-                    self.fail(self.producer.get(v.name), "a view that is not a unit-stride box of its input")
-                if order != sorted(order):
-                    self.fail(self.producer.get(v.name), "a view whose D comes before its sequence axis")
-                src = f"{self.param(m.source)}[{text}]"
-                key = (m.source.name, _canonical_box(text))
-                if key not in self.loaded:   # one load per box, however many views read it
-                    self.loaded[key] = self.names.new(v.name + "_t")
-                    line = f"{self.loaded[key]} = fl.load({src})"
-                    if self.hoist is not None and self.hoist.outside(src):
-                        self.hoist(line)
-                    else:
-                        self.w(line)
-                out.append(self.loaded[key])
-            return out
-        n = self.producer[v.name]
+            return [self._load(v, piece, axes) for piece in cuts]
         op = n.op.name
-        if op == "concat" and n.attrs["axis"] % v.type.rank == v.type.rank - 1:
+        if op == "concat" and n.attrs["axis"] % v.type.rank == last:
             out, off = [], 0
             bounds = []
             for x in n.inputs:
                 bounds.append((off, off + x.type.shape[-1], x))
                 off += x.type.shape[-1]
-            for c0, c1 in zip(cuts, cuts[1:]):
-                part = next(((a, b, x) for a, b, x in bounds if a <= c0 and c1 <= b), None)
+            for a, step, count in cuts:
+                part = next(((lo, hi, x) for lo, hi, x in bounds if lo <= a and a + step * (count - 1) < hi), None)
                 if part is None:
                     self.fail(n, "a piece of D across a concat boundary")
-                a, _, x = part
-                out += self.pieces(x, (c0 - a, c1 - a), axes)
+                lo, _, x = part
+                out += self.pieces(x, ((a - lo, step, count),), axes)
             return out
-        if op == "slice" and n.attrs["axis"] % v.type.rank == v.type.rank - 1 and n.attrs["step"] == 1:
-            a = n.attrs["start"]
-            return self.pieces(n.inputs[0], tuple(c + a for c in cuts), axes)
-        if op == "permute" and n.attrs["perm"][-1] % v.type.rank == v.type.rank - 1:
+        if _pairs_flattened(n) is not None:
+            return [self._pair(n, piece, axes) for piece in cuts]
+        if op == "permute" and n.attrs["perm"][-1] % v.type.rank == last:
             # axes reordered, D kept last (heads and tokens swapped after a norm of each head):
             # the input's axis perm[i] is the result's axis i
-            inner = [None] * (v.type.rank - 1)
+            inner = [None] * last
             for i, p in enumerate(n.attrs["perm"][:-1]):
                 inner[p % v.type.rank] = axes[i]
             return self.pieces(n.inputs[0], cuts, tuple(inner))
@@ -869,7 +892,7 @@ class _Pieces:
             # size-1 axes are read at 0 where the pieces are loaded)
             return self.pieces(n.inputs[0], cuts, _aligned_axes(axes, n.inputs[0].type.rank))
         if op in vector.SAME_NAME | vector.COMPOSED | vector.IDENTITY:
-            args = [self.pieces(x, cuts if x.type.rank == 0 or x.type.shape[-1] != 1 else (0, 1),
+            args = [self.pieces(x, cuts if x.type.rank == 0 or x.type.shape[-1] != 1 else ((0, 1, 1),),
                                 _aligned_axes(axes, x.type.rank))
                     if x.name in self.literals or x.type.rank > 0 else self.fail(n, "a scalar tensor operand")
                     for x in n.inputs]
@@ -878,7 +901,65 @@ class _Pieces:
         if op in ("rms_norm", "layer_norm") and n.attrs["ndim"] == 1:
             return self._norm(n, cuts, axes)
         self.fail(n, "in the computation of q or k (views, elementwise ops, norms over D, slices and concats "
-                     "of D are handled)")
+                     "of D, interleaved pairs are handled)")
+
+    def _load(self, v, piece, axes) -> str:
+        """The tile of view `v` at `piece`: the box from its first position to its last, loaded
+        once however many views and pieces read it, and every other column of it for a piece of
+        every other position (SRAM is read with strides; a DRAM box is not)."""
+        a, step, count = piece
+        m = ViewMap.of(v, self.producer, self.params_in, self.fail)
+        off = f" - {self.offset}" if self.offset else ""
+        index, seq = {}, {}
+        for i, role in enumerate(axes):
+            if role is SEQ:   # a view of size 1 there broadcasts over the sequence
+                seq[i] = (f"{self.seq}.start{off}", f"{self.seq}.stop{off}") if m.shape[i] != 1 else ("0", "1")
+            else:
+                index[i] = role if m.shape[i] != 1 else "0"
+        rank = len(m.shape)
+        # every other position: the box of whole pairs (even and odd positions share its load)
+        pairs = step > 1 and a - a % step + step * count <= m.shape[-1]
+        lo, hi = (a - a % step, a - a % step + step * count) if pairs else (a, a + step * (count - 1) + 1)
+        try:
+            text, order = m.box(index, {**seq, rank - 1: (str(lo), str(hi))})
+        except ValueError:
+            self.fail(self.producer.get(v.name), "a view that is not a unit-stride box of its input")
+        if order != sorted(order):
+            self.fail(self.producer.get(v.name), "a view whose D comes before its sequence axis")
+        src = f"{self.param(m.source)}[{text}]"
+        key = (m.source.name, _canonical_box(text))
+        if key not in self.loaded:   # one load per box, however many views read it
+            self.loaded[key] = self.names.new(v.name + "_t")
+            line = f"{self.loaded[key]} = fl.load({src})"
+            self.hoist(line) if self.hoist is not None and self.hoist.outside(src) else self.w(line)
+        tile = self.loaded[key]
+        if step == 1 or count == 1:
+            return tile
+        strided = (tile, a - lo, step)
+        if strided not in self.loaded:
+            self.loaded[strided] = self.names.new(tile + ("_even" if a % 2 == 0 else "_odd"))
+            first = a - lo or ""
+            line = f"{self.loaded[strided]} = {tile}[{', '.join([':'] * (len(order) - 1) + [f'{first}::{step}'])}]"
+            self.hoist(line) if self.hoist is not None and self.hoist.outside(src) else self.w(line)
+        return self.loaded[strided]
+
+    def _pair(self, n, piece, axes) -> str:
+        """A piece of pairs stacked and flattened into D: position 2i + j is the i-th of part j,
+        so every other position from an even or odd start is one part's run."""
+        a, step, count = piece
+        y = n.inputs[0]
+        cat = self.producer.get(y.name)
+        if cat is None or cat.op.name != "concat" or cat.attrs["axis"] % y.type.rank != y.type.rank - 1 or \
+                len(cat.inputs) != 2 or any(u.type.shape[-1] != 1 for u in cat.inputs):
+            self.fail(n, "a reshape merging D's pairs that are not two values stacked")
+        if step % 2 and count > 1:
+            self.fail(n, "a piece of D across interleaved pairs")
+        part = cat.inputs[a % 2]
+        unsq = self.producer.get(part.name)
+        if unsq is None or unsq.op.name != "reshape" or tuple(unsq.inputs[0].type.shape) != tuple(part.type.shape[:-1]):
+            self.fail(n, "a stacked pair whose parts are not values of D's half")
+        (tile,) = self.pieces(unsq.inputs[0], ((a // 2, max(step // 2, 1), count),), axes)
+        return tile
 
     def _norm(self, n, cuts: tuple, axes: tuple) -> list[str]:
         """A norm over D (QK-norm) piece by piece: its row statistics summed over every piece of
@@ -886,23 +967,29 @@ class _Pieces:
         statistics and each normalized piece are written once, however many slices of D (a
         rotation's halves) ask for them."""
         D = n.inputs[0].type.shape[-1]
-        full = tuple(sorted({0, D} | {c for c in cuts if 0 < c < D}))
+        if all(step == 1 for _, step, _ in cuts):   # ranges: the row cut at every range's ends
+            ends = sorted({0, D} | {e for a, _, c in cuts for e in (a, a + c) if 0 < e < D})
+            full = tuple((a, 1, b - a) for a, b in zip(ends, ends[1:]))
+        else:   # every other position: the row's even and odd positions
+            full = tuple(p for p in ((0, 2, (D + 1) // 2), (1, 2, D // 2)) if p[2])
+        if any(p not in full for p in cuts):
+            self.fail(n, "a norm over D asked for pieces that do not partition the row")
         key = (n.outputs[0].name, full, axes)
         if key not in self.norms:
             self.norms[key] = (*self._norm_statistics(n, full, axes), {})
         xs, r, made = self.norms[key]
         params = [self.pieces(p, full, _aligned_axes(axes, p.type.rank)) for p in n.inputs[1:]]
         kw = self.emit.dtype_kw(n.outputs[0].type.dtype, DType.f32)
-        for c0 in cuts[:-1]:
-            j = full.index(c0)
+        for piece in cuts:
+            j = full.index(piece)
             if j not in made:
                 made[j] = self.names.new(n.outputs[0].name + "_t")
                 self.emit.affine(made[j], f"{xs[j]} * {r}", [p[j] for p in params], kw)
-        return [made[full.index(c0)] for c0 in cuts[:-1]]
+        return [made[full.index(piece)] for piece in cuts]
 
     def _norm_statistics(self, n, full: tuple, axes: tuple) -> tuple[list[str], str]:
-        """(the row's pieces between `full`, centred for a layer norm; the reciprocal of its RMS)."""
-        D = full[-1]
+        """(the row's pieces `full`, centred for a layer norm; the reciprocal of its RMS)."""
+        D = n.inputs[0].type.shape[-1]
         xs = self.pieces(n.inputs[0], full, axes)
         w, new, base = self.w, self.names.new, n.outputs[0].name
         inv_d = literal(1.0 / D)
