@@ -593,6 +593,29 @@ def interleaved_partial_rotary():
     return b.region(b("attention", rotated(0), rotated(2), v, causal=True), kind="attention"), b.arrays
 
 
+def rope_written_over_part_of_d():
+    """DeepSeek-V3's rotation: the last 4 of each head's 8 dims taken as (real, imaginary) pairs at
+    even and odd positions, rotated, and written back over that range in half layout (a
+    slice_scatter of D); pieces one position wide."""
+    b = Body(19)
+    S, D = 9, 8
+    qkv = b.input("qkv", (1, S, 3 * 2 * D))
+    cos, sin = b.input("cos", (S, 2)), b.input("sin", (S, 2))
+
+    def rotated(start):
+        x = b("permute", b("reshape", b("slice", qkv, axis=2, start=start * D, end=(start + 2) * D),
+                           shape=(1, S, 2, D)), perm=(0, 2, 1, 3))
+        pe = b("slice", x, axis=3, start=4, end=D)
+        re, im = b("slice", pe, axis=3, start=0, end=4, step=2), b("slice", pe, axis=3, start=1, end=4, step=2)
+        turned = b("concat", b("sub", b("mul", re, cos), b("mul", im, sin)),
+                   b("add", b("mul", re, sin), b("mul", im, cos)), axis=3)
+        return b("slice_scatter", x, turned, axis=3, start=4, end=D)
+
+    v = b("permute", b("reshape", b("slice", qkv, axis=2, start=4 * D, end=6 * D), shape=(1, S, 2, D)),
+          perm=(0, 2, 1, 3))
+    return b.region(b("attention", rotated(0), rotated(2), v, causal=True), kind="attention"), b.arrays
+
+
 def multi_query_heads_expanded():
     """One key and value head broadcast to three query heads with an expand (no reshape after it,
     as Hugging Face's repeat_kv has): each query head reads the one head where it is."""
@@ -624,7 +647,7 @@ def causal_attention_fewer_queries_than_keys():
 
 HAND_BUILT = {f.__name__: f for f in (causal_attention_odd_sizes, causal_attention_fewer_queries_than_keys,
                                       qk_norms_before_rotary_halves_grouped_heads, qk_rms_norm_without_weight_single_head,
-                                      multi_query_heads_expanded, interleaved_partial_rotary,
+                                      multi_query_heads_expanded, interleaved_partial_rotary, rope_written_over_part_of_d,
                                       attention_bool_mask_with_padding_rows, decode_step_with_a_head_dim_of_1,
                                       sdpa_gqa_float_mask_odd_sizes, written_out_attention_single_head_bool_mask,
                                       conv_strided_padded_dilated, residual_block_with_projection_shortcut,
@@ -641,7 +664,7 @@ def test_hand_built_regions_equal_the_ir_interpreter(case, target):
     node, arrays = HAND_BUILT[case]()
     gk = _check(node, arrays, target)
     assert "# from blk.fc (model.py:7)" in gk.source and "/some/dir" not in gk.source
-    if case == "interleaved_partial_rotary":   # one attention kernel, strided reads of its tiles
+    if case in ("interleaved_partial_rotary", "rope_written_over_part_of_d"):   # one kernel, strided reads
         assert gk.kind == "attention" and "rotary" in gk.parts and "::2]" in gk.source
     if case.startswith("qk_"):   # the norms are computed in the attention kernel, as it loads q and k
         assert gk.kind == "attention" and "norm" in gk.parts, gk.parts

@@ -786,6 +786,13 @@ def _concat_cuts(values, producer, D) -> set:
         elif n.op.name == "slice" and n.attrs["axis"] % v.type.rank == last and n.attrs["step"] == 1:
             cuts |= {off, off + v.type.shape[-1]}
             stack.append((n.inputs[0], off - n.attrs["start"]))
+        elif n.op.name == "split" and n.attrs["axis"] % v.type.rank == last:
+            start = sum(n.attrs["sizes"][:[o.name for o in n.outputs].index(v.name)])
+            cuts |= {off, off + v.type.shape[-1]}
+            stack.append((n.inputs[0], off - start))
+        elif n.op.name == "slice_scatter" and n.attrs["axis"] % v.type.rank == last and n.attrs["step"] == 1:
+            cuts |= {off + n.attrs["start"], off + n.attrs["end"]}   # the written part replaces a range
+            stack += [(n.inputs[0], off), (n.inputs[1], off + n.attrs["start"])]
         else:
             stack.extend((x, off) for x in n.inputs if x.type.rank and x.type.shape[-1] == v.type.shape[-1])
     return {c for c in cuts if 0 < c < D}
@@ -858,10 +865,29 @@ class _Pieces:
             return self.pieces(v, ((0, 1, 1),), axes) * n_pieces
         n = self.producer.get(v.name)
         last = v.type.rank - 1
-        if n is not None and n.op.name == "slice" and n.attrs["axis"] % v.type.rank == last:
-            # a slice of D (with a step: every other position) picks positions of its input's D
-            start, st = n.attrs["start"], n.attrs["step"]
+        if n is not None and n.op.name in ("slice", "split") and n.attrs["axis"] % v.type.rank == last:
+            # a slice of D (with a step: every other position) or a part of a split picks
+            # positions of its input's D
+            if n.op.name == "slice":
+                start, st = n.attrs["start"], n.attrs["step"]
+            else:
+                start, st = sum(n.attrs["sizes"][:[o.name for o in n.outputs].index(v.name)]), 1
             return self.pieces(n.inputs[0], tuple((start + st * a, st * step, count) for a, step, count in cuts), axes)
+        if n is not None and n.op.name == "slice_scatter" and n.attrs["axis"] % v.type.rank == last and \
+                n.attrs["step"] == 1:
+            # a range of D written over (DeepSeek's rotated part put back into q): each piece
+            # is the written values' or the base's, whole
+            lo, hi = n.attrs["start"], n.attrs["end"]
+            out = []
+            for a, step, count in cuts:
+                inside = [lo <= a + step * k < hi for k in range(count)]
+                if all(inside):
+                    out += self.pieces(n.inputs[1], ((a - lo, step, count),), axes)
+                elif not any(inside):
+                    out += self.pieces(n.inputs[0], ((a, step, count),), axes)
+                else:
+                    self.fail(n, "a piece of D across a range written over")
+            return out
         if _is_view(v, self.producer):
             return [self._load(v, piece, axes) for piece in cuts]
         op = n.op.name
@@ -918,7 +944,7 @@ class _Pieces:
                 index[i] = role if m.shape[i] != 1 else "0"
         rank = len(m.shape)
         # every other position: the box of whole pairs (even and odd positions share its load)
-        pairs = step > 1 and a - a % step + step * count <= m.shape[-1]
+        pairs = step > 1 and count > 1 and a - a % step + step * count <= m.shape[-1]
         lo, hi = (a - a % step, a - a % step + step * count) if pairs else (a, a + step * (count - 1) + 1)
         try:
             text, order = m.box(index, {**seq, rank - 1: (str(lo), str(hi))})
