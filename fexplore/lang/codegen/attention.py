@@ -768,33 +768,40 @@ def _computing_ops(values, producer) -> set[str]:
 def _concat_cuts(values, producer, D) -> set:
     """Where the graphs of `values` concatenate along the last axis, in D's coordinates: a slice of
     D shifts them (partial rotary embedding concatenates halves of a slice of D), elementwise ops
-    keep them."""
-    cuts, stack, seen = set(), [(v, 0) for v in values], set()
+    keep them. Behind a slice or a split only the cuts within the part it takes count (the
+    other parts of a fused projection have cuts of their own)."""
+    cuts, stack, seen = set(), [(v, 0, 0, D) for v in values], set()
     while stack:
-        v, off = stack.pop()
-        if (v.name, off) in seen or v.name not in producer or v.type.rank == 0:
+        v, off, lo, hi = stack.pop()
+        if (v.name, off, lo, hi) in seen or v.name not in producer or v.type.rank == 0:
             continue
-        seen.add((v.name, off))
+        seen.add((v.name, off, lo, hi))
         n = producer[v.name]
         last = v.type.rank - 1
+
+        def cut(c):
+            if lo < c < hi:
+                cuts.add(c)
+
         if n.op.name == "concat" and n.attrs["axis"] % v.type.rank == last:
             at = off
             for x in n.inputs:
-                stack.append((x, at))
+                stack.append((x, at, lo, hi))
                 at += x.type.shape[-1]
-                cuts.add(at)
-        elif n.op.name == "slice" and n.attrs["axis"] % v.type.rank == last and n.attrs["step"] == 1:
-            cuts |= {off, off + v.type.shape[-1]}
-            stack.append((n.inputs[0], off - n.attrs["start"]))
-        elif n.op.name == "split" and n.attrs["axis"] % v.type.rank == last:
-            start = sum(n.attrs["sizes"][:[o.name for o in n.outputs].index(v.name)])
-            cuts |= {off, off + v.type.shape[-1]}
-            stack.append((n.inputs[0], off - start))
+                cut(at)
+        elif n.op.name in ("slice", "split") and n.attrs["axis"] % v.type.rank == last and \
+                n.attrs.get("step", 1) == 1:
+            start = n.attrs["start"] if n.op.name == "slice" else \
+                sum(n.attrs["sizes"][:[o.name for o in n.outputs].index(v.name)])
+            cut(off)
+            cut(off + v.type.shape[-1])
+            stack.append((n.inputs[0], off - start, max(lo, off), min(hi, off + v.type.shape[-1])))
         elif n.op.name == "slice_scatter" and n.attrs["axis"] % v.type.rank == last and n.attrs["step"] == 1:
-            cuts |= {off + n.attrs["start"], off + n.attrs["end"]}   # the written part replaces a range
-            stack += [(n.inputs[0], off), (n.inputs[1], off + n.attrs["start"])]
+            cut(off + n.attrs["start"])   # the written part replaces a range
+            cut(off + n.attrs["end"])
+            stack += [(n.inputs[0], off, lo, hi), (n.inputs[1], off + n.attrs["start"], lo, hi)]
         else:
-            stack.extend((x, off) for x in n.inputs if x.type.rank and x.type.shape[-1] == v.type.shape[-1])
+            stack.extend((x, off, lo, hi) for x in n.inputs if x.type.rank and x.type.shape[-1] == v.type.shape[-1])
     return {c for c in cuts if 0 < c < D}
 
 
