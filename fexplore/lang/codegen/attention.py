@@ -257,10 +257,12 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     # their graphs slice and concatenate D, and contracted piece by piece; a rotation of
     # interleaved pairs (GPT-J, GLM) takes each piece's even and odd positions apart
     made_of = [x for x in (q, k) if x.name in computed]
-    bounds = sorted({0, D} | _concat_cuts(made_of, producer, D))
+    found, paired = _concat_cuts(made_of, producer, D)
+    bounds = sorted({0, D} | found)
     cuts = tuple((a, 1, b - a) for a, b in zip(bounds, bounds[1:]))
-    if _interleaves(made_of, producer):
-        cuts = tuple(p for a, _, n in cuts for p in ((a, 2, (n + 1) // 2), (a + 1, 2, n // 2)) if p[2])
+    cuts = tuple(p for a, _, n in cuts for p in
+                 (((a, 2, (n + 1) // 2), (a + 1, 2, n // 2)) if any(lo <= a < hi for lo, hi in paired) else ((a, 1, n),))
+                 if p[2])
 
     # score operands (a mask): region inputs aligned to the scores (lead..., S, T)
     score_rank = len(lead) + 2
@@ -720,25 +722,6 @@ def _piece_text(piece) -> str:
     return f"{a}:{a + step * (n - 1) + 1}" + (f":{step}" if step != 1 else "")
 
 
-def _interleaves(values, producer) -> bool:
-    """Whether the graphs of `values` take D's even and odd positions apart: a slice of D with a
-    step of 2, or pairs stacked and flattened back into D (a rotation of interleaved pairs)."""
-    stack, seen = list(values), set()
-    while stack:
-        v = stack.pop()
-        n = producer.get(v.name)
-        if n is None or id(n) in seen:
-            continue
-        seen.add(id(n))
-        last = v.type.rank - 1
-        if n.op.name == "slice" and v.type.rank and n.attrs["axis"] % v.type.rank == last and n.attrs["step"] == 2:
-            return True
-        if _pairs_flattened(n) is not None:
-            return True
-        stack.extend(n.inputs)
-    return False
-
-
 def _pairs_flattened(n):
     """For ``reshape(concat([u0, u1], -1))`` of (..., m, 2) into (..., 2m), each u_j a (..., m, 1)
     reshape of a (..., m) value w_j (torch.stack((a, b), -1).flatten(-2)): [w0, w1]. Else None."""
@@ -765,12 +748,14 @@ def _computing_ops(values, producer) -> set[str]:
     return ops
 
 
-def _concat_cuts(values, producer, D) -> set:
+def _concat_cuts(values, producer, D) -> tuple[set, list]:
     """Where the graphs of `values` concatenate along the last axis, in D's coordinates: a slice of
     D shifts them (partial rotary embedding concatenates halves of a slice of D), elementwise ops
     keep them. Behind a slice or a split only the cuts within the part it takes count (the
-    other parts of a fused projection have cuts of their own)."""
-    cuts, stack, seen = set(), [(v, 0, 0, D) for v in values], set()
+    other parts of a fused projection have cuts of their own). Also the ranges of D made of
+    interleaved pairs stacked and flattened (a rotation of interleaved pairs), whose pieces must
+    take even and odd positions apart; their ends are cuts."""
+    cuts, paired, stack, seen = set(), [], [(v, 0, 0, D) for v in values], set()
     while stack:
         v, off, lo, hi = stack.pop()
         if (v.name, off, lo, hi) in seen or v.name not in producer or v.type.rank == 0:
@@ -783,7 +768,11 @@ def _concat_cuts(values, producer, D) -> set:
             if lo < c < hi:
                 cuts.add(c)
 
-        if n.op.name == "concat" and n.attrs["axis"] % v.type.rank == last:
+        if _pairs_flattened(n) is not None:   # pairs: positions 2i and 2i + 1 of two values
+            paired.append((off, off + v.type.shape[-1]))
+            cut(off)
+            cut(off + v.type.shape[-1])
+        elif n.op.name == "concat" and n.attrs["axis"] % v.type.rank == last:
             at = off
             for x in n.inputs:
                 stack.append((x, at, lo, hi))
@@ -802,7 +791,7 @@ def _concat_cuts(values, producer, D) -> set:
             stack += [(n.inputs[0], off, lo, hi), (n.inputs[1], off + n.attrs["start"], lo, hi)]
         else:
             stack.extend((x, off, lo, hi) for x in n.inputs if x.type.rank and x.type.shape[-1] == v.type.shape[-1])
-    return {c for c in cuts if 0 < c < D}
+    return {c for c in cuts if 0 < c < D}, paired
 
 
 class _Hoist:
