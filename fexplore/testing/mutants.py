@@ -188,8 +188,8 @@ MUTANTS: list[Mutant] = [
            "the narrow copy a norm's kernel writes for its bf16 readers is a copy of the norm's input "
            "rows, not of its result",
            (Patch("fexplore.pipeline.stages.precision:_narrow_copies",
-                  "nodes.append(Node(cast, [o], attrs, [narrow], loc))",
-                  "nodes.append(Node(cast, [body.nodes[0].inputs[0]], attrs, [narrow], loc))"),)),
+                  "nodes.append(_cast(o, ",
+                  "nodes.append(_cast(body.nodes[0].inputs[0], "),)),
     Mutant("fused-linear-split-same-rows", "fold: a fused linear split into its parts",
            "every part of a split fused linear takes the first rows of the weight (gate's for up)",
            (Patch("fexplore.pipeline.stages.parallel_linears:_split",

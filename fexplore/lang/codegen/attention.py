@@ -23,7 +23,7 @@ from .domain import aligned
 from .errors import UnsupportedRegionError
 from .generated import GeneratedKernel, Result
 from .source import Names, Writer, cast_to, fl_dtype, literal
-from .views import VIEW_OPS, ViewMap
+from .views import VIEW_OPS, ViewMap, part_start
 
 STAGES = 2
 # the running row max starts at the lowest finite f32, not -inf: a row whose keys are all masked so
@@ -259,10 +259,13 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     made_of = [x for x in (q, k) if x.name in computed]
     found, paired = _concat_cuts(made_of, producer, D)
     bounds = sorted({0, D} | found)
-    cuts = tuple((a, 1, b - a) for a, b in zip(bounds, bounds[1:]))
-    cuts = tuple(p for a, _, n in cuts for p in
-                 (((a, 2, (n + 1) // 2), (a + 1, 2, n // 2)) if any(lo <= a < hi for lo, hi in paired) else ((a, 1, n),))
-                 if p[2])
+    cuts = []
+    for a, b in zip(bounds, bounds[1:]):
+        if any(lo <= a < hi for lo, hi in paired):   # even and odd positions apart
+            cuts += [p for p in ((a, 2, (b - a + 1) // 2), (a + 1, 2, (b - a) // 2)) if p[2]]
+        else:
+            cuts.append((a, 1, b - a))
+    cuts = tuple(cuts)
 
     # score operands (a mask): region inputs aligned to the scores (lead..., S, T)
     score_rank = len(lead) + 2
@@ -561,7 +564,7 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     text.lines += w.lines
     w = text
     results = tuple(Result(i, tuple(node.outputs[i].type.shape)) for i in range(len(body.outputs)))
-    made = _computing_ops([x for x in (q, k) if x.name in computed], producer)
+    made = _computing_ops(made_of, producer)
     norms = made & {"rms_norm", "layer_norm"}
     parts = ("view",) + (("norm",) if norms else ()) + (("rotary",) if made - norms else ()) + ("attention",) + \
         (("score ops",) if score_ops else ()) + (("causal",) if causal else ()) + (("kv cache",) if cache else ())
@@ -722,16 +725,15 @@ def _piece_text(piece) -> str:
     return f"{a}:{a + step * (n - 1) + 1}" + (f":{step}" if step != 1 else "")
 
 
-def _pairs_flattened(n):
-    """For ``reshape(concat([u0, u1], -1))`` of (..., m, 2) into (..., 2m), each u_j a (..., m, 1)
-    reshape of a (..., m) value w_j (torch.stack((a, b), -1).flatten(-2)): [w0, w1]. Else None."""
+def _flattens_pairs(n) -> bool:
+    """Whether `n` is a reshape of (..., m, 2) into (..., 2m): pairs stacked on a last axis and
+    flattened back into D (``torch.stack((a, b), -1).flatten(-2)``); `_Pieces._pair` checks the
+    stacking where it reads the pairs."""
     if n.op.name != "reshape" or not n.inputs:
-        return None
+        return False
     y, v = n.inputs[0], n.outputs[0]
-    if y.type.rank != v.type.rank + 1 or tuple(y.type.shape[-1:]) != (2,) or \
-            v.type.shape[-1] != 2 * y.type.shape[-2] or tuple(y.type.shape[:-2]) != tuple(v.type.shape[:-1]):
-        return None
-    return y   # the concat is checked where the pieces are made (`_Pieces`)
+    return y.type.rank == v.type.rank + 1 and tuple(y.type.shape[-1:]) == (2,) and \
+        v.type.shape[-1] == 2 * y.type.shape[-2] and tuple(y.type.shape[:-2]) == tuple(v.type.shape[:-1])
 
 
 def _computing_ops(values, producer) -> set[str]:
@@ -768,7 +770,7 @@ def _concat_cuts(values, producer, D) -> tuple[set, list]:
             if lo < c < hi:
                 cuts.add(c)
 
-        if _pairs_flattened(n) is not None:   # pairs: positions 2i and 2i + 1 of two values
+        if _flattens_pairs(n):   # pairs: positions 2i and 2i + 1 of two values
             paired.append((off, off + v.type.shape[-1]))
             cut(off)
             cut(off + v.type.shape[-1])
@@ -780,8 +782,7 @@ def _concat_cuts(values, producer, D) -> tuple[set, list]:
                 cut(at)
         elif n.op.name in ("slice", "split") and n.attrs["axis"] % v.type.rank == last and \
                 n.attrs.get("step", 1) == 1:
-            start = n.attrs["start"] if n.op.name == "slice" else \
-                sum(n.attrs["sizes"][:[o.name for o in n.outputs].index(v.name)])
+            start = part_start(n, v)
             cut(off)
             cut(off + v.type.shape[-1])
             stack.append((n.inputs[0], off - start, max(lo, off), min(hi, off + v.type.shape[-1])))
@@ -864,10 +865,7 @@ class _Pieces:
         if n is not None and n.op.name in ("slice", "split") and n.attrs["axis"] % v.type.rank == last:
             # a slice of D (with a step: every other position) or a part of a split picks
             # positions of its input's D
-            if n.op.name == "slice":
-                start, st = n.attrs["start"], n.attrs["step"]
-            else:
-                start, st = sum(n.attrs["sizes"][:[o.name for o in n.outputs].index(v.name)]), 1
+            start, st = part_start(n, v), n.attrs.get("step", 1)
             return self.pieces(n.inputs[0], tuple((start + st * a, st * step, count) for a, step, count in cuts), axes)
         if n is not None and n.op.name == "slice_scatter" and n.attrs["axis"] % v.type.rank == last and \
                 n.attrs["step"] == 1:
@@ -900,7 +898,7 @@ class _Pieces:
                 lo, _, x = part
                 out += self.pieces(x, ((a - lo, step, count),), axes)
             return out
-        if _pairs_flattened(n) is not None:
+        if _flattens_pairs(n):
             return [self._pair(n, piece, axes) for piece in cuts]
         if op == "permute" and n.attrs["perm"][-1] % v.type.rank == last:
             # axes reordered, D kept last (heads and tokens swapped after a norm of each head):
@@ -952,8 +950,7 @@ class _Pieces:
         key = (m.source.name, _canonical_box(text))
         if key not in self.loaded:   # one load per box, however many views read it
             self.loaded[key] = self.names.new(v.name + "_t")
-            line = f"{self.loaded[key]} = fl.load({src})"
-            self.hoist(line) if self.hoist is not None and self.hoist.outside(src) else self.w(line)
+            self._line(f"{self.loaded[key]} = fl.load({src})", src)
         tile = self.loaded[key]
         if step == 1 or count == 1:
             return tile
@@ -961,9 +958,16 @@ class _Pieces:
         if strided not in self.loaded:
             self.loaded[strided] = self.names.new(tile + ("_even" if a % 2 == 0 else "_odd"))
             first = a - lo or ""
-            line = f"{self.loaded[strided]} = {tile}[{', '.join([':'] * (len(order) - 1) + [f'{first}::{step}'])}]"
-            self.hoist(line) if self.hoist is not None and self.hoist.outside(src) else self.w(line)
+            self._line(f"{self.loaded[strided]} = {tile}[{', '.join([':'] * (len(order) - 1) + [f'{first}::{step}'])}]", src)
         return self.loaded[strided]
+
+    def _line(self, line: str, src: str) -> None:
+        """A line reading DRAM box `src`: before the loop `hoist` stands for when the loop's
+        variable does not index it, else here."""
+        if self.hoist is not None and self.hoist.outside(src):
+            self.hoist(line)
+        else:
+            self.w(line)
 
     def _pair(self, n, piece, axes) -> str:
         """A piece of pairs stacked and flattened into D: position 2i + j is the i-th of part j,
@@ -1034,8 +1038,6 @@ class _Pieces:
                 xs.append(new(t[:-len("_once")]))
                 w(f"{xs[-1]} = {t} - {mu2}")
         stat = row_mean(xs, True)
-        eps = n.attrs["eps"]
-        eps = literal(eps if eps is not None else 1.1920928955078125e-07)   # torch's default: f32's epsilon
         r = new(base + "_rstd")
-        w(f"{r} = fl.rsqrt({stat} + {eps})")
+        w(f"{r} = fl.rsqrt({stat} + {vector.norm_eps(n)})")
         return xs, r

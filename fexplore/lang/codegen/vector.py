@@ -9,6 +9,8 @@ IR's opset.
 
 from __future__ import annotations
 
+import numpy as np
+
 from fexplore.ir import Category, DType, Node, all_ops
 from fexplore.npu.vector_ops import VECTOR_OPS
 
@@ -184,13 +186,11 @@ class VectorEmitter:
             xc, rstd = self.names.new(name + "_centered"), self.names.new(name + "_rstd")
             w(f"{xc0} = {x} - {x}.mean(axis={ax})")
             w(f"{xc} = {xc0} - {xc0}.mean(axis={ax})")
-            w(f"{rstd} = fl.rsqrt(({xc} * {xc}).mean(axis={ax}) + {literal(node.attrs['eps'])})")
+            w(f"{rstd} = fl.rsqrt(({xc} * {xc}).mean(axis={ax}) + {norm_eps(node)})")
             self.affine(name, f"{xc} * {rstd}", args[1:], kw)
         else:  # rms_norm
-            eps = node.attrs["eps"]
-            eps = literal(eps) if eps is not None else literal(1.1920928955078125e-07)  # f32's epsilon
             rms = self.names.new(name + "_rrms")
-            w(f"{rms} = fl.rsqrt(({x} * {x}).mean(axis={ax}) + {eps})")
+            w(f"{rms} = fl.rsqrt(({x} * {x}).mean(axis={ax}) + {norm_eps(node)})")
             self.affine(name, f"{x} * {rms}", args[1:], kw)
 
     def affine(self, name: str, normed: str, params: list[str], kw: str) -> None:
@@ -202,6 +202,13 @@ class VectorEmitter:
             self.w(f"{name} = fl.mul({normed}, {params[0]}{kw})")
         else:
             self.w(f"{name} = fl.add({normed} * {params[0]}, {params[1]}{kw})")
+
+
+def norm_eps(node: Node) -> str:
+    """A layer or RMS norm's eps as a literal; an RMS norm without one has torch's default, f32's
+    machine epsilon (for bf16 and f16 inputs too)."""
+    eps = node.attrs["eps"]
+    return literal(eps if eps is not None else float(np.finfo(np.float32).eps))
 
 
 def _is_literal(a: str) -> bool:

@@ -66,13 +66,9 @@ class ViewMap:
             return ViewMap(self.source, new_shape, self._substitute(lambda i: (0, [(1, inv[i])])))
         if op in ("slice", "split"):
             axis = n.attrs["axis"] % len(self.shape)
-            if op == "slice":
-                if n.attrs["step"] != 1:
-                    fail(n, "a strided slice")
-                start = n.attrs["start"]
-            else:
-                j = [o.name for o in n.outputs].index(out.name)
-                start = sum(n.attrs["sizes"][:j])
+            if op == "slice" and n.attrs["step"] != 1:
+                fail(n, "a strided slice")
+            start = part_start(n, out)
             return ViewMap(self.source, new_shape,
                            self._substitute(lambda i: (start if i == axis else 0, [(1, i)])))
         if op == "expand":
@@ -124,6 +120,13 @@ class ViewMap:
                 parts.append(f"{base} + {start}:{base} + {stop}")
             order.append(ranged[0][1])
         return ", ".join(parts), order
+
+
+def part_start(n, out) -> int:
+    """Where the result `out` of slice or split `n` starts along the axis it takes a part of."""
+    if n.op.name == "slice":
+        return n.attrs["start"]
+    return sum(n.attrs["sizes"][:[o.name for o in n.outputs].index(out.name)])
 
 
 def _group(expr: str) -> str:

@@ -172,45 +172,24 @@ def _conv_bn_pair(conv: Node, users, rw: Rewriter) -> bool:
         all(_is_const(rw, v) for v in us[0].inputs[1:])
 
 
-def _folded(rw: Rewriter, name: str, compute, type: TensorType) -> Constant:
-    """A constant computed from others by `compute()` (float64 arrays), or, when any of them is a
-    meta-device weight without values, the same constant by structure alone."""
-    try:
-        payload = compute()
-    except _NoValues:
-        return rw.constant(name, None, type=type, digest=f"meta-folded-{name}")
-    return rw.constant(name, np.asarray(payload).astype(type.dtype.numpy).reshape(type.shape), type=type)
-
-
-class _NoValues(Exception):
-    pass
-
-
-def _values(rw: Rewriter, v) -> np.ndarray:
-    payload = rw.lookup(v).payload
-    if payload is None:
-        raise _NoValues
-    return payload.astype(np.float64)
-
-
 def _bn_scale(rw: Rewriter, bn: Node) -> np.ndarray:
-    """A batch norm's per-channel scale, weight / sqrt(running var + eps) (raises _NoValues on the
+    """A batch norm's per-channel scale, weight / sqrt(running var + eps) (raises NoValues on the
     meta device)."""
-    gamma, var = _values(rw, bn.inputs[1]), _values(rw, bn.inputs[4])
+    gamma, var = rw.values(bn.inputs[1]), rw.values(bn.inputs[4])
     return gamma / np.sqrt(var + bn.attrs["eps"])
 
 
 def _fold_conv_bn(rw: Rewriter, conv: Node, bn: Node) -> None:
     def weight():
-        return _values(rw, conv.inputs[1]) * _bn_scale(rw, bn).reshape(-1, 1, 1, 1)
+        return rw.values(conv.inputs[1]) * _bn_scale(rw, bn).reshape(-1, 1, 1, 1)
 
     def bias():
-        b = _values(rw, conv.inputs[2]) if len(conv.inputs) == 3 else 0.0
-        return (b - _values(rw, bn.inputs[3])) * _bn_scale(rw, bn) + _values(rw, bn.inputs[2])
+        b = rw.values(conv.inputs[2]) if len(conv.inputs) == 3 else 0.0
+        return (b - rw.values(bn.inputs[3])) * _bn_scale(rw, bn) + rw.values(bn.inputs[2])
 
     wt = conv.inputs[1].type
-    new_w = _folded(rw, f"{bn.output.name}.weight", weight, TensorType(wt.shape, wt.dtype))
-    new_b = _folded(rw, f"{bn.output.name}.bias", bias, TensorType((wt.shape[0],), wt.dtype))
+    new_w = rw.computed_constant(f"{bn.output.name}.weight", weight, TensorType(wt.shape, wt.dtype))
+    new_b = rw.computed_constant(f"{bn.output.name}.bias", bias, TensorType((wt.shape[0],), wt.dtype))
     x = rw.lookup(conv.inputs[0])
     out = rw.emit("conv2d", [x, new_w, new_b], dict(conv.attrs), name=bn.output.name,
                   loc=conv.loc)
@@ -226,12 +205,12 @@ def _batch_norm_as_scale_and_shift(rw: Rewriter, bn: Node) -> None:
     t = TensorType((C,) + (1,) * (x.type.rank - 2), x.type.dtype)
 
     def shift():
-        return _values(rw, bn.inputs[2]) - _values(rw, bn.inputs[3]) * _bn_scale(rw, bn)
+        return rw.values(bn.inputs[2]) - rw.values(bn.inputs[3]) * _bn_scale(rw, bn)
 
     name = bn.output.name
-    scale = _folded(rw, f"{name}.scale", lambda: _bn_scale(rw, bn), t)
+    scale = rw.computed_constant(f"{name}.scale", lambda: _bn_scale(rw, bn), t)
     scaled = rw.emit("mul", [x, scale], name=rw.fresh_name(f"{name}_scaled"),
                      loc=bn.loc)
-    out = rw.emit("add", [scaled, _folded(rw, f"{name}.shift", shift, t)], name=name, loc=bn.loc)
+    out = rw.emit("add", [scaled, rw.computed_constant(f"{name}.shift", shift, t)], name=name, loc=bn.loc)
     rw.replace(bn.output, out)
     rw.record("batchnorm-as-scale-shift", [name], [scaled.name, out.name])

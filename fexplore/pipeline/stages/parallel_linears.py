@@ -65,7 +65,7 @@ def split_fused_linears(graph: Graph) -> tuple[Graph, list]:
         sp = readers[0]
         if sp.attrs["axis"] % n.output.type.rank != n.output.type.rank - 1:
             continue
-        reach = [_elementwise_reach_of(v, users) for v in sp.outputs]
+        reach = [_elementwise_reach([v], users) for v in sp.outputs]
         if any(reach[i] & reach[j] for i in range(len(reach)) for j in range(i + 1, len(reach))):
             fused[id(n)] = sp
     if not fused:
@@ -98,21 +98,9 @@ def _split(rw: Rewriter, linear: Node, sp: Node) -> None:
 
 
 def _rows(rw: Rewriter, c: Constant, start: int, end: int, name: str) -> Constant:
-    """Rows start:end of constant `c`; on the meta device (no values) by structure."""
+    """Rows start:end of constant `c` (on the meta device by structure)."""
     t = TensorType((end - start,) + tuple(c.type.shape[1:]), c.type.dtype)
-    if c.payload is None:
-        return rw.constant(name, None, type=t, digest=f"meta-rows-{start}-{end}-{c.digest or c.name}")
-    return rw.constant(name, np.ascontiguousarray(np.asarray(c.payload)[start:end]), type=t)
-
-
-def _elementwise_reach_of(v, users) -> set[int]:
-    """The elementwise nodes value `v` flows into within REACH steps (views passed through)."""
-    first = users.get(v.name, [])
-    out = {id(u) for u in first if u.op.category == Category.elementwise}
-    for u in first:
-        if _passes_on(u):
-            out |= _elementwise_reach(u, users)
-    return out
+    return rw.computed_constant(name, lambda: rw.values(c)[start:end], t)
 
 
 def _groups(graph: Graph) -> list[list[Node]]:
@@ -131,7 +119,7 @@ def _groups(graph: Graph) -> list[list[Node]]:
     for members in by_input.values():
         if len(members) < 2:
             continue
-        reach = {id(n): _elementwise_reach(n, users) for n in members}
+        reach = {id(n): _elementwise_reach(n.outputs, users) for n in members}
         parts: list[list[Node]] = []
         for n in members:   # in program order: each joins the first part it meets no one in
             for part in parts:
@@ -159,7 +147,7 @@ def _feeds_attention_only(n: Node, users) -> bool:
     would be a kernel of its own, reading its slice through a copy, which costs more than the
     merge saves."""
     found, depths, normed = False, set(), set()
-    for u in _readers(n, users, 4 * REACH):
+    for u in _readers(n.outputs, users, 4 * REACH):
         if u.op.name in ("attention", "matmul"):
             found = True
             depths.add(u.inputs[0].type.shape[-1])
@@ -170,9 +158,9 @@ def _feeds_attention_only(n: Node, users) -> bool:
     return found and normed <= depths
 
 
-def _elementwise_reach(n: Node, users) -> set[int]:
-    """The elementwise nodes `n`'s result flows into within REACH steps (views passed through)."""
-    return {id(u) for u in _readers(n, users, REACH) if u.op.category == Category.elementwise}
+def _elementwise_reach(values, users) -> set[int]:
+    """The elementwise nodes `values` flow into within REACH steps (views passed through)."""
+    return {id(u) for u in _readers(values, users, REACH) if u.op.category == Category.elementwise}
 
 
 def _passes_on(u: Node) -> bool:
@@ -192,21 +180,20 @@ def _row_statistic(u: Node) -> bool:
     return sorted({a % rank for a in axes}) == [rank - 1] and bool(u.attrs.get("keepdim", False))
 
 
-def _readers(n: Node, users, steps: int):
-    """Each node reading `n`'s result within `steps` steps, once; the walk goes on through
+def _readers(values, users, steps: int):
+    """Each node reading `values` within `steps` steps, once; the walk goes on through
     elementwise ops and views only."""
     seen: set[int] = set()
-    frontier = [n]
+    frontier = list(values)
     for _ in range(steps):
         nxt = []
-        for m in frontier:
-            for v in m.outputs:
-                for u in users.get(v.name, []):
-                    if id(u) not in seen:
-                        seen.add(id(u))
-                        yield u
-                        if _passes_on(u):
-                            nxt.append(u)
+        for v in frontier:
+            for u in users.get(v.name, []):
+                if id(u) not in seen:
+                    seen.add(id(u))
+                    yield u
+                    if _passes_on(u):
+                        nxt.extend(u.outputs)
         frontier = nxt
 
 
@@ -230,15 +217,10 @@ def _merge(rw: Rewriter, group: list[Node]) -> None:
 
 
 def _concatenated(rw: Rewriter, parts: list[Constant], name: str) -> Constant:
-    """The constants side by side along axis 0; on the meta device (no values) by structure, as a
-    meta constant (its digest says so), which the precision stage narrows at compile time as it
-    does the weights it was made of: otherwise each layer casts its merged weight as it runs."""
+    """The constants side by side along axis 0 (on the meta device by structure)."""
     shape = (sum(p.type.shape[0] for p in parts),) + tuple(parts[0].type.shape[1:])
-    t = TensorType(shape, parts[0].type.dtype)
-    if any(p.payload is None for p in parts):
-        digest = "meta-merged-" + "-".join(str(p.digest or p.name) for p in parts)
-        return rw.constant(name, None, type=t, digest=digest)
-    return rw.constant(name, np.concatenate([np.asarray(p.payload) for p in parts], axis=0), type=t)
+    return rw.computed_constant(name, lambda: np.concatenate([rw.values(p) for p in parts], axis=0),
+                                TensorType(shape, parts[0].type.dtype))
 
 
 def _loc(group: list[Node]) -> SourceLoc | None:

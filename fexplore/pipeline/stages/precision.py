@@ -306,6 +306,14 @@ def narrow_at_producers(graph: Graph, dtype: DType) -> tuple[Graph, list]:
     return rw.finish(), rw.rewrites
 
 
+def _cast(x: Value, name: str, dtype: DType, loc) -> Node:
+    """A cast of `x` to `dtype` whose result, `name`, keeps `x`'s layout."""
+    cast = get_op("cast")
+    attrs = Attrs(cast.complete_attrs({"dtype": dtype}))
+    (t,) = cast.infer_types([x.type], attrs)
+    return Node(cast, [x], attrs, [Value(name, TensorType(t.shape, t.dtype, x.type.layout))], loc)
+
+
 def _row_wise(n: Node) -> bool:
     """An op a row-wise (vector) region computes: elementwise, a norm, a softmax."""
     return n.op.category == Category.elementwise or n.op.name in ("layer_norm", "rms_norm", "softmax", "log_softmax")
@@ -316,16 +324,12 @@ def _narrow_copies(body: Graph, doubled: list[int], dtype: DType, loc, rw: Rewri
     """The body with a cast to ``dtype`` of each result ``doubled`` returned as one more result;
     the region's new results (named as the body's, as a region's results are). ``names``: the
     name to give the copy of a result, if it has one."""
-    cast = get_op("cast")
-    attrs = Attrs(cast.complete_attrs({"dtype": dtype}))
     nodes, outs, extra = list(body.nodes), list(body.outputs), []
     for j in doubled:
         o = body.outputs[j]
-        (t,) = cast.infer_types([o.type], attrs)
         # named as the cast it stands for, where there is one at the top level (dropped, so free)
-        name = names.get(o.name) or rw.fresh_name(f"{o.name}.{dtype.value}")
-        narrow = Value(name, TensorType(t.shape, t.dtype, o.type.layout))
-        nodes.append(Node(cast, [o], attrs, [narrow], loc))
+        nodes.append(_cast(o, names.get(o.name) or rw.fresh_name(f"{o.name}.{dtype.value}"), dtype, loc))
+        narrow = nodes[-1].outputs[0]
         outs.append(narrow)
         extra.append(Value(narrow.name, narrow.type))
     return Graph(body.name, list(body.inputs), list(body.constants), nodes, outs, dict(body.symbols)), extra
@@ -395,12 +399,8 @@ def _cast_exits(body: Graph, leaving: set[int], dtype: DType, loc) -> Graph:
         outs = [wide.get(v.name, v) for v in n.outputs]
         same = all(a is b for a, b in zip(ins + outs, list(n.inputs) + list(n.outputs)))
         nodes.append(n if same else Node(n.op, ins, n.attrs, outs, n.loc, n.regions))
-    cast = get_op("cast")
-    attrs = Attrs(cast.complete_attrs({"dtype": dtype}))
     outs = list(body.outputs)
     for j in sorted(leaving):
-        o = outs[j]
-        (t,) = cast.infer_types([o.type], attrs)
-        outs[j] = Value(o.name, TensorType(t.shape, t.dtype, o.type.layout))
-        nodes.append(Node(cast, [wide[o.name]], attrs, [outs[j]], loc))
+        nodes.append(_cast(wide[outs[j].name], outs[j].name, dtype, loc))
+        outs[j] = nodes[-1].outputs[0]
     return Graph(body.name, list(body.inputs), list(body.constants), nodes, outs, dict(body.symbols))

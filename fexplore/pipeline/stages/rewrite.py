@@ -23,6 +23,10 @@ from fexplore.ir.inline import inline_body
 from ..stage import Rewrite
 
 
+class NoValues(Exception):
+    """A constant read for its values has none (a meta-device weight)."""
+
+
 class Rewriter:
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -57,6 +61,24 @@ class Rewriter:
         self._names.add(c.name)
         self.constants.append(c)
         return c
+
+    def values(self, v: Value) -> np.ndarray:
+        """The payload of constant ``v`` in float64; raises `NoValues` for a meta-device weight."""
+        payload = self.lookup(v).payload
+        if payload is None:
+            raise NoValues
+        return payload.astype(np.float64)
+
+    def computed_constant(self, name: str, compute, type: TensorType) -> Constant:
+        """A constant computed from others at compile time by ``compute()`` (reading them with
+        `values`), or, when any of them is a meta-device weight without values, the same constant
+        by structure alone: a ``meta-`` digest, which later stages treat as the weights are (the
+        precision stage narrows it at compile time)."""
+        try:
+            payload = compute()
+        except NoValues:
+            return self.constant(name, None, type=type, digest=f"meta-folded-{name}")
+        return self.constant(name, np.asarray(payload).astype(type.dtype.numpy).reshape(type.shape), type=type)
 
     # -- nodes -------------------------------------------------------------------------------
 
