@@ -670,6 +670,37 @@ def test_a_norm_read_wide_and_narrow_writes_both_and_leaves_no_cast_kernel(name)
     assert float((got.float() - want).abs().max()) <= 0.05 * max(1.0, float(want.abs().max()))
 
 
+# A decoder layer is its projections and its attention, and nothing else on the vector unit but a
+# norm two projections share. GPT-2's Conv1D flattens the rows around each matmul (x.view(-1, K) @
+# W), and its bias, GELU (tanh form, reading its input three times) and residual add stood behind
+# the unflatten as kernels of their own; the parallel blocks of GPT-NeoX, Phi, GPT-J and Falcon
+# summed the attention and MLP outputs in a kernel of their own; OPT scaled q before splitting
+# the heads, a movement and a vector kernel beside the attention.
+LEAN_LAYERS = {"gpt2": "_h_", "gpt_neox": "_layers_", "phi": "_layers_", "gptj": "_h_", "falcon": "_h_",
+               "opt": "_layers_"}
+
+
+@pytest.mark.parametrize("name, target, precision", [("gpt2", "rngd", "bf16"), ("gpt2", "tiny", "fp32"),
+                                                     ("gpt_neox", "rngd", "bf16"), ("phi", "tiny", "bf16"),
+                                                     ("gptj", "rngd", "fp32"), ("falcon", "tiny", "bf16"),
+                                                     ("opt", "rngd", "bf16")])
+def test_a_decoder_layer_is_its_projections_and_attention(name, target, precision):
+    model, inputs = build(name)
+    cm = fexplore.compile(model, inputs, target=target, precision=precision)
+    layers = [k.kernel for k in cm.kernels if k.kernel is not None and LEAN_LAYERS[name] in k.name]
+    kinds = [k.kind for k in layers]
+    others = [(k.name, k.kind, k.parts) for k in layers if k.kind not in ("contraction", "attention")]
+    n = kinds.count("attention")
+    assert n == model.model.config.num_hidden_layers and kinds.count("contraction") == 4 * n, kinds
+    # (GPT-J's first layer also gathers its rotary table's rows for the positions: movement)
+    assert all(kind == "vector" and "norm" in parts or name == "gptj" and "_h_0_" in k for k, kind, parts in others), others
+    assert not cm.lowering.host_ops and not cm["lower"].stats.get("split_regions")
+    assert cm.verification["ok"].all()
+    want, got = _eager(model, inputs), cm(*inputs)
+    tol = 2e-5 if precision == "fp32" else 0.05
+    assert float((got.float() - want).abs().max()) <= tol * max(1.0, float(want.abs().max()))
+
+
 # A sequence length decided per call, as a serving stack runs prompts: one compile with the
 # sequence axis of the token ids (and mask) dynamic, each length then lowered and scheduled on its
 # own, every op on the chip at every length (phi3: a zero-width rotary half of [1, heads, seq, 0])

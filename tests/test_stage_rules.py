@@ -116,6 +116,95 @@ graph @g(%x: f32[2, 3, 4]) {
 }
 """)
 
+# x.view(-1, K) @ W, then a bias and a scale, unflattened and added to a residual (GPT-2's Conv1D):
+# the matmul runs over x's own rows and the chain moves with it; with the heads merged into K (h)
+# the rows are unflattened first; a flat result something else reads too (m2) stays as it is
+CASES['simplify-unflattened-rows'] = dict(
+    stage='simplify', options={}, rules=['contract-unflattened-rows', 'dce'],
+    before="""\
+graph @g(%x: f32[2, 3, 4], %h: f32[2, 3, 2, 2], %x2: f32[2, 3, 4], %r: f32[2, 3, 4], %t: f32[6, 4]) {
+  const %w: f32[4, 4] = dense [0.1, -0.2, 0.3, 0.4, -0.5, 0.6, 0.7, -0.8, 0.9, 1.0, -1.1, 1.2, 1.3, -1.4, 1.5, 1.6]
+  const %b: f32[4] = dense [0.5, -1.0, 0.25, 2.0]
+  const %half: f32[] = dense 0.5
+  %xf: f32[6, 4] = reshape(%x) {shape=[6, 4]}
+  %mm: f32[6, 4] = matmul(%xf, %w)
+  %mb: f32[6, 4] = add(%b, %mm)
+  %ms: f32[6, 4] = mul(%mb, %half)
+  %y: f32[2, 3, 4] = reshape(%ms) {shape=[2, 3, 4]}
+  %o: f32[2, 3, 4] = add(%y, %r)
+  %hf: f32[6, 4] = reshape(%h) {shape=[6, 4]}
+  %mh: f32[6, 4] = matmul(%hf, %w)
+  %u: f32[2, 3, 4] = reshape(%mh) {shape=[2, 3, 4]}
+  %o2: f32[2, 3, 4] = add(%u, %r)
+  %x2f: f32[6, 4] = reshape(%x2) {shape=[6, 4]}
+  %m2: f32[6, 4] = matmul(%x2f, %w)
+  %u2: f32[2, 3, 4] = reshape(%m2) {shape=[2, 3, 4]}
+  %z: f32[6, 4] = add(%m2, %t)
+  return %o, %o2, %u2, %z
+}
+""",
+    after="""\
+graph @g(%x: f32[2, 3, 4], %h: f32[2, 3, 2, 2], %x2: f32[2, 3, 4], %r: f32[2, 3, 4], %t: f32[6, 4]) {
+  const %w: f32[4, 4] = dense [0.1, -0.2, 0.3, 0.4, -0.5, 0.6, 0.7, -0.8, 0.9, 1.0, -1.1, 1.2, 1.3, -1.4, 1.5, 1.6]
+  const %b: f32[4] = dense [0.5, -1.0, 0.25, 2.0]
+  const %half: f32[] = dense 0.5
+  %mm_rows: f32[2, 3, 4] = matmul(%x, %w)
+  %mb_rows: f32[2, 3, 4] = add(%b, %mm_rows)
+  %y: f32[2, 3, 4] = mul(%mb_rows, %half)
+  %o: f32[2, 3, 4] = add(%y, %r)
+  %hf_rows: f32[2, 3, 4] = reshape(%h) {shape=[2, 3, 4]}
+  %u: f32[2, 3, 4] = matmul(%hf_rows, %w)
+  %o2: f32[2, 3, 4] = add(%u, %r)
+  %x2f: f32[6, 4] = reshape(%x2) {shape=[6, 4]}
+  %m2: f32[6, 4] = matmul(%x2f, %w)
+  %u2: f32[2, 3, 4] = reshape(%m2) {shape=[2, 3, 4]}
+  %z: f32[6, 4] = add(%m2, %t)
+  return %o, %o2, %u2, %z
+}
+""")
+
+# q * c and k / c' before the heads are split out: the factors move into attention's scale (the
+# views are re-made from the unscaled slice); a factor on v cannot, and stays
+CASES['simplify-scale-into-attention'] = dict(
+    stage='simplify', options={}, rules=['dce', 'fold-query-key-scale-into-attention'],
+    before="""\
+graph @g(%qkv: f32[1, 4, 24], %m: f32[1, 1, 4, 4]) {
+  const %s: f32[] = dense 0.25
+  const %two: f32[] = dense 2.0
+  %q: f32[1, 4, 8] = slice(%qkv) {axis=2, end=8, start=0}
+  %k: f32[1, 4, 8] = slice(%qkv) {axis=2, end=16, start=8}
+  %v: f32[1, 4, 8] = slice(%qkv) {axis=2, end=24, start=16}
+  %qs: f32[1, 4, 8] = mul(%q, %s)
+  %qh: f32[1, 4, 2, 4] = reshape(%qs) {shape=[1, 4, 2, 4]}
+  %qt: f32[1, 2, 4, 4] = permute(%qh) {perm=[0, 2, 1, 3]}
+  %kh: f32[1, 4, 2, 4] = reshape(%k) {shape=[1, 4, 2, 4]}
+  %kt: f32[1, 2, 4, 4] = permute(%kh) {perm=[0, 2, 1, 3]}
+  %ks: f32[1, 2, 4, 4] = div(%kt, %two)
+  %vh: f32[1, 4, 2, 4] = reshape(%v) {shape=[1, 4, 2, 4]}
+  %vt: f32[1, 2, 4, 4] = permute(%vh) {perm=[0, 2, 1, 3]}
+  %vs: f32[1, 2, 4, 4] = mul(%vt, %two)
+  %o: f32[1, 2, 4, 4] = attention(%qt, %ks, %vs, %m) {scale=1.0}
+  return %o
+}
+""",
+    after="""\
+graph @g(%qkv: f32[1, 4, 24], %m: f32[1, 1, 4, 4]) {
+  const %two: f32[] = dense 2.0
+  %q: f32[1, 4, 8] = slice(%qkv) {axis=2, end=8, start=0}
+  %k: f32[1, 4, 8] = slice(%qkv) {axis=2, end=16, start=8}
+  %v: f32[1, 4, 8] = slice(%qkv) {axis=2, end=24, start=16}
+  %kh: f32[1, 4, 2, 4] = reshape(%k) {shape=[1, 4, 2, 4]}
+  %kt: f32[1, 2, 4, 4] = permute(%kh) {perm=[0, 2, 1, 3]}
+  %vh: f32[1, 4, 2, 4] = reshape(%v) {shape=[1, 4, 2, 4]}
+  %vt: f32[1, 2, 4, 4] = permute(%vh) {perm=[0, 2, 1, 3]}
+  %vs: f32[1, 2, 4, 4] = mul(%vt, %two)
+  %qh_unscaled: f32[1, 4, 2, 4] = reshape(%q) {shape=[1, 4, 2, 4]}
+  %qt_unscaled: f32[1, 2, 4, 4] = permute(%qh_unscaled) {perm=[0, 2, 1, 3]}
+  %o: f32[1, 2, 4, 4] = attention(%qt_unscaled, %kt, %vs, %m) {scale=0.125}
+  return %o
+}
+""")
+
 # the second pool's indices are read by nothing: it becomes a plain max pool; the first one's
 # are read, and it keeps them
 CASES['simplify-drop-unused-pool-indices'] = dict(
@@ -438,27 +527,40 @@ def test_narrowing_through_a_relu_in_channels_last_keeps_the_layout():
     """A relu between two convolutions runs in their channels-last layout; the cast that narrows
     its input in front of it computes in that layout too (a row-major one would be invalid IR),
     while its input, read again wide by the residual add, stays f32. Found in DPT's fusion
-    blocks."""
+    blocks. Straight on the first convolution, the relu is that convolution's epilogue, which
+    writes its result both wide (for the add) and narrow (for the second convolution), both in
+    the channels-last layout; behind a pool it is a kernel of its own with the cast in front."""
     import torch
 
     class Block(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, pool):
             super().__init__()
             self.a = torch.nn.Conv2d(8, 8, 3, padding=1)
             self.b = torch.nn.Conv2d(8, 8, 3, padding=1)
+            self.pool = pool
 
         def forward(self, x):
             y = self.a(x)
+            y = torch.nn.functional.max_pool2d(y, 3, 1, 1) if self.pool else y
             return self.b(torch.relu(y)) + y
 
     torch.manual_seed(0)
-    model, x = Block().eval(), torch.randn(1, 8, 4, 4)
-    for target in ("rngd", "tiny"):
-        cm = fexplore.compile(model, (x,), target=target, precision="bf16")
-        assert bool(cm.verification["ok"].all())
-        casts = [n for n in cm.stages[-1].after.nodes if n.op.name == "cast" and n.outputs[0].name.endswith("_narrow")]
-        assert casts and all(c.outputs[0].type.layout == c.inputs[0].type.layout for c in casts)
-        torch.testing.assert_close(cm(x).float(), model(x), rtol=2e-2, atol=2e-2)
+    x = torch.randn(1, 8, 4, 4)
+    for pool in (True, False):
+        model = Block(pool).eval()
+        for target in ("rngd", "tiny"):
+            cm = fexplore.compile(model, (x,), target=target, precision="bf16")
+            assert bool(cm.verification["ok"].all())
+            final = cm.stages[-1].after
+            if pool:
+                casts = [n for n in final.nodes if n.op.name == "cast" and n.outputs[0].name.endswith("_narrow")]
+            else:
+                (conv,) = [n for n in final.nodes if n.regions and "relu" in [m.op.name for m in n.regions[0].nodes]]
+                casts = [m for m in conv.regions[0].nodes if m.op.name == "cast" and m.inputs[0].type.dtype == ir.DType.f32
+                         and m.inputs[0].type.rank == 4]
+                assert [v.type.dtype for v in conv.outputs] == [ir.DType.f32, ir.DType.bf16]
+            assert casts and all(c.outputs[0].type.layout == c.inputs[0].type.layout is not None for c in casts)
+            torch.testing.assert_close(cm(x).float(), model(x), rtol=2e-2, atol=2e-2)
 
 
 def _assert_same_values(before, got_graph, want_graph):

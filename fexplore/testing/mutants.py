@@ -195,6 +195,15 @@ MUTANTS: list[Mutant] = [
            (Patch("fexplore.pipeline.stages.parallel_linears:_split",
                   'ins = [x, _rows(rw, w, start, end, f"{w.name}.rows_{start}_{end}")]',
                   'ins = [x, _rows(rw, w, 0, end - start, f"{w.name}.rows_{start}_{end}")]'),)),
+    Mutant("unflattened-rows-bias-left-behind", "simplify: contract-unflattened-rows",
+           "the matmul moves onto the unflattened rows without the elementwise chain after it (the "
+           "bias is dropped)",
+           (Patch("fexplore.pipeline.stages.simplify:_contract_unflattened_rows",
+                  "steps = [(mm, None)] + chain[::-1]", "steps = [(mm, None)]"),)),
+    Mutant("query-scale-lost", "simplify: fold-query-key-scale-into-attention",
+           "q's scale factor is taken off q but not multiplied into the attention's scale",
+           (Patch("fexplore.pipeline.stages.simplify:_attention_scale",
+                  "new[i], scale = x, scale * c", "new[i], scale = x, scale"),)),
     Mutant("fold-batchnorm-without-eps", "fold: conv + batch norm folding",
            "the folded scale is gamma / sqrt(var), the batch norm's eps forgotten",
            (Patch("fexplore.pipeline.stages.fold:_bn_scale",
@@ -501,6 +510,27 @@ class _FusedGateUp(torch.nn.Module):
         return self.down(up * torch.nn.functional.silu(gate))
 
 
+class _FlatProjections(torch.nn.Module):
+    """GPT-2's Conv1D (the rows flattened around an addmm, x.view(-1, K) @ W + b, unflattened
+    after) into attention with q scaled before its heads are split out (OPT, BART), then into a
+    tanh GELU written out: the contraction over the unflattened rows, the bias moved with it and
+    the scale taken into the attention's."""
+
+    def __init__(self, g):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(32, 96, generator=g) * 0.2)
+        self.b1 = torch.nn.Parameter(torch.randn(96, generator=g) * 0.5)
+        self.w2 = torch.nn.Parameter(torch.randn(32, 48, generator=g) * 0.2)
+        self.b2 = torch.nn.Parameter(torch.randn(48, generator=g) * 0.5)
+
+    def forward(self, x):
+        qkv = torch.addmm(self.b1, x.view(-1, 32), self.w1).view(1, -1, 96)
+        q, k, v = (t.view(1, -1, 2, 16).transpose(1, 2) for t in (qkv[..., :32] * 0.7, qkv[..., 32:64], qkv[..., 64:]))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+        h = torch.addmm(self.b2, a.reshape(-1, 32), self.w2).view(1, -1, 48)
+        return 0.5 * h * (1.0 + torch.tanh(0.8 * (h + 0.044715 * torch.pow(h, 3.0))))
+
+
 class _EncoderDecoder(torch.nn.Module):
     """A transformers encoder-decoder (BART) run on the same ids as encoder and decoder input."""
 
@@ -629,6 +659,7 @@ CASES: list[Case] = [
                                                            torch.randn(8, 1, generator=g))))),
     Case("long-rows@tiny", _seeded(lambda g: (_LongRows(), (torch.randn(3, 3000, generator=g) * 2.0 + 5.0,))),
          {"target": "tiny"}),
+    Case("flat-projections", _seeded(lambda g: (_FlatProjections(g).eval(), (torch.randn(1, 12, 32, generator=g),)))),
     Case("fused-gate-up", _seeded(lambda g: (_FusedGateUp().eval(), (torch.randn(1, 12, 32, generator=g),)))),
     Case("post-norm-bf16", _seeded(lambda g: (_PostNorm().eval(), (torch.randn(2, 24, 32, generator=g),))),
          {"precision": "bf16"}),

@@ -137,11 +137,15 @@ class _Fuser:
                 break
             members.add(u)
             # a sibling contraction feeding the same op (SwiGLU's up projection, a ResNet
-            # block's projection shortcut) joins too, when the op is its only reader
+            # block's projection shortcut) joins too, when the op is its only reader; a linear or
+            # matmul only over the same activations (the kernel shares their loop): the output
+            # projection of a parallel attention block (GPT-NeoX, Phi, GPT-J) is an operand of
+            # the MLP's epilogue, not a second contraction in its kernel
             for x in self.nodes[u].inputs:
                 p = self.producer.get(x.name)
                 if p is not None and p not in members and self.free(p) and \
-                        self.op(p) in _CONTRACTIONS and self.exclusive_to(p, members):
+                        self.op(p) in _CONTRACTIONS and self.exclusive_to(p, members) and \
+                        (self.op(p) == "conv2d" or self._same_activations(p, members)):
                     members.add(p)
             tail = u
         return tail
@@ -161,6 +165,30 @@ class _Fuser:
                         if all(x.name in known or isinstance(x, Constant)
                                for x in self.nodes[u].inputs):
                             members.add(u)
+                            changed = True
+
+    def _same_activations(self, p: int, members: set[int]) -> bool:
+        """Contraction p reads the activations a contraction among `members` reads."""
+        return any(self.op(m) in _CONTRACTIONS and self.nodes[m].inputs[0].name == self.nodes[p].inputs[0].name
+                   for m in members)
+
+    def extend_result_dag(self, members: set[int], shape) -> None:
+        """Add elementwise consumers, of the result's shape, all of whose inputs the group makes
+        or are constants: an activation written out as a graph rather than a chain (GPT-2's tanh
+        GELU reads its input three times), which `extend_chain` stops at."""
+        changed = True
+        while changed:
+            changed = False
+            made = {v.name for m in members for v in self.nodes[m].outputs}
+            for m in sorted(members):
+                for v in self.nodes[m].outputs:
+                    for u in self.users.get(v.name, []):
+                        if u in members or not self.free(u) or not self.elementwise(u) or \
+                                self.nodes[u].output.type.shape != shape:
+                            continue
+                        if all(x.name in made or isinstance(x, Constant) for x in self.nodes[u].inputs):
+                            members.add(u)
+                            made |= {x.name for x in self.nodes[u].outputs}
                             changed = True
 
     # -- checks ----------------------------------------------------------------------------
@@ -248,10 +276,17 @@ class _Fuser:
             # the new keys and values a decode step appends to its KV cache are computed here
             # and exported, rather than left as kernels of their own; a norm over each head's
             # depth (QK-norm) is computed as q and k are loaded, as rotary embeddings are
+            # (an elementwise op straight on a projection's result, its bias or scale, is left to
+            # that contraction's epilogue: the kernel that has the accumulators applies it)
             depth = self._depth(members)
-            self.absorb_producers(members, lambda p: self.elementwise(p) or self.movement(p) or
-                                  self._head_norm(p, depth), exported_ok=True)
+            self.absorb_producers(members, lambda p: self.elementwise(p) and not self._on_projection(p, members) or
+                                  self.movement(p) or self._head_norm(p, depth), exported_ok=True)
             self.claim("attention", i, members)
+
+    def _on_projection(self, p: int, members: set[int]) -> bool:
+        """Node p reads the result of a contraction outside `members` directly."""
+        return any(self.producer.get(v.name) not in (None, *members) and self.op(self.producer[v.name]) in _CONTRACTIONS
+                   for v in self.nodes[p].inputs)
 
     def _depth(self, members: set[int]):
         """The depth D of the attention in `members`: its queries' last axis."""
@@ -288,8 +323,14 @@ class _Fuser:
         for i, n in enumerate(self.nodes):
             if n.op.name not in _CONTRACTIONS or not self.free(i):
                 continue
-            members = {i}
-            self.extend_chain(members, i)
+            members, tail = {i}, i
+            while True:
+                size = len(members)
+                self.extend_chain(members, tail)
+                self.extend_result_dag(members, n.output.type.shape)
+                if len(members) == size:
+                    break
+                tail = max(members)
             # a prologue: views, and a norm whose only reader is this contraction (a norm the
             # epilogue reads too, as a post-norm block's residual add does, stays out: the kernel
             # has the normed rows only as its operand tiles, not where the epilogue reads them)

@@ -34,6 +34,7 @@ class Rewriter:
         self.constants: list[Constant] = list(graph.constants)
         self.rewrites: list[Rewrite] = []
         self._subst: dict[str, Value] = {}
+        self._readers: dict[str, int] | None = None
         self._names = {v.name for v in graph.inputs} | {c.name for c in graph.constants} | \
             {v.name for n in graph.nodes for v in n.outputs}
 
@@ -48,6 +49,17 @@ class Rewriter:
         """Every later use of ``old`` reads ``new`` instead."""
         if old.name != new.name or old is not new:
             self._subst[old.name] = new
+
+    def readers(self, name: str) -> int:
+        """How many nodes of the input graph read value `name` (a graph output counts as one)."""
+        if self._readers is None:
+            self._readers = {}
+            for n in self.graph.nodes:
+                for v in n.inputs:
+                    self._readers[v.name] = self._readers.get(v.name, 0) + 1
+            for v in self.graph.outputs:
+                self._readers[v.name] = self._readers.get(v.name, 0) + 1
+        return self._readers.get(name, 0)
 
     def fresh_name(self, base: str) -> str:
         return unique_name(base, self._names)

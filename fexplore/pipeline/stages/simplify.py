@@ -8,11 +8,12 @@ included), which keeps every rewrite local and the verifier's job easy.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
 
-from fexplore.ir import Constant, Graph, Node, Value
+from fexplore.ir import Category, Constant, Graph, Node, Value
 
 from ..stage import Rewrite, StageResult
 from .rewrite import Rewriter, map_regions
@@ -160,6 +161,120 @@ def _vector_matmul(rw, n, ins, made):
                     loc=n.loc)
     y = rw.emit("matmul", [a, b, *ins[2:]], dict(n.attrs), name=rw.fresh_name(f"{n.output.name}_2d"), loc=n.loc)
     return rw.emit("reshape", [y], {"shape": tuple(n.output.type.shape)}, name=n.output.name, loc=n.loc,
+                   layout=n.output.type.layout)
+
+
+def _rows_prefix(shape, rows) -> tuple | None:
+    """The leading axes of `shape` whose sizes multiply to `rows`, if some do."""
+    if not all(isinstance(d, int) for d in shape) or not isinstance(rows, int):
+        return None
+    size = 1
+    for i, d in enumerate(shape):
+        if size == rows:
+            return tuple(shape[:i])
+        size *= d
+    return None
+
+
+def _row_operand(x: Value, width) -> bool:
+    """`x` broadcasts along rows: a scalar or a vector over the last axis."""
+    return x.type.rank == 0 or x.type.rank == 1 and x.type.shape[0] in (1, width)
+
+
+@rule("contract-unflattened-rows")
+def _contract_unflattened_rows(rw, n, ins, made):
+    """reshape(op(x.view(-1, K) @ W), [*rows, N]), op a chain of elementwise ops with row-vector
+    operands (a bias, a scale), is op(x @ W) over x's own rows: GPT-2's Conv1D flattens the rows
+    around its matmul, and the view between it and the GELU or residual add after kept those out
+    of the contraction's epilogue. Heads merged into K ([B, S, H, D] -> [B*S, H*D]) are merged
+    within each row first, which is a view too. Only a chain read by nothing else is moved (the
+    flat values are not computed twice)."""
+    if n.op.name != "reshape" or ins[0].type.rank != 2 or n.output.type.rank < 3:
+        return None
+    (M, N), rows = ins[0].type.shape, tuple(n.output.type.shape[:-1])
+    if n.output.type.shape[-1] != N:
+        return None
+    chain, v = [], ins[0]   # (node, the name of its flat operand), from the last back
+    while True:
+        p = made.get(v.name)
+        if p is None or rw.readers(v.name) != 1:
+            return None
+        if p.op.name in ("matmul", "linear"):
+            break
+        flat = {x.name: x for x in p.inputs if not _row_operand(x, N)}
+        if p.op.category != Category.elementwise or p.regions or len(flat) != 1 or \
+                p.output.type.shape != (M, N) or next(iter(flat.values())).type.shape != (M, N):
+            return None
+        v = next(iter(flat.values()))
+        chain.append((p, v.name))
+    mm, r = p, made.get(p.inputs[0].name)
+    if mm.inputs[1].type.rank != 2 or r is None or r.op.name != "reshape" or mm.inputs[0].type.rank != 2:
+        return None
+    x, K = r.inputs[0], mm.inputs[0].type.shape[-1]
+    if _rows_prefix(x.type.shape, M) != rows and tuple(x.type.shape) != (*rows, K):
+        return None
+    if tuple(x.type.shape) != (*rows, K):
+        x = rw.emit("reshape", [x], {"shape": (*rows, K)}, name=rw.fresh_name(f"{mm.inputs[0].name}_rows"), loc=r.loc)
+    steps = [(mm, None)] + chain[::-1]
+    y = x
+    for i, (p, flat) in enumerate(steps):
+        operands = [x, *mm.inputs[1:]] if p is mm else [y if a.name == flat else a for a in p.inputs]
+        last = i == len(steps) - 1
+        y = rw.emit(p.op.name, operands, dict(p.attrs), loc=p.loc,
+                    name=n.output.name if last else rw.fresh_name(f"{p.output.name}_rows"))
+    return y
+
+
+_MOVES_DATA_ONLY = {"reshape", "permute", "slice", "select", "expand", "split"}
+
+
+def _scalar(v: Value) -> float | None:
+    if isinstance(v, Constant) and v.payload is not None and v.payload.size == 1 and v.type.dtype.is_float:
+        return float(np.asarray(v.payload).reshape(()))
+    return None
+
+
+def _scaled_source(v: Value, made) -> tuple[Value, float] | None:
+    """When `v` is views of x * c (or x / c), c a scalar: the same views of x and the factor c.
+    A scalar commutes with every op that only moves data, so the factor can be applied after."""
+    views = []
+    n = made.get(v.name)
+    while n is not None and n.op.name in _MOVES_DATA_ONLY and len(n.outputs) == 1:
+        views.append(n)
+        n = made.get(n.inputs[0].name)
+    if n is None or n.op.name not in ("mul", "div"):
+        return None
+    a, b = n.inputs
+    if n.op.name == "mul" and _scalar(a) is not None:
+        a, b = b, a
+    c = _scalar(b)
+    if c is None or c == 0 or a.type.dtype != n.output.type.dtype or a.type.shape != n.output.type.shape or \
+            (n.op.name == "div" and n.attrs["rounding"] != "none"):
+        return None
+    return (a, views), (c if n.op.name == "mul" else 1.0 / c)
+
+
+@rule("fold-query-key-scale-into-attention")
+def _attention_scale(rw, n, ins, made):
+    """attention(q * c, k, v, scale=s) is attention(q, k, v, scale=s * c), and so for k (BART,
+    OPT, Whisper and XGLM scale the query projection before the heads are split out): the
+    attention kernel scales its scores anyway, and q and k stay plain views of the projection."""
+    if n.op.name != "attention":
+        return None
+    scale = n.attrs["scale"] if n.attrs["scale"] is not None else 1.0 / math.sqrt(ins[0].type.shape[-1])
+    new = list(ins)
+    for i in (0, 1):
+        found = _scaled_source(ins[i], made)
+        if found is None:
+            continue
+        (x, views), c = found
+        for view in reversed(views):
+            x = rw.emit(view.op.name, [x], dict(view.attrs), name=rw.fresh_name(f"{view.output.name}_unscaled"),
+                        loc=view.loc)
+        new[i], scale = x, scale * c
+    if new == list(ins):
+        return None
+    return rw.emit("attention", new, dict(n.attrs, scale=scale), name=n.output.name, loc=n.loc,
                    layout=n.output.type.layout)
 
 
