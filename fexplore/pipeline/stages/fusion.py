@@ -5,11 +5,11 @@ Patterns, claimed in this order (a node joins at most one region):
    what feeds it exclusively (head reshapes and transposes, the qkv split, rotary embedding on q
    and k, grouped-query expansion, a norm of each head of q and k);
 2. contraction + epilogue: linear / matmul / conv2d with the elementwise chain after it (bias,
-   activation, scaling, residual add), and as prologue the views and the norm feeding it
-   exclusively;
+   activation, scaling, residual add; an activation written out as a graph on the result too),
+   and as prologue the views and the norm feeding it exclusively;
 3. reductions with their surroundings: layer_norm, rms_norm (simplify raises the written-out
    form to the op; other written-out reductions are grouped as they stand), batch norm, softmax,
-   with the residual add before a norm when no epilogue took it;
+   with the residual add before a norm when no epilogue took it, and the one after it;
 4. elementwise chains: what is left, grouped vertically and with siblings (a group that is not
    convex, as siblings in two layers reading one table are, in convex parts).
 
@@ -125,17 +125,22 @@ class _Fuser:
                         members.add(p)
                         changed = True
 
-    def extend_chain(self, members: set[int], tail: int) -> int:
-        """Follow single-use elementwise consumers from ``tail`` (an epilogue)."""
+    def extend_chain(self, members: set[int], tail: int, rows_of=None) -> int:
+        """Follow single-use elementwise consumers from ``tail`` (an epilogue). With ``rows_of``
+        (a row-wise region's shape) only consumers of that shape join, and no contraction."""
         while len(self.nodes[tail].outputs) == 1:
             v = self.nodes[tail].output
             us = self.users.get(v.name, [])
             if len(us) != 1 or v.name in self.graph_outputs:
                 break
             u = us[0]
-            if not self.free(u) or not self.elementwise(u):
+            if not self.free(u) or not self.elementwise(u) or \
+                    rows_of is not None and self.nodes[u].output.type.shape != rows_of:
                 break
             members.add(u)
+            if rows_of is not None:
+                tail = u
+                continue
             # a sibling contraction feeding the same op (SwiGLU's up projection, a ResNet
             # block's projection shortcut) joins too, when the op is its only reader; a linear or
             # matmul only over the same activations (the kernel shares their loop): the output
@@ -361,6 +366,13 @@ class _Fuser:
             if n.op.name in ("layer_norm", "rms_norm") or n.op.name in _REDUCTIONS:
                 self._take_residual_add(members)
             self.extend_closure(members)
+            if n.op.name in ("layer_norm", "rms_norm"):
+                # the residual add after a norm of a projection's result (Gemma's sandwich norms)
+                # is computed on the normed rows, not in a kernel of its own
+                exits = [m for m in members for v in self.nodes[m].outputs
+                         if v.name in self.graph_outputs or any(u not in members for u in self.users.get(v.name, []))]
+                if len(exits) == 1:
+                    self.extend_chain(members, exits[0], rows_of=n.output.type.shape)
             self.claim("norm" if n.op.name not in ("softmax", "log_softmax") else "softmax",
                        i, members)
 

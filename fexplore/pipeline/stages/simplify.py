@@ -225,16 +225,17 @@ def _contract_unflattened_rows(rw, n, ins, made):
     return y
 
 
-_MOVES_DATA_ONLY = {"reshape", "permute", "slice", "select", "expand", "split"}
+_MOVES_DATA_ONLY = {"reshape", "permute", "slice", "select", "expand"}
 
 
 def _scalar(v: Value) -> float | None:
+    """The value of a float constant holding one number."""
     if isinstance(v, Constant) and v.payload is not None and v.payload.size == 1 and v.type.dtype.is_float:
         return float(np.asarray(v.payload).reshape(()))
     return None
 
 
-def _scaled_source(v: Value, made) -> tuple[Value, float] | None:
+def _scaled_source(v: Value, made) -> tuple[tuple[Value, list[Node]], float] | None:
     """When `v` is views of x * c (or x / c), c a scalar: the same views of x and the factor c.
     A scalar commutes with every op that only moves data, so the factor can be applied after."""
     views = []
