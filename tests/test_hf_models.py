@@ -676,16 +676,17 @@ def test_a_norm_read_wide_and_narrow_writes_both_and_leaves_no_cast_kernel(name)
 # the unflatten as kernels of their own; the parallel blocks of GPT-NeoX, Phi, GPT-J and Falcon
 # summed the attention and MLP outputs in a kernel of their own; OPT scaled q before splitting
 # the heads, a movement and a vector kernel beside the attention; Gemma's residual add after the
-# norm of each projection's result (its sandwich norms) was a kernel apart from that norm.
+# norm of each projection's result (its sandwich norms) was a kernel apart from that norm; BLOOM's
+# attention, written out over batch and heads flattened into one axis for its bmm, was ten kernels.
 LEAN_LAYERS = {"gpt2": "_h_", "gpt_neox": "_layers_", "phi": "_layers_", "gptj": "_h_", "falcon": "_h_",
-               "opt": "_layers_", "gemma2": "_layers_", "gemma3": "_layers_"}
+               "opt": "_layers_", "gemma2": "_layers_", "gemma3": "_layers_", "bloom": "_h_"}
 
 
 @pytest.mark.parametrize("name, target, precision", [("gpt2", "rngd", "bf16"), ("gpt2", "tiny", "fp32"),
                                                      ("gpt_neox", "rngd", "bf16"), ("phi", "tiny", "bf16"),
                                                      ("gptj", "rngd", "fp32"), ("falcon", "tiny", "bf16"),
                                                      ("opt", "rngd", "bf16"), ("gemma2", "tiny", "bf16"),
-                                                     ("gemma3", "rngd", "fp32")])
+                                                     ("gemma3", "rngd", "fp32"), ("bloom", "tiny", "bf16")])
 def test_a_decoder_layer_is_its_projections_and_attention(name, target, precision):
     model, inputs = build(name)
     cm = fexplore.compile(model, inputs, target=target, precision=precision)

@@ -25,7 +25,7 @@ REPRESENTATIVE = {
     "qk-norm-of-one-piece": (["normed-attention"], "lower check (kernels in the interpreter)"),
     "narrow-copy-of-the-input": (["post-norm-bf16"], "numeric check of precision"),
     "fused-linear-split-same-rows": (["fused-gate-up"], "numeric check of fold"),
-    "unflattened-rows-bias-left-behind": (["flat-projections"], "numeric check of simplify"),
+    "unflattened-softmax-axis-kept": (["flat-heads-attention"], "numeric check of simplify"),
     "query-scale-lost": (["flat-projections"], "numeric check of simplify"),
     "split-row-statistics-short": (["long-rows@tiny"], "lower check (kernels in the interpreter)"),
     "sram-reuse-wait-missing": (["reuse-before-last-reader@tiny"], "simulator hazard check (program)"),

@@ -118,11 +118,13 @@ graph @g(%x: f32[2, 3, 4]) {
 
 # x.view(-1, K) @ W, then a bias and a scale, unflattened and added to a residual (GPT-2's Conv1D):
 # the matmul runs over x's own rows and the chain moves with it; with the heads merged into K (h)
-# the rows are unflattened first; a flat result something else reads too (m2) stays as it is
+# the rows are unflattened first; a flat result something else reads too (m2) stays as it is;
+# q kᵀ over batch and heads flattened into one axis (XGLM, BLOOM), softmax and unflatten: the
+# batched matmul over [B, H] and the softmax over its last axis, kᵀ a permute of k's own view
 CASES['simplify-unflattened-rows'] = dict(
-    stage='simplify', options={}, rules=['contract-unflattened-rows', 'dce'],
+    stage='simplify', options={}, rules=['collapse-reshape-chain', 'contract-unflattened-rows', 'dce'],
     before="""\
-graph @g(%x: f32[2, 3, 4], %h: f32[2, 3, 2, 2], %x2: f32[2, 3, 4], %r: f32[2, 3, 4], %t: f32[6, 4]) {
+graph @g(%x: f32[2, 3, 4], %h: f32[2, 3, 2, 2], %x2: f32[2, 3, 4], %r: f32[2, 3, 4], %t: f32[6, 4], %q: f32[1, 2, 3, 4], %k: f32[1, 2, 3, 4]) {
   const %w: f32[4, 4] = dense [0.1, -0.2, 0.3, 0.4, -0.5, 0.6, 0.7, -0.8, 0.9, 1.0, -1.1, 1.2, 1.3, -1.4, 1.5, 1.6]
   const %b: f32[4] = dense [0.5, -1.0, 0.25, 2.0]
   const %half: f32[] = dense 0.5
@@ -140,11 +142,17 @@ graph @g(%x: f32[2, 3, 4], %h: f32[2, 3, 2, 2], %x2: f32[2, 3, 4], %r: f32[2, 3,
   %m2: f32[6, 4] = matmul(%x2f, %w)
   %u2: f32[2, 3, 4] = reshape(%m2) {shape=[2, 3, 4]}
   %z: f32[6, 4] = add(%m2, %t)
-  return %o, %o2, %u2, %z
+  %qf: f32[2, 3, 4] = reshape(%q) {shape=[2, 3, 4]}
+  %kf: f32[2, 3, 4] = reshape(%k) {shape=[2, 3, 4]}
+  %kt: f32[2, 4, 3] = permute(%kf) {perm=[0, 2, 1]}
+  %s: f32[2, 3, 3] = matmul(%qf, %kt)
+  %p: f32[2, 3, 3] = softmax(%s) {axis=-1}
+  %pu: f32[1, 2, 3, 3] = reshape(%p) {shape=[1, 2, 3, 3]}
+  return %o, %o2, %u2, %z, %pu
 }
 """,
     after="""\
-graph @g(%x: f32[2, 3, 4], %h: f32[2, 3, 2, 2], %x2: f32[2, 3, 4], %r: f32[2, 3, 4], %t: f32[6, 4]) {
+graph @g(%x: f32[2, 3, 4], %h: f32[2, 3, 2, 2], %x2: f32[2, 3, 4], %r: f32[2, 3, 4], %t: f32[6, 4], %q: f32[1, 2, 3, 4], %k: f32[1, 2, 3, 4]) {
   const %w: f32[4, 4] = dense [0.1, -0.2, 0.3, 0.4, -0.5, 0.6, 0.7, -0.8, 0.9, 1.0, -1.1, 1.2, 1.3, -1.4, 1.5, 1.6]
   const %b: f32[4] = dense [0.5, -1.0, 0.25, 2.0]
   const %half: f32[] = dense 0.5
@@ -159,7 +167,10 @@ graph @g(%x: f32[2, 3, 4], %h: f32[2, 3, 2, 2], %x2: f32[2, 3, 4], %r: f32[2, 3,
   %m2: f32[6, 4] = matmul(%x2f, %w)
   %u2: f32[2, 3, 4] = reshape(%m2) {shape=[2, 3, 4]}
   %z: f32[6, 4] = add(%m2, %t)
-  return %o, %o2, %u2, %z
+  %kt_rows: f32[1, 2, 4, 3] = permute(%k) {perm=[0, 1, 3, 2]}
+  %s_rows: f32[1, 2, 3, 3] = matmul(%q, %kt_rows)
+  %pu: f32[1, 2, 3, 3] = softmax(%s_rows) {axis=3}
+  return %o, %o2, %u2, %z, %pu
 }
 """)
 

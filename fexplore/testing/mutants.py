@@ -195,11 +195,16 @@ MUTANTS: list[Mutant] = [
            (Patch("fexplore.pipeline.stages.parallel_linears:_split",
                   'ins = [x, _rows(rw, w, start, end, f"{w.name}.rows_{start}_{end}")]',
                   'ins = [x, _rows(rw, w, 0, end - start, f"{w.name}.rows_{start}_{end}")]'),)),
-    Mutant("unflattened-rows-bias-left-behind", "simplify: contract-unflattened-rows",
-           "the matmul moves onto the unflattened rows without the elementwise chain after it (the "
-           "bias is dropped)",
+    Mutant("unflattened-softmax-axis-kept", "simplify: contract-unflattened-rows",
+           "a softmax moved onto the unflattened axes keeps its axis number: it normalizes over "
+           "the queries instead of the keys",
            (Patch("fexplore.pipeline.stages.simplify:_contract_unflattened_rows",
-                  "steps = [(mm, None)] + chain[::-1]", "steps = [(mm, None)]"),)),
+                  'attrs["axis"] = p.attrs["axis"] % flat.rank + k - 1', 'attrs["axis"] = p.attrs["axis"] % flat.rank'),)),
+    Mutant("unflattened-permute-axes-swapped", "simplify: contract-unflattened-rows",
+           "kᵀ of the flat heads, unflattened, also swaps the axes the flat one splits into (batch "
+           "and heads)",
+           (Patch("fexplore.pipeline.stages.simplify:_contract_unflattened_rows",
+                  "perm = tuple(range(k)) + ", "perm = tuple(range(k))[::-1] + "),)),
     Mutant("query-scale-lost", "simplify: fold-query-key-scale-into-attention",
            "q's scale factor is taken off q but not multiplied into the attention's scale",
            (Patch("fexplore.pipeline.stages.simplify:_attention_scale",
@@ -531,6 +536,24 @@ class _FlatProjections(torch.nn.Module):
         return 0.5 * h * (1.0 + torch.tanh(0.8 * (h + 0.044715 * torch.pow(h, 3.0))))
 
 
+class _FlatHeadsAttention(torch.nn.Module):
+    """Attention written out over batch and heads flattened into one axis (XGLM, BLOOM): bmm of q
+    and kᵀ, an additive bias of its own per head, softmax, bmm with v, unflattened after; the
+    contraction-unflattened-rows rule makes it the written-out attention of [B, H, S, D] views."""
+
+    def __init__(self, g):
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 96)
+        self.bias = torch.nn.Parameter(torch.randn(4, 1, 10, generator=g))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 2, 16).transpose(1, 2).reshape(b * 2, s, 16) for t in self.qkv(x).split(32, -1))
+        scores = torch.bmm(q, k.transpose(1, 2)) * 0.25 + self.bias
+        out = torch.bmm(torch.softmax(scores, dim=-1), v).view(b, 2, s, 16)
+        return out.transpose(1, 2).reshape(b, s, 32)
+
+
 class _EncoderDecoder(torch.nn.Module):
     """A transformers encoder-decoder (BART) run on the same ids as encoder and decoder input."""
 
@@ -660,6 +683,7 @@ CASES: list[Case] = [
     Case("long-rows@tiny", _seeded(lambda g: (_LongRows(), (torch.randn(3, 3000, generator=g) * 2.0 + 5.0,))),
          {"target": "tiny"}),
     Case("flat-projections", _seeded(lambda g: (_FlatProjections(g).eval(), (torch.randn(1, 12, 32, generator=g),)))),
+    Case("flat-heads-attention", _seeded(lambda g: (_FlatHeadsAttention(g).eval(), (torch.randn(2, 10, 32, generator=g),)))),
     Case("fused-gate-up", _seeded(lambda g: (_FusedGateUp().eval(), (torch.randn(1, 12, 32, generator=g),)))),
     Case("post-norm-bf16", _seeded(lambda g: (_PostNorm().eval(), (torch.randn(2, 24, 32, generator=g),))),
          {"precision": "bf16"}),

@@ -164,65 +164,68 @@ def _vector_matmul(rw, n, ins, made):
                    layout=n.output.type.layout)
 
 
-def _rows_prefix(shape, rows) -> tuple | None:
-    """The leading axes of `shape` whose sizes multiply to `rows`, if some do."""
-    if not all(isinstance(d, int) for d in shape) or not isinstance(rows, int):
-        return None
-    size = 1
-    for i, d in enumerate(shape):
-        if size == rows:
-            return tuple(shape[:i])
-        size *= d
-    return None
-
-
-def _row_operand(x: Value, width) -> bool:
-    """`x` broadcasts along rows: a scalar or a vector over the last axis."""
-    return x.type.rank == 0 or x.type.rank == 1 and x.type.shape[0] in (1, width)
-
-
 @rule("contract-unflattened-rows")
 def _contract_unflattened_rows(rw, n, ins, made):
-    """reshape(op(x.view(-1, K) @ W), [*rows, N]), op a chain of elementwise ops with row-vector
-    operands (a bias, a scale), is op(x @ W) over x's own rows: GPT-2's Conv1D flattens the rows
-    around its matmul, and the view between it and the GELU or residual add after kept those out
-    of the contraction's epilogue. Heads merged into K ([B, S, H, D] -> [B*S, H*D]) are merged
-    within each row first, which is a view too. Only a chain read by nothing else is moved (the
-    flat values are not computed twice)."""
-    if n.op.name != "reshape" or ins[0].type.rank != 2 or n.output.type.rank < 3:
+    """reshape(f(x.view(-1, ...)), [*rows, ...]): ops computed on rows flattened into one axis and
+    unflattened after are computed on the rows as they were. f is made of contractions
+    (a matmul or linear over the rows, a batched matmul over the flat axis), elementwise ops and
+    softmax over another axis, each read by nothing else. GPT-2's Conv1D flattens the rows around
+    its matmul, and the view between it and the GELU or residual add after kept those out of the
+    contraction's epilogue; XGLM and BLOOM flatten batch and heads into one axis for their bmm
+    attention, which kept it from being the attention kernel. A flat operand is unflattened by
+    the reshape (or permute of it) it came from, or by a new reshape: views, all of them."""
+    if n.op.name != "reshape":
         return None
-    (M, N), rows = ins[0].type.shape, tuple(n.output.type.shape[:-1])
-    if n.output.type.shape[-1] != N:
+    flat, out = ins[0].type, n.output.type
+    k = out.rank - flat.rank + 1   # the axes the flat first axis splits into
+    if flat.rank < 2 or k < 2 or tuple(out.shape[k:]) != tuple(flat.shape[1:]):
         return None
-    chain, v = [], ins[0]   # (node, the name of its flat operand), from the last back
-    while True:
+    lead, F = tuple(out.shape[:k]), flat.shape[0]
+
+    def batched(x: Value) -> bool:
+        return x.type.rank == flat.rank and x.type.shape[0] == F
+
+    moved, leaves, stack = {}, {}, [ins[0]]
+    while stack:
+        v = stack.pop()
         p = made.get(v.name)
-        if p is None or rw.readers(v.name) != 1:
-            return None
-        if p.op.name in ("matmul", "linear"):
-            break
-        flat = {x.name: x for x in p.inputs if not _row_operand(x, N)}
-        if p.op.category != Category.elementwise or p.regions or len(flat) != 1 or \
-                p.output.type.shape != (M, N) or next(iter(flat.values())).type.shape != (M, N):
-            return None
-        v = next(iter(flat.values()))
-        chain.append((p, v.name))
-    mm, r = p, made.get(p.inputs[0].name)
-    if mm.inputs[1].type.rank != 2 or r is None or r.op.name != "reshape" or mm.inputs[0].type.rank != 2:
+        rows_mm = p is not None and p.op.name in ("matmul", "linear") and p.inputs[1].type.rank == 2
+        if p is not None and rw.readers(v.name) == 1 and not p.regions and len(p.outputs) == 1 and \
+                batched(p.output) and (p.op.category == Category.elementwise or rows_mm or
+                                       p.op.name == "matmul" and all(batched(x) for x in p.inputs[:2]) or
+                                       p.op.name in ("softmax", "log_softmax") and p.attrs["axis"] % flat.rank):
+            moved[id(p)] = p
+            stack += [x for x in (p.inputs[:1] if rows_mm else p.inputs) if batched(x)]
+        else:
+            leaves[v.name] = v
+    if not any(made.get(v) is not None and made[v].op.name in ("reshape", "permute") for v in leaves):
+        return None   # nothing that comes from a flatten: the unflatten would only move
+
+    def unflat(x: Value) -> Value:
+        src = made.get(x.name)
+        if src is not None and src.op.name == "reshape" and tuple(src.inputs[0].type.shape) == (*lead, *x.type.shape[1:]):
+            return src.inputs[0]
+        if src is not None and src.op.name == "permute" and src.attrs["perm"][0] == 0:
+            perm = tuple(range(k)) + tuple(a + k - 1 for a in src.attrs["perm"][1:])
+            return rw.emit("permute", [unflat(src.inputs[0])], {"perm": perm},
+                           name=rw.fresh_name(f"{x.name}_rows"), loc=src.loc)
+        return rw.emit("reshape", [x], {"shape": (*lead, *x.type.shape[1:])}, name=rw.fresh_name(f"{x.name}_rows"),
+                       loc=n.loc)
+
+    order = {id(node): i for i, node in enumerate(rw.nodes)}
+    new: dict[str, Value] = {}
+    root = made[ins[0].name] if id(made.get(ins[0].name)) in moved else None
+    if root is None:
         return None
-    x, K = r.inputs[0], mm.inputs[0].type.shape[-1]
-    if _rows_prefix(x.type.shape, M) != rows and tuple(x.type.shape) != (*rows, K):
-        return None
-    if tuple(x.type.shape) != (*rows, K):
-        x = rw.emit("reshape", [x], {"shape": (*rows, K)}, name=rw.fresh_name(f"{mm.inputs[0].name}_rows"), loc=r.loc)
-    steps = [(mm, None)] + chain[::-1]
-    y = x
-    for i, (p, flat) in enumerate(steps):
-        operands = [x, *mm.inputs[1:]] if p is mm else [y if a.name == flat else a for a in p.inputs]
-        last = i == len(steps) - 1
-        y = rw.emit(p.op.name, operands, dict(p.attrs), loc=p.loc,
-                    name=n.output.name if last else rw.fresh_name(f"{p.output.name}_rows"))
-    return y
+    for p in sorted(moved.values(), key=lambda node: order[id(node)]):
+        operands = [new[x.name] if x.name in new else unflat(x) if x.name in leaves and batched(x) else x
+                    for x in p.inputs]
+        attrs = dict(p.attrs)
+        if p.op.name in ("softmax", "log_softmax"):
+            attrs["axis"] = p.attrs["axis"] % flat.rank + k - 1
+        new[p.output.name] = rw.emit(p.op.name, operands, attrs, loc=p.loc,
+                                     name=n.output.name if p is root else rw.fresh_name(f"{p.output.name}_rows"))
+    return new[root.output.name]
 
 
 _MOVES_DATA_ONLY = {"reshape", "permute", "slice", "select", "expand"}
