@@ -198,8 +198,9 @@ def _contract_unflattened_rows(rw, n, ins, made):
             stack += [x for x in (p.inputs[:1] if rows_mm else p.inputs) if batched(x)]
         else:
             leaves[v.name] = v
-    if not any(made.get(v) is not None and made[v].op.name in ("reshape", "permute") for v in leaves):
-        return None   # nothing that comes from a flatten: the unflatten would only move
+    if F == 1 or not any(made.get(v) is not None and made[v].op.name == "reshape" and
+                         tuple(made[v].inputs[0].type.shape[:k]) == lead for v in leaves):
+        return None   # no flatten of these axes under it (a unit axis inserted): nothing cancels
 
     def unflat(x: Value) -> Value:
         src = made.get(x.name)
