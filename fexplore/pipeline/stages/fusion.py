@@ -320,9 +320,20 @@ class _Fuser:
                     if self.op(p) == "matmul":
                         return path | {p, us[0]}
                     if self.elementwise(p):
+                        if not self._one_computed_score(p):
+                            return None
                         nxt.append(p)
             frontier = nxt
         return None
+
+    def _one_computed_score(self, p: int) -> bool:
+        """Score op p combines the scores with operands read as they are (views of inputs, a mask),
+        not with a second computed value (DeBERTa adds position scores it computes itself): the
+        attention kernel runs the score ops on each block of scores, with nothing else computed."""
+        computed = {v.name for v in self.nodes[p].inputs if self.producer.get(v.name) is not None and
+                    not self.movement(self.producer[v.name]) and self.free(self.producer[v.name]) and
+                    self.nodes[self.producer[v.name]].op.name not in _NOT_ABSORBED}
+        return len(computed) <= 1
 
     def epilogues(self) -> None:
         for i, n in enumerate(self.nodes):

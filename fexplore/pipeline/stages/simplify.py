@@ -201,6 +201,8 @@ def _contract_unflattened_rows(rw, n, ins, made):
     if F == 1 or not any(made.get(v) is not None and made[v].op.name == "reshape" and
                          tuple(made[v].inputs[0].type.shape[:k]) == lead for v in leaves):
         return None   # no flatten of these axes under it (a unit axis inserted): nothing cancels
+    if not any(p.op.name in ("matmul", "linear") for p in moved.values()):
+        return None   # elementwise ops alone run as well on the flat rows: no contraction to move
 
     def unflat(x: Value) -> Value:
         src = made.get(x.name)
