@@ -155,46 +155,34 @@ class _Fuser:
             tail = u
         return tail
 
-    def extend_closure(self, members: set[int]) -> None:
-        """Add elementwise consumers all of whose inputs the group already has (a norm's tail)."""
+    def extend_closure(self, members: set[int], result_shape=None) -> None:
+        """Add elementwise consumers all of whose inputs the group already has (a norm's tail).
+        With ``result_shape`` (a contraction's epilogue, whose tiles are the result's) only
+        consumers of that shape whose inputs the group makes: an activation written out as a
+        graph rather than a chain (GPT-2's tanh GELU reads its input three times), which
+        `extend_chain` stops at."""
         changed = True
         while changed:
             changed = False
-            known = {v.name for m in members for v in self.nodes[m].outputs} | \
-                    {v.name for m in members for v in self.nodes[m].inputs}
+            known = {v.name for m in members for v in self.nodes[m].outputs}
+            if result_shape is None:
+                known |= {v.name for m in members for v in self.nodes[m].inputs}
             for m in sorted(members):
                 for v in self.nodes[m].outputs:
                     for u in self.users.get(v.name, []):
-                        if u in members or not self.free(u) or not self.elementwise(u):
+                        if u in members or not self.free(u) or not self.elementwise(u) or \
+                                result_shape is not None and self.nodes[u].output.type.shape != result_shape:
                             continue
                         if all(x.name in known or isinstance(x, Constant)
                                for x in self.nodes[u].inputs):
                             members.add(u)
+                            known |= {x.name for x in self.nodes[u].outputs}
                             changed = True
 
     def _same_activations(self, p: int, members: set[int]) -> bool:
         """Contraction p reads the activations a contraction among `members` reads."""
         return any(self.op(m) in _CONTRACTIONS and self.nodes[m].inputs[0].name == self.nodes[p].inputs[0].name
                    for m in members)
-
-    def extend_result_dag(self, members: set[int], shape) -> None:
-        """Add elementwise consumers, of the result's shape, all of whose inputs the group makes
-        or are constants: an activation written out as a graph rather than a chain (GPT-2's tanh
-        GELU reads its input three times), which `extend_chain` stops at."""
-        changed = True
-        while changed:
-            changed = False
-            made = {v.name for m in members for v in self.nodes[m].outputs}
-            for m in sorted(members):
-                for v in self.nodes[m].outputs:
-                    for u in self.users.get(v.name, []):
-                        if u in members or not self.free(u) or not self.elementwise(u) or \
-                                self.nodes[u].output.type.shape != shape:
-                            continue
-                        if all(x.name in made or isinstance(x, Constant) for x in self.nodes[u].inputs):
-                            members.add(u)
-                            made |= {x.name for x in self.nodes[u].outputs}
-                            changed = True
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -343,7 +331,7 @@ class _Fuser:
             while True:
                 size = len(members)
                 self.extend_chain(members, tail)
-                self.extend_result_dag(members, n.output.type.shape)
+                self.extend_closure(members, result_shape=n.output.type.shape)
                 if len(members) == size:
                     break
                 tail = max(members)

@@ -178,9 +178,9 @@ def _contract_unflattened_rows(rw, n, ins, made):
         return None
     flat, out = ins[0].type, n.output.type
     k = out.rank - flat.rank + 1   # the axes the flat first axis splits into
-    if flat.rank < 2 or k < 2 or tuple(out.shape[k:]) != tuple(flat.shape[1:]):
-        return None
-    lead, F = tuple(out.shape[:k]), flat.shape[0]
+    lead, F = tuple(out.shape[:k]), flat.shape[0] if flat.rank else 1
+    if flat.rank < 2 or k < 2 or F == 1 or tuple(out.shape[k:]) != tuple(flat.shape[1:]):
+        return None   # (a first axis of one: a unit axis inserted, not an unflatten)
 
     def batched(x: Value) -> bool:
         return x.type.rank == flat.rank and x.type.shape[0] == F
@@ -198,9 +198,9 @@ def _contract_unflattened_rows(rw, n, ins, made):
             stack += [x for x in (p.inputs[:1] if rows_mm else p.inputs) if batched(x)]
         else:
             leaves[v.name] = v
-    if F == 1 or not any(made.get(v) is not None and made[v].op.name == "reshape" and
-                         tuple(made[v].inputs[0].type.shape[:k]) == lead for v in leaves):
-        return None   # no flatten of these axes under it (a unit axis inserted): nothing cancels
+    if not any(made.get(v) is not None and made[v].op.name == "reshape" and
+               tuple(made[v].inputs[0].type.shape[:k]) == lead for v in leaves):
+        return None   # no flatten of these axes under it: nothing cancels
     if not any(p.op.name in ("matmul", "linear") for p in moved.values()):
         return None   # elementwise ops alone run as well on the flat rows: no contraction to move
 
@@ -241,7 +241,7 @@ def _scalar(v: Value) -> float | None:
     return None
 
 
-def _scaled_source(v: Value, made) -> tuple[tuple[Value, list[Node]], float] | None:
+def _scaled_source(v: Value, made) -> tuple[Value, list[Node], float] | None:
     """When `v` is views of x * c (or x / c), c a scalar: the same views of x and the factor c.
     A scalar commutes with every op that only moves data, so the factor can be applied after."""
     views = []
@@ -258,7 +258,7 @@ def _scaled_source(v: Value, made) -> tuple[tuple[Value, list[Node]], float] | N
     if c is None or c == 0 or a.type.dtype != n.output.type.dtype or a.type.shape != n.output.type.shape or \
             (n.op.name == "div" and n.attrs["rounding"] != "none"):
         return None
-    return (a, views), (c if n.op.name == "mul" else 1.0 / c)
+    return a, views, (c if n.op.name == "mul" else 1.0 / c)
 
 
 @rule("fold-query-key-scale-into-attention")
@@ -274,7 +274,7 @@ def _attention_scale(rw, n, ins, made):
         found = _scaled_source(ins[i], made)
         if found is None:
             continue
-        (x, views), c = found
+        x, views, c = found
         for view in reversed(views):
             x = rw.emit(view.op.name, [x], dict(view.attrs), name=rw.fresh_name(f"{view.output.name}_unscaled"),
                         loc=view.loc)
