@@ -169,6 +169,36 @@ def test_an_f16_output_folded_into_a_constant_is_held_to_f16s_tolerance():
     torch.testing.assert_close(cm(x)[0], Lin()(x)[0], rtol=1e-3, atol=1e-3 * 7.1)
 
 
+class F64Rotary(torch.nn.Module):
+    """Rotary angles in f64, as Hugging Face's Ergo makes them (f32 angles lose their phase at long
+    positions): positions times inverse frequencies, each repeated twice (an expand and a reshape),
+    cos and sin, cast to the activations' f32."""
+    def __init__(self, seq: int = 8, dim: int = 8):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, dim, 2).float() / dim))
+        self.seq = seq
+
+    def forward(self, x):
+        pos = torch.arange(self.seq)[None, :]
+        freqs = pos[..., None].double() * self.inv_freq.double()
+        emb = torch.repeat_interleave(freqs, 2, dim=-1)
+        return x * emb.cos().to(x.dtype) + x.flip(-1) * emb.sin().to(x.dtype)
+
+
+@pytest.mark.parametrize("target", ["rngd", "tiny"])
+def test_tables_computed_in_f64_from_constants_fold_and_leave_no_host_op(target):
+    """The chip has no f64 datapath, so an f64 table left in the graph runs on the host on every
+    call. Broadcasts of constants stay lazy (cheaper to regenerate than to store), but in f64 only
+    the host could regenerate them: the repeat's expand was kept, and with it cos, sin and both
+    casts went to the host. Folded, the tables are f32 constants and the kernel reads them."""
+    x = torch.randn(1, 8, 8)
+    cm = fexplore.compile(F64Rotary(), (x,), target=target)
+    assert cm.verification["ok"].all()   # through lower and schedule: the kernels and the program
+    assert not cm.lowering.host_ops
+    assert not any(v.type.dtype == DType.f64 for n in cm["fold"].after.nodes for v in n.outputs)
+    torch.testing.assert_close(cm(x), F64Rotary()(x), rtol=1e-5, atol=1e-6)
+
+
 def test_empty_operands_are_refused_by_name_not_a_generator_crash():
     """A mean of nothing (nan) and a matmul over K = 0 (zeros plus the bias) have no tile to load:
     the generators crashed on them (a box of no elements, a division by zero) and the nodes went

@@ -7,7 +7,9 @@ statistics (inference) becomes a per-channel scale and shift, two elementwise op
 their neighbours. On the meta device both rewrites are made on structure alone (the folded
 constants have no values), so a real-size model reaches the graph it would with weights. The fold
 size limit (an option) keeps huge results from being materialized, and broadcasts stay lazy (an
-expanded constant is cheaper to regenerate than to store).
+expanded constant is cheaper to regenerate than to store) -- except in f64, which the chip has no
+datapath for: a rotary table computed in f64 from an expanded constant would be host work on every
+call, where folded it is a constant.
 
 Last, linears reading one input with constant weights become one linear over the weights side by
 side (`parallel_linears`: attention's q, k and v projections as one kernel).
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fexplore.ir import Constant, Graph, Node, TensorType, evaluate_node
+from fexplore.ir import Constant, DType, Graph, Node, TensorType, evaluate_node
 from fexplore.ir.types import names_a_symbol
 
 from ..stage import StageResult
@@ -25,6 +27,7 @@ from .parallel_linears import merge_parallel_linears, split_fused_linears
 from .rewrite import Rewriter
 
 _NEVER_FOLD = {"expand"}  # materializing a broadcast only bloats the constant pool
+_NO_DATAPATH = {DType.f64}  # what the chip cannot regenerate: a lazy broadcast would run on the host
 
 
 def fold(graph: Graph, options, *, regions: bool = False) -> StageResult:
@@ -148,7 +151,9 @@ def _writes_nothing(node: Node, ins) -> bool:
 
 
 def _foldable(node: Node, ins, regions: bool = False) -> bool:
-    if (node.regions and not regions) or node.op.name in _NEVER_FOLD:
+    if node.regions and not regions:
+        return False
+    if node.op.name in _NEVER_FOLD and not any(v.type.dtype in _NO_DATAPATH for v in node.outputs):
         return False
     if not all(isinstance(v, Constant) for v in ins):
         return False
