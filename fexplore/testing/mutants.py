@@ -209,6 +209,10 @@ MUTANTS: list[Mutant] = [
            "q's scale factor is taken off q but not multiplied into the attention's scale",
            (Patch("fexplore.pipeline.stages.simplify:_attention_scale",
                   "new[i], scale = x, scale * c", "new[i], scale = x, scale"),)),
+    Mutant("series-last-factor-dropped", "simplify: raise-forward-substitution",
+           "the product for the inverse stops one factor short: powers of A from 2^(K-1) on are lost",
+           (Patch("fexplore.pipeline.stages.forward_substitution:_series",
+                  "range(1, math.ceil(math.log2(size)))", "range(1, math.ceil(math.log2(size)) - 1)"),)),
     Mutant("fold-batchnorm-without-eps", "fold: conv + batch norm folding",
            "the folded scale is gamma / sqrt(var), the batch norm's eps forgotten",
            (Patch("fexplore.pipeline.stages.fold:_bn_scale",
@@ -554,6 +558,54 @@ class _FlatHeadsAttention(torch.nn.Module):
         return out.transpose(1, 2).reshape(b, s, 32)
 
 
+class DeltaRuleChunks(torch.nn.Module):
+    """The chunked gated delta rule of Hugging Face's linear-attention layers (Qwen3-Next, Kimi
+    Linear, OLMo hybrid), as they run under torch.export: q, k, v, a gate and a decay projected
+    from x; keys and queries L2-normed; per chunk, the unit lower-triangular system inverted by
+    forward substitution (a loop of row updates) and applied to the values; then the scan over
+    chunks carrying the state. `chunk` positions per chunk, `heads` heads of width `dim`."""
+
+    def __init__(self, g=None, width: int = 32, heads: int = 2, dim: int = 8, chunk: int = 8):
+        super().__init__()
+        self.heads, self.dim, self.chunk = heads, dim, chunk
+        self.qkv = torch.nn.Linear(width, 3 * heads * dim, bias=False)
+        self.gates = torch.nn.Linear(width, 2 * heads, bias=False)
+        if g is not None:
+            with torch.no_grad():
+                for lin in (self.qkv, self.gates):
+                    lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) / width ** 0.5)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h, d, c = self.heads, self.dim, self.chunk
+        q, k, v = (t.view(b, s, h, d).transpose(1, 2) for t in self.qkv(x).split(h * d, -1))
+        beta, decay = (t.transpose(1, 2) for t in self.gates(x).split(h, -1))
+        beta, decay = beta.sigmoid(), -0.1 * torch.nn.functional.softplus(decay)   # slow decay, as trained
+        q = torch.nn.functional.normalize(q, dim=-1) * d ** -0.5
+        k = torch.nn.functional.normalize(k, dim=-1)
+        q, k, v = (t.reshape(b, h, s // c, c, d) for t in (q, k, v))
+        beta, decay = beta.reshape(b, h, s // c, c), decay.reshape(b, h, s // c, c).cumsum(-1)
+        upper = torch.ones(c, c, dtype=torch.bool).triu(1)
+        pairwise = (decay.unsqueeze(-1) - decay.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()
+        k_beta, v_beta = k * beta.unsqueeze(-1), v * beta.unsqueeze(-1)
+        system = -((k_beta @ k.transpose(-1, -2)) * pairwise).tril(-1)
+        for i in range(1, c):
+            row = system[..., i, :i].clone()
+            sub = system[..., :i, :i].clone()
+            system[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
+        system = system + torch.eye(c)
+        values, k_decayed = system @ v_beta, system @ (k_beta * decay.exp().unsqueeze(-1))
+        intra = (q @ k.transpose(-1, -2)) * pairwise
+        state = torch.zeros(b, h, d, d)
+        out = []
+        for j in range(s // c):
+            v_new = values[:, :, j] - k_decayed[:, :, j] @ state
+            out.append(q[:, :, j] * decay[:, :, j].exp().unsqueeze(-1) @ state + intra[:, :, j] @ v_new)
+            tail = (decay[:, :, j, -1:] - decay[:, :, j]).exp().unsqueeze(-1)
+            state = state * decay[:, :, j, -1].exp()[..., None, None] + (k[:, :, j] * tail).transpose(-1, -2) @ v_new
+        return torch.stack(out, 2).reshape(b, h, s, d).transpose(1, 2).reshape(b, s, h * d)
+
+
 class _EncoderDecoder(torch.nn.Module):
     """A transformers encoder-decoder (BART) run on the same ids as encoder and decoder input."""
 
@@ -684,6 +736,7 @@ CASES: list[Case] = [
          {"target": "tiny"}),
     Case("flat-projections", _seeded(lambda g: (_FlatProjections(g).eval(), (torch.randn(1, 12, 32, generator=g),)))),
     Case("flat-heads-attention", _seeded(lambda g: (_FlatHeadsAttention(g).eval(), (torch.randn(2, 10, 32, generator=g),)))),
+    Case("delta-rule-chunks", _seeded(lambda g: (DeltaRuleChunks(g).eval(), (torch.randn(1, 16, 32, generator=g),)))),
     Case("fused-gate-up", _seeded(lambda g: (_FusedGateUp().eval(), (torch.randn(1, 12, 32, generator=g),)))),
     Case("post-norm-bf16", _seeded(lambda g: (_PostNorm().eval(), (torch.randn(2, 24, 32, generator=g),))),
          {"precision": "bf16"}),

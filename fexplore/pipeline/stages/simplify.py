@@ -16,6 +16,7 @@ import numpy as np
 from fexplore.ir import Category, Constant, Graph, Node, Value
 
 from ..stage import Rewrite, StageResult
+from .forward_substitution import raise_forward_substitution
 from .rewrite import Rewriter, map_regions
 
 Rule = Callable[[Rewriter, Node, list, dict], "Value | None"]
@@ -342,6 +343,9 @@ def _rms_norm_weight(rw, n, ins, made):
             return rw.emit("rms_norm", [norm.inputs[0], w], dict(norm.attrs), name=n.output.name, loc=n.loc,
                            layout=n.output.type.layout)
     return None
+
+
+rule("raise-forward-substitution")(raise_forward_substitution)
 
 
 def simplify(graph: Graph, options) -> StageResult:
