@@ -28,6 +28,7 @@ REPRESENTATIVE = {
     "unflattened-softmax-axis-kept": (["flat-heads-attention"], "numeric check of simplify"),
     "query-scale-lost": (["flat-projections"], "numeric check of simplify"),
     "series-last-factor-dropped": (["delta-rule-chunks"], "numeric check of simplify"),
+    "row-scale-squared-product": (["delta-rule-chunks"], "numeric check of simplify"),
     "split-row-statistics-short": (["long-rows@tiny"], "lower check (kernels in the interpreter)"),
     "sram-reuse-wait-missing": (["reuse-before-last-reader@tiny"], "simulator hazard check (program)"),
     "sram-reuse-wait-first-writer-only": (["resident-over-reused-sram@tiny"], "simulator hazard check (program)"),

@@ -153,3 +153,23 @@ def test_written_out_attention_is_a_region_only_with_scores_the_kernel_can_run(c
     assert not cm["lower"].stats.get("split_regions") and not cm.lowering.host_ops
     assert cm.verification["ok"].all()
     torch.testing.assert_close(cm(q, k, v, bias), model(q, k, v, bias), rtol=1e-5, atol=1e-5)
+
+
+class _RowScaledProduct(torch.nn.Module):
+    """A chunked scan's read of its state: each query row scaled (by its decay), times the state."""
+
+    def forward(self, q, decay, state):
+        return (q * decay.unsqueeze(-1)) @ state
+
+
+@pytest.mark.parametrize("target", ["rngd", "tiny"])
+def test_a_row_scale_of_a_matmul_operand_is_the_contractions_epilogue(target):
+    """The scale per row moves to the product (scale-rows-after-the-matmul), so the scaled queries
+    are never written out: one contraction kernel, where there were a vector kernel and a
+    contraction reading its result."""
+    q, decay, state = torch.randn(2, 32, 16), torch.rand(2, 32), torch.randn(2, 16, 24)   # fits tiny whole
+    cm = fexplore.compile(_RowScaledProduct(), (q, decay, state), target=target)
+    assert cm.verification["ok"].all()
+    assert cm["simplify"].stats["rules_fired"].get("scale-rows-after-the-matmul") == 1
+    assert [k.kind for k in cm.kernels] == ["contraction"]
+    torch.testing.assert_close(cm(q, decay, state), _RowScaledProduct()(q, decay, state), rtol=1e-5, atol=1e-5)

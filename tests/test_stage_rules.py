@@ -216,6 +216,99 @@ graph @g(%qkv: f32[1, 4, 24], %m: f32[1, 1, 4, 4]) {
 }
 """)
 
+# a scale per row of a (and per column of b) moves to the product; a scalar, a scale along the
+# contracted axis and a scaled operand read by another op too stay where they are
+CASES['simplify-scale-rows-after-the-matmul'] = dict(
+    stage='simplify', options={}, rules=['cse', 'dce', 'scale-rows-after-the-matmul'],
+    before="""\
+graph @g(%a: f32[2, 4, 3], %b: f32[2, 3, 5], %r: f32[2, 4, 1], %c: f32[1, 5], %k: f32[1, 3]) {
+  const %s: f32[] = dense 0.5
+  %ar: f32[2, 4, 3] = mul(%a, %r)
+  %y: f32[2, 4, 5] = matmul(%ar, %b)
+  %bc: f32[2, 3, 5] = mul(%c, %b)
+  %x: f32[2, 4, 5] = matmul(%a, %bc)
+  %as: f32[2, 4, 3] = mul(%a, %s)
+  %z: f32[2, 4, 5] = matmul(%as, %b)
+  %ak: f32[2, 4, 3] = mul(%a, %k)
+  %w: f32[2, 4, 5] = matmul(%ak, %b)
+  %a2: f32[2, 4, 3] = mul(%r, %a)
+  %v: f32[2, 4, 5] = matmul(%a2, %b)
+  %u: f32[2, 4, 3] = add(%a2, %a)
+  return %y, %x, %z, %w, %v, %u
+}
+""",
+    after="""\
+graph @g(%a: f32[2, 4, 3], %b: f32[2, 3, 5], %r: f32[2, 4, 1], %c: f32[1, 5], %k: f32[1, 3]) {
+  const %s: f32[] = dense 0.5
+  %y_unscaled: f32[2, 4, 5] = matmul(%a, %b)
+  %y: f32[2, 4, 5] = mul(%y_unscaled, %r)
+  %x: f32[2, 4, 5] = mul(%y_unscaled, %c)
+  %as: f32[2, 4, 3] = mul(%a, %s)
+  %z: f32[2, 4, 5] = matmul(%as, %b)
+  %ak: f32[2, 4, 3] = mul(%a, %k)
+  %w: f32[2, 4, 5] = matmul(%ak, %b)
+  %a2: f32[2, 4, 3] = mul(%r, %a)
+  %v: f32[2, 4, 5] = matmul(%a2, %b)
+  %u: f32[2, 4, 3] = add(%a2, %a)
+  return %y, %x, %z, %w, %v, %u
+}
+""")
+
+# the loop of row updates over a strictly lower triangle (rows 1 and 2 of 3, as torch.export
+# writes Hugging Face's delta-rule loop) is (I + A)(I + A^2) - I
+CASES['simplify-forward-substitution'] = dict(
+    stage='simplify', options={}, rules=['dce', 'raise-forward-substitution'],
+    before="""\
+graph @g(%u: f32[2, 3, 3]) {
+  const %lower: bool[3, 3] = dense [false, false, false, true, false, false, true, true, false]
+  const %zero: f32[] = dense 0.0
+  const %row1: bool[1, 3, 1] = dense [false, true, false]
+  const %row2: bool[1, 3, 1] = dense [false, false, true]
+  %t: f32[2, 3, 3] = where(%lower, %u, %zero)
+  %a: f32[2, 3, 3] = neg(%t)
+  %r1: f32[2, 3] = select(%a) {axis=1, index=1}
+  %row_1: f32[2, 1] = slice(%r1) {axis=1, end=1, start=0}
+  %top_1: f32[2, 1, 3] = slice(%a) {axis=1, end=1, start=0}
+  %sub_1: f32[2, 1, 1] = slice(%top_1) {axis=2, end=1, start=0}
+  %col_1: f32[2, 1, 1] = reshape(%row_1) {shape=[2, 1, 1]}
+  %prod_1: f32[2, 1, 1] = mul(%col_1, %sub_1)
+  %sum_1: f32[2, 1] = sum(%prod_1) {axes=[1]}
+  %new_1: f32[2, 1] = add(%row_1, %sum_1)
+  %w1: f32[2, 3] = slice_scatter(%r1, %new_1) {axis=1, end=1, start=0}
+  %w1r: f32[2, 1, 3] = reshape(%w1) {shape=[2, 1, 3]}
+  %w1e: f32[2, 3, 3] = expand(%w1r) {shape=[2, 3, 3]}
+  %a1: f32[2, 3, 3] = where(%row1, %w1e, %a)
+  %r2: f32[2, 3] = select(%a1) {axis=1, index=2}
+  %row_2: f32[2, 2] = slice(%r2) {axis=1, end=2, start=0}
+  %top_2: f32[2, 2, 3] = slice(%a1) {axis=1, end=2, start=0}
+  %sub_2: f32[2, 2, 2] = slice(%top_2) {axis=2, end=2, start=0}
+  %col_2: f32[2, 2, 1] = reshape(%row_2) {shape=[2, 2, 1]}
+  %prod_2: f32[2, 2, 2] = mul(%col_2, %sub_2)
+  %sum_2: f32[2, 2] = sum(%prod_2) {axes=[1]}
+  %new_2: f32[2, 2] = add(%row_2, %sum_2)
+  %w2: f32[2, 3] = slice_scatter(%r2, %new_2) {axis=1, end=2, start=0}
+  %w2r: f32[2, 1, 3] = reshape(%w2) {shape=[2, 1, 3]}
+  %w2e: f32[2, 3, 3] = expand(%w2r) {shape=[2, 3, 3]}
+  %a2: f32[2, 3, 3] = where(%row2, %w2e, %a1)
+  return %a2
+}
+""",
+    after="""\
+graph @g(%u: f32[2, 3, 3]) {
+  const %lower: bool[3, 3] = dense [false, false, false, true, false, false, true, true, false]
+  const %zero: f32[] = dense 0.0
+  const %eye: f32[3, 3] = dense [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+  %t: f32[2, 3, 3] = where(%lower, %u, %zero)
+  %a: f32[2, 3, 3] = neg(%t)
+  %a2_series: f32[2, 3, 3] = add(%a, %eye)
+  %a2_pow2: f32[2, 3, 3] = matmul(%a, %a)
+  %a2_term2: f32[2, 3, 3] = add(%a2_pow2, %eye)
+  %a2_series.1: f32[2, 3, 3] = matmul(%a2_series, %a2_term2)
+  %a2: f32[2, 3, 3] = sub(%a2_series.1, %eye)
+  return %a2
+}
+""")
+
 # the second pool's indices are read by nothing: it becomes a plain max pool; the first one's
 # are read, and it keeps them
 CASES['simplify-drop-unused-pool-indices'] = dict(

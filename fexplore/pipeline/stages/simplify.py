@@ -232,6 +232,31 @@ def _contract_unflattened_rows(rw, n, ins, made):
     return new[root.output.name]
 
 
+@rule("scale-rows-after-the-matmul")
+def _row_scale_after_matmul(rw, n, ins, made):
+    """matmul(a * s, b) with s one number per row of a (size 1 along the contracted axis) is
+    matmul(a, b) * s, and likewise a scale per column of b: the scale moves from an operand, where
+    it was a kernel of its own writing the scaled operand to DRAM, to the contraction's epilogue.
+    The chunked scans of linear-attention and state-space layers read their state this way
+    (queries scaled by their decay, times the state). A scalar is left where it is: on an
+    attention's scores it would be a vector pass per score instead of one per query element."""
+    if n.op.name != "matmul" or len(ins) != 2 or n.output.type.rank < 2 or n.attrs.get("out_dtype") is not None:
+        return None
+    for side, free in ((0, -2), (1, -1)):
+        p = made.get(ins[side].name)
+        if p is None or p.op.name != "mul" or rw.readers(ins[side].name) != 1 or ins[side].type.rank < 2:
+            continue
+        for x, s in (p.inputs, p.inputs[::-1]):
+            shape = s.type.shape
+            if x.type != ins[side].type or len(shape) < 2 or \
+                    shape[-1 if side == 0 else -2] != 1 or shape[free] in (1, None):
+                continue
+            y = rw.emit("matmul", [x, ins[1]] if side == 0 else [ins[0], x],
+                        name=rw.fresh_name(f"{n.output.name}_unscaled"), loc=n.loc)
+            return rw.emit("mul", [y, s], name=n.output.name, loc=p.loc, layout=n.output.type.layout)
+    return None
+
+
 _MOVES_DATA_ONLY = {"reshape", "permute", "slice", "select", "expand"}
 
 
