@@ -60,7 +60,7 @@ graph @g(%x: f32[1, 1, 3, 3]) {
 """)
 
 CASES['simplify-where-constant-condition'] = dict(
-    stage='simplify', options={}, rules=['pick-where-branch-of-a-constant-condition'],
+    stage='simplify', options={}, rules=['broadcast-in-the-op', 'pick-where-branch-of-a-constant-condition'],
     before="""\
 graph @g(%x: f32[2, 3], %y: f32[3]) {
   const %yes: bool[] = dense true
@@ -68,14 +68,14 @@ graph @g(%x: f32[2, 3], %y: f32[3]) {
   %a: f32[2, 3] = where(%yes, %y, %x)
   %b: f32[2, 3] = where(%no, %y, %x)
   %c: f32[2, 3] = add(%a, %b)
-  return %c
+  return %c, %a
 }
 """,
     after="""\
 graph @g(%x: f32[2, 3], %y: f32[3]) {
   %a: f32[2, 3] = expand(%y) {shape=[2, 3]}
-  %c: f32[2, 3] = add(%a, %x)
-  return %c
+  %c: f32[2, 3] = add(%y, %x)
+  return %c, %a
 }
 """)
 
@@ -257,7 +257,7 @@ graph @g(%a: f32[2, 4, 3], %b: f32[2, 3, 5], %r: f32[2, 4, 1], %c: f32[1, 5], %k
 # the loop of row updates over a strictly lower triangle (rows 1 and 2 of 3, as torch.export
 # writes Hugging Face's delta-rule loop) is (I + A)(I + A^2) - I
 CASES['simplify-forward-substitution'] = dict(
-    stage='simplify', options={}, rules=['dce', 'raise-forward-substitution'],
+    stage='simplify', options={}, rules=['broadcast-in-the-op', 'dce', 'raise-forward-substitution'],
     before="""\
 graph @g(%u: f32[2, 3, 3]) {
   const %lower: bool[3, 3] = dense [false, false, false, true, false, false, true, true, false]
@@ -306,6 +306,31 @@ graph @g(%u: f32[2, 3, 3]) {
   %a2_series.1: f32[2, 3, 3] = matmul(%a2_series, %a2_term2)
   %a2: f32[2, 3, 3] = sub(%a2_series.1, %eye)
   return %a2
+}
+""")
+
+# an elementwise op broadcasts an operand itself when its others give the full shape: the expand
+# in front of it goes; an expand read by a unary op, or that gives the result its shape, stays
+CASES['simplify-broadcast-in-the-op'] = dict(
+    stage='simplify', options={}, rules=['broadcast-in-the-op'],
+    before="""\
+graph @g(%s: f32[2, 3, 4], %d: f32[2, 1, 1], %m: bool[2, 3, 4]) {
+  %de: f32[2, 3, 4] = expand(%d) {shape=[2, 3, 4]}
+  %a: f32[2, 3, 4] = mul(%s, %de)
+  %b: f32[2, 3, 4] = where(%m, %de, %s)
+  %e: f32[2, 3, 4] = exp(%de)
+  %c: f32[2, 3, 4] = add(%de, %d)
+  return %a, %b, %e, %c
+}
+""",
+    after="""\
+graph @g(%s: f32[2, 3, 4], %d: f32[2, 1, 1], %m: bool[2, 3, 4]) {
+  %de: f32[2, 3, 4] = expand(%d) {shape=[2, 3, 4]}
+  %a: f32[2, 3, 4] = mul(%s, %d)
+  %b: f32[2, 3, 4] = where(%m, %d, %s)
+  %e: f32[2, 3, 4] = exp(%de)
+  %c: f32[2, 3, 4] = add(%de, %d)
+  return %a, %b, %e, %c
 }
 """)
 

@@ -83,6 +83,25 @@ def _noop_expand(rw, n, ins, made):
     return ins[0] if n.op.name == "expand" and ins[0].type.shape == n.output.type.shape else None
 
 
+@rule("broadcast-in-the-op")
+def _expand_into_broadcast(rw, n, ins, made):
+    """An elementwise op broadcasts its operands itself: an expand in front of one that its other
+    operands already give the full shape is a copy written to DRAM for nothing (a linear-attention
+    scan's `state * decay[..., None, None].exp()` expanded the decay to the state's shape)."""
+    if n.op.category != Category.elementwise or n.regions or len(ins) < 2:
+        return None
+    expanded = [i for i, x in enumerate(ins) if made.get(x.name) is not None and made[x.name].op.name == "expand"]
+    for i in expanded:
+        new = list(ins)
+        new[i] = made[ins[i].name].inputs[0]
+        others = [tuple(x.type.shape) for j, x in enumerate(new) if j != i]
+        if not all(isinstance(d, int) for s in others for d in s) or \
+                np.broadcast_shapes(*others) != tuple(n.output.type.shape):
+            continue   # the expand is what gives the result its shape (or sizes are symbols)
+        return rw.emit(n.op.name, new, dict(n.attrs), name=n.output.name, loc=n.loc, layout=n.output.type.layout)
+    return None
+
+
 @rule("drop-noop-cast")
 def _noop_cast(rw, n, ins, made):
     return ins[0] if n.op.name == "cast" and ins[0].type.dtype == n.attrs["dtype"] else None
