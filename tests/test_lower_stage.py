@@ -287,3 +287,28 @@ def test_codegen_bugs_lists_a_generator_that_raised_whose_node_ran_on_the_host(s
     assert cm.codegen_bugs and all("softmax" in b and "AttributeError" in b for b in cm.codegen_bugs)
     assert len(cm.lowering.host_ops) == 1
     torch.testing.assert_close(cm(x), Soft()(x))
+
+
+class _NegativeScaleAttention(torch.nn.Module):
+    """sdpa takes any scale: here q * -1.5 (which simplify folds into the scale) under a float
+    causal mask, and an explicit negative scale under a boolean one (fuzz seed 2250575)."""
+
+    def forward(self, x, y):
+        s = x.shape[1]
+        causal = torch.zeros(s, s).masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        a = torch.nn.functional.scaled_dot_product_attention(x * -1.5, -x, -x, attn_mask=causal)
+        keep = torch.ones(s, s, dtype=torch.bool).tril()
+        return a, torch.nn.functional.scaled_dot_product_attention(y, a, a, attn_mask=keep, scale=-0.3)
+
+
+@pytest.mark.parametrize("target,precision", [("rngd", "fp32"), ("tiny", "bf16")])
+def test_attention_with_a_negative_scale_keeps_its_masked_keys_masked(target, precision):
+    """The masks write -inf into the raw scores; a negative scale applied after them made those
+    +inf (every masked key won the softmax: inf in the output). The sign goes on q, exactly."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(1, 40, 16, generator=g), torch.randn(1, 40, 16, generator=g)
+    cm = fexplore.compile(_NegativeScaleAttention(), (x, y), target=target, precision=precision)
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    tol = 3e-2 if precision == "bf16" else 1e-5
+    for got, want in zip(cm(x, y), _NegativeScaleAttention()(x, y)):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)

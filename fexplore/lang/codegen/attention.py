@@ -578,13 +578,16 @@ def _place_scale(scale, score_ops, mask) -> tuple:
     dtype's tolerance unless the scale is a power of two. Any other scale goes on the f32 scores:
     with the row max and the shift in the exponent (``exp(s * c - max)``, a multiply-add in the
     pass the shift takes anyway) when nothing else touches the scores, with an additive mask in
-    one multiply-add where that is all, else as a pass of its own before the score ops."""
+    one multiply-add where that is all, else as a pass of its own before the score ops.
+    A negative scale (sdpa takes any) puts its sign on q, which is exact: the masks write -inf
+    into the raw scores, and a negative factor after them would make those +inf."""
     if scale is None:
         return None, None, False, False
     additive = mask is not None and mask.type.dtype != DType.bool
-    if scale > 0 and math.frexp(scale)[0] == 0.5:   # a power of two: q * scale is exact
+    if scale != 0 and math.frexp(abs(scale))[0] == 0.5:   # a power of two: q * scale is exact
         return scale, None, False, additive
-    return None, scale, scale > 0 and not score_ops and not additive, additive
+    magnitude = abs(scale)
+    return -1.0 if scale < 0 else None, magnitude, magnitude > 0 and not score_ops and not additive, additive
 
 
 def heads_read(node: Node) -> dict:
