@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import transformers as T
 
 import fexplore
 from fexplore.testing.mutants import DeltaRuleChunks
@@ -87,7 +88,6 @@ def test_the_chunked_delta_rule_runs_its_inverse_as_matmuls(target, precision, m
 
 def test_a_hugging_face_hybrid_with_gated_delta_rule_layers():
     """OLMo hybrid: a gated delta-rule layer (the loop runs under torch.export) and an attention one."""
-    T = pytest.importorskip("transformers")
     config = T.OlmoHybridConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                 layer_types=["linear_attention", "full_attention"], use_cache=False,

@@ -52,6 +52,10 @@ from .reduce import generate_reduction, takes as reduction_takes
 from .rowwise import generate_vector
 from .vector import check_table
 
+# dtypes the chip has no datapath for: a value of one is host work (fold computes such values at
+# compile time where it can, rather than leave a lazy broadcast of them to the host)
+NO_DATAPATH = frozenset({DType.f64})
+
 _NOT_YET = {"embedding": "gather", "gather": "gather", "index": "gather", "permute": "relayout", "concat": "relayout",
             "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling"}
 
@@ -71,9 +75,10 @@ def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> Gen
         # length on, is as unknown until then: its kernel would name a size it is not given)
         raise UnsupportedRegionError(node.op.name, region_label(node), "symbolic sizes (specialize the "
                                      "shapes first)", loc=node.loc)
-    if any(v.type.dtype == DType.f64 for v in values):
-        raise UnsupportedRegionError(node.op.name, region_label(node), "f64: the chip has no f64 datapath",
-                                     loc=node.loc)
+    no_datapath = sorted({v.type.dtype.value for v in values if v.type.dtype in NO_DATAPATH})
+    if no_datapath:
+        raise UnsupportedRegionError(node.op.name, region_label(node),
+                                     f"{no_datapath[0]}: the chip has no {no_datapath[0]} datapath", loc=node.loc)
     if all(any(d == 0 for d in v.type.shape) for v in node.outputs):
         raise UnsupportedRegionError(node.op.name, region_label(node), "its outputs are empty: nothing to "
                                      "compute", loc=node.loc)

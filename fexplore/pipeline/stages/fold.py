@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from fexplore.ir import Constant, DType, Graph, Node, TensorType, evaluate_node
+from fexplore.ir import Constant, Graph, Node, TensorType, evaluate_node
 from fexplore.ir.types import names_a_symbol
+from fexplore.lang.codegen import NO_DATAPATH
 
 from ..stage import StageResult
 from .parallel_linears import merge_parallel_linears, split_fused_linears
 from .rewrite import Rewriter
 
 _NEVER_FOLD = {"expand"}  # materializing a broadcast only bloats the constant pool
-_NO_DATAPATH = {DType.f64}  # what the chip cannot regenerate: a lazy broadcast would run on the host
 
 
 def fold(graph: Graph, options, *, regions: bool = False) -> StageResult:
@@ -153,7 +153,7 @@ def _writes_nothing(node: Node, ins) -> bool:
 def _foldable(node: Node, ins, regions: bool = False) -> bool:
     if node.regions and not regions:
         return False
-    if node.op.name in _NEVER_FOLD and not any(v.type.dtype in _NO_DATAPATH for v in node.outputs):
+    if node.op.name in _NEVER_FOLD and not any(v.type.dtype in NO_DATAPATH for v in node.outputs):
         return False
     if not all(isinstance(v, Constant) for v in ins):
         return False

@@ -33,33 +33,35 @@ from fexplore.ir import Constant, Node, Value
 
 def raise_forward_substitution(rw, n: Node, ins, made) -> Value | None:
     """At the write of the last row: the loop's result, as matmuls over the matrix it started from."""
-    if n.op.name != "where" or n.output.type.rank < 2 or not n.output.type.dtype.is_float:
+    t = n.output.type
+    if n.op.name != "where" or t.rank < 2 or not t.dtype.is_float:
         return None
-    size = n.output.type.shape[-1]
-    if n.output.type.shape[-2] != size or not isinstance(size, int) or size < 3:
+    size = t.shape[-1]
+    if t.shape[-2] != size or not isinstance(size, int) or size < 3:
         return None
-    x = ins[2]
-    for i in range(size - 1, 0, -1):   # walk the steps from the last row down to row 1
-        base = _row_update(made.get(x.name) if i < size - 1 else n, i, size, made,
-                           ins if i == size - 1 else None)
-        if base is None:
+    step = ins   # the where writing row i: (condition, the row broadcast, the matrix it updates)
+    for i in range(size - 1, 0, -1):   # from the last row down to row 1
+        x = _row_update(*step, i, size, made)
+        if x is None or x.type != t:
             return None
-        x = base
+        if i > 1:
+            w = made.get(x.name)
+            if w is None or w.op.name != "where":
+                return None
+            step = w.inputs
     if not _strictly_lower(x, size, made):
         return None
     return _series(rw, x, size, n)
 
 
-def _row_update(w: Node | None, i: int, size: int, made, ins=None) -> Value | None:
-    """The matrix `w` updates, when `w` writes row `i`, columns `:i`, of it with
+def _row_update(cond: Value, written: Value, x: Value, i: int, size: int, made) -> Value | None:
+    """`x`, when where(cond, written, x) writes row `i`, columns `:i`, of it with
     row + sum(row[:, None] * sub, -2) (row = its row i, columns :i; sub = its [:i, :i]); else None."""
-    if w is None or w.op.name != "where":
-        return None
-    cond, written, x = ins if ins is not None else w.inputs
     r = x.type.rank
-    if x.type != w.output.type or not _one_row(cond, i, size):
+    if not _one_row(cond, i, size):
         return None
-    # the written row, broadcast over the rows: expand(reshape(slice_scatter(select(x, i), new)))
+    # the written row, broadcast over the rows: expand(reshape(slice_scatter(select(x, i), new)));
+    # simplify's broadcast-in-the-op may have dropped the expand
     e = made.get(written.name)
     if e is not None and e.op.name == "expand":
         e = made.get(e.inputs[0].name)

@@ -268,7 +268,7 @@ def _row_scale_after_matmul(rw, n, ins, made):
         for x, s in (p.inputs, p.inputs[::-1]):
             shape = s.type.shape
             if x.type != ins[side].type or len(shape) < 2 or \
-                    shape[-1 if side == 0 else -2] != 1 or shape[free] in (1, None):
+                    shape[-1 if side == 0 else -2] != 1 or shape[free] == 1:
                 continue
             y = rw.emit("matmul", [x, ins[1]] if side == 0 else [ins[0], x],
                         name=rw.fresh_name(f"{n.output.name}_unscaled"), loc=n.loc)
