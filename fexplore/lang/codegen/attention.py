@@ -147,6 +147,10 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
         if not sdpa or o.name not in (k.name, v.name):
             fail(producer.get(o.name), "the region exports values besides the attention output and its keys "
                                        "and values")
+    if exports and causal and k.type.shape[-2] > q.type.shape[-2]:
+        # a causal kernel skips the key blocks after the last query; exported keys or values are
+        # stored from the blocks it visits, so those would never be written
+        fail(producer.get(exports[0].name), "keys or values exported past the last query of a causal attention")
     k_parts, v_parts = _seq_parts(k, producer), _seq_parts(v, producer)
     cache = len(k_parts) > 1 or len(v_parts) > 1 or bool(exports)   # keys and values in parts along T
     if cache and [(a, b) for a, b, _ in k_parts] != [(a, b) for a, b, _ in v_parts]:
