@@ -324,7 +324,7 @@ class _FewQueriesExportedKeys(torch.nn.Module):
 
 
 def test_keys_a_causal_attention_never_visits_are_not_exported_from_its_kernel():
-    """The kernel skips key blocks after the last query, so keys it also exports were never stored
+    """The kernel leaves out the key blocks after the last query, so keys it also exports were never stored
     there (a codegen bug behind a host fallback): such a region is refused by name and split."""
     x, y = torch.randn(1, 4, 6), torch.randn(1, 4, 1)
     cm = fexplore.compile(_FewQueriesExportedKeys(), (x, y))
