@@ -561,6 +561,14 @@ case("matmul", "bf16", [randn(3, 8, dtype=bf16), randn(8, 2, dtype=bf16)], torch
 case("matmul", "f16", [randn(3, 8, dtype=np.float16), randn(8, 2, dtype=np.float16)],
      torch.matmul)
 
+# rows sorted into groups (ends cover every row: torch leaves rows past the last end unset)
+case("grouped_matmul", "empty-group", [randn(8, 16, dtype=bf16), randn(3, 16, 8, dtype=bf16),
+                                       np.array([3, 3, 8], np.int32)],
+     lambda x, w, o: F.grouped_mm(x, w, offs=o))
+case("grouped_matmul", "transposed", [randn(7, 8, dtype=bf16), randn(2, 5, 8, dtype=bf16),
+                                      np.array([0, 7], np.int32)],
+     lambda x, w, o: F.grouped_mm(x, w.transpose(1, 2), offs=o), transpose_w=True)
+
 case("linear", "bias", [randn(2, 3, 4), randn(5, 4), randn(5)], F.linear)
 case("linear", "no-bias", [randn(3, 4), randn(5, 4)], F.linear)
 case("linear", "1d-input", [randn(4), randn(2, 4), randn(2)], F.linear)

@@ -254,6 +254,30 @@ graph @g(%a: f32[2, 4, 3], %b: f32[2, 3, 5], %r: f32[2, 4, 1], %c: f32[1, 5], %k
 }
 """)
 
+# a grouped matmul of transposed matrices reads them transposed in place; a permute of another
+# axis stays a permute
+CASES['simplify-grouped-matrices-transposed'] = dict(
+    stage='simplify', options={}, rules=['dce', 'read-grouped-matrices-transposed'],
+    before="""\
+graph @g(%x: f32[6, 4], %w: f32[3, 5, 4], %q: f32[4, 3, 5]) {
+  const %ends: i64[3] = dense [2, 2, 5]
+  %wt: f32[3, 4, 5] = permute(%w) {perm=[0, 2, 1]}
+  %y: f32[6, 5] = grouped_matmul(%x, %wt, %ends)
+  %qt: f32[3, 4, 5] = permute(%q) {perm=[1, 0, 2]}
+  %z: f32[6, 5] = grouped_matmul(%x, %qt, %ends)
+  return %y, %z
+}
+""",
+    after="""\
+graph @g(%x: f32[6, 4], %w: f32[3, 5, 4], %q: f32[4, 3, 5]) {
+  const %ends: i64[3] = dense [2, 2, 5]
+  %y: f32[6, 5] = grouped_matmul(%x, %w, %ends) {transpose_w=true}
+  %qt: f32[3, 4, 5] = permute(%q) {perm=[1, 0, 2]}
+  %z: f32[6, 5] = grouped_matmul(%x, %qt, %ends)
+  return %y, %z
+}
+""")
+
 # the loop of row updates over a strictly lower triangle (rows 1 and 2 of 3, as torch.export
 # writes Hugging Face's delta-rule loop) is (I + A)(I + A^2) - I
 CASES['simplify-forward-substitution'] = dict(

@@ -107,7 +107,7 @@ def _verify_node(top, g, idx, node: Node, defined, symbols, stage):
 
 # Contractions read their operands after the first (a weight, a bias) as stored: a weight laid
 # out at compile time for its consumer (a conv's OHWI, a tiled matrix) carries its own layout.
-_WEIGHT_READERS = ("conv2d", "linear", "matmul")
+_WEIGHT_READERS = ("conv2d", "linear", "matmul", "grouped_matmul")
 
 
 def _check_layouts(top, g, idx, node: Node, stage):

@@ -327,6 +327,10 @@ MUTANTS: list[Mutant] = [
            (Patch(f"{_CG}.gather:_elements",
                   "w(f\"fl.scatter({box('OUT', xs, True)}, i, fl.full(i.shape, {start}",
                   "w(f\"pass  # ({box('OUT', xs, True)}, i, fl.full(i.shape, {start}"),)),
+    Mutant("grouped-tile-shared-by-two-groups-overwritten", "lower: grouped contraction codegen",
+           "a step writing a row tile the step before wrote zeroes the rows of the group before "
+           "instead of keeping them (a row tile holding the end of one group and the start of the next)",
+           (Patch("fexplore.lang.codegen.grouped:_steps", "fl.where(same[step], written[ns.start], 0.0)", "0.0"),)),
     Mutant("scatter-max-adds", "npu/lang: a DMA scatter's reduce on write",
            "a scatter with reduce='max' adds its values instead (the interpreter and the simulator share it)",
            (Patch("fexplore.npu.functional:scatter_rows",
@@ -610,6 +614,37 @@ class DeltaRuleChunks(torch.nn.Module):
         return torch.stack(out, 2).reshape(b, h, s, d).transpose(1, 2).reshape(b, s, h * d)
 
 
+class SortedExperts(torch.nn.Module):
+    """A mixture of experts run the way transformers runs it by default: each token's top-k experts
+    flattened and sorted by expert, the tokens' rows gathered in that order, the rows per expert
+    counted (histc) into offsets, one grouped matmul per projection over all experts
+    (torch.nn.functional.grouped_mm, the weights stored (G, N, K) and transposed on the call),
+    and the weighted rows summed back onto their tokens. bf16 (grouped_mm's own dtype)."""
+
+    def __init__(self, g=None, width: int = 16, experts: int = 4, hidden: int = 24, k: int = 2):
+        super().__init__()
+        self.k = k
+        self.router = torch.nn.Linear(width, experts, bias=False)
+        self.gate_up = torch.nn.Parameter(torch.randn(experts, 2 * hidden, width, generator=g) / width ** 0.5)
+        self.down = torch.nn.Parameter(torch.randn(experts, width, hidden, generator=g) / hidden ** 0.5)
+        if g is not None:
+            with torch.no_grad():
+                self.router.weight.copy_(torch.randn(self.router.weight.shape, generator=g))
+        self.to(torch.bfloat16)
+
+    def forward(self, x):
+        e = self.gate_up.shape[0]
+        weights, experts = torch.softmax(self.router(x).float(), -1).topk(self.k, -1)
+        flat = experts.reshape(-1)
+        order = torch.sort(flat, stable=True)[1]
+        rows = x[order // self.k]
+        offs = torch.histc(flat.float(), bins=e, min=0, max=e - 1).cumsum(0).to(torch.int32)
+        gate, up = torch.nn.functional.grouped_mm(rows, self.gate_up.transpose(1, 2), offs=offs).chunk(2, -1)
+        y = torch.nn.functional.grouped_mm(torch.nn.functional.silu(gate) * up, self.down.transpose(1, 2), offs=offs)
+        y = y.float() * weights.reshape(-1)[order, None]
+        return x.new_zeros(x.shape, dtype=torch.float32).index_add(0, order // self.k, y)
+
+
 class _EncoderDecoder(torch.nn.Module):
     """A transformers encoder-decoder (BART) run on the same ids as encoder and decoder input."""
 
@@ -741,6 +776,8 @@ CASES: list[Case] = [
     Case("flat-projections", _seeded(lambda g: (_FlatProjections(g).eval(), (torch.randn(1, 12, 32, generator=g),)))),
     Case("flat-heads-attention", _seeded(lambda g: (_FlatHeadsAttention(g).eval(), (torch.randn(2, 10, 32, generator=g),)))),
     Case("delta-rule-chunks", _seeded(lambda g: (DeltaRuleChunks(g).eval(), (torch.randn(1, 16, 32, generator=g),)))),
+    Case("sorted-experts@tiny", _seeded(lambda g: (SortedExperts(g).eval(), (torch.randn(10, 16, generator=g).bfloat16(),))),
+         {"target": "tiny"}),
     Case("fused-gate-up", _seeded(lambda g: (_FusedGateUp().eval(), (torch.randn(1, 12, 32, generator=g),)))),
     Case("post-norm-bf16", _seeded(lambda g: (_PostNorm().eval(), (torch.randn(2, 24, 32, generator=g),))),
          {"precision": "bf16"}),

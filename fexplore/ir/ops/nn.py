@@ -73,6 +73,51 @@ register(OpDef("linear", Category.contraction, _linear_type, _linear_ref, _matmu
                doc="y = x @ w.T (+ b); inputs (x, w) or (x, w, b)"))
 
 
+def _grouped_matmul_type(ins, a):
+    x, w, ends = ins
+    if x.rank != 2 or w.rank != 3 or ends.rank != 1:
+        raise TypeRuleError(f"grouped_matmul: rows (S, K), matrices (G, K, N) and ends (G,), got {x}, {w}, {ends}")
+    k, n = (w.shape[2], w.shape[1]) if a["transpose_w"] else (w.shape[1], w.shape[2])
+    if not dims_equal(x.shape[1], k):
+        raise TypeRuleError(f"grouped_matmul: contracted dims differ: {x.shape[1]} vs {k}")
+    if not dims_equal(ends.shape[0], w.shape[0]):
+        raise TypeRuleError(f"grouped_matmul: {ends.shape[0]} group ends for {w.shape[0]} matrices")
+    if ends.dtype not in (DType.i32, DType.i64):
+        raise TypeRuleError(f"grouped_matmul: group ends must be integers, got {ends.dtype}")
+    if x.dtype != w.dtype:
+        raise TypeRuleError(f"grouped_matmul: operand dtypes differ: {x.dtype} vs {w.dtype}")
+    return [TensorType((x.shape[0], n), a["out_dtype"] or x.dtype)]
+
+
+def _grouped_matmul_ref(xs, a):
+    x, w, ends = _f(xs[0]), _f(xs[1]), np.asarray(xs[2]).astype(np.int64)
+    if a["transpose_w"]:
+        w = w.transpose(0, 2, 1)
+    if np.any(ends < 0) or np.any(np.diff(ends) < 0):
+        raise ValueError(f"grouped_matmul: group ends {ends.tolist()} must be non-negative and must not "
+                         "decrease (rows are sorted by group)")
+    y = np.zeros((x.shape[0], w.shape[2]), np.result_type(x, w))
+    start = 0
+    for g, end in enumerate(np.minimum(ends, x.shape[0])):
+        if end > start:
+            y[start:end] = x[start:end] @ w[g]
+        start = max(start, int(end))
+    return [y]
+
+
+def _grouped_matmul_cost(ins, outs, a) -> Cost:
+    return Cost(flops=2 * numel(outs[0].shape) * ins[0].shape[1], bytes=io_bytes(ins, outs))
+
+
+register(OpDef("grouped_matmul", Category.contraction, _grouped_matmul_type, _grouped_matmul_ref,
+               _grouped_matmul_cost, arity=3,
+               attrs=(AttrSpec("transpose_w", "bool", False), _OUT_DTYPE),
+               doc="rows of x (S, K) sorted into groups, group g the rows ends[g-1]:ends[g] (from 0), "
+                   "each times its group's matrix w[g] (K, N; w[g].T with transpose_w); rows past "
+                   "the last end are zero. A mixture of experts' expert layer over tokens sorted by "
+                   "expert (torch's grouped_mm). Ends must be non-negative and must not decrease"))
+
+
 def _conv_out(size, k, stride, pad, dil):
     return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 

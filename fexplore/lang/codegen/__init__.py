@@ -41,6 +41,7 @@ from .check import KernelCheck, check_kernel
 from .common import body_of, region_label
 from .attention import generate_attention
 from .contraction import CONTRACTIONS, generate_contraction
+from .grouped import generate_grouped_matmul
 from .conv import generate_conv
 from .errors import UnsupportedRegionError
 from .gather import GATHERS, generate_gather
@@ -89,6 +90,8 @@ def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> Gen
         return generate_gather(node, cfg)
     if node.op.name == "permute":
         return generate_permute(node, cfg)
+    if node.op.name == "grouped_matmul":
+        return generate_grouped_matmul(node, cfg)
     body = body_of(node)
     contraction = any(n.op.name in CONTRACTIONS for n in body.nodes)
     rates = dict(cfg.tensor_dtype_rates)

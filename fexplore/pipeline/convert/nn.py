@@ -65,29 +65,15 @@ def _grouped_mm(ctx):
     """Rows of x (S, K) sorted into groups, group g ending before row offs[g]; each row times its
     group's matrix w[g] (K, N). (A MoE layer's experts over tokens sorted by expert; the second
     name is transformers' own op for the same product where torch's kernel does not apply.)
-    Written as a per-row gather of the group's matrix and a batched matmul; rows past the last
-    offset (no group) are zero."""
+    The IR's grouped_matmul, whose rows past the last offset are zero (torch leaves them unset)."""
     x, w = ctx.args[0], ctx.args[1]
     offs = ctx.kwargs.get("offs", ctx.arg(2))
     if ctx.kwargs.get("bias", ctx.arg(3)) is not None:
         raise NotImplementedError("grouped_mm with a bias")
     if offs is None or x.type.rank != 2 or w.type.rank != 3:
         raise NotImplementedError("grouped_mm other than rows (S, K) by groups (G, K, N) at offs")
-    (s, k), g = x.type.shape, w.type.shape[0]
-    rows = ctx.emit("arange", [], {"start": 0, "end": s, "step": 1, "dtype": DType.i64})
-    rows = ctx.emit("reshape", [rows], {"shape": (s, 1)})
-    ends = ctx.emit("cast", [offs], {"dtype": DType.i64})
-    # a row's group is the number of groups that end at or before it
-    ended = ctx.emit("cast", [ctx.emit("le", [ends, rows])], {"dtype": DType.i64})
-    group = ctx.emit("sum", [ended], {"axes": (1,), "keepdim": False})
-    group = ctx.emit("minimum", [group, g - 1])
-    mats = ctx.emit("index", [w, group], {"axes": (0,)})                        # (S, K, N)
-    y = ctx.emit("matmul", [ctx.emit("reshape", [x], {"shape": (s, 1, k)}), mats])
-    y = ctx.emit("reshape", [y], {"shape": (s, w.type.shape[2])})
-    grouped = ctx.emit("lt", [rows, ctx.emit("select", [ends], {"axis": 0, "index": g - 1})])
-    y = ctx.emit("where", [grouped, y, ctx.scalar(0, y.type.dtype)])
     want = ctx.out_type().dtype
-    return y if y.type.dtype == want else ctx.emit("cast", [y], {"dtype": want})
+    return ctx.emit("grouped_matmul", [x, w, offs], {"out_dtype": want if want != x.type.dtype else None})
 
 
 def _pair(v):

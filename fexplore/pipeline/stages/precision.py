@@ -28,7 +28,8 @@ from .rewrite import Rewriter
 
 POLICIES = {"fp32": None, "bf16": DType.bf16, "fp8": DType.fp8}
 # Which operands of each contraction are narrowed (biases and masks stay f32).
-_OPERANDS = {"linear": (0, 1), "matmul": (0, 1), "conv2d": (0, 1), "attention": (0, 1, 2)}
+_OPERANDS = {"linear": (0, 1), "matmul": (0, 1), "conv2d": (0, 1), "attention": (0, 1, 2),
+             "grouped_matmul": (0, 1)}
 
 
 def precision(graph: Graph, options) -> StageResult:

@@ -184,6 +184,21 @@ def _vector_matmul(rw, n, ins, made):
                    layout=n.output.type.layout)
 
 
+@rule("read-grouped-matrices-transposed")
+def _grouped_matrices_transposed(rw, n, ins, made):
+    """grouped_matmul(x, w.transpose(1, 2)): the kernel reads each group's matrix transposed, in
+    place (transformers' experts store (G, N, K) and transpose them on every call; a permute of a
+    weight too large to fold would be a relayout of all the experts on every call)."""
+    if n.op.name != "grouped_matmul":
+        return None
+    p = made.get(ins[1].name)
+    if p is None or p.op.name != "permute" or tuple(p.attrs["perm"]) != (0, 2, 1):
+        return None
+    attrs = dict(n.attrs, transpose_w=not n.attrs["transpose_w"])
+    return rw.emit("grouped_matmul", [ins[0], p.inputs[0], ins[2]], attrs, name=n.output.name, loc=n.loc,
+                   layout=n.output.type.layout)
+
+
 @rule("contract-unflattened-rows")
 def _contract_unflattened_rows(rw, n, ins, made):
     """reshape(f(x.view(-1, ...)), [*rows, ...]): ops computed on rows flattened into one axis and

@@ -1,0 +1,239 @@
+"""The grouped contraction: ``grouped_matmul(x, w, ends)``, a mixture of experts' expert layer over
+tokens sorted by expert. Rows of x (S, K) fall into G groups, group g the rows
+``ends[g-1]:ends[g]``, and each row is multiplied by its group's matrix w[g] (K, N).
+
+Which rows a group holds is data: it is known when the kernel runs, not when it is traced, and the
+chip's grid is static. So the kernel runs a fixed number of steps, each a (group, row tile) pair,
+in the manner of a block-sparse grouped GEMM (megablox): a row tile is visited once per group it
+holds rows of, so ``T = ceil(S / tm) + min(G, S) - 1`` steps cover any ends (each group boundary
+inside a tile adds one visit; no more than S groups can hold rows). Before the steps, PE 0 works
+out on the vector unit which pair each step is (the step table: its group, its rows, which of them
+the group holds, whether the step before wrote the same row tile) from the ends and writes it to
+DRAM; the steps past the last pair take the row tiles after the last group's end, whose rows are
+zero.
+
+Then each PE takes a panel of output columns and runs the steps in order: it gathers the step's
+rows of x (a DMA row gather) and its group's matrix tiles (a gather of one matrix along G),
+contracts them, and writes the whole row tile back with a DMA scatter: its group's rows from the
+product (a select, so a row of another group never reaches the output, whatever it holds), the
+other rows as the step before wrote them when it wrote the same tile, else zero. The visits to a
+tile come one after another (groups are in row order), so the last one leaves every group's rows.
+No write reads the output back (a scatter that adds would read and write every row).
+
+The grid being static, every step costs what a full one does: the simulator times the worst case,
+T steps, whatever the routing. Each step reads its group's matrix once per panel, so the weights
+move about T / G times per call, against once for a kernel that knew the routing; `_tiles` picks
+the row tile that balances that against the tensor unit's padded rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fexplore.ir import DType, Node
+
+from fexplore.lang.examples._tiling import big_tile, ceil_to, shrink
+
+from .boxes import index_row
+from .common import Inputs, Signature, body_of, header, kernel_name, region_label
+from .errors import UnsupportedRegionError
+from .generated import GeneratedKernel, Result
+from .source import Names, Writer, fl_dtype
+
+STAGES = 2
+MAX_STEPS = 20_000   # step x column tile x K tile iterations unrolled at trace time, per PE
+
+
+def generate_grouped_matmul(node: Node, cfg) -> GeneratedKernel:
+    label = region_label(node)
+    x, w, ends = node.inputs
+    out = node.outputs[0]
+    transposed = bool(node.attrs["transpose_w"])
+    if any(not isinstance(d, int) for v in (x, w, out) for d in v.type.shape):
+        raise UnsupportedRegionError("grouped_matmul", label, "symbolic sizes (specialize the shapes first)",
+                                     loc=node.loc)
+    S, K = (int(d) for d in x.type.shape)
+    G = int(w.type.shape[0])
+    N = int(out.type.shape[1])
+    dt = x.type.dtype
+    if dt.name not in dict(cfg.tensor_dtype_rates):
+        raise UnsupportedRegionError("grouped_matmul", label, f"{dt.name} operands: the tensor unit of "
+                                     f"{cfg.name} has no {dt.name} rate", loc=node.loc)
+    item = dt.itemsize
+    tm, tp, tn, tk = _tiles(S, N, K, G, item, out.type.dtype.itemsize, cfg, dt.name)
+    steps = math.ceil(S / tm) + min(G, S) - 1
+    per_pe = steps * math.ceil(math.ceil(N / tp) / cfg.num_pes) * math.ceil(tp / tn) * math.ceil(K / tk)
+    if per_pe > MAX_STEPS:
+        raise UnsupportedRegionError("grouped_matmul", label, f"{per_pe:,} contraction steps per PE (more than "
+                                     f"{MAX_STEPS:,} to unroll)", loc=node.loc)
+    meta = _metadata_block(G, steps, tm, cfg)
+    if meta is None:
+        raise UnsupportedRegionError("grouped_matmul", label, f"the step table of {G} groups does not fit a "
+                                     f"PE's SRAM on {cfg.name}", loc=node.loc)
+
+    body = body_of(node)
+    names = Names({"S", "K", "N", "G", "T", "L", "E", "OUT", "POS", "STARTS", "CUM", "STEP_ROWS", "STEP_KEEP",
+                   "STEP_GROUP", "STEP_TILE", "STEP_SAME", "same", "tile", "total", "written", "before", "tm", "tp", "tn", "tk", "tb", "stages", "e", "s", "first", "last", "count",
+                   "cum", "groups", "ts", "t", "g", "valid", "pick", "begin", "rows", "keep", "ps", "ns", "ks",
+                   "ms", "slabs", "acc", "mat", "kept", "step", "gs", "n", "js", "i", "below", "lo", "hi"})
+    fname = kernel_name(node)
+    names.taken.add(fname)
+    sig = Signature(names, Inputs.of(node, body))
+    xn = sig.add(x, (S, K), ['"S"', '"K"'])
+    wn = sig.add(w, (G, N, K) if transposed else (G, K, N), ['"G"', '"N"', '"K"'] if transposed else
+                 ['"G"', '"K"', '"N"'])
+    en = sig.add(ends, (1, G), ["1", '"G"'])
+    odt = fl_dtype(out.type.dtype)
+
+    wr = Writer()
+    header(wr, node, body, "grouped contraction", sig.header, {})
+    wr(f"# rows of {xn} sorted into {G} groups: group g holds rows {en}[g-1]:{en}[g], each times its matrix "
+       f"{wn}[g]{'.T' if transposed else ''}")
+    wr("# a static grid of T (group, row tile) steps covers any routing; PE 0 writes the step table first")
+    wr(f'@fl.kernel(target="{cfg.name}")')
+    wr(f"def {fname}({', '.join(sig.annotations)}, *, tm: int = {tm}, tp: int = {tp}, tn: int = {tn}, "
+       f"tk: int = {tk}, stages: int = {STAGES}):")
+    with wr.indent():
+        wr(f"S, K, N, G = {S}, {K}, {N}, {G}")
+        wr("tm = min(tm, S)")
+        wr("T = -(-S // tm) + min(G, S) - 1   # steps: a row tile once per group it holds rows of")
+        wr(f"OUT = fl.output((S, N), {odt}, axes=\"S N\")")
+        _step_table(wr, cfg, en, S, G, meta)
+        _steps(wr, xn, wn, transposed, odt, out.type.dtype != DType.f32)
+        wr("return OUT")
+    results = (Result(0, tuple(out.type.shape)),)
+    return GeneratedKernel(fname, "contraction", wr.text(), cfg, tuple(sig.params), results,
+                           ("step table", "grouped contraction"))
+
+
+def _tiles(S: int, N: int, K: int, G: int, item: int, out_item: int, cfg, dtype: str) -> tuple[int, int, int, int]:
+    """(tm, tp, tn, tk). A panel of columns per PE (tp), cut into column tiles (tn) that share the
+    step's row slabs. Rows per step (tm) trade the tensor unit against DRAM: every step computes a
+    whole row tile, so the tensor unit does (S + (min(G, S) - 1) tm) rows' work, while each step
+    reads its group's matrix, so the weights move T times. The tm of the least estimated time
+    (the larger of the two), among those that fit."""
+    nm, nn, nk = cfg.native_tile(dtype)
+    big = big_tile(cfg)
+    tp = min(N, max(nn, ceil_to(math.ceil(N / cfg.num_pes), nn)))
+    panels = math.ceil(N / tp)
+    budget = cfg.sram_bytes_per_pe // 2
+
+    def fits(tm, tn, tk):
+        steps = math.ceil(S / tm) + min(G, S) - 1
+        table = steps * (tm * 5 + 12)                     # rows (i32), keep, group, tile, same
+        slabs = STAGES * tm * ceil_to(K, tk) * item       # the step's rows of x, every K slab
+        mats = 2 * STAGES * tk * tn * item                # the group's matrix tiles
+        return table + slabs + mats + tm * tp * 4 + 3 * tm * tn * 4 <= budget
+
+    def estimate(tm):
+        steps = math.ceil(S / tm) + min(G, S) - 1
+        flops = 2 * steps * ceil_to(tm, nm) * K * N
+        moved = steps * (K * N * item + panels * tm * K * item + tm * N * out_item) + S * N * out_item
+        return max(flops / cfg.peak_flops_per_cycle(dtype), moved / cfg.dram_bytes_per_cycle)
+
+    best = None
+    tm = min(ceil_to(S, nm), big)
+    while True:
+        t = shrink([tm, min(tp, big // 2), min(K, big)], fits, [min(S, nm), min(tp, nn), min(K, nk)])
+        if best is None or estimate(t[0]) < estimate(best[0]):
+            best = t
+        if tm <= nm:
+            break
+        tm = max(nm, ceil_to(tm // 2, nm))
+    tm, tn, tk = best
+    return min(tm, S), tp, min(tn, tp), tk
+
+
+def _metadata_block(G: int, T: int, tm: int, cfg) -> int | None:
+    """Rows per block of the step table's computation: a block of steps against every group
+    (a few (block, G) tiles), and the running count of steps as (G, block) tiles."""
+    budget = cfg.sram_bytes_per_pe // 4
+    per_row = 8 * G * 4 + 4 * tm * 4
+    block = min(max(T, G), budget // per_row)
+    return block if block >= 1 else None
+
+
+def _step_table(wr, cfg, en: str, S: int, G: int, block: int) -> None:
+    """PE 0's prologue: from the ends, each step's group, rows and which rows the group holds."""
+    wr(f"tb = {block}   # steps (and groups) per block of the table's computation")
+    wr("L = S + G")
+    index_row(wr, cfg, "POS", S + G, 2, 1, "positions along a row")
+    wr("# where each group begins: the end of the one before (0 for the first)")
+    wr("STARTS = fl.scratch((1, G), fl.f32)")
+    wr("fl.store(STARTS[:, 0:1], fl.zeros((1, 1)))")
+    wr("if G > 1:")
+    with wr.indent():
+        wr(f"fl.store(STARTS[:, 1:G], fl.cast(fl.load({en}[:, 0:G - 1]), fl.f32))")
+    wr(f"e = fl.minimum(fl.cast(fl.load({en}), fl.f32), float(S))   # (1, G): where each group ends")
+    wr("s = fl.minimum(fl.load(STARTS), float(S))")
+    wr("first = fl.floor(s / tm)                                # its first row tile")
+    wr("last = fl.floor((e - 1) / tm)                           # its last")
+    wr("count = fl.where(e > s, last - first + 1, 0.0)          # its steps: one per row tile it holds rows of")
+    wr("# the steps before each group's end: a running sum of the counts, a block of groups at a time")
+    wr("CUM = fl.scratch((1, G), fl.f32)")
+    wr("g = fl.load(POS[:, 0:G])                                # (1, G): each group's number")
+    wr("for gs in fl.range(fl.tiles(G, tb)):")
+    with wr.indent():
+        wr("below = g <= fl.load(POS[:, gs]).transpose(1, 0)    # (block, G): group j comes no later than group i")
+        wr("fl.store(CUM[:, gs], fl.where(below, count, 0.0).sum(axis=1).transpose(1, 0))")
+    wr("cum = fl.load(CUM)")
+    wr("E, total = fl.where(g == G - 1, e, 0.0).sum(axis=1), fl.where(g == G - 1, cum, 0.0).sum(axis=1)")
+    wr("STEP_ROWS = fl.scratch((T, tm), fl.i32)        # each step's rows (clamped into x)")
+    wr("STEP_KEEP = fl.scratch((T, tm, 1), fl.bool_)   # which of them its group holds")
+    wr("STEP_GROUP = fl.scratch((T, 1), fl.i32)        # its group")
+    wr("STEP_TILE = fl.scratch((T + 1, 1), fl.f32)     # its row tile, after a -1 for the step before the first")
+    wr("fl.store(STEP_TILE[0:1, :], fl.full((1, 1), -1.0))")
+    wr("for ts in fl.range(fl.tiles(T, tb)):")
+    with wr.indent():
+        wr("t = fl.load(POS[:, ts]).transpose(1, 0)                       # (block, 1): the steps")
+        wr("groups = fl.where(cum <= t, 1.0, 0.0).sum(axis=1)              # groups all of whose steps come before")
+        wr("valid = groups < G                                             # past the last: a step with no rows")
+        wr("pick = fl.minimum(groups, G - 1) == g                          # (block, G): the step's group")
+        wr("begin = fl.where(pick, cum - count, 0.0).sum(axis=1)           # the group's first step")
+        wr("# a step past the last takes a row tile after the last group's end, and writes its zeros;")
+        wr("# there are always enough of them for every such tile (then they repeat the last)")
+        wr("tile = fl.where(valid, fl.where(pick, first, 0.0).sum(axis=1) + t - begin,")
+        wr("                fl.minimum(fl.ceil(E / tm) + t - total, float(-(-S // tm) - 1)))")
+        wr("rows = fl.minimum(tile * tm + fl.load(POS[:, 0:tm]), float(S - 1))   # a partial last tile repeats row S-1")
+        wr("lo, hi = fl.where(pick, s, 0.0).sum(axis=1), fl.where(pick, e, 0.0).sum(axis=1)")
+        wr("fl.store(STEP_ROWS[ts, :], fl.cast(rows, fl.i32))")
+        wr("fl.store(STEP_KEEP[ts, :, 0], fl.logical_and(fl.logical_and(rows >= lo, rows < hi), valid))")
+        wr("fl.store(STEP_GROUP[ts, :], fl.cast(fl.minimum(groups, G - 1), fl.i32))")
+        wr("fl.store(STEP_TILE[ts.start + 1:ts.stop + 1, :], tile)")
+    wr("STEP_SAME = fl.scratch((T, 1, 1), fl.bool_)   # the step writes the row tile the step before wrote")
+    wr("fl.store(STEP_SAME[:, :, 0], fl.load(STEP_TILE[1:T + 1, :]) == fl.load(STEP_TILE[0:T, :]))")
+
+
+def _steps(wr, xn: str, wn: str, transposed: bool, odt: str, narrow_out: bool) -> None:
+    """Per panel, the steps in order. The steps that visit a row tile come one after another (groups
+    are in row order), so each step writes its whole row tile: its group's rows from its product,
+    the others as the step before wrote them if it wrote this tile (else zero). The last visit
+    leaves every group's rows; a tile no group reaches gets zeros from a step past the last."""
+    wr("for ps in fl.parallel(fl.tiles(N, tp)):     # a panel of output columns per PE")
+    with wr.indent():
+        wr("for ms in fl.range(fl.tiles(S, tm)):      # stored once whole first: the kernel's result covers")
+        with wr.indent():                          # its output whatever the scatters' rows
+            wr(f"fl.store(OUT[ms, ps], fl.zeros((ms.stop - ms.start, ps.stop - ps.start), {odt}))")
+        wr("rows, keep, groups, same = fl.load(STEP_ROWS), fl.load(STEP_KEEP), fl.load(STEP_GROUP), "
+           "fl.load(STEP_SAME)")
+        wr("written = {}   # per column tile: the row tile the last step wrote")
+        wr("for step in fl.range(T, stages=stages):")
+        with wr.indent():
+            wr("slabs = {}   # the step's rows of x, a K slab each: gathered once, reused by every column tile")
+            wr("for ns in fl.range(fl.tiles(ps, tn)):")
+            with wr.indent():
+                wr("acc = None")
+                wr("for ks in fl.range(fl.tiles(K, tk), stages=stages):")
+                with wr.indent():
+                    wr("if ks.start not in slabs:")
+                    with wr.indent():
+                        wr(f"slabs[ks.start] = fl.gather({xn}[:, ks], rows[step])")
+                    box, spec = ("ns, ks", "mk,nk->mn") if transposed else ("ks, ns", "mk,kn->mn")
+                    wr(f"mat = fl.gather({wn}[:, {box}], groups[step])   # the group's matrix tile")
+                    wr(f'acc = fl.contract("{spec}", slabs[ks.start], mat[0], acc=acc)')
+                wr("before = fl.where(same[step], written[ns.start], 0.0) if ns.start in written else 0.0")
+                wr("written[ns.start] = fl.where(keep[step], acc, before)")
+                tile = "written[ns.start]"
+                if narrow_out:
+                    tile = f"fl.cast({tile}, {odt})"
+                wr(f"fl.scatter(OUT[:, ns], rows[step], {tile})")
