@@ -853,3 +853,35 @@ def _render_repeat(out, args, attrs, ts):
     if at["form"] == "repeat_interleave":
         return _fwd(out, f"{a}.repeat_interleave({at['times']}, {at['dim']})")
     return _fwd(out, f"{a}.repeat{tuple(at['times'])}")
+
+
+@kind("experts", 0.6)
+def _pick_experts(gen):
+    """A mixture of experts' expert layer as transformers runs it: the rows of a value routed each
+    to the expert a ranking picks (a fresh input, tie-free), sorted by expert, counted into offsets
+    (histc), one grouped matmul over all experts (bf16, grouped_mm's dtype), and put back in order."""
+    a = gen.value(lambda t: _is_float(t) and t.dim() >= 2 and t.numel() <= 4096)
+    if a is None:
+        return None
+    ta, rng = gen.env[a], gen.rng
+    rows, groups = ta.numel() // ta.shape[-1], rng.choice([2, 3, 5, 8])
+    return (a, gen.new_input((rows, groups), "float32")), _attrs(
+        groups=groups, n=rng.choice([1, 3, 4, 8, 17]), transposed=rng.random() < 0.5)
+
+
+@_pick_experts.render
+def _render_experts(out, args, attrs, ts):
+    at = dict(attrs)
+    (a, r), g, n = args, at["groups"], at["n"]
+    k, lead = ts[0].shape[-1], tuple(ts[0].shape[:-1])
+    w = (g, n, k) if at["transposed"] else (g, k, n)
+    mats = f"self.{out}_w.transpose(1, 2)" if at["transposed"] else f"self.{out}_w"
+    init = [f"self.{out}_w = torch.nn.Parameter((torch.randn{w} / {k}**0.5).to(torch.bfloat16))"]
+    return Rendered(init, [
+        f"{out}_e = {r}.argmax(-1)",
+        f"{out}_o = torch.sort({out}_e, stable=True).indices",
+        f"{out}_offs = torch.histc({out}_e.float(), bins={g}, min=0, max={g - 1}).cumsum(0).to(torch.int32)",
+        f"{out}_y = F.grouped_mm({a}.reshape(-1, {k})[{out}_o].to(torch.bfloat16), {mats}, "
+        f"offs={out}_offs).to({a}.dtype)",
+        f"{out} = {out}_y[torch.argsort({out}_o)].reshape({lead + (n,)})",
+    ])
