@@ -72,10 +72,11 @@ def generate_grouped_matmul(node: Node, cfg) -> GeneratedKernel:
                                      f"PE's SRAM on {cfg.name}", loc=node.loc)
 
     body = body_of(node)
-    names = Names({"S", "K", "N", "G", "T", "L", "E", "OUT", "POS", "STARTS", "CUM", "STEP_ROWS", "STEP_KEEP",
-                   "STEP_GROUP", "STEP_TILE", "STEP_SAME", "same", "tile", "total", "written", "before", "tm", "tp", "tn", "tk", "tb", "stages", "e", "s", "first", "last", "count",
-                   "cum", "groups", "ts", "t", "g", "valid", "pick", "begin", "rows", "keep", "ps", "ns", "ks",
-                   "ms", "slabs", "acc", "mat", "kept", "step", "gs", "n", "js", "i", "below", "lo", "hi"})
+    names = Names({"S", "K", "N", "G", "T", "E", "OUT", "POS", "STARTS", "CUM", "STEP_ROWS", "STEP_KEEP",
+                   "STEP_GROUP", "STEP_TILE", "STEP_SAME", "tm", "tp", "tn", "tk", "tb", "stages", "e", "s",
+                   "first", "last", "count", "cum", "g", "gs", "below", "total", "ts", "t", "groups", "valid",
+                   "pick", "begin", "tile", "rows", "lo", "hi", "keep", "same", "ps", "ms", "step", "written",
+                   "slabs", "ns", "ks", "acc", "mat", "before", "n", "js"})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, Inputs.of(node, body))
@@ -156,7 +157,6 @@ def _metadata_block(G: int, T: int, tm: int, cfg) -> int | None:
 def _step_table(wr, cfg, en: str, S: int, G: int, block: int) -> None:
     """PE 0's prologue: from the ends, each step's group, rows and which rows the group holds."""
     wr(f"tb = {block}   # steps (and groups) per block of the table's computation")
-    wr("L = S + G")
     index_row(wr, cfg, "POS", S + G, 2, 1, "positions along a row")
     wr("# where each group begins: the end of the one before (0 for the first)")
     wr("STARTS = fl.scratch((1, G), fl.f32)")
@@ -211,8 +211,9 @@ def _steps(wr, xn: str, wn: str, transposed: bool, odt: str, narrow_out: bool) -
     leaves every group's rows; a tile no group reaches gets zeros from a step past the last."""
     wr("for ps in fl.parallel(fl.tiles(N, tp)):     # a panel of output columns per PE")
     with wr.indent():
-        wr("for ms in fl.range(fl.tiles(S, tm)):      # stored once whole first: the kernel's result covers")
-        with wr.indent():                          # its output whatever the scatters' rows
+        wr("# the panel stored whole once first: the output is covered, whichever rows the scatters write")
+        wr("for ms in fl.range(fl.tiles(S, tm)):")
+        with wr.indent():
             wr(f"fl.store(OUT[ms, ps], fl.zeros((ms.stop - ms.start, ps.stop - ps.start), {odt}))")
         wr("rows, keep, groups, same = fl.load(STEP_ROWS), fl.load(STEP_KEEP), fl.load(STEP_GROUP), "
            "fl.load(STEP_SAME)")
