@@ -32,7 +32,7 @@ import math
 
 from fexplore.ir import DType, Node
 
-from fexplore.lang.examples._tiling import big_tile, ceil_to, shrink
+from fexplore.lang.examples._tiling import big_tile, ceil_to
 
 from .boxes import index_row
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
@@ -60,7 +60,11 @@ def generate_grouped_matmul(node: Node, cfg) -> GeneratedKernel:
         raise UnsupportedRegionError("grouped_matmul", label, f"{dt.name} operands: the tensor unit of "
                                      f"{cfg.name} has no {dt.name} rate", loc=node.loc)
     item = dt.itemsize
-    tm, tp, tn, tk = _tiles(S, N, K, G, item, out.type.dtype.itemsize, cfg, dt.name)
+    tiles = _tiles(S, N, K, G, item, out.type.dtype.itemsize, cfg, dt.name)
+    if tiles is None:
+        raise UnsupportedRegionError("grouped_matmul", label, f"a step's rows of x ({min(S, cfg.native_tile(dt.name)[0])} "
+                                     f"x {K}) and the step table do not fit a PE's SRAM on {cfg.name}", loc=node.loc)
+    tm, tp, tn, tk = tiles
     steps = math.ceil(S / tm) + min(G, S) - 1
     per_pe = steps * math.ceil(math.ceil(N / tp) / cfg.num_pes) * math.ceil(tp / tn) * math.ceil(K / tk)
     if per_pe > MAX_STEPS:
@@ -107,42 +111,52 @@ def generate_grouped_matmul(node: Node, cfg) -> GeneratedKernel:
                            ("step table", "grouped contraction"))
 
 
-def _tiles(S: int, N: int, K: int, G: int, item: int, out_item: int, cfg, dtype: str) -> tuple[int, int, int, int]:
-    """(tm, tp, tn, tk). A panel of columns per PE (tp), cut into column tiles (tn) that share the
-    step's row slabs. Rows per step (tm) trade the tensor unit against DRAM: every step computes a
-    whole row tile, so the tensor unit does (S + (min(G, S) - 1) tm) rows' work, while each step
-    reads its group's matrix, so the weights move T times. The tm of the least estimated time
-    (the larger of the two), among those that fit."""
+def _tiles(S: int, N: int, K: int, G: int, item: int, out_item: int, cfg, dtype: str) -> tuple | None:
+    """(tm, tp, tn, tk). Panels of columns (tp) go round-robin to the PEs, one each where they fit;
+    a panel is cut into column tiles (tn) that share the step's row slabs. Rows per step (tm) trade
+    the tensor unit against DMA: every step computes a whole row tile, so the tensor unit does
+    (S + (min(G, S) - 1) tm) rows' work, while each step reads its group's matrix, so the weights
+    move T times. Deep K slabs (tk) make fewer, longer DMA commands (each pays the start-up). The
+    tiles of the least estimated time among those that fit: the larger of the tensor unit's time and
+    a PE's DMA time (its start-ups, and its bytes at its share of DRAM). None when none fit."""
     nm, nn, nk = cfg.native_tile(dtype)
     big = big_tile(cfg)
-    tp = min(N, max(nn, ceil_to(math.ceil(N / cfg.num_pes), nn)))
-    panels = math.ceil(N / tp)
     budget = cfg.sram_bytes_per_pe // 2
 
-    def fits(tm, tn, tk):
+    def fits(tm, tp, tn, tk):
         steps = math.ceil(S / tm) + min(G, S) - 1
         table = steps * (tm * 5 + 12)                     # rows (i32), keep, group, tile, same
         slabs = STAGES * tm * ceil_to(K, tk) * item       # the step's rows of x, every K slab
         mats = 2 * STAGES * tk * tn * item                # the group's matrix tiles
-        return table + slabs + mats + tm * tp * 4 + 3 * tm * tn * 4 <= budget
+        written = tm * tp * 4                             # the row tile each column tile last wrote
+        return table + slabs + mats + written + 3 * tm * tn * 4 <= budget
 
-    def estimate(tm):
+    def estimate(tm, tp, tn, tk):
         steps = math.ceil(S / tm) + min(G, S) - 1
         flops = 2 * steps * ceil_to(tm, nm) * K * N
-        moved = steps * (K * N * item + panels * tm * K * item + tm * N * out_item) + S * N * out_item
-        return max(flops / cfg.peak_flops_per_cycle(dtype), moved / cfg.dram_bytes_per_cycle)
+        panels = math.ceil(N / tp)
+        per_pe = math.ceil(panels / cfg.num_pes)
+        rate = min(cfg.dma_bytes_per_cycle, cfg.dram_bytes_per_cycle / min(panels, cfg.num_pes))
+        commands = per_pe * steps * math.ceil(K / tk) * (1 + 2 * math.ceil(tp / tn))
+        moved = per_pe * (steps * (K * tp * item + tm * K * item + tm * tp * out_item) + S * tp * out_item)
+        return max(flops / cfg.peak_flops_per_cycle(dtype), commands * cfg.dma_startup_cycles + moved / rate)
+
+    def halvings(start: int, floor: int, unit: int) -> list[int]:
+        sizes = [start]
+        while sizes[-1] > floor:
+            sizes.append(max(floor, ceil_to(-(-sizes[-1] // 2), unit)))
+        return sizes
 
     best = None
-    tm = min(ceil_to(S, nm), big)
-    while True:
-        t = shrink([tm, min(tp, big // 2), min(K, big)], fits, [min(S, nm), min(tp, nn), min(K, nk)])
-        if best is None or estimate(t[0]) < estimate(best[0]):
-            best = t
-        if tm <= nm:
+    for tp in halvings(min(N, max(nn, ceil_to(math.ceil(N / cfg.num_pes), nn))), min(N, nn), nn):
+        for tm in halvings(min(S, big), min(S, nm), 1):
+            for tk in halvings(K, min(K, nk), nk):
+                tn = next((t for t in halvings(min(tp, big // 2), min(tp, nn), nn) if fits(tm, tp, t, tk)), None)
+                if tn is not None and (best is None or estimate(tm, tp, tn, tk) < estimate(*best)):
+                    best = (tm, tp, tn, tk)
+        if best is not None:   # the widest panels that fit: narrower ones only re-read the rows
             break
-        tm = max(nm, ceil_to(tm // 2, nm))
-    tm, tn, tk = best
-    return min(tm, S), tp, min(tn, tp), tk
+    return best
 
 
 def _metadata_block(G: int, T: int, tm: int, cfg) -> int | None:
