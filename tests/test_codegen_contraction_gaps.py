@@ -241,3 +241,18 @@ def test_a_vector_flattened_from_a_transpose_is_one_contraction_kernel(shape, pr
     assert bool(cm.verification["ok"].all()), cm.verification
     tol = dict(rtol=2e-2, atol=2e-2) if precision == "bf16" else {}
     torch.testing.assert_close(cm(x), model(x).detach(), **tol)
+
+
+def test_a_depthwise_conv_narrowed_to_bf16_fits_tiny_with_its_casts_counted():
+    """An f32 input narrowed to bf16 for a depthwise convolution is loaded, rounded and widened back
+    for the vector unit: three copies of the window. Its tiles were sized for one, and PVTv2's MLP
+    depthwise convolutions (128 and 512 channels at 28 x 28) overflowed tiny's SRAM and ran on the
+    host. Now the kernel is generated and the whole compile verifies."""
+    torch.manual_seed(0)
+    for channels in (128, 512):
+        model = nn.Conv2d(channels, channels, 3, padding=1, groups=channels).eval()
+        x = torch.randn(1, channels, 28, 28)
+        cm = fexplore.compile(model, (x,), target="tiny", precision="bf16")
+        lower = cm["lower"].stats
+        assert lower["host_ops"] == 0 and not lower.get("codegen_bugs"), lower.get("codegen_bugs")
+        assert bool(cm.verification["ok"].all())

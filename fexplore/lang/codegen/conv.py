@@ -214,15 +214,23 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
     smax = max(sp.stride[0] for sp in specs), max(sp.stride[1] for sp in specs)
     taps_max = max(sp.w.type.shape[2] * sp.w.type.shape[3] for sp in specs)
 
+    # copies of a loaded input tile: the load, and one per cast after it (to the operand dtype; a
+    # depthwise one on to f32 for the vector unit). An f32 input narrowed to bf16 for a depthwise
+    # convolution is three windows, not one: counted once, 128 channels at 28 x 28 overflowed tiny
+    copies = max(1 + (sp.x.type.dtype != sp.node.inputs[0].type.dtype) +
+                 (depthwise and sp.node.inputs[0].type.dtype != DType.f32) for sp in specs)
+    # per output tile: the accumulator, each epilogue op's result and, depthwise, a tap's product
+    per_output = len(specs) + 1 + len(epilogue) + int(depthwise)
+
     def footprint(r, t, window, c=Cmax):
         x_rows = t if depthwise else c   # a depthwise tap reads the tile's own channels
         w_cols = 1 if depthwise else c
         if window:   # the input window and all the offsets' weights of an item, double buffered by items
-            operands = STAGES * (x_rows * (r * smax[0] + halo[0]) * (cols * smax[1] + halo[1]) +
+            operands = STAGES * (copies * x_rows * (r * smax[0] + halo[0]) * (cols * smax[1] + halo[1]) +
                                  t * w_cols * taps_max) * len(specs)
         else:        # a patch and an offset's weights, double buffered by the offset loop, per item
-            operands = 2 * STAGES * (x_rows * r * cols + t * w_cols) * len(specs)
-        return (operands + 2 * t * r * cols * (len(specs) + 1 + len(epilogue))) * 4
+            operands = 2 * STAGES * (copies * x_rows * r * cols + t * w_cols) * len(specs)
+        return (operands + 2 * t * r * cols * per_output) * 4
 
     def fit(window, tile_channels=False, start=(rows, to)):
         # every try starts from the same tiles (`start`: the call below rebinds rows and to)
