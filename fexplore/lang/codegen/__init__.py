@@ -90,17 +90,17 @@ def generate(node: Node, target="rngd", head_layout: tuple | None = None) -> Gen
         return generate_gather(node, cfg)
     if node.op.name == "permute":
         return generate_permute(node, cfg)
-    if node.op.name == "grouped_matmul":
-        return generate_grouped_matmul(node, cfg)
     body = body_of(node)
     contraction = any(n.op.name in CONTRACTIONS for n in body.nodes)
     rates = dict(cfg.tensor_dtype_rates)
     for n in body.nodes:
-        if n.op.name in CONTRACTIONS or n.op.name == "conv2d":
+        if n.op.name in CONTRACTIONS or n.op.name in ("conv2d", "grouped_matmul"):
             dt = n.inputs[0].type.dtype
             if dt.name not in rates:   # i32/i64/u8 operands: the tensor unit does not take them
                 raise UnsupportedRegionError(n.op.name, region_label(node), f"{dt.name} operands: the "
                                              f"tensor unit of {cfg.name} has no {dt.name} rate", loc=n.loc, node=n)
+    if node.op.name == "grouped_matmul":
+        return generate_grouped_matmul(node, cfg)
     if _is_attention(body):
         return generate_attention(node, cfg)
     if node.op.name in MOVEMENT:        # a plain op (a region's op name is "region")

@@ -44,28 +44,31 @@ STAGES = 2
 MAX_STEPS = 20_000   # step x column tile x K tile iterations unrolled at trace time, per PE
 
 
+def step_count(S: int, G: int, tm: int) -> int:
+    """The grid's steps: each row tile once, and once more per group boundary inside a tile (no more
+    than S groups hold rows). The kernel computes the same from its `tm`."""
+    return math.ceil(S / tm) + min(G, S) - 1
+
+
 def generate_grouped_matmul(node: Node, cfg) -> GeneratedKernel:
+    """The kernel of a grouped_matmul op (codegen's `generate` has refused symbolic sizes and
+    operands the tensor unit has no rate for)."""
     label = region_label(node)
     x, w, ends = node.inputs
     out = node.outputs[0]
     transposed = bool(node.attrs["transpose_w"])
-    if any(not isinstance(d, int) for v in (x, w, out) for d in v.type.shape):
-        raise UnsupportedRegionError("grouped_matmul", label, "symbolic sizes (specialize the shapes first)",
-                                     loc=node.loc)
     S, K = (int(d) for d in x.type.shape)
     G = int(w.type.shape[0])
     N = int(out.type.shape[1])
     dt = x.type.dtype
-    if dt.name not in dict(cfg.tensor_dtype_rates):
-        raise UnsupportedRegionError("grouped_matmul", label, f"{dt.name} operands: the tensor unit of "
-                                     f"{cfg.name} has no {dt.name} rate", loc=node.loc)
     item = dt.itemsize
     tiles = _tiles(S, N, K, G, item, out.type.dtype.itemsize, cfg, dt.name)
     if tiles is None:
-        raise UnsupportedRegionError("grouped_matmul", label, f"a step's rows of x ({min(S, cfg.native_tile(dt.name)[0])} "
-                                     f"x {K}) and the step table do not fit a PE's SRAM on {cfg.name}", loc=node.loc)
+        rows = min(S, cfg.native_tile(dt.name)[0])
+        raise UnsupportedRegionError("grouped_matmul", label, f"a step's rows of x ({rows} x {K}) and the step "
+                                     f"table do not fit a PE's SRAM on {cfg.name}", loc=node.loc)
     tm, tp, tn, tk = tiles
-    steps = math.ceil(S / tm) + min(G, S) - 1
+    steps = step_count(S, G, tm)
     per_pe = steps * math.ceil(math.ceil(N / tp) / cfg.num_pes) * math.ceil(tp / tn) * math.ceil(K / tk)
     if per_pe > MAX_STEPS:
         raise UnsupportedRegionError("grouped_matmul", label, f"{per_pe:,} contraction steps per PE (more than "
@@ -124,7 +127,7 @@ def _tiles(S: int, N: int, K: int, G: int, item: int, out_item: int, cfg, dtype:
     budget = cfg.sram_bytes_per_pe // 2
 
     def fits(tm, tp, tn, tk):
-        steps = math.ceil(S / tm) + min(G, S) - 1
+        steps = step_count(S, G, tm)
         table = steps * (tm * 5 + 12)                     # rows (i32), keep, group, tile, same
         slabs = STAGES * tm * ceil_to(K, tk) * item       # the step's rows of x, every K slab
         mats = 2 * STAGES * tk * tn * item                # the group's matrix tiles
@@ -132,7 +135,7 @@ def _tiles(S: int, N: int, K: int, G: int, item: int, out_item: int, cfg, dtype:
         return table + slabs + mats + written + 3 * tm * tn * 4 <= budget
 
     def estimate(tm, tp, tn, tk):
-        steps = math.ceil(S / tm) + min(G, S) - 1
+        steps = step_count(S, G, tm)
         flops = 2 * steps * ceil_to(tm, nm) * K * N
         panels = math.ceil(N / tp)
         per_pe = math.ceil(panels / cfg.num_pes)
