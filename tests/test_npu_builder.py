@@ -60,6 +60,51 @@ def test_tiles_stored_through_a_view_stay_independent_and_conflicts_across_views
     assert s0.id in ld_y.deps and s1.id not in ld_y.deps
 
 
+def _stacked_by_two_pieces():
+    """Y (2, 4, 8) made as two (4, 8) pieces stored through views at element offsets 0 and 32 (a
+    stack whose pieces are stored in place), then read back: one piece's rows and the whole."""
+    b = ProgramBuilder("tiny")
+    Y, C = b.output("Y", (2, 4, 8)), b.output("C", (2, 4, 8))
+    P0 = b.view("P0", Y, (4, 8), offset=0)
+    P1 = b.view("P1", Y, (1, 4, 8), offset=32)
+    p0, p1 = _buf(b, "p0", (4, 8), pe=0), _buf(b, "p1", (1, 4, 8), pe=1)
+    b.vector(p0, "fill", 1.0)
+    slow = _buf(b, "slow", (64, 64), pe=1)   # the second piece is late: vector work before it
+    b.vector(slow, "fill", 0.0)
+    for _ in range(4):
+        b.vector(slow, "exp", slow)
+    b.vector(p1, "fill", 2.0)
+    s0, s1 = b.store(P0, p0), b.store(P1, p1)
+    part = b.load(_buf(b, "q", (1, 2, 8), pe=0), Y[1:2, 2:4, :])   # rows of the second piece
+    whole = _buf(b, "w", (2, 4, 8), pe=0)
+    both = b.load(whole, Y)
+    b.store(C, whole)
+    return b.build(), s0, s1, part, both
+
+
+def test_pieces_stored_through_views_at_offsets_fill_their_runs_and_order_only_their_readers():
+    prog, s0, s1, part, both = _stacked_by_two_pieces()
+    assert s0.id not in s1.deps
+    assert s1.id in part.deps and s0.id not in part.deps
+    assert {s0.id, s1.id} <= set(both.deps)
+    out = prog.simulate(functional=True).outputs
+    want = np.stack([np.full((4, 8), 1.0), np.full((4, 8), 2.0)]).astype(np.float32)
+    np.testing.assert_array_equal(out["Y"], want)
+    np.testing.assert_array_equal(out["C"], want)
+    # the pieces' bytes are the result's: Y written once (by its two pieces) and read once, C written
+    assert prog.compulsory_bytes() == 3 * want.nbytes
+
+
+def test_a_view_past_the_end_of_its_base_is_refused():
+    b = ProgramBuilder("tiny")
+    Y = b.output("Y", (2, 4, 8))
+    b.view("last", Y, (4, 8), offset=32)   # the last run: fine
+    with pytest.raises(ProgramError, match="not all among its 64"):
+        b.view("past", Y, (4, 8), offset=40)
+    with pytest.raises(ProgramError, match="has 16 elements"):
+        b.view("reshape", Y, (4, 4))        # no offset: a reshape of the whole
+
+
 @pytest.mark.parametrize("shape", [(1, 12, 10), (1, 1, 9, 6), (7, 1, 5), (1,)])
 def test_the_box_index_finds_exactly_the_conflicts_a_scan_of_every_box_finds(shape, monkeypatch):
     """The tracker buckets a tensor's boxes along an axis so an access is compared with nearby

@@ -69,25 +69,32 @@ class ProgramBuilder:
         """A DRAM tensor for intermediates (spills, results between kernels)."""
         return self._dram(name, shape, dtype, "scratch")
 
-    def view(self, name: str, base: DramTensor, shape, *, returned: bool = False) -> DramTensor:
-        """`base`'s bytes seen with another row-major `shape` (a reshape that moves no data).
-        Declare views before the commands that use `base`: from then on, hazards on the storage
-        compare element ranges, whichever view a command goes through. `returned`: the caller
-        reads this view as a result (its bytes are then compulsory traffic, as an output's)."""
+    def view(self, name: str, base: DramTensor, shape, *, returned: bool = False, offset: int | None = None
+             ) -> DramTensor:
+        """`base`'s bytes seen with another row-major `shape` (a reshape that moves no data), or,
+        with an element `offset`, a contiguous part of them: `shape`'s elements from that one on
+        (a piece of a concatenation its producer writes in place). Declare views before the
+        commands that use `base`: from then on, hazards on the storage compare element ranges,
+        whichever view a command goes through. `returned`: the caller reads this view as a result
+        (its bytes are then compulsory traffic, as an output's)."""
         self._check_open()
         loc = self._loc(None)
         shape = _shape(shape, name, loc)
         if not isinstance(base, DramTensor) or self._tensors.get(base.name) is not base:
             raise ProgramError(f"view {name!r}: {base!r} is not a DRAM tensor of this program", loc=loc)
-        if math.prod(shape) != math.prod(base.shape):
+        if offset is None and math.prod(shape) != math.prod(base.shape):
             raise ProgramError(f"view {name!r}: shape {shape} has {math.prod(shape)} elements, "
                                f"{base.name} has {math.prod(base.shape)}", loc=loc)
+        if offset is not None and not 0 <= offset <= math.prod(base.shape) - math.prod(shape):
+            raise ProgramError(f"view {name!r}: elements {offset}..{offset + math.prod(shape)} of "
+                               f"{base.name} are not all among its {math.prod(base.shape)}", loc=loc)
         if any(c.kind in ("load", "store", "host") and _touches(c, base.storage) for c in self._commands):
             raise ProgramError(f"view {name!r} of {base.name} declared after commands that use it", loc=loc,
                                hint="declare every view before the first command")
         t = self._dram(name, shape, base.dtype, "view")
         t.storage = base.storage
         t.storage_shape = base.storage_shape
+        t.storage_offset = base.storage_offset + (offset or 0)
         t.backing = base.backing
         t.aliased = True
         t.returned = returned

@@ -47,8 +47,8 @@ NO_ENGINE = -1  # Sync
 class DramTensor:
     """A named row-major tensor in DRAM. Index it with slices to get a box for a DMA."""
 
-    __slots__ = ("name", "shape", "dtype", "kind", "nbytes", "storage", "storage_shape", "aliased", "backing",
-                 "returned")
+    __slots__ = ("name", "shape", "dtype", "kind", "nbytes", "storage", "storage_shape", "storage_offset",
+                 "aliased", "backing", "returned")
 
     def __init__(self, name: str, shape: tuple[int, ...], dtype: str, kind: str, storage: str | None = None):
         self.name = name
@@ -58,6 +58,7 @@ class DramTensor:
         self.nbytes = math.prod(shape) * dtypes.itemsize(dtype)
         self.storage = storage or name   # the tensor owning the bytes (itself unless a view)
         self.storage_shape = shape       # that tensor's shape (hazards compare boxes in it)
+        self.storage_offset = 0          # the element of the storage a view starts at
         self.aliased = False             # seen through a view: hazards then track whole byte ranges
         self.backing = None              # a resident tensor's SRAM buffer (it never reaches DRAM)
         self.returned = kind == "output"  # the caller reads it as a result (an output, or a view of one)

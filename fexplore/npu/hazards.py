@@ -127,14 +127,15 @@ def _in_storage(ref: DramRef) -> DramRef:
     storage is compared in the same terms. Exact when the view only adds or drops size-1 dims (a
     model's [1, S, N] output written as [S, N] tiles: the tiles stay independent); otherwise the
     box of storage elements spanning the element range the ref covers (conservative: a conflict
-    is never missed, and unrelated tiles of a reshaped view may wait on each other)."""
+    is never missed, and unrelated tiles of a reshaped view may wait on each other). A view that
+    starts further in (a piece of a concatenation) is placed at its offset."""
     t = ref.tensor
     canon = tuple(d for d in t.storage_shape if d != 1)
     base = DramTensor(t.storage, canon, t.dtype, "view")
     kept = [(o, n) for o, n, d in zip(ref.offsets, ref.shape, t.shape) if d != 1]
-    if tuple(d for d in t.shape if d != 1) == canon:
+    if tuple(d for d in t.shape if d != 1) == canon and not t.storage_offset:
         return DramRef(base, tuple(o for o, _ in kept), tuple(n for _, n in kept))
-    lo, hi = ref.flat_range()
+    lo, hi = (t.storage_offset + e for e in ref.flat_range())
     offsets, shape = _range_box(lo, hi, canon)
     return DramRef(base, offsets, shape)
 
