@@ -130,6 +130,66 @@ def test_staging_re_read_inputs_keeps_results_and_cuts_traffic():
     assert staged_bytes <= 1.10 * cm.schedule.program.compulsory_bytes()
 
 
+class _Concats(torch.nn.Module):
+    """A stack of two computed values (each layer's cache of a decode step), which its pieces'
+    kernels can write in place, and concatenations that cannot be: along an axis after one that
+    is not 1 (the pieces interleave), of a value with itself, of a model input, and of a value
+    another kernel reads on chip."""
+
+    def __init__(self):
+        super().__init__()
+        self.one, self.two, self.three = torch.nn.Linear(16, 24), torch.nn.Linear(16, 24), torch.nn.Linear(24, 8)
+
+    def forward(self, x):
+        a, b = torch.tanh(self.one(x)), self.two(x) * 2.0
+        c = self.two(x).sigmoid()
+        d = torch.relu(self.one(x))
+        return (torch.stack([a, b]), torch.cat([c, torch.tanh(c)], dim=1), torch.cat([c, c]),
+                torch.cat([x, x], 1)[:, :24], torch.stack([d, -d]), self.three(d))
+
+
+def _in_place_schedule(cm, target, monkeypatch, *, in_place: bool):
+    """The program of `cm` with every intermediate in DRAM, with or without concatenations
+    written in place."""
+    import sys
+
+    if not in_place:
+        module = sys.modules[build_schedule.__module__]
+        monkeypatch.setattr(module, "_concats_in_place", lambda *a: ({}, {}))
+    sched = build_schedule(cm.graph, cm.lowering, target, resident=False)
+    monkeypatch.undo()
+    return sched
+
+
+@pytest.mark.parametrize("target,precision", [("rngd", "fp32"), ("tiny", "bf16")])
+def test_a_stack_of_computed_values_is_written_in_place_by_their_kernels(target, precision, monkeypatch):
+    torch.manual_seed(0)
+    model, x = _Concats().eval(), torch.randn(5, 16)
+    cm = fexplore.compile(model, (x,), target=target, precision=precision)
+    assert cm.verification["ok"].all(), cm.verification
+    concats = {str(k.node.inputs[0].name): k for k in cm.schedule.kernels if k.node.op.name == "concat"}
+    stacked = concats["tanh"]
+    assert stacked.how == "in place" and not stacked.commands
+    # the rest copy their pieces: interleaved along axis 1, one value twice, an input, and a value
+    # the projection reads on chip (its copy into the stack is the one write the result needs)
+    assert all(k.how == "generated" and k.commands for n, k in concats.items() if n != "tanh"), concats
+    assert any(w == "in place" and w_.startswith("1 concatenation") for w, w_ in cm.schedule.decisions)
+    want = _eager(model, (x,))
+    got = cm(x)
+    tol = TOL[precision]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.float(), w, **tol)
+    # with every intermediate in DRAM, the copy read the pieces and wrote the stack: both gone
+    arrays = [x.numpy()]
+    fast = _in_place_schedule(cm, target, monkeypatch, in_place=True)
+    slow = _in_place_schedule(cm, target, monkeypatch, in_place=False)
+    for a, b in zip(fast.outputs_of(fast.simulate(arrays)), slow.outputs_of(slow.simulate(arrays))):
+        np.testing.assert_array_equal(a, b)
+    stack_bytes = want[0].numel() * (4 if precision == "fp32" else 2)
+    saved = slow.simulate().dram_bytes - fast.simulate().dram_bytes
+    assert saved >= 2 * stack_bytes, (saved, stack_bytes)
+
+
 @pytest.mark.parametrize("target", ["tiny", "rngd[fused 4]"])
 def test_a_resident_intermediate_is_read_in_place_on_its_own_pe(target):
     """A kernel on the PE that keeps an intermediate reads it from that SRAM where it is: no

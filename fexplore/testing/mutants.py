@@ -331,6 +331,11 @@ MUTANTS: list[Mutant] = [
            "a step writing a row tile the step before wrote zeroes the rows of the group before "
            "instead of keeping them (a row tile holding the end of one group and the start of the next)",
            (Patch("fexplore.lang.codegen.grouped:_steps", "fl.where(same[step], written[ns.start], 0.0)", "0.0"),)),
+    Mutant("concat-pieces-in-place-at-one-offset", "schedule: concatenations written in place",
+           "every piece of a concatenation its producers write in place is placed at the start of the "
+           "result (each layer's cache of a decode step over the first layer's)",
+           (Patch("fexplore.pipeline.stages.schedule:_concats_in_place",
+                  "offset += _shape(v)[axis] * inner", "offset += 0"),)),
     Mutant("scatter-max-adds", "npu/lang: a DMA scatter's reduce on write",
            "a scatter with reduce='max' adds its values instead (the interpreter and the simulator share it)",
            (Patch("fexplore.npu.functional:scatter_rows",

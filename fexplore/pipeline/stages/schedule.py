@@ -23,6 +23,12 @@ a kernel on the tensor's own PE reads its boxes in place, with no copy at all: s
 When the kernels' own tiles then do not fit, the stage spills (schedules with every intermediate
 in DRAM) and records that decision with its reason.
 
+Concatenations in place: where a concatenation's pieces are contiguous runs of its result (it
+joins along its first axis that is not 1: a stack of each layer's KV cache) and each piece is
+made by a kernel for this concatenation alone, the piece's kernel stores into its run of the
+result (a DRAM view at an offset) and the concatenation is no command at all
+(`_concats_in_place`): its copy of every piece, a read and a write of the whole result, is gone.
+
 Tile sizes: each generated kernel's tiling parameters are searched with the cost model
 (`tiles.py`: candidates traced, timed alone on the simulator, the fastest kept; the slowest kernels
 first, within a budget of traced commands per compile); the choices are in ``Schedule.tiles`` and
@@ -308,6 +314,10 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
 
     share = RESIDENT_SHARES[0] if resident is True else float(resident or 0.0)
     on_chip = _pick_resident(graph, lowering, cfg, share, stage) if share else {}
+    units = _units(graph, lowering)
+    in_place, pieces = _concats_in_place(graph, units, on_chip)
+    for name in pieces:   # a piece is stored into its concatenation's result, in DRAM
+        on_chip.pop(name, None)
     kept: list[str] = []
     staged: dict[str, Any] = {}    # graph value name -> its resident copy (or a view of one)
     staged_base: dict[str, str] = {}   # graph value name -> the staged input or constant it reads
@@ -341,9 +351,8 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
         if v.name in on_chip:
             staged[v.name] = b.resident(f"{v.name}@sram", _shape(v), _dtype(v), pe=on_chip[v.name])
             staged_base[v.name] = v.name
-    units = _units(graph, lowering)
     calls = {id(node): _kernel_call(x, node) for x, node in units
-             if x is not None and x.how in ("generated", "user") and x.kernel is not None}
+             if x is not None and x.how in ("generated", "user") and x.kernel is not None and id(node) not in in_place}
     search = _plan_tiles(units, cfg, calls) if search_tiles else None
     # free views first: a view's tensor must exist before any command touches its storage
     for x, node in units:
@@ -357,6 +366,12 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
                 if node.inputs[0].name in staged:   # a view of a staged tensor reads the copy too
                     staged[o.name] = b.view(f"{o.name}@sram", staged[node.inputs[0].name], _shape(o))
                     staged_base[o.name] = staged_base[node.inputs[0].name]
+            elif o.name in pieces:
+                whole, offset = pieces[o.name]
+                if whole.name not in tensor_of:
+                    declare(whole, "output" if whole.name in outputs else "scratch")
+                tensors[o.name] = b.view(o.name, tensors[tensor_of[whole.name]], _shape(o), offset=offset)
+                tensor_of[o.name] = o.name
             else:
                 declare(o, "output" if o.name in outputs else "scratch")
     parts, kernels = [], []
@@ -371,6 +386,10 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
                 kernels.append(None)
         if x is None or x.how == "free view":
             kernels.append(ScheduledKernel(node.name, "free view", "free view", mod, node.loc, node=node))
+            parts.append(None)
+            continue
+        if id(node) in in_place:   # its pieces' kernels stored them where it would copy them to
+            kernels.append(ScheduledKernel(x.name, x.kind, "in place", mod, node.loc, node=node))
             parts.append(None)
             continue
         if x.how in ("generated", "user") and x.kernel is not None:
@@ -417,6 +436,11 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
                                 f"commands: {len(kept_default)} kernels kept their default tiles and "
                                 f"{len(search.exhausted) - len(kept_default)} were searched in part "
                                 "(the slowest kernels are searched first)"))
+    if in_place:
+        nbytes = sum(tensors[tensor_of[n.outputs[0].name]].nbytes for n in in_place.values())
+        what = "1 concatenation is" if len(in_place) == 1 else f"{len(in_place)} concatenations are"
+        sched.decisions.append(("in place", f"{what} written in place by the kernels that make their pieces "
+                                f"({nbytes / 1e6:,.2f} MB not copied)"))
     if copies:
         sched.decisions.append(("staged", f"{len(copies)} inputs and weights the kernels read many times are "
                                 f"copied on chip once ({sched.residency['staged_bytes'] / 1e6:.2f} MB), "
@@ -441,6 +465,63 @@ def _units(graph: Graph, lowering) -> list[tuple[Any, Node]]:
         else:
             out.append((x, node))
     return out
+
+
+def _concats_in_place(graph: Graph, units, on_chip: dict) -> tuple[dict, dict]:
+    """The concatenations whose pieces their producers can store straight into the result, as
+    ({id(node): node}, {piece value name: (result value, element offset)}).
+
+    A concatenation qualifies when every axis before the one it joins along is 1 (each piece is
+    then one contiguous run of the result) and each piece, seen through free views, is made by a
+    generated or user kernel, is no model output, is not a piece twice and has elements. A piece
+    `_pick_resident` kept in SRAM goes to DRAM instead (the copy would move the same DRAM bytes,
+    in a kernel more), unless other kernels read it too: they read it on chip, and the copy is
+    what the result costs. The piece named is the producer's own result (the one a free view
+    chain starts from): that is the tensor the kernel stores to."""
+    outputs = {v.name for v in graph.outputs}
+    made_by = {o.name: (x, node) for x, node in units for o in node.outputs}
+    readers: dict[str, set] = {}
+    views_of: dict[str, list] = {}
+    for x, node in units:
+        for v in node.inputs:
+            readers.setdefault(v.name, set()).add(id(node))
+        if x is not None and x.how == "free view":
+            views_of.setdefault(node.inputs[0].name, []).append(node.outputs[0].name)
+
+    def readers_of(name):
+        """The nodes reading `name` or a free view of it."""
+        return readers.get(name, set()).union(*(readers_of(u) for u in views_of.get(name, [])))
+
+    nodes, pieces = {}, {}
+    for x, node in units:
+        if x is None or x.how != "generated" or node.op.name != "concat" or node.outputs[0].name in on_chip:
+            continue
+        out = node.outputs[0]
+        shape = _shape(out)
+        axis = node.attrs["axis"] % len(shape)
+        if any(d != 1 for d in shape[:axis]) or not shape[axis]:
+            continue
+        inner = int(np.prod(shape[axis + 1:]))
+        plan, offset = {}, 0
+        for v in node.inputs:
+            root, chain = v.name, {id(node)}
+            while root in made_by and made_by[root][0] is not None and made_by[root][0].how == "free view":
+                chain.add(id(made_by[root][1]))
+                root = made_by[root][1].inputs[0].name
+            px, pnode = made_by.get(root, (None, None))
+            size = int(np.prod(_shape(v)))
+            if px is None or px.how not in ("generated", "user") or px.kernel is None or not size or \
+                    root in outputs or root in plan or root in pieces or \
+                    (root in on_chip and readers_of(root) - chain) or \
+                    v.name in outputs or v.type.dtype != out.type.dtype or \
+                    int(np.prod(_shape(pnode.outputs[[o.name for o in pnode.outputs].index(root)]))) != size:
+                break
+            plan[root] = (out, offset)
+            offset += _shape(v)[axis] * inner
+        else:
+            nodes[id(node)] = node
+            pieces.update(plan)
+    return nodes, pieces
 
 
 # The shares of a PE's SRAM intermediates may take, tried in order; the rest is left to the
