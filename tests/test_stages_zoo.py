@@ -3,6 +3,7 @@ against eager), round-trips through text, and is idempotent; fusion makes the re
 models call for."""
 
 import pytest
+import torch
 
 from fexplore import ir
 from fexplore.models import ZOO
@@ -106,3 +107,47 @@ def test_cnn_batch_norms_fold_into_convolutions_and_layouts_propagate(zoo_compil
     layout = next(r for r in cm.stages if r.name == "layout")
     assert layout.stats["layout_conversions"] < layout.stats["layout_conversions_naive"]
     assert layout.stats["layout_conversions"] <= 2  # into channels-last once, out once
+
+
+class _DenseBlock(torch.nn.Module):
+    """A DenseNet block (each convolution reads the concatenation of every feature map before it,
+    along the channels) with a ShuffleNet split of the channels and a padded map on the way."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.one = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.two = torch.nn.Conv2d(16, 8, 3, padding=1)
+        self.narrow = torch.nn.Conv2d(12, 4, 1)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        a = torch.relu(self.one(x))
+        b = torch.relu(self.two(torch.nn.functional.pad(torch.cat([x, a], 1), (1, 1, 1, 1))[:, :, 1:-1, 1:-1]))
+        left, right = torch.cat([x, a, b], 1).chunk(2, dim=1)
+        y = torch.cat([left, torch.relu(self.narrow(right))], 1)
+        return self.head(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("target,precision", [("rngd", "fp32"), ("tiny", "bf16")])
+def test_feature_maps_stay_channels_last_through_concat_split_slice_and_pad(target, precision):
+    """Box copies (concat, split, slice, pad) take their operands' layout: the block converts into
+    channels-last once, at its input, and out once, for the mean; it was 7 conversions when each
+    of them read and wrote the default layout."""
+    import fexplore
+
+    torch.manual_seed(0)
+    model, x = _DenseBlock().eval(), torch.randn(1, 3, 12, 12)
+    cm = fexplore.compile(model, (x,), target=target, precision=precision)
+    layout = next(r for r in cm.stages if r.name == "layout")
+    boxes = [n for n in layout.after.nodes if n.op.name in ("concat", "split", "slice", "pad")]
+    assert {n.op.name for n in boxes} == {"concat", "split", "slice", "pad"}
+    for n in boxes:
+        assert all(v.type.layout is not None for v in (*n.inputs, *n.outputs)), n
+    assert layout.stats["layout_conversions"] == 2, layout.after
+    assert cm.verification["ok"].all(), cm.verification
+    with torch.no_grad():
+        want = model(x)
+    tol = dict(rtol=1e-5, atol=1e-5) if precision == "fp32" else dict(rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(cm(x), want, **tol)

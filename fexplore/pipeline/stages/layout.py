@@ -5,8 +5,10 @@ The policy, op by op:
 - conv2d reads and writes channels-last (NHWC) activations; its weight is laid out OHWI.
 - contraction weights (constant operands of linear/matmul) are stored tile-aligned to the tensor
   unit's native tile. Constants are laid out at compile time, so they cost no conversion.
-- layout-agnostic ops (elementwise, batch norm, pooling) take the layout of their operands, so a
-  conv -> bn -> relu -> add -> pool chain stays channels-last with no conversion between;
+- layout-agnostic ops (elementwise, batch norm, pooling, and the box copies concat, split, slice
+  and pad) take the layout of their operands, so a conv -> bn -> relu -> add -> pool chain stays
+  channels-last with no conversion between, and so does a DenseNet's or a U-Net's concatenation
+  of feature maps along their channels;
 - every other op reads and writes the default row-major layout.
 A value converted once is reused by every consumer that needs that layout, and a relayout of a
 relayout collapses (conversions sink and cancel). Statistics compare the conversions of a naive
@@ -25,6 +27,9 @@ from .rewrite import Rewriter
 NHWC = Layout((0, 2, 3, 1))
 OHWI = Layout((0, 2, 3, 1))
 _AGNOSTIC_OPS = {"batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"}
+# ops that move boxes of their operands (DMA box copies along any axis): a channels-last map is
+# concatenated, split, sliced or padded as it is, not converted there and back
+_BOX_OPS = {"concat", "split", "slice", "pad"}
 _LAYOUT_NAMES = {None: "rowmajor", NHWC: "nhwc"}
 
 
@@ -122,7 +127,7 @@ def _assign(graph: Graph, tile, propagate: bool) -> _Assigned:
 def _agnostic(node: Node) -> bool:
     if node.regions:
         return False
-    return node.op.category == Category.elementwise or node.op.name in _AGNOSTIC_OPS
+    return node.op.category == Category.elementwise or node.op.name in _AGNOSTIC_OPS | _BOX_OPS
 
 
 def _majority(layouts):
