@@ -105,11 +105,12 @@ def test_a_view_past_the_end_of_its_base_is_refused():
         b.view("reshape", Y, (4, 4))        # no offset: a reshape of the whole
 
 
-@pytest.mark.parametrize("shape", [(1, 12, 10), (1, 1, 9, 6), (7, 1, 5), (1,)])
+@pytest.mark.parametrize("shape", [(1, 12, 10), (1, 1, 9, 6), (7, 1, 5), (1,), (3, 4, 1, 5, 6)])
 def test_the_box_index_finds_exactly_the_conflicts_a_scan_of_every_box_finds(shape, monkeypatch):
-    """The tracker buckets a tensor's boxes along an axis so an access is compared with nearby
-    boxes only (for a [1, C, H] image, its first axis longer than 1). Random tiled reads and writes
-    of one tensor (and a view of it) get the same dependencies as from one bucket of every box."""
+    """The tracker indexes a tensor's boxes along its first axes longer than 1 (up to three: the
+    last shape has a fourth, compared box by box) so an access is compared with nearby boxes only.
+    Random reads and writes of one tensor (and a view of it) get the same dependencies as from a
+    comparison with every box."""
     import fexplore.npu.hazards as hazards
 
     rng = np.random.default_rng(sum(shape))
@@ -139,7 +140,7 @@ def test_the_box_index_finds_exactly_the_conflicts_a_scan_of_every_box_finds(sha
                 for c in out]
 
     indexed = deps_of_program()
-    monkeypatch.setattr(hazards, "_bucket_interval", lambda ref: (0, 1))   # one bucket: every box compared
+    monkeypatch.setattr(hazards, "_index_axes", lambda ref: ())   # no axis indexed: every box compared
     assert indexed == deps_of_program()
     assert any(indexed) and not all(indexed)   # some accesses conflict, some do not
 

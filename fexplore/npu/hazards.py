@@ -34,41 +34,67 @@ class _Access:
 
 
 class _TensorIndex:
-    """The accessed boxes of one DRAM tensor, bucketed by their interval along one axis
-    (`_bucket_interval`). Buckets are kept sorted, so the search for overlapping boxes looks only
-    at nearby rows: a few boxes for tiled access patterns, however long the program."""
+    """The accessed boxes of one DRAM tensor, indexed along its first few axes longer than 1
+    (`_index_axes`), one level per axis. A level keeps the intervals its boxes span along its axis,
+    sorted by start, one list per length: the intervals of one length that overlap a box are one
+    run of that list, found by bisection, and tiled access patterns have a few lengths. So an
+    access is compared with the boxes near it only (a row of a [heads, S, S] score matrix with the
+    rows of its own head, not with every row of every head), however long the program."""
 
-    __slots__ = ("keys", "buckets", "max_extent", "written")
+    __slots__ = ("root", "axes", "written")
 
     def __init__(self):
-        self.keys: list[tuple[int, int]] = []   # sorted bucket intervals (lo, hi)
-        self.buckets: dict[tuple[int, int], dict[tuple, tuple[DramRef, _Access]]] = {}
-        self.max_extent = 0
+        self.root: _Level | dict | None = None   # a dict of boxes when no axis is indexed
+        self.axes: tuple[int, ...] = ()          # set by the first box: the same for every box
         self.written = False
 
-    def overlapping(self, ref: DramRef):
-        lo, hi = _bucket_interval(ref)
-        keys = self.keys
-        i = bisect.bisect_left(keys, (lo - self.max_extent + 1,))
-        j = bisect.bisect_left(keys, (hi,))
-        for key in keys[i:j]:
-            if key[1] > lo:
-                for box, acc in self.buckets[key].values():
-                    if box.overlaps(ref):
-                        yield acc
+    def overlapping(self, ref: DramRef) -> list[_Access]:
+        found: list[_Access] = []
+        if self.root is None:
+            return found
+        axes = self.axes
+        stack = [(self.root, 0)]
+        while stack:
+            node, depth = stack.pop()
+            if depth == len(axes):   # the boxes themselves
+                found += [acc for box, acc in node.values() if box.overlaps(ref)]
+                continue
+            a = axes[depth]
+            lo, hi = ref.offsets[a], ref.offsets[a] + ref.shape[a]
+            for length, starts in node.starts.items():
+                for start in starts[bisect.bisect_left(starts, lo - length + 1):bisect.bisect_left(starts, hi)]:
+                    stack.append((node.children[(start, length)], depth + 1))
+        return found
 
     def entry(self, ref: DramRef) -> _Access:
-        key = _bucket_interval(ref)
-        boxes = self.buckets.get(key)
-        if boxes is None:
-            boxes = self.buckets[key] = {}
-            bisect.insort(self.keys, key)
-            self.max_extent = max(self.max_extent, key[1] - key[0])
+        if self.root is None:
+            self.axes = _index_axes(ref)
+            self.root = _Level() if self.axes else {}
+        axes = self.axes
+        node = self.root
+        for depth, a in enumerate(axes):
+            key = (ref.offsets[a], ref.shape[a])
+            child = node.children.get(key)
+            if child is None:
+                child = node.children[key] = _Level() if depth + 1 < len(axes) else {}
+                bisect.insort(node.starts.setdefault(key[1], []), key[0])
+            node = child
         box_key = (ref.offsets, ref.shape)
-        found = boxes.get(box_key)
+        found = node.get(box_key)
         if found is None:
-            found = boxes[box_key] = (ref, _Access())
+            found = node[box_key] = (ref, _Access())
         return found[1]
+
+
+class _Level:
+    """One axis of a `_TensorIndex`: per interval length, the sorted starts of the intervals boxes
+    span along the axis; per interval (start, length), the next axis's level or the boxes."""
+
+    __slots__ = ("starts", "children")
+
+    def __init__(self):
+        self.starts: dict[int, list[int]] = {}
+        self.children: dict[tuple[int, int], _Level | dict] = {}
 
 
 class HazardTracker:
@@ -152,12 +178,14 @@ def _range_box(lo: int, hi: int, shape: tuple[int, ...]) -> tuple[tuple, tuple]:
     return (first, *(0,) * (len(shape) - 1)), (last - first + 1, *shape[1:])
 
 
-def _bucket_interval(ref: DramRef) -> tuple[int, int]:
-    """The interval the box's index buckets it by: along the tensor's first axis longer than 1 (a
-    [1, C, H, W] image's tiles all span batch 0..1, and in one bucket each access would be
-    compared with every box of the tensor). All boxes of one index are of one tensor shape (or of
-    the storage's, when aliased), so the axis is the same for all of them."""
-    for o, n, d in zip(ref.offsets, ref.shape, ref.tensor.shape):
-        if d > 1:
-            return (o, o + n)
-    return (0, 1)
+# how many axes a tensor's box index nests (a score matrix [B, H, S, S] is indexed by batch, head
+# and row); the rest are compared box by box
+INDEX_DEPTH = 3
+
+
+def _index_axes(ref: DramRef) -> tuple[int, ...]:
+    """The axes the box index nests by: the tensor's first INDEX_DEPTH axes longer than 1 (a
+    [1, C, H, W] image's tiles all span batch 0..1: indexed by it, each access would be compared
+    with every box of the tensor). All boxes of one index are of one tensor shape (or of the
+    storage's, when aliased), so the axes are the same for all of them."""
+    return tuple(i for i, d in enumerate(ref.tensor.shape) if d > 1)[:INDEX_DEPTH]
