@@ -190,6 +190,33 @@ def test_a_stack_of_computed_values_is_written_in_place_by_their_kernels(target,
     assert saved >= 2 * stack_bytes, (saved, stack_bytes)
 
 
+class _NestedConcats(torch.nn.Module):
+    """A stack of two computed values concatenated with a third: the stack is a piece of the
+    outer concatenation."""
+
+    def __init__(self):
+        super().__init__()
+        self.one, self.two = torch.nn.Linear(16, 24), torch.nn.Linear(16, 24)
+
+    def forward(self, x):
+        a, b = torch.tanh(self.one(x)), self.two(x) * 2.0
+        return torch.cat([torch.stack([a, b]), torch.relu(self.two(x))[None]])
+
+
+def test_a_concatenation_written_in_place_is_not_a_piece_of_another():
+    """With every intermediate in DRAM both concatenations qualify; the inner one, written in
+    place, is no kernel that could store into the outer one, so the outer one copies it. (Both
+    in place left the outer result unwritten: NaN.)"""
+    torch.manual_seed(0)
+    model, x = _NestedConcats().eval(), torch.randn(5, 16)
+    cm = fexplore.compile(model, (x,), target="rngd", verify=False)
+    sched = build_schedule(cm.graph, cm.lowering, "rngd", resident=False)
+    how = [k.how for k in sched.kernels if k.node.op.name == "concat"]
+    assert how == ["in place", "generated"], how
+    got = sched.outputs_of(sched.simulate([x.numpy()]))[0]
+    np.testing.assert_allclose(got, _eager(model, (x,)).numpy(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("target", ["tiny", "rngd[fused 4]"])
 def test_a_resident_intermediate_is_read_in_place_on_its_own_pe(target):
     """A kernel on the PE that keeps an intermediate reads it from that SRAM where it is: no

@@ -473,7 +473,8 @@ def _concats_in_place(graph: Graph, units, on_chip: dict) -> tuple[dict, dict]:
 
     A concatenation qualifies when every axis before the one it joins along is 1 (each piece is
     then one contiguous run of the result) and each piece, seen through free views, is made by a
-    generated or user kernel, is no model output, is not a piece twice and has elements. A piece
+    generated or user kernel, is no model output, is not a piece twice and has elements (a
+    concatenation written in place is no kernel: it cannot be a piece of another). A piece
     `_pick_resident` kept in SRAM goes to DRAM instead (the copy would move the same DRAM bytes,
     in a kernel more), unless other kernels read it too: they read it on chip, and the copy is
     what the result costs. The piece named is the producer's own result (the one a free view
@@ -511,7 +512,7 @@ def _concats_in_place(graph: Graph, units, on_chip: dict) -> tuple[dict, dict]:
             px, pnode = made_by.get(root, (None, None))
             size = int(np.prod(_shape(v)))
             if px is None or px.how not in ("generated", "user") or px.kernel is None or not size or \
-                    root in outputs or root in plan or root in pieces or \
+                    root in outputs or root in plan or root in pieces or id(pnode) in nodes or \
                     (root in on_chip and readers_of(root) - chain) or \
                     v.name in outputs or v.type.dtype != out.type.dtype or \
                     int(np.prod(_shape(pnode.outputs[[o.name for o in pnode.outputs].index(root)]))) != size:
