@@ -333,7 +333,7 @@ MUTANTS: list[Mutant] = [
            (Patch("fexplore.lang.codegen.grouped:_steps", "fl.where(same[step], written[ns.start], 0.0)", "0.0"),)),
     Mutant("concat-pieces-in-place-at-one-offset", "schedule: concatenations written in place",
            "every piece of a concatenation its producers write in place is placed at the start of the "
-           "result (each layer's cache of a decode step over the first layer's)",
+           "result (the second layer's cache of a decode step over the first's)",
            (Patch("fexplore.pipeline.stages.schedule:_concats_in_place",
                   "offset += _shape(v)[axis] * inner", "offset += 0"),)),
     Mutant("scatter-max-adds", "npu/lang: a DMA scatter's reduce on write",
@@ -373,6 +373,18 @@ class _TiledLinear(torch.nn.Module):
 
     def forward(self, x):
         return torch.nn.functional.gelu(self.fc(x)) * 2.0
+
+
+class _StackedCaches(torch.nn.Module):
+    """Two projections stacked, as a decode step stacks each layer's cache: on `tiny` the pieces
+    (32 KB each) do not stay in SRAM, so their kernels store them into the stack in place."""
+
+    def __init__(self, k=64, n=512):
+        super().__init__()
+        self.k, self.v = torch.nn.Linear(k, n), torch.nn.Linear(k, n)
+
+    def forward(self, x):
+        return torch.stack([torch.tanh(self.k(x)), self.v(x) * 2.0])
 
 
 class _StreamedLinear(torch.nn.Module):
@@ -782,6 +794,8 @@ CASES: list[Case] = [
     Case("flat-heads-attention", _seeded(lambda g: (_FlatHeadsAttention(g).eval(), (torch.randn(2, 10, 32, generator=g),)))),
     Case("delta-rule-chunks", _seeded(lambda g: (DeltaRuleChunks(g).eval(), (torch.randn(1, 16, 32, generator=g),)))),
     Case("sorted-experts@tiny", _seeded(lambda g: (SortedExperts(g).eval(), (torch.randn(10, 16, generator=g).bfloat16(),))),
+         {"target": "tiny"}),
+    Case("stacked-caches@tiny", _seeded(lambda g: (_StackedCaches().eval(), (torch.randn(16, 64, generator=g),))),
          {"target": "tiny"}),
     Case("fused-gate-up", _seeded(lambda g: (_FusedGateUp().eval(), (torch.randn(1, 12, 32, generator=g),)))),
     Case("post-norm-bf16", _seeded(lambda g: (_PostNorm().eval(), (torch.randn(2, 24, 32, generator=g),))),

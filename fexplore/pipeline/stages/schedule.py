@@ -24,10 +24,11 @@ When the kernels' own tiles then do not fit, the stage spills (schedules with ev
 in DRAM) and records that decision with its reason.
 
 Concatenations in place: where a concatenation's pieces are contiguous runs of its result (it
-joins along its first axis that is not 1: a stack of each layer's KV cache) and each piece is
-made by a kernel for this concatenation alone, the piece's kernel stores into its run of the
-result (a DRAM view at an offset) and the concatenation is no command at all
-(`_concats_in_place`): its copy of every piece, a read and a write of the whole result, is gone.
+joins along its first axis that is not 1: a stack of each layer's KV cache), each piece is made
+by a kernel for this concatenation alone and not all of them stay in SRAM, the piece's kernel
+stores into its run of the result (a DRAM view at an offset) and the concatenation is no command
+at all (`_concats_in_place`): its copy of every piece, a read and a write of the whole result, is
+gone.
 
 Tile sizes: each generated kernel's tiling parameters are searched with the cost model
 (`tiles.py`: candidates traced, timed alone on the simulator, the fastest kept; the slowest kernels
@@ -474,11 +475,16 @@ def _concats_in_place(graph: Graph, units, on_chip: dict) -> tuple[dict, dict]:
     A concatenation qualifies when every axis before the one it joins along is 1 (each piece is
     then one contiguous run of the result) and each piece, seen through free views, is made by a
     generated or user kernel, is no model output, is not a piece twice and has elements (a
-    concatenation written in place is no kernel: it cannot be a piece of another). A piece
-    `_pick_resident` kept in SRAM goes to DRAM instead (the copy would move the same DRAM bytes,
-    in a kernel more), unless other kernels read it too: they read it on chip, and the copy is
-    what the result costs. The piece named is the producer's own result (the one a free view
-    chain starts from): that is the tensor the kernel stores to."""
+    concatenation written in place is no kernel: it cannot be a piece of another).
+
+    Residency: when `_pick_resident` keeps every piece in SRAM, the copy is left as it is: it
+    reads them on chip and writes the result once, the DRAM bytes the pieces' kernels would
+    write, and their stores would be on their way (a decode step's small caches, stored tile by
+    tile, each store with its DMA start-up). When some piece is in DRAM, the copy reads it back:
+    the pieces kept in SRAM then go to DRAM too, unless other kernels read them (they read them
+    on chip, and the copy is what the result costs), and the whole concatenation is written in
+    place. The piece named is the producer's own result (the one a free view chain starts
+    from): that is the tensor the kernel stores to."""
     outputs = {v.name for v in graph.outputs}
     made_by = {o.name: (x, node) for x, node in units for o in node.outputs}
     readers: dict[str, set] = {}
@@ -520,6 +526,8 @@ def _concats_in_place(graph: Graph, units, on_chip: dict) -> tuple[dict, dict]:
             plan[root] = (out, offset)
             offset += _shape(v)[axis] * inner
         else:
+            if all(root in on_chip for root in plan):
+                continue   # the copy reads SRAM and writes the result once, as its pieces would
             nodes[id(node)] = node
             pieces.update(plan)
     return nodes, pieces
