@@ -67,6 +67,12 @@ class DramTensor:
     def resident(self) -> bool:
         return self.backing is not None
 
+    def of_storage(self, array):
+        """This tensor's elements in `array`, an array of its storage's elements in row-major order
+        (any shape): a view, so a write to it writes the storage."""
+        n = math.prod(self.shape)
+        return array.reshape(-1)[self.storage_offset:self.storage_offset + n].reshape(self.shape)
+
     def __getitem__(self, index) -> "DramRef":
         return DramRef.from_index(self, index)
 

@@ -61,8 +61,7 @@ def prepare_dram(program: Program, inputs: dict) -> dict[str, np.ndarray]:
             dram[name] = _fresh(t.shape, t.dtype)
     for name, t in program.tensors.items():  # a view shares its storage's array
         if t.kind == "view":
-            n = int(np.prod(t.shape))
-            dram[name] = dram[t.storage].reshape(-1)[t.storage_offset:t.storage_offset + n].reshape(t.shape)
+            dram[name] = t.of_storage(dram[t.storage])
     return dram
 
 

@@ -23,7 +23,6 @@ are dropped after the last command that touches it.
 from __future__ import annotations
 
 import heapq
-import math
 
 import numpy as np
 
@@ -122,8 +121,7 @@ def _memory_order(program, trace) -> list[str]:
                 n = int(np.prod(t.storage_shape))
                 tracks[t.storage] = (np.full(n, -1, np.int32), np.full(n, -1, np.int32))
             # views into the tracks (the Ellipsis keeps a 0-d box an array, not a scalar copy)
-            lo = t.storage_offset
-            w_id, r_id = (a[lo:lo + math.prod(t.shape)].reshape(t.shape)[(*ref.slices, ...)] for a in tracks[t.storage])
+            w_id, r_id = (t.of_storage(a)[(*ref.slices, ...)] for a in tracks[t.storage])
             prior = [(w_id, "reads DRAM it writes" if not write else "both write DRAM")]
             if write:
                 prior.append((r_id, "overwrites DRAM it reads"))

@@ -316,7 +316,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     share = RESIDENT_SHARES[0] if resident is True else float(resident or 0.0)
     on_chip = _pick_resident(graph, lowering, cfg, share, stage) if share else {}
     units = _units(graph, lowering)
-    in_place, pieces = _concats_in_place(graph, units, on_chip)
+    in_place, pieces = _concats_in_place(graph, lowering, units, on_chip)
     for name in pieces:   # a piece is stored into its concatenation's result, in DRAM
         on_chip.pop(name, None)
     kept: list[str] = []
@@ -468,7 +468,20 @@ def _units(graph: Graph, lowering) -> list[tuple[Any, Node]]:
     return out
 
 
-def _concats_in_place(graph: Graph, units, on_chip: dict) -> tuple[dict, dict]:
+def _storage_of(lowering):
+    """name -> the value whose tensor holds the named value's bytes: through free views (a
+    reshape of a contiguous tensor) to the value they view, else the value itself."""
+    views = {x.node.outputs[0].name: x.node.inputs[0].name for x in lowering.nodes if x.how == "free view"}
+
+    def storage(name):
+        while name in views:
+            name = views[name]
+        return name
+
+    return storage
+
+
+def _concats_in_place(graph: Graph, lowering, units, on_chip: dict) -> tuple[dict, dict]:
     """The concatenations whose pieces their producers can store straight into the result, as
     ({id(node): node}, {piece value name: (result value, element offset)}).
 
@@ -486,18 +499,13 @@ def _concats_in_place(graph: Graph, units, on_chip: dict) -> tuple[dict, dict]:
     place. The piece named is the producer's own result (the one a free view chain starts
     from): that is the tensor the kernel stores to."""
     outputs = {v.name for v in graph.outputs}
+    storage = _storage_of(lowering)
     made_by = {o.name: (x, node) for x, node in units for o in node.outputs}
-    readers: dict[str, set] = {}
-    views_of: dict[str, list] = {}
+    kernel_readers: dict[str, set] = {}   # storage value -> the nodes (not free views) reading it
     for x, node in units:
-        for v in node.inputs:
-            readers.setdefault(v.name, set()).add(id(node))
-        if x is not None and x.how == "free view":
-            views_of.setdefault(node.inputs[0].name, []).append(node.outputs[0].name)
-
-    def readers_of(name):
-        """The nodes reading `name` or a free view of it."""
-        return readers.get(name, set()).union(*(readers_of(u) for u in views_of.get(name, [])))
+        if x is not None and x.how != "free view":
+            for v in node.inputs:
+                kernel_readers.setdefault(storage(v.name), set()).add(id(node))
 
     nodes, pieces = {}, {}
     for x, node in units:
@@ -511,17 +519,12 @@ def _concats_in_place(graph: Graph, units, on_chip: dict) -> tuple[dict, dict]:
         inner = int(np.prod(shape[axis + 1:]))
         plan, offset = {}, 0
         for v in node.inputs:
-            root, chain = v.name, {id(node)}
-            while root in made_by and made_by[root][0] is not None and made_by[root][0].how == "free view":
-                chain.add(id(made_by[root][1]))
-                root = made_by[root][1].inputs[0].name
+            root = storage(v.name)   # free views are reshapes: the root has v's elements
             px, pnode = made_by.get(root, (None, None))
-            size = int(np.prod(_shape(v)))
-            if px is None or px.how not in ("generated", "user") or px.kernel is None or not size or \
+            if px is None or px.how not in ("generated", "user") or px.kernel is None or 0 in _shape(v) or \
                     root in outputs or root in plan or root in pieces or id(pnode) in nodes or \
-                    (root in on_chip and readers_of(root) - chain) or \
-                    v.name in outputs or v.type.dtype != out.type.dtype or \
-                    int(np.prod(_shape(pnode.outputs[[o.name for o in pnode.outputs].index(root)]))) != size:
+                    (root in on_chip and kernel_readers[root] - {id(node)}) or \
+                    v.name in outputs or v.type.dtype != out.type.dtype:
                 break
             plan[root] = (out, offset)
             offset += _shape(v)[axis] * inner
@@ -544,13 +547,7 @@ def _pick_resident(graph: Graph, lowering, cfg, share: float, stage=frozenset())
     share of the least-loaded PE's SRAM, next to the others live at that point. Free views extend
     the life of the tensor they view. Inputs and constants in `stage` are placed the same way,
     from their first consumer (the copy is made while the kernel before it runs)."""
-    views = {x.node.outputs[0].name: x.node.inputs[0].name for x in lowering.nodes if x.how == "free view"}
-
-    def storage(name):
-        while name in views:
-            name = views[name]
-        return name
-
+    storage = _storage_of(lowering)
     outputs = {storage(v.name) for v in graph.outputs}
     last: dict[str, int] = {}
     for i, node in enumerate(graph.nodes):
@@ -578,7 +575,7 @@ def _pick_resident(graph: Graph, lowering, cfg, share: float, stage=frozenset())
             used[entry[2]] -= entry[3]
         for v in [sources.pop(storage(u.name)) for u in node.inputs if storage(u.name) in sources]:
             place(v)
-        if node.outputs and node.outputs[0].name in views:
+        if node.outputs and storage(node.outputs[0].name) != node.outputs[0].name:
             continue
         for v in node.outputs:
             if v.name not in outputs and v.name in last:
