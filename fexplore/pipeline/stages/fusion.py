@@ -32,7 +32,7 @@ from .traffic import compulsory_traffic, graph_traffic, type_bytes
 _NORMS = {"layer_norm", "rms_norm", "batch_norm", "softmax", "log_softmax"}
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "var"}
 _CONTRACTIONS = {"linear", "matmul", "conv2d"}
-_NOT_ABSORBED = {"embedding", "gather", "index"}  # gathers are kernels of their own
+_NOT_ABSORBED = {"embedding", "gather", "index", "index_put", "scatter"}  # gathers and scatters are kernels of their own
 # views a kernel reads as boxes of their operand, in place (a relayout, concat or pad moves data)
 _IN_PLACE_VIEWS = {"slice", "select", "split", "reshape", "permute"}
 
@@ -223,7 +223,11 @@ class _Fuser:
         # projection) is loaded as those views' boxes, never whole: the views are counted
         through_views = {name for name in values if name not in made and
                          all(self.op(u) in _IN_PLACE_VIEWS for u in self.users.get(name, []) if u in members)}
-        return sum(_tile_bytes(v, self.g.symbols) for name, v in values.items() if name not in through_views)
+        # and a view made in the region (a reshape, a head permute, a grouped-query expand) is its
+        # source's tile read another way, not a tile of its own
+        views = {v.name for m in members if self.op(m) in _IN_PLACE_VIEWS | {"expand"} for v in self.nodes[m].outputs}
+        return sum(_tile_bytes(v, self.g.symbols) for name, v in values.items()
+                   if name not in through_views and name not in views)
 
     def claim(self, kind: str, anchor: int, members: set[int]) -> None:
         members = set(members)
