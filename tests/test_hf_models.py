@@ -27,7 +27,7 @@ import transformers as T
 from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
 
 import fexplore
-from fexplore import cli, ir
+from fexplore import cli, ir, lang
 from variants import explored
 
 VOCAB = 96
@@ -925,6 +925,83 @@ def test_hf_decode_steps_on_a_static_cache_updated_in_place(name):
         for a, b in zip(_leaves(ours), _leaves(theirs)):
             torch.testing.assert_close(a, b, rtol=1.3e-6, atol=2e-5)
     assert int(ours.layers[0].cumulative_length) == 9
+
+
+@pytest.mark.parametrize("width, heads, kv_heads", [(512, 8, 2), (1024, 16, 4)])
+def test_a_static_cache_decode_step_attends_in_one_kernel(width, heads, kv_heads):
+    """A decode step on a StaticCache of 2048 positions with grouped-query heads, bf16 on rngd.
+    The cache update (index_put) is a kernel of its own; the attention kernel rotates q as it
+    loads it and reads the updated caches with its heads grouped (no expand of each cache to every
+    query head, materialized). Before, the attention region took the index_put in, no generator
+    took it whole, and it was split into dozens of kernels (at Llama-1B-like widths the step moved
+    twice its compulsory bytes). With fewer key heads than PEs the kernel's grid may run over key
+    heads (each cache loaded once for its query heads) or over query heads (every PE busy, each
+    cache loaded once per query head): both kernels are written and the faster modelled kept. At
+    8 heads over 2 the query heads fill the 8 PEs in one round and win; at 16 over 4 they take two
+    rounds and the groups win. The one kept is as fast alone as the other, within 5%."""
+    from fexplore.lang.codegen import attention as codegen_attention
+    from fexplore.npu import get_target
+
+    torch.manual_seed(0)
+    decoder = _llm(T.LlamaForCausalLM, T.LlamaConfig, use_cache=True, hidden_size=width, intermediate_size=256,
+                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048)[0].model
+    register_cache_pytrees_for_model(decoder)
+    cache = T.StaticCache(config=decoder.config, max_cache_len=2048)
+    with torch.no_grad():
+        decoder(_ids(6), use_cache=True, **{_cache_keyword(decoder): cache})
+    step = DecodeStep(decoder)
+    ours, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
+    cm = fexplore.compile(step, (_ids(1), cache), precision="bf16")
+    assert cm.verification["ok"].all()
+    assert not [x for x in cm["lower"].lowering.nodes if x.how == "split"]
+    attention = [k for k in cm.kernels if k.kernel.kind == "attention"]
+    assert len(attention) == 2 and all("rotary" in k.kernel.parts for k in attention)
+    assert not [k.name for k in cm.kernels if k.kernel.kind == "movement" and "expand" in k.kernel.parts]
+
+    kept = attention[0]
+    grouped = "for g, qs in fl.parallel(" in kept.kernel.source
+    cycles = {}
+    for per_query_head in (False, True):
+        gk, _ = codegen_attention._generate(kept.node, get_target("rngd"), per_query_head=per_query_head)
+        specs = [lang.spec(p.shape, kept.node.inputs[p.index].type.dtype.name) for p in gk.params]
+        res = gk.kernel().trace(*specs, target="rngd").program().simulate()
+        cycles[per_query_head] = res.cycles
+        if per_query_head != grouped:   # the kept one: each cache loaded once per grid item
+            loads = {}
+            for c in res.program.commands:
+                if type(c).__name__ == "Load" and c.ref.tensor.shape[-2:] == (2048, width // heads):
+                    loads[c.ref.tensor.name] = loads.get(c.ref.tensor.name, 0) + res.program.moved_bytes[c.id]
+            once = kv_heads * 2048 * (width // heads) * 4
+            assert sorted(loads.values()) == [once * (1 if grouped else heads // kv_heads)] * 2, loads
+    assert cycles[not grouped] <= 1.05 * min(cycles.values()), cycles
+    assert grouped == (heads > 8)
+
+    ids = _ids(1)
+    got = cm(ids, ours)
+    with torch.no_grad():
+        want = step(ids, theirs)
+    _assert_spread(want[0])
+    torch.testing.assert_close(got[0].float(), want[0].float(), rtol=0.05, atol=0.05)
+
+
+def test_a_static_cache_decode_step_on_tiny_keeps_its_attention_whole():
+    """On tiny (64 KB of SRAM a PE) fusion counted every view in the attention region (the caches'
+    unsqueeze, expand and reshape to every query head) as a tile of its own, found the region too
+    big, gave the attention back, and the expands of the caches became kernels. A view is its
+    source's tile read another way: the attention region now fits and reads the caches grouped."""
+    torch.manual_seed(0)
+    decoder = _llm(T.LlamaForCausalLM, T.LlamaConfig, use_cache=True, hidden_size=256, intermediate_size=256,
+                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)[0].model
+    register_cache_pytrees_for_model(decoder)
+    cache = T.StaticCache(config=decoder.config, max_cache_len=512)
+    with torch.no_grad():
+        decoder(_ids(6), use_cache=True, **{_cache_keyword(decoder): cache})
+    cm = fexplore.compile(DecodeStep(decoder), (_ids(1), cache), target="tiny", precision="bf16")
+    assert cm.verification["ok"].all()
+    assert not [s for s in cm["fusion"].stats["split_for_sram"] if s["kind"] == "attention"]
+    attention = [k for k in cm.kernels if k.kernel.kind == "attention"]
+    assert len(attention) == 2 and all("rotary" in k.kernel.parts for k in attention)
+    assert not [k.name for k in cm.kernels if k.kernel.kind == "movement" and "expand" in k.kernel.parts]
 
 
 def _export_module(name):

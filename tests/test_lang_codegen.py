@@ -711,15 +711,33 @@ def test_what_has_no_part_is_refused_with_the_op_named():
     with pytest.raises(UnsupportedRegionError, match="conv2d .*operand computed inside the region"):
         codegen.generate(node, "tiny")
     b = Body()
-    q = b.input("q", (1, 2, 8, 4))
-    node = b.region(b("attention", b("neg", q), q, q), kind="attention")
-    with pytest.raises(UnsupportedRegionError, match="attention .*only one of q and k computed"):
-        codegen.generate(node, "rngd")
-    b = Body()
     x = b.input("x", (4, 6))
     node = b.region(b("tril", x))
     with pytest.raises(UnsupportedRegionError, match="tril"):
         codegen.generate(node, "tiny")
+
+
+@pytest.mark.parametrize("target", ["rngd", "tiny"])
+def test_attention_with_only_q_computed_slices_the_loaded_keys_per_piece(target):
+    """q computed in the region in pieces of D (a rotation: halves swapped and negated), k and v
+    read as they are (a decode step's keys, rotated before they went into the cache): the kernel
+    contracts each piece of q with that piece of the loaded keys, sliced in SRAM. Odd sizes, grouped
+    heads (4 query heads over 2), and q computed with no pieces at all (a negation)."""
+    rng = np.random.default_rng(0)
+    b = Body()
+    q = b.input("q", (1, 4, 5, 12))
+    k = b.input("k", (1, 2, 37, 12))
+    v = b.input("v", (1, 2, 37, 12))
+    lo, hi = b("slice", q, axis=3, start=0, end=6, step=1), b("slice", q, axis=3, start=6, end=12, step=1)
+    rotated = b("add", b("mul", q, b.input("cos", (1, 1, 5, 12))),
+                b("mul", b("concat", b("neg", hi), lo, axis=3), b.input("sin", (1, 1, 5, 12))))
+    node = b.region(b("attention", rotated, k, v, gqa=True), kind="attention")
+    gk = _check(node, [rng.standard_normal(x.type.shape).astype(np.float32) for x in node.inputs], target)
+    assert "kt[:, 0:6]" in gk.source and "kt[:, 6:12]" in gk.source, gk.source
+    b = Body()
+    q = b.input("q", (1, 2, 8, 4))
+    node = b.region(b("attention", b("neg", q), q, q), kind="attention")
+    _check(node, [rng.standard_normal((1, 2, 8, 4)).astype(np.float32)], target)
 
 
 def test_a_panel_contraction_loads_each_row_tile_once_per_panel():

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 from fexplore.ir import DType, Node
 from fexplore.lang.examples.attention import _blocks, blocks_fit
 
 from . import scores, vector
-from .attention_blocks import Work, count_work, default_blocks
+from .attention_blocks import Work, count_work, default_blocks, pe_cycles
 from .common import Inputs, Signature, body_of, header, kernel_name, region_label
 from .domain import aligned
 from .errors import UnsupportedRegionError
@@ -33,6 +34,23 @@ LOWEST = "-3.4028234663852886e+38"
 
 
 def generate_attention(node: Node, cfg) -> GeneratedKernel:
+    """The streaming attention kernel of region `node`. With grouped-query heads and fewer groups
+    than PEs, two kernels can be written: a grid item per key head (its keys and values loaded
+    once for the group's query heads, some PEs idle) or one per query head (every PE busy, each
+    key and value block loaded once per query head). A decode step (one query, a long cache) is
+    all loads; a short prefill is compute. Both are written and the per-PE model of
+    `attention_blocks` (`pe_cycles`, over each kernel's loads and vector lines as written) keeps
+    the faster."""
+    kernel, modelled = _generate(node, cfg, per_query_head=False)
+    if modelled is None:   # no choice to make
+        return kernel
+    other, other_modelled = _generate(node, cfg, per_query_head=True)
+    return kernel if modelled <= other_modelled else other
+
+
+def _generate(node: Node, cfg, per_query_head: bool) -> tuple[GeneratedKernel, float | None]:
+    """The kernel, and its modelled cycles when its grid had a choice between items of key
+    heads and items of query heads (`per_query_head`: take the latter), else None."""
     body = body_of(node)
     label = region_label(node)
     inputs = Inputs.of(node, body)
@@ -199,14 +217,17 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     # key heads, so each key and value block is loaded once for its group, not once per query head
     gaxes = [i for i, d in enumerate(klead) if d not in (1, lead[i])]
     group = None   # (axis, query heads per key head, key heads)
+    chose = False   # whether the grid had a choice between key heads and query heads
     if gqa and len(gaxes) == 1 and aligned(tuple(v_shape[:-2]), len(lead)) == klead and \
             lead[gaxes[0]] % klead[gaxes[0]] == 0:
         group = (gaxes[0], lead[gaxes[0]] // klead[gaxes[0]], klead[gaxes[0]])
     heads = math.prod(lead) or 1
     if group:
         bq, bk = _blocks(heads // group[1], S, T, max(D, Dv), 4, cfg, STAGES, group=group[1])
-        if heads // group[1] * math.ceil(S / bq) < cfg.num_pes:
-            group = None   # too few groups to keep every PE busy: a grid item per query head
+        if heads // group[1] * math.ceil(S / bq) < cfg.num_pes:   # too few groups to keep every PE busy
+            chose = True
+            if per_query_head:
+                group = None
     if not group:
         bq, bk = _blocks(heads, S, T, max(D, Dv), 4, cfg, STAGES)
     gvar = "g" if group and group[2] > 1 else "0"
@@ -451,6 +472,11 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                 w(f"kt = {cast_to(f'fl.load({k_box})', k.type.dtype, op_dt[k.name])}")
             if not cache:
                 w(f"vt = {cast_to(f'fl.load({v_box})', v.type.dtype, op_dt[v.name])}")
+            group_tiles = {}   # score operands the group's query heads share (a mask over heads): loaded once
+            for name, b in (operand_boxes.items() if group else ()):
+                if not re.search(rf"\b{hv}\b", b):
+                    group_tiles[name] = names.new(name + "_t")
+                    w(f"{group_tiles[name]} = fl.load({b})   # the same for every query head of the group")
             if group:   # each query head of the group, on the block loaded once
                 w(f"for j, {hv} in enumerate({heads}):")
                 w.depth += 1
@@ -463,14 +489,15 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
             elif cache:   # the scores were made part by part above
                 pass
             elif q.name in computed or k.name in computed:
-                qs_ = q_tiles if q.name in computed else None
-                ks_ = k_tiles if k.name in computed else None
-                if qs_ is None or ks_ is None:
-                    fail(core_nodes and next(n for n in body.nodes if id(n) in core_nodes),
-                         "only one of q and k computed in the region")
+                # one of them computed in pieces of D (a rotary q over keys read from a cache the
+                # keys were rotated into before): the other, loaded whole, is sliced in SRAM
+                qs_ = q_tiles if q.name in computed else [_d_piece("qt", q_letters, c, cuts) for c in cuts]
+                ks_ = k_tiles if k.name in computed else [_d_piece("kt", k_letters, c, cuts) for c in cuts]
+                ql = "sd" if q.name in computed else q_letters
+                kl = "td" if k.name in computed else k_letters
                 for j, (a, b_) in enumerate(zip(qs_, ks_)):
                     acc = "" if j == 0 else ", acc=s"
-                    w(f's = fl.contract("sd,td->st", {a}, {b_}{acc})   # D[{_piece_text(cuts[j])}]')
+                    w(f's = fl.contract("{ql},{kl}->st", {a}, {b_}{acc})   # D[{_piece_text(cuts[j])}]')
             else:
                 w(f's = fl.contract("{q_letters},{k_letters}->st", qt, kt)')
             if causal:
@@ -484,8 +511,10 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
                         w('s = fl.where(tri[key], float("-inf"), s)   # the constant marks the masked keys')
                     else:
                         w('s = fl.where(tri[key], s, float("-inf"))')
-            tiles = dict(inputs.literals)
+            tiles = dict(inputs.literals, **group_tiles)
             for name, b in operand_boxes.items():
+                if name in group_tiles:
+                    continue
                 t = names.new(name + "_t")
                 w(f"{t} = fl.load({b})")
                 tiles[name] = t
@@ -572,7 +601,10 @@ def generate_attention(node: Node, cfg) -> GeneratedKernel:
     norms = made & {"rms_norm", "layer_norm"}
     parts = ("view",) + (("norm",) if norms else ()) + (("rotary",) if made - norms else ()) + ("attention",) + \
         (("score ops",) if score_ops else ()) + (("causal",) if causal else ()) + (("kv cache",) if cache else ())
-    return GeneratedKernel(fname, "attention", w.text(), cfg, tuple(sig.params), results, parts)
+    modelled = None
+    if chose:   # as the defaults above, but with the bytes the keys and values are loaded in
+        modelled = pe_cycles(replace(work, itemsize=k.type.dtype.itemsize), cfg, bq, bk)
+    return GeneratedKernel(fname, "attention", w.text(), cfg, tuple(sig.params), results, parts), modelled
 
 
 def _place_scale(scale, score_ops, mask) -> tuple:
@@ -724,6 +756,14 @@ def _is_view(v, producer) -> bool:
             return False
         v = producer[v.name].inputs[0]
     return True
+
+
+def _d_piece(tile: str, letters: str, piece, cuts) -> str:
+    """A piece of D of a tile loaded whole (its axes named by `letters`), as a slice in SRAM; the
+    tile itself when D is one piece."""
+    if len(cuts) == 1 and piece[1] == 1:
+        return tile
+    return f"{tile}[{', '.join(_piece_text(piece) if a == 'd' else ':' for a in letters)}]"
 
 
 def _piece_text(piece) -> str:

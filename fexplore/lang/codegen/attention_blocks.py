@@ -47,7 +47,8 @@ class Work:
 def count_work(lines: list[str], group: int) -> dict:
     """What a kernel body as `attention` writes it issues: ``q_loads``, the loads between the grid
     loop and the key loop (those in the per-head loop of a grouped kernel once per query head);
-    per key block ``kv_loads`` (a diagonal block's mask, made once per PE, aside), ``k_vector``,
+    per key block ``kv_loads`` (a diagonal block's mask, made once per PE, aside; those in the
+    per-head loop of a grouped kernel once per query head), ``k_vector``,
     the vector lines making k and v before the scores, and ``score_ops``, those on the scores
     before the softmax (a scale, a mask)."""
     par = next(i for i, t in enumerate(lines) if "fl.parallel(" in t and t.lstrip().startswith("for "))
@@ -56,19 +57,23 @@ def count_work(lines: list[str], group: int) -> dict:
     q_loads = sum(t.count("fl.load(") * (group if _indent(t) > depth else 1) for t in lines[par + 1:key])
     kv_loads = k_vector = score_ops = score_loads = 0
     scores = False
+    heads_depth = None   # the indent of a grouped kernel's loop over the group's query heads
     for t in lines[key + 1:]:
         s = t.strip()
         if _indent(t) <= depth and s:
             break
         if s.startswith("m_new = "):
             break
+        if s.startswith("for j, "):
+            heads_depth = _indent(t)
         if "tri[key]" in s or s.startswith(("if ", "else", "elif ", "#", "key = ", "for j, ")):
             continue
         if s.startswith("s = fl.contract"):
             scores = True
             continue
-        kv_loads += s.count("fl.load(")
-        score_loads += s.count("fl.load(") if scores else 0
+        loads = s.count("fl.load(") * (group if heads_depth is not None and _indent(t) > heads_depth else 1)
+        kv_loads += loads
+        score_loads += loads if scores else 0
         vector_line = re.match(r"^\w+ = ", s) is not None and "fl.load(" not in s and \
             not s.startswith(("kt = [", "vt = ", "m, l, o = ")) and "q_of[j]" not in s
         if scores:
@@ -100,7 +105,8 @@ def pe_cycles(work: Work, cfg, bq: int, bk: int) -> float:
     """Modelled cycles of the busiest PE: grid items dealt heaviest first to the least loaded PE;
     per key block the slowest of its DMA, vector and tensor work (they overlap, double buffered)."""
     lanes, lat, start = cfg.vector_lanes, cfg.vector_latency_cycles, cfg.dma_startup_cycles
-    rate = dma_rate(cfg, cfg.num_pes)
+    # the PEs loading at once share DRAM: all of them, or as many as there are grid items
+    rate = dma_rate(cfg, min(cfg.num_pes, work.grid * math.ceil(work.S / bq)))
     line = cfg.dram_min_transfer_bytes
     tm, tn, tk = cfg.native_tile(work.dtype)
     g = work.group
