@@ -890,6 +890,15 @@ def test_hf_decode_step_on_a_dynamic_cache_object_of_dynamic_length():
     assert not cm.codegen_bugs, cm.codegen_bugs
 
 
+def _prefilled_static_cache(decoder, positions: int):
+    """A StaticCache of `positions` for `decoder`, its first 6 positions filled by a prompt."""
+    register_cache_pytrees_for_model(decoder)
+    cache = T.StaticCache(config=decoder.config, max_cache_len=positions)
+    with torch.no_grad():
+        decoder(_ids(6), use_cache=True, **{_cache_keyword(decoder): cache})
+    return cache
+
+
 def _static_cache_decoder(name):
     if name == "llama":
         return _llm(T.LlamaForCausalLM, T.LlamaConfig, use_cache=True)[0].model
@@ -906,10 +915,7 @@ def test_hf_decode_steps_on_a_static_cache_updated_in_place(name):
     positions, sliced at the counter read by .item(), were read from position 0 (FX301)."""
     torch.manual_seed(0)
     decoder = _static_cache_decoder(name)
-    register_cache_pytrees_for_model(decoder)
-    cache = T.StaticCache(config=decoder.config, max_cache_len=16)
-    with torch.no_grad():
-        decoder(_ids(6), use_cache=True, **{_cache_keyword(decoder): cache})
+    cache = _prefilled_static_cache(decoder, 16)
     step = DecodeStep(decoder)
     ours, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
     cm = fexplore.compile(step, (_ids(1), cache))
@@ -945,10 +951,7 @@ def test_a_static_cache_decode_step_attends_in_one_kernel(width, heads, kv_heads
     torch.manual_seed(0)
     decoder = _llm(T.LlamaForCausalLM, T.LlamaConfig, use_cache=True, hidden_size=width, intermediate_size=256,
                    num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048)[0].model
-    register_cache_pytrees_for_model(decoder)
-    cache = T.StaticCache(config=decoder.config, max_cache_len=2048)
-    with torch.no_grad():
-        decoder(_ids(6), use_cache=True, **{_cache_keyword(decoder): cache})
+    cache = _prefilled_static_cache(decoder, 2048)
     step = DecodeStep(decoder)
     ours, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
     cm = fexplore.compile(step, (_ids(1), cache), precision="bf16")
@@ -992,10 +995,7 @@ def test_a_static_cache_decode_step_on_tiny_keeps_its_attention_whole():
     torch.manual_seed(0)
     decoder = _llm(T.LlamaForCausalLM, T.LlamaConfig, use_cache=True, hidden_size=256, intermediate_size=256,
                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)[0].model
-    register_cache_pytrees_for_model(decoder)
-    cache = T.StaticCache(config=decoder.config, max_cache_len=512)
-    with torch.no_grad():
-        decoder(_ids(6), use_cache=True, **{_cache_keyword(decoder): cache})
+    cache = _prefilled_static_cache(decoder, 512)
     cm = fexplore.compile(DecodeStep(decoder), (_ids(1), cache), target="tiny", precision="bf16")
     assert cm.verification["ok"].all()
     assert not [s for s in cm["fusion"].stats["split_for_sram"] if s["kind"] == "attention"]
