@@ -271,7 +271,7 @@ MUTANTS: list[Mutant] = [
                   'w("for cs in fl.range([cs for cs in fl.tiles(C, cols)][:-1], stages=stages):")'),)),
     Mutant("attention-mask-off-by-one", "lower: attention codegen (causal mask)",
            "the causal mask keeps key j < query i: the diagonal is masked out",
-           (Patch(f"{_CG}.attention:generate_attention",
+           (Patch(f"{_CG}.attention:_generate",
                   'tri_src = f"fl.load({kpos}[:, 0:key[2]]) <= fl.transpose(',
                   'tri_src = f"fl.load({kpos}[:, 0:key[2]]) < fl.transpose('),)),
     Mutant("conv-padding-tap-dropped", "lower: conv and pool codegen (padding)",
