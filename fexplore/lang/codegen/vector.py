@@ -180,19 +180,14 @@ class VectorEmitter:
             # Two centring passes, as careful layer norms do: the f32 mean (sum / n) of a row of
             # equal values can be an ulp off, leaving x - mean a constant ulp-sized row that
             # 1/sqrt(var + eps) magnifies ~1/sqrt(eps) times where the exact answer is 0. The
-            # second pass takes the mean of that residue out, so what is left is an ulp of an ulp.
-            # The residue is taken out where the row is scaled: the variance of x - mean is its
-            # mean square less the residue's square (the residue is an ulp, so nothing cancels),
-            # and (x - mean - residue) * rstd is one multiply-add with the row's -residue * rstd.
-            # So the norm is 7 vector passes over the row (mean, subtract, mean, square, mean and
-            # two multiply-adds with the weight and bias), not 9.
-            xc, resid = self.names.new(name + "_centered"), self.names.new(name + "_residue")
-            rstd = self.names.new(name + "_rstd")
-            w(f"{xc} = {x} - {x}.mean(axis={ax})")
-            w(f"{resid} = {xc}.mean(axis={ax})")
-            w(f"{rstd} = fl.rsqrt(fl.maximum(({xc} * {xc}).mean(axis={ax}) - {resid} * {resid}, 0.0) + "
-              f"{norm_eps(node)})")
-            self.affine(name, f"fl.fma({xc}, {rstd}, -{resid} * {rstd})", args[1:], kw)
+            # second pass subtracts the mean of that residue, so what is left is an ulp of an ulp.
+            # It costs one more row reduction per norm.
+            xc0 = self.names.new(name + "_centered_once")
+            xc, rstd = self.names.new(name + "_centered"), self.names.new(name + "_rstd")
+            w(f"{xc0} = {x} - {x}.mean(axis={ax})")
+            w(f"{xc} = {xc0} - {xc0}.mean(axis={ax})")
+            w(f"{rstd} = fl.rsqrt(({xc} * {xc}).mean(axis={ax}) + {norm_eps(node)})")
+            self.affine(name, f"{xc} * {rstd}", args[1:], kw)
         else:  # rms_norm
             rms = self.names.new(name + "_rrms")
             w(f"{rms} = fl.rsqrt(({x} * {x}).mean(axis={ax}) + {norm_eps(node)})")
@@ -205,8 +200,8 @@ class VectorEmitter:
             self.w(f"{name} = {normed}" if not kw else f"{name} = fl.cast({normed}{kw.replace(', dtype=', ', ')})")
         elif len(params) == 1:
             self.w(f"{name} = fl.mul({normed}, {params[0]}{kw})")
-        else:   # one multiply-add pass, not a multiply and an add
-            self.w(f"{name} = fl.fma({normed}, {params[0]}, {params[1]}{kw})")
+        else:
+            self.w(f"{name} = fl.add({normed} * {params[0]}, {params[1]}{kw})")
 
 
 def norm_eps(node: Node) -> str:
