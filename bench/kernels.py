@@ -237,6 +237,23 @@ def same_job(node, M: int, N: int, K: int):
     return None
 
 
+def alone(k, tiles: dict):
+    """Compiled kernel `k` (an entry of ``cm.kernels``) timed alone at `tiles`: (its kernel, its
+    argument specs, the result, and for a panel that streams its rows the result with whole row
+    tiles, else None). A panel streams its rows (tr < tm) for the program, where it starts on the
+    first rows its producer wrote; alone, with nothing to overlap, whole row tiles are faster: the
+    kernel at its best alone is the one set against the hand-written one."""
+    specs = [fl.spec(p.shape, k.node.inputs[p.index].type.dtype.name) for p in k.kernel.params]
+    kern = k.kernel.kernel()
+    res = kern.trace(*specs, target="rngd", **tiles).program().simulate()
+    unstreamed = None
+    params = tile_params(kern)
+    if "tr" in params:
+        tm = tiles.get("tm", params["tm"])
+        unstreamed = kern.trace(*specs, target="rngd", **dict(tiles, tr=tm)).program().simulate()
+    return kern, specs, res, unstreamed
+
+
 def contraction_shape(node):
     """(batch, M, N, K, count) of the region's contractions (they share one output shape); batch > 1
     when the right operand differs per batch (a batched matmul), else the rows are all in M."""
@@ -277,19 +294,9 @@ def generated_section(emit):
             if gk.kind not in ("contraction", "attention"):
                 continue
             node = k.node
-            specs = [fl.spec(p.shape, node.inputs[p.index].type.dtype.name) for p in gk.params]
-            kern = gk.kernel()
-            default_cycles = kern.trace(*specs, target="rngd").program().simulate().cycles
             tiles = chosen.get(gk.name) or {}
-            res = kern.trace(*specs, target="rngd", **tiles).program().simulate()
-            # a panel that streams its rows (tr < tm) does so for the program, where it starts on
-            # the first rows its producer wrote; alone, with nothing to overlap, whole row tiles
-            # are faster: the kernel at its best alone is the one set against the hand-written one
-            unstreamed = None
-            params = tile_params(kern)
-            if "tr" in params:
-                tm = tiles.get("tm", params["tm"])
-                unstreamed = kern.trace(*specs, target="rngd", **dict(tiles, tr=tm)).program().simulate()
+            kern, specs, res, unstreamed = alone(k, tiles)
+            default_cycles = kern.trace(*specs, target="rngd").program().simulate().cycles
             best = res if unstreamed is None or res.cycles <= unstreamed.cycles else unstreamed
             shape = contraction_shape(node) if gk.kind == "contraction" else None
             hw, ratio, verdict, peak, job, on_grid = "", " | ", "", "", " | ", " | "
@@ -371,12 +378,9 @@ def same_job_section(emit, handwritten: dict):
         model = torch.nn.Linear(K, N, bias=False).to(torch.bfloat16).eval()
         cm = fexplore.compile(model, (torch.randn(M, K).to(torch.bfloat16),), target="rngd", verify=False)
         (k,) = [k for k in cm.kernels if k.kernel.kind == "contraction"]
-        specs = [fl.spec(p.shape, k.node.inputs[p.index].type.dtype.name) for p in k.kernel.params]
-        kern, tiles = k.kernel.kernel(), {t.kernel: t.chosen for t in cm.schedule.tiles}.get(k.kernel.name) or {}
-        cycles = kern.trace(*specs, target="rngd", **tiles).program().simulate().cycles
-        unstreamed = None
-        if "tr" in tiles:   # as in the section above: alone, whole row tiles when they are faster
-            unstreamed = kern.trace(*specs, target="rngd", **dict(tiles, tr=tiles["tm"])).program().simulate().cycles
+        tiles = {t.kernel: t.chosen for t in cm.schedule.tiles}.get(k.kernel.name) or {}
+        _, _, res, streamed_off = alone(k, tiles)
+        cycles, unstreamed = res.cycles, streamed_off.cycles if streamed_off else None
         hw_cycles, hw_tiles, _ = handwritten[M, N, K]
         ratios.append(min(cycles, unstreamed or cycles) / hw_cycles)
         tile_text = " ".join(f"{p}={v}" for p, v in tiles.items())

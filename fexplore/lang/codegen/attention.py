@@ -473,10 +473,12 @@ def _generate(node: Node, cfg, per_query_head: bool) -> tuple[GeneratedKernel, f
             if not cache:
                 w(f"vt = {cast_to(f'fl.load({v_box})', v.type.dtype, op_dt[v.name])}")
             group_tiles = {}   # score operands the group's query heads share (a mask over heads): loaded once
-            for name, b in (operand_boxes.items() if group else ()):
-                if not re.search(rf"\b{hv}\b", b):
-                    group_tiles[name] = names.new(name + "_t")
-                    w(f"{group_tiles[name]} = fl.load({b})   # the same for every query head of the group")
+            if group:
+                shared = _Hoist(w, hv)   # before the loop over the group's heads, written next
+                for name, b in operand_boxes.items():
+                    if shared.outside(b):
+                        group_tiles[name] = names.new(name + "_t")
+                        shared(f"{group_tiles[name]} = fl.load({b})   # the same for every query head of the group")
             if group:   # each query head of the group, on the block loaded once
                 w(f"for j, {hv} in enumerate({heads}):")
                 w.depth += 1
