@@ -95,26 +95,34 @@ class Program:
                    if isinstance(c, Vector)) / (cfg.vector_lanes * cfg.num_pes)
 
     def compulsory_bytes(self) -> int:
-        """Each input the program reads, read once; each output it writes, written once. Scratch
+        """Each input the program reads, read once; each output it writes, written once (of a
+        tensor only gathered from, the rows picked; only scattered into, the rows written). Scratch
         (an intermediate a schedule put in DRAM) is not compulsory: another schedule keeps it on
-        chip, so counting it would flatter every ratio against the bound."""
-        # the storages of inputs and results (a result may be a view of a tensor the program
-        # computes under another name: a reshape that moves no data)
-        ends = {t.storage for t in self.tensors.values() if t.kind == "input" or t.returned}
+        chip, so counting it would flatter every ratio against the bound; nor is reading back an
+        output the program wrote."""
+        # the storages of inputs and of results (a result may be a view of a tensor the program
+        # computes under another name: a reshape that moves no data; or of an input it updates)
+        inputs = {t.storage for t in self.tensors.values() if t.kind == "input"}
+        results = {t.storage for t in self.tensors.values() if t.returned}
 
-        def kept(t) -> bool:
+        def at(t, ends) -> bool:
             return not t.resident and t.storage in ends
 
-        read = {c.src.tensor.storage for c in self.commands if isinstance(c, Load) and kept(c.src.tensor)}
-        written = {c.dst.tensor.storage for c in self.commands
-                   if isinstance(c, (Store, Scatter)) and kept(c.dst.tensor)}
-        gathered: dict[str, int] = {}   # a gather reads only the rows it picks (an embedding table)
+        read = {c.src.tensor.storage for c in self.commands if isinstance(c, Load) and at(c.src.tensor, inputs)}
+        written = {c.dst.tensor.storage for c in self.commands if isinstance(c, Store) and at(c.dst.tensor, results)}
+        # a gather reads only the rows it picks (an embedding table); a scatter writes only its rows
+        # (a cache updated in place: the step's new rows are what it must write)
+        picked: dict[tuple[str, str], int] = {}
         for c in self.commands:
-            t = c.src.tensor if isinstance(c, Gather) else None
-            if t is not None and kept(t) and t.storage not in read:
-                gathered[t.storage] = gathered.get(t.storage, 0) + c.nbytes
+            if isinstance(c, Gather) and at(c.src.tensor, inputs) and c.src.tensor.storage not in read:
+                key = (c.src.tensor.storage, "read")
+            elif isinstance(c, Scatter) and at(c.dst.tensor, results) and c.dst.tensor.storage not in written:
+                key = (c.dst.tensor.storage, "written")
+            else:
+                continue
+            picked[key] = picked.get(key, 0) + c.nbytes
         return sum(self.tensors[n].nbytes for n in read) + sum(self.tensors[n].nbytes for n in written) + \
-            sum(min(b, self.tensors[n].nbytes) for n, b in gathered.items())
+            sum(min(b, self.tensors[n].nbytes) for (n, _), b in picked.items())
 
     def stats(self) -> dict:
         kinds = Counter(c.kind for c in self.commands)
