@@ -131,6 +131,67 @@ def _trace_error(src: str, *args):
     return e.value
 
 
+@fl.kernel
+def update_rows(cache: fl.f32["B", "S", "D"], rows: fl.f32["B", "N", "D"], at: fl.i64["N"]):
+    B, S, D = cache.shape
+    OUT = fl.output(fl.f32["B", "S", "D"], init=cache)
+    for b in fl.parallel(B):
+        fl.scatter(OUT[b, :, :], fl.load(at), fl.load(rows[b, :, :]))
+    return OUT
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_output_that_starts_as_a_parameter_is_copied_unless_given_its_bytes(target):
+    """`fl.output(init=cache)`: the output starts as the cache (a KV-cache update scatters its new
+    rows in). Run alone, the kernel copies the cache block by block over the PEs, and the
+    interpreter and the simulator agree with numpy. Emitted with the output bound to the cache's
+    own storage, as the schedule binds an update whose table nothing reads after it, the copy is
+    gone: the DMA moves the new rows, not the cache, and the cache's tensor holds the result."""
+    from fexplore.lang.lowering import KernelPart, emit
+
+    rng = np.random.default_rng(0)
+    cache = rng.standard_normal((3, 301, 24)).astype(np.float32)   # blocks that do not divide it
+    rows = rng.standard_normal((3, 2, 24)).astype(np.float32)
+    at = np.array([5, -1])
+    want = cache.copy()
+    want[:, at] = rows
+    np.testing.assert_array_equal(update_rows(cache, rows, at, target=target), want)
+
+    tr, alone = _sim(update_rows, cache, rows, at, target=target)
+    np.testing.assert_array_equal(tr.unpack(alone.outputs), want)
+    (param, ops), = tr.initial.values()
+    num_pes = fexplore.npu.get_target(target).num_pes
+    assert param == "cache" and len({tr.ops[i].pe for i in ops}) == min(num_pes, len(ops) // 2)
+    stored = [tr.ops[i].dst for i in ops if isinstance(tr.ops[i], fl.ir.Store)]
+    assert sum(int(np.prod(box.sizes)) for box in stored) == cache.size   # every element, once
+
+    b = ProgramBuilder(fexplore.npu.get_target(target), name="in_place")
+    dram = {"cache": b.input("cache", cache.shape, "f32"), "rows": b.input("rows", rows.shape, "f32"),
+            "at": b.input("at", at.shape, "i64")}
+    dram["OUT"] = b.view("OUT", dram["cache"], cache.shape, returned=True)
+    prog = emit(b, [KernelPart(tr, dram)])
+    res = prog.simulate({"cache": cache, "rows": rows, "at": at}, functional=True)
+    np.testing.assert_array_equal(res.dram["OUT"], want)
+    moved = {kind: sum(prog.moved_bytes[c.id] for c in prog.commands if c.kind == kind)
+             for kind in ("load", "store", "scatter")}
+    assert moved["store"] == 0 and moved["load"] < cache.nbytes / 20, moved
+    # what the step must move: the new rows and their positions read, the rows written
+    assert prog.compulsory_bytes() == 2 * rows.nbytes + at.nbytes
+    assert len(prog.commands) == len(alone.program.commands) - len(ops)   # the copy, and only it
+
+
+@pytest.mark.parametrize("init, code", [("rows", "FK110"), ("O2", "FK180"), ("cache[0]", "FK180"), ("3", "FK180")])
+def test_an_output_started_as_something_other_than_a_whole_parameter_of_its_shape_is_refused(init, code):
+    src = ("@fl.kernel\n"
+           "def k(cache: fl.f32['S', 'D'], rows: fl.f32[2, 'D']):\n"
+           "    O2 = fl.output(fl.f32['S', 'D'])\n"
+           f"    O = fl.output(fl.f32['S', 'D'], init={init})\n"
+           "    return O\n")
+    err = _trace_error(src, np.zeros((6, 4), np.float32), np.zeros((2, 4), np.float32))
+    assert err.code == code, str(err)
+    assert err.line == 4 and err.expected and err.given and err.hint
+
+
 @pytest.mark.parametrize("body, code", [
     ("fl.store(O, fl.gather(t, fl.load(f)))", "FK120"),                  # float index
     ("fl.store(O, fl.gather(t, i))", "FK130"),                           # index still in DRAM
@@ -426,8 +487,9 @@ def test_scatter_reductions_of_a_graph_network_run_on_the_chip(target, precision
 class LongIndexRows(torch.nn.Module):
     """torch.gather and scatter_reduce along the middle axis with index rows of 12 x 300 elements:
     on tiny one row does not fit a quarter of a PE's SRAM (BigBird's block-sparse attention
-    gathers such rows), nor does a row of x the scatters copy first, so the kernels cut both
-    along their last axis too."""
+    gathers such rows), nor does a row of x the mean copies first (with its count), so that
+    kernel cuts both along their last axis too; the other scatters start their output as x
+    (`fl.output(init=)`), a copy in blocks that fit."""
 
     def forward(self, x, idx, src):
         picked = torch.gather(x, 1, idx)
@@ -445,7 +507,8 @@ def test_gathers_and_scatters_with_index_rows_longer_than_sram_are_cut_along_the
     assert not cm.lowering.host_ops, [(h.op, h.reason) for h in cm.lowering.host_ops]
     cut = [k for k in cm.kernels if k.kind == "gather"]
     assert len(cut) == 4 and all("for cs in fl.range(" in k.source for k in cut)
-    assert sum("for ccs in fl.range(" in k.source for k in cut) == 3   # the scatters' copies of x, cut too
+    assert sum("for ccs in fl.range(" in k.source for k in cut) == 1   # the mean's copy of x, cut too
+    assert sum("init=x" in k.source for k in cut) == 2
     assert cm["schedule"].verification.ok
     for g, w in zip(cm(x, idx, src), LongIndexRows()(x, idx, src)):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

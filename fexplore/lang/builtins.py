@@ -19,10 +19,15 @@ from fexplore.npu.vector_ops import VECTOR_OPS
 # ---- DRAM and DMA ---------------------------------------------------------------------------------
 
 
-def output(spec, dtype=None, *, axes=None, name=None):
+def output(spec, dtype=None, *, axes=None, name=None, init=None):
     """Declare an output tensor in DRAM: ``C = fl.output(fl.bf16["M", "N"])`` (axis names resolve to
-    the sizes the arguments bound) or ``fl.output((M, N), fl.bf16, axes="M N")``. Return it."""
-    return semantics.output(spec, dtype, axes=axes, name=name)
+    the sizes the arguments bound) or ``fl.output((M, N), fl.bf16, axes="M N")``. Return it.
+
+    ``init=X``, a parameter of the same shape and dtype: the output starts as a copy of X (a cache
+    whose new rows the kernel then scatters in). The copy is DMA, block by block over the PEs; a
+    caller that gives the output X's own bytes (a whole program where X is read by nothing after
+    this kernel) has nothing to copy, and the kernel updates X in place."""
+    return semantics.output(spec, dtype, axes=axes, name=name, init=init)
 
 
 def scratch(spec, dtype=None, *, axes=None, name=None):

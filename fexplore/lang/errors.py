@@ -248,7 +248,8 @@ class OutputError(KernelError):
     code = "FK180"
     doc = ErrorDoc(
         when="A kernel output is never stored, only partly stored, stored twice over, or not "
-             "returned; or a kernel writes into one of its inputs.",
+             "returned; or a kernel writes into one of its inputs (an output that starts as one, "
+             "`fl.output(init=X)`, takes a parameter of the kernel whole).",
         example="Y = fl.output(fl.f32['M', 'N'])\nreturn Y   # nothing stored into Y",
         fix="Store every element of each output (a loop over fl.tiles covers it) and return the "
             "outputs.")

@@ -248,6 +248,9 @@ class KernelTrace:
         self.axes: dict[str, int] = {}        # axis name -> size, bound by the arguments
         self.static: dict = {}                # the non-tensor arguments
         self.plan = None                      # SramPlan, made when tracing ends
+        # output name -> (the parameter it starts as, the ops of that copy): `fl.output(init=)`;
+        # a caller that binds the two to one storage drops the copy (`lowering.emit`)
+        self.initial: dict[str, tuple[str, list[int]]] = {}
         self._program = None
 
     # ---- back ends ----------------------------------------------------------------------------

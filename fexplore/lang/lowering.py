@@ -3,7 +3,9 @@
   1. DRAM tensors become the program's inputs/outputs/scratch; the SRAM plan's buffers become
      SRAM buffers (the npu allocator then gives them addresses).
   2. Peephole: zero-filling an accumulator that a contraction then accumulates onto is dropped, and
-     that contraction overwrites instead (the tensor unit starts from zero for free).
+     that contraction overwrites instead (the tensor unit starts from zero for free). An output
+     that starts as a parameter (`fl.output(init=)`) and that the caller bound to the parameter's
+     own bytes is not copied: the kernel updates the parameter in place.
   3. Dependencies between ops are the npu's own hazard rules (`npu.hazards`) over the plan's
      buffers and the DRAM boxes, plus waits. The list scheduler (`schedule.py`) picks the issue
      order from the npu's cost model; the builder re-derives the same hazards from that order.
@@ -119,6 +121,7 @@ def emit(b: ProgramBuilder, parts: list, *, interleave: bool | str = True, owner
         bufs = [b.alloc(part.prefix + pb.name, pb.shape, pb.dtype.name, pe=pb.pe, loc=pb.loc)
                 for pb in plan.buffers]
         dropped, overwrite = _fresh_accumulators(part.trace.ops)
+        dropped |= _copies_in_place(part)
         keep = [op for op in part.trace.ops if op.index not in dropped]
         meta.append((plan, bufs, overwrite, len({op.pe for op in keep}) or 1))
         ops.extend((pi, op) for op in keep)
@@ -346,6 +349,17 @@ def _fresh_accumulators(ops: list[ir.Op]) -> tuple[set[int], set[int]]:
         if isinstance(op, ir.Fill) and op.value == 0.0 and op.out.base is None:
             pending[op.out.id] = op
     return dropped, overwrite
+
+
+def _copies_in_place(part: "KernelPart") -> set[int]:
+    """The ops of the initial copies (`fl.output(init=)`) whose output the caller bound to its
+    parameter's own bytes: the output already holds them, there is nothing to copy."""
+    dropped: set[int] = set()
+    for out, (param, ops) in part.trace.initial.items():
+        a, b = part.dram[out], part.dram[param]
+        if (a.storage, a.storage_offset, a.shape) == (b.storage, b.storage_offset, b.shape):
+            dropped.update(ops)
+    return dropped
 
 
 def _box_of(op):

@@ -9,6 +9,7 @@ vector units. (SRAM capacity needs the whole trace, so `plan.py` checks it when 
 
 from __future__ import annotations
 
+import math
 from numbers import Number
 
 import numpy as np
@@ -202,7 +203,7 @@ def _as_box(x, what: str, loc) -> DramSlice:
     raise TraceError(f"{what} needs a DRAM tensor or a box of one", given=describe(x), loc=loc)
 
 
-def output(spec, dtype=None, *, axes=None, name=None, kind="output") -> DramTensor:
+def output(spec, dtype=None, *, axes=None, name=None, kind="output", init=None) -> DramTensor:
     tr = current("output" if kind == "output" else "scratch")
     loc, site = tr.where()
     if isinstance(spec, TensorSpec):
@@ -226,10 +227,65 @@ def output(spec, dtype=None, *, axes=None, name=None, kind="output") -> DramTens
     base, k = name, 1
     while name in taken:
         name, k = f"{base}_{k}", k + 1
+    if init is not None:
+        _check_initial(tr, init, shape, dt, loc)
     t = DramTensor(tr.trace, name, shape, dt, axes, kind, loc)
     tr.trace.tensors.append(t)
     tr.coverage[name] = np.zeros(shape, dtype=bool)
+    if init is not None:
+        tr.trace.initial[name] = (init.name, _initial_copy(tr, t, init, loc, site))
     return t
+
+
+def _check_initial(tr: Tracer, init, shape, dt, loc) -> None:
+    """`fl.output(init=)` takes a whole parameter of this kernel with the output's shape and dtype."""
+    if not isinstance(init, DramTensor) or init.trace is not tr.trace or init.kind != "input":
+        raise OutputError("fl.output(init=) takes a parameter of the kernel, whole",
+                          expected="a DRAM tensor the kernel was called with, e.g. init=cache",
+                          given=describe(init), loc=loc,
+                          hint="to start from part of a parameter, declare the output and store that part")
+    if tuple(init.shape) != tuple(shape) or init.dtype != dt:
+        raise ShapeError(f"fl.output(init={init.name}): the output starts as {init.name}, so it has its shape "
+                         "and dtype",
+                         expected=f"{dt}[{shape_text(shape)}] (the output declared)", given=describe(init),
+                         loc=loc, hint=f"declare the output as {init.dtype}[{shape_text(init.shape)}]")
+
+
+# A block of the initial copy: at most this share of a PE's SRAM (the load's buffer, reused by
+# the next block on the PE: its DMA engine runs the loads and stores in order anyway).
+_INITIAL_BLOCK_SHARE = 16
+
+
+def _initial_copy(tr: Tracer, out: DramTensor, src: DramTensor, loc, site) -> list[int]:
+    """Record the copy of `src` into `out`, the ops' indices returned: blocks of single indices
+    of the leading axes, a run of one axis and the axes after it whole, as big as fit the block
+    budget but enough of them for every PE; dealt to the PEs round robin."""
+    shape, item = out.shape, out.dtype.itemsize
+    if 0 in shape:
+        return []
+    pes, budget = tr.target.num_pes, max(item, tr.target.sram_bytes_per_pe // _INITIAL_BLOCK_SHARE)
+    if shape:
+        axis = next(a for a in range(len(shape)) if math.prod(shape[a + 1:]) * item <= budget)
+        run = max(1, min(shape[axis], budget // (math.prod(shape[axis + 1:]) * item)))
+        while run > 1 and math.prod(shape[:axis]) * -(-shape[axis] // run) < pes:
+            run = -(-run // 2)
+        blocks = [lead + (slice(s, min(s + run, shape[axis])),)
+                  for lead in np.ndindex(*shape[:axis]) for s in range(0, shape[axis], run)]
+    else:
+        blocks = [()]
+    ops, pe = [], tr.pe
+    name = f"{out.name.lower()}_initial"
+    for i, index in enumerate(blocks):
+        tr.pe = i % pes
+        box, dst = dram_slice(src, index), dram_slice(out, index)
+        t = tr.new_tile(box.shape, box.dtype, box.axes, SRAM, loc=loc, site=site, name=name,
+                        origin=f"fl.output(init={src.name}) at line {loc.line if loc else '?'}")
+        ops.append(tr.record(ir.Load(t, box, tr.pe, loc)).index)
+        mark_written(t)
+        ops.append(tr.record(ir.Store(dst, t, tr.pe, loc)).index)
+    tr.pe = pe
+    tr.coverage[out.name][...] = True
+    return ops
 
 
 # ---- DMA ------------------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int
         raise UnsupportedRegionError(op, label, f"index tensors on axes {list(axes)} that are not adjacent "
                                                 "(the result's axes move to the front)", loc=node.loc)
     if len({tuple(v.type.shape) for v in idxs}) != 1:
-        return _rows_broadcast(node, cfg, x, idxs, axes, values=values, reduce=reduce)
+        return _rows_broadcast(node, cfg, x, idxs, axes, values=values, reduce=reduce, table=table)
     axis = axes[0]
     P, R = math.prod(shape[:axis]), math.prod(shape[axis + k:])
     A = shape[axis:axis + k]
@@ -100,10 +100,8 @@ def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int
             raise UnsupportedRegionError(op, label, f"values {v.type} broadcast to the indexed rows "
                                                     "(values of the indexed shape are written)", loc=node.loc)
     item = x.type.dtype.itemsize
-    rows, cols = _row_tiles(cfg, N if values is None else max(N, A[-1]), R, item, P, k)
+    rows, cols = _row_tiles(cfg, N, R, item, P, k)
     iterations = P * math.ceil(N / rows) * math.ceil(R / cols)
-    if values is not None:
-        iterations += P * math.prod(A[:-1]) * math.ceil(A[-1] / rows) * math.ceil(R / cols)
     if iterations > MAX_ITERATIONS:
         raise UnsupportedRegionError(op, label, f"{iterations:,} blocks (more than {MAX_ITERATIONS:,} to unroll)",
                                      loc=node.loc)
@@ -129,7 +127,8 @@ def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int
     header(w, node, body, f"{what} (DMA)", sig.header, {})
     picks = " and ".join(inames)
     if values is not None:
-        w(f"# the output starts as a copy of {tname}; the rows {picks} pick are then "
+        w(f"# the output starts as {tname} (copied, or {tname} itself where nothing reads it after this "
+          f"kernel); the rows {picks} pick are then "
           + ("added onto" if reduce == "add" else "overwritten (of repeated indices the last one wins)"))
     w(f'@fl.kernel(target="{cfg.name}")')
     w(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}, cols: int = {cols}, "
@@ -146,8 +145,7 @@ def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int
             out_spec = (['"P"'] if lead else []) + ['"N"', '"R"']
             w(f"OUT = fl.output({dt}[{', '.join(out_spec)}])")
         else:
-            w(f"OUT = fl.output({dt}[{', '.join(tab_spec)}])")
-            _copy_table(w, tname, anames, pre, grid, "cols")
+            w(f"OUT = fl.output({dt}[{', '.join(tab_spec)}], init={tname})")
         w(f"for {pre}ns, rs in fl.parallel({grid}fl.tiles(N, rows), fl.tiles(R, cols), stages=stages):")
         with w.indent():
             for iv, iname in zip(ivars, inames):
@@ -162,11 +160,12 @@ def _rows(node: Node, cfg, *, table: int, index: tuple, axes: tuple, values: int
                 w(f"fl.scatter(OUT[{pre}{whole}, rs], {idx_expr}, vals{red})")
         w("return OUT")
     results = (Result(0, tuple(node.outputs[0].type.shape)),)
-    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,))
+    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,),
+                           initial=((0, table),) if values is not None else ())
 
 
 def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple, values: int | None = None,
-                    reduce=None) -> GeneratedKernel:
+                    reduce=None, table: int = 0) -> GeneratedKernel:
     """Index tensors of different shapes that broadcast together (``mask[b[:, None], t[None, :]]``):
     each is loaded whole and broadcast on the vector unit to the common shape (exact for index
     values below 2**24, as the unit computes in f32), then one gather per block of columns. An
@@ -193,16 +192,13 @@ def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple, values: int | None = 
     cols = R
     while cols > 1 and STAGES * N * (cols * item + 16 * k) > budget:
         cols = -(-cols // 2)
-    copy_rows, copy_cols = _row_tiles(cfg, A[-1], R, item, P, k)
     blocks = P * math.ceil(R / cols)
-    if values is not None:
-        blocks += P * math.prod(A[:-1]) * math.ceil(A[-1] / copy_rows) * math.ceil(R / copy_cols)
     if blocks > MAX_ITERATIONS:
         raise UnsupportedRegionError(op, label, f"more than {MAX_ITERATIONS:,} blocks to unroll", loc=node.loc)
     bs = bshape or (1,)
 
     body = body_of(node)
-    names = Names({"cols", "rows", "stages", "p", "rs", "As", "picked", "vals", "P", "R", "OUT",
+    names = Names({"cols", "stages", "p", "rs", "As", "picked", "vals", "P", "R", "OUT",
                    *(f"A{j}" for j in range(k)), *(f"a{j}" for j in range(k)), *(f"i{j}" for j in range(k))})
     fname = kernel_name(node)
     names.taken.add(fname)
@@ -224,11 +220,11 @@ def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple, values: int | None = 
     header(w, node, body, f"{what} (DMA)", sig.header, {})
     w(f"# the index tensors broadcast to {list(bs)}; each is broadcast on the vector unit, then {what}ed")
     if values is not None:
-        w(f"# the output starts as a copy of {tname}; the rows the indices pick are then "
+        w(f"# the output starts as {tname} (copied, or {tname} itself where nothing reads it after this "
+          "kernel); the rows the indices pick are then "
           + ("added onto" if reduce == "add" else "overwritten (of repeated indices the last one wins)"))
     w(f'@fl.kernel(target="{cfg.name}")')
-    tiling = f"rows: int = {copy_rows}, " if values is not None else ""
-    w(f"def {fname}({', '.join(sig.annotations)}, *, {tiling}cols: int = {cols}, stages: int = {STAGES}):")
+    w(f"def {fname}({', '.join(sig.annotations)}, *, cols: int = {cols}, stages: int = {STAGES}):")
     pre, grid = ("p, ", "P, ") if lead else ("", "")
     whole = ", ".join(":" for _ in range(k))
     with w.indent():
@@ -239,8 +235,7 @@ def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple, values: int | None = 
         if values is None:
             w(f'OUT = fl.output({dt}[{lead_axis}{dims}, "R"])')
         else:
-            w(f'OUT = fl.output({dt}[{lead_axis}{", ".join(repr(a) for a in anames)}, "R"])')
-            _copy_table(w, tname, anames, pre, grid, str(copy_cols))
+            w(f'OUT = fl.output({dt}[{lead_axis}{", ".join(repr(a) for a in anames)}, "R"], init={tname})')
         w(f"for {pre}rs in fl.parallel({grid}fl.tiles(R, cols), stages=stages):")
         with w.indent():
             for j, iname in enumerate(inames):
@@ -255,19 +250,8 @@ def _rows_broadcast(node: Node, cfg, x, idxs, axes: tuple, values: int | None = 
                 w(f"fl.scatter(OUT[{pre}{whole}, rs], ({idx}), vals{red})")
         w("return OUT")
     results = (Result(0, tuple(node.outputs[0].type.shape)),)
-    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,))
-
-
-def _copy_table(w, tname: str, anames: list, pre: str, grid: str, cols: str) -> None:
-    """A scatter's output starts as a copy of its table: blocks of (rows of the last indexed axis,
-    `cols` columns), the indexed axes before it one index at a time."""
-    outer = [a.lower() for a in anames[:-1]]
-    w(f"for {pre}{''.join(o + ', ' for o in outer)}As, rs in fl.parallel({grid}"
-      f"{''.join(a + ', ' for a in anames[:-1])}fl.tiles({anames[-1]}, rows), fl.tiles(R, {cols}), "
-      f"stages=stages):")
-    with w.indent():
-        box = f"{pre}{''.join(o + ', ' for o in outer)}As, rs"
-        w(f"fl.store(OUT[{box}], fl.load({tname}[{box}]))   # the copy")
+    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (what,),
+                           initial=((0, table),) if values is not None else ())
 
 
 def _row_tiles(cfg, N: int, R: int, item: int, P: int, k: int = 1) -> tuple[int, int]:
@@ -319,17 +303,19 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
     blocks = math.ceil(js[0] / rows) * (math.ceil(js[col_axis] / cols) if cols else 1)
     if blocks > MAX_ITERATIONS:
         raise UnsupportedRegionError(op, label, f"more than {MAX_ITERATIONS:,} blocks to unroll", loc=node.loc)
-    # the copy's rows in flight; a mean's last pass holds a row of the sum, of the f32 count and its quotient
+    # a mean copies the table itself, with a count per place: the copy's rows in flight (its last
+    # pass holds a row of the sum, of the f32 count and its quotient); other scatters start the
+    # output as the table (`fl.output(init=)`)
     mean = reduce == "mean"
-    copy_row = (3 if mean else 2) * STAGES * math.prod(xs[1:]) * max(item, 4)
+    copy_row = 3 * STAGES * math.prod(xs[1:]) * max(item, 4)
     copy_cols = None   # a row too long for SRAM is copied in pieces of its last axis
-    if values is not None and copy_row > budget:
+    if mean and copy_row > budget:
         copy_cols = budget // (copy_row // xs[-1]) if rank > 1 else 0
         if copy_cols < 1:
             raise UnsupportedRegionError(op, label, "a row of the tensor does not fit SRAM for the copy", loc=node.loc)
         copy_row = copy_row // xs[-1] * copy_cols
     copy_rows = max(1, min(xs[0], budget // max(1, copy_row)))
-    if values is not None and math.ceil(xs[0] / copy_rows) * math.ceil(xs[-1] / (copy_cols or xs[-1])) > MAX_ITERATIONS:
+    if mean and math.ceil(xs[0] / copy_rows) * math.ceil(xs[-1] / (copy_cols or xs[-1])) > MAX_ITERATIONS:
         raise UnsupportedRegionError(op, label, f"more than {MAX_ITERATIONS:,} blocks to copy", loc=node.loc)
 
     body = body_of(node)
@@ -398,13 +384,15 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
         how = {"add": "added onto", "max": "maxed into", "min": "mined into", "mul": "multiplied into",
                "mean": "added onto, each place's count of them added into COUNT, and the sums divided by the "
                        "counts"}
-        w(f"# the output starts as a copy of {tname}; the elements {iname} picks are then "
+        start = f"a copy of {tname}" if mean else \
+            f"{tname} (copied, or {tname} itself where nothing reads it after this kernel)"
+        w(f"# the output starts as {start}; the elements {iname} picks are then "
           + (how[reduce] if reduce else "overwritten (of repeated indices the last one wins)"))
         if reduce and not include_self:
             w("# (without include_self: the picked elements first get the reduction's identity, all of them "
               "before any value is combined)")
     w(f'@fl.kernel(target="{cfg.name}")')
-    copy_kw = f", copy_rows: int = {copy_rows}" if src is not None else ""
+    copy_kw = f", copy_rows: int = {copy_rows}" if mean else ""
     copy_kw += f", copy_cols: int = {copy_cols}" if copy_cols else ""
     cols_kw = f", cols: int = {cols}" if col_axis is not None else ""
     w(f"def {fname}({', '.join(sig.annotations)}, *, rows: int = {rows}{cols_kw}{copy_kw}, stages: int = {STAGES}):")
@@ -413,17 +401,16 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
         if src is None:
             w(f"OUT = fl.output({dt}[{', '.join(jaxes)}])")
         else:
-            w(f"OUT = fl.output({dt}[{', '.join(xaxes)}])")
             if mean:
+                w(f"OUT = fl.output({dt}[{', '.join(xaxes)}])")
                 w(f"COUNT = fl.scratch(fl.f32[{', '.join(xaxes)}])   # the values each place averages")
-            with copy_tiles():
-                if mean:
+                with copy_tiles():
                     w(f"t = fl.load({copy_box(tname)})")
                     w(f"fl.store({copy_box('OUT')}, t)   # the copy")
                     w(f"fl.store({copy_box('COUNT')}, fl.full(t.shape, {1.0 if include_self else 0.0}, fl.f32))"
                       + ("   # its own value counts" if include_self else ""))
-                else:
-                    w(f"fl.store({copy_box('OUT')}, fl.load({copy_box(tname)}))   # the copy")
+            else:
+                w(f"OUT = fl.output({dt}[{', '.join(xaxes)}], init={tname})")
             if reduce and not include_self:
                 with index_tiles():
                     w(f"i = fl.load({index_box})")
@@ -453,4 +440,5 @@ def _elements(node: Node, cfg, *, table: int, index: int, values: int | None, re
                   f"fl.maximum(fl.load({copy_box('COUNT')}), 1.0), dtype={dt}))")
         w("return OUT")
     results = (Result(0, tuple(node.outputs[0].type.shape)),)
-    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (f"element {what}",))
+    return GeneratedKernel(fname, "gather", w.text(), cfg, tuple(sig.params), results, (f"element {what}",),
+                           initial=((0, table),) if src is not None and not mean else ())

@@ -46,6 +46,10 @@ class GeneratedKernel:
     params: tuple[Param, ...]
     results: tuple[Result, ...]
     parts: tuple[str, ...] = ()   # what the kernel was composed of, e.g. ("norm", "contraction", "epilogue")
+    # (node output, node input): the output starts as the input (`fl.output(init=)`, a scatter's
+    # table), so a program where nothing reads the input after this kernel may give the output
+    # the input's bytes (the schedule's `_updates_in_place`), and the kernel copies nothing
+    initial: tuple[tuple[int, int], ...] = ()
 
     def kernel(self):
         """The traced `fexplore.lang.Kernel`: the source executed with ``fl`` bound, as the cell
