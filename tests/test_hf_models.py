@@ -921,6 +921,10 @@ def test_hf_decode_steps_on_a_static_cache_updated_in_place(name):
     cm = fexplore.compile(step, (_ids(1), cache))
     assert cm.verification["ok"].all() and len(cm._ingested.input_mutations) == 6
     assert not [k.name for k in cm.schedule.kernels if k.how == "host"]
+    # each layer's key and value rows are scattered into the caches' own storage (nothing reads
+    # a cache as it was after its update): no copy of the caches
+    assert [why.split(" (")[0] for what, why in cm.schedule.decisions if what == "updated in place"] == \
+        ["4 updates write into their tables' own storage"], cm.schedule.decisions
     for _ in range(3):
         ids = _ids(1)
         got = cm(ids, ours)

@@ -32,6 +32,7 @@ REPRESENTATIVE = {
     "split-row-statistics-short": (["long-rows@tiny"], "lower check (kernels in the interpreter)"),
     "sram-reuse-wait-missing": (["reuse-before-last-reader@tiny"], "simulator hazard check (program)"),
     "sram-reuse-wait-first-writer-only": (["resident-over-reused-sram@tiny"], "simulator hazard check (program)"),
+    "update-in-place-before-a-later-reader": (["cache-updates"], "schedule check (simulator vs eager)"),
 }
 CASES = sorted({c for cases, _ in REPRESENTATIVE.values() for c in cases})
 

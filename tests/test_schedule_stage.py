@@ -222,6 +222,81 @@ def test_a_concatenation_written_in_place_is_not_a_piece_of_another():
     np.testing.assert_allclose(got, _eager(model, (x,)).numpy(), rtol=1e-5, atol=1e-6)
 
 
+ROWS = 4096   # a 1 MB f32 table; each update is a model output (an intermediate would stay in SRAM)
+
+
+class _Updates(torch.nn.Module):
+    """Row updates (index_put) of a table, each a case for writing the update into the table's
+    own storage: where nothing reads the old table after the update (an input the model updates
+    in place, a buffer carried from call to call, an input whose old rows fed the values before
+    the update), and where something does (the old table read after it, returned as it was, or a
+    weight, which is the model's). Of an update updated again, the second may not take the storage
+    the first took when the first is returned."""
+
+    def __init__(self, case):
+        super().__init__()
+        self.case = case
+        self.w = torch.nn.Parameter(torch.randn(ROWS, 64))
+        self.register_buffer("state", torch.zeros(ROWS, 64))
+
+    def forward(self, x, i, v):
+        if self.case == "input updated in place":
+            x.index_put_([i], v)
+            return x.sum(0)
+        if self.case == "buffer":
+            self.state.index_put_([i], v)
+            return self.state.sum(0) + 1.0
+        if self.case == "values read from the table before":
+            return torch.ops.aten.index_put(x, [i], x[:2] * 3.0)
+        new = torch.ops.aten.index_put(self.w if self.case == "weight" else x, [i], v)
+        if self.case == "updated again, the first update returned":
+            return new, torch.ops.aten.index_put(new, [i + 1], v * 2.0)
+        if self.case == "old table read after":
+            return new.sum(0), x.sum(0) * 3.0
+        if self.case == "old table returned":
+            return new, x
+        return new, self.w.sum(0)
+
+
+@pytest.mark.parametrize("target,precision", [("rngd", "fp32"), ("tiny", "bf16")])
+@pytest.mark.parametrize("case, in_place", [
+    ("input updated in place", 1), ("buffer", 1), ("values read from the table before", 1),
+    ("updated again, the first update returned", 1),
+    ("old table read after", 0), ("old table returned", 0), ("weight", 0)])
+def test_an_update_whose_old_table_nothing_reads_after_it_writes_into_the_table(case, in_place, target,
+                                                                               precision, monkeypatch):
+    """An index_put's output starts as its table (`fl.output(init=)`). Where nothing reads the
+    old table after the update, the schedule gives the output the table's storage and the kernel
+    copies nothing: the step moves at least the table's bytes twice (a read and a write) less
+    than with the copy. Where something does, the copy stays, and results are eager's either
+    way: two calls, so a buffer's state carries, and the caller's tensors as eager leaves them."""
+    import sys
+
+    torch.manual_seed(0)
+    model = _Updates(case).eval()
+    x, i, v = torch.randn(ROWS, 64), torch.tensor([3, 9]), torch.randn(2, 64)
+    cm = fexplore.compile(copy.deepcopy(model), (x.clone(), i, v), target=target, precision=precision)
+    assert cm.verification["ok"].all(), cm.verification
+    decided = [why for what, why in cm.schedule.decisions if what == "updated in place"]
+    assert len(decided) == bool(in_place), cm.schedule.decisions
+    if in_place:
+        assert decided[0].startswith(f"{in_place} update writes"), decided
+    ours, theirs = x.clone(), x.clone()
+    for step in range(2):
+        got, want = cm(ours, i + step, v * (step + 1)), _eager(model, (theirs, i + step, v * (step + 1)))
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(g.float(), w, rtol=TOL[precision]["rtol"], atol=TOL[precision]["atol"] * 40)
+        torch.testing.assert_close(ours, theirs)
+
+    module = sys.modules[build_schedule.__module__]
+    monkeypatch.setattr(module, "_updates_in_place", lambda *a: {})
+    copying = build_schedule(cm.graph, cm.lowering, target)
+    monkeypatch.undo()
+    table = ROWS * 64 * (4 if precision == "fp32" else 2)
+    saved = copying.simulate().dram_bytes - cm.schedule.simulate().dram_bytes
+    assert saved >= 2 * table if in_place else saved == 0, (saved, table)
+
+
 @pytest.mark.parametrize("target", ["tiny", "rngd[fused 4]"])
 def test_a_resident_intermediate_is_read_in_place_on_its_own_pe(target):
     """A kernel on the PE that keeps an intermediate reads it from that SRAM where it is: no

@@ -336,6 +336,17 @@ MUTANTS: list[Mutant] = [
            "result (the second layer's cache of a decode step over the first's)",
            (Patch("fexplore.pipeline.stages.schedule:_concats_in_place",
                   "offset += _shape(v)[axis] * inner", "offset += 0"),)),
+    Mutant("update-in-place-before-a-later-reader", "schedule: updates written in place",
+           "an update is written into its table's storage even though a kernel after it reads the old "
+           "table (it reads the new rows)",
+           (Patch("fexplore.pipeline.stages.schedule:_updates_in_place",
+                  "dead = all(j <= i for j in readers.get(where, []))", "dead = True"),)),
+    Mutant("initial-copy-dropped-unbound", "lang: an output started as a parameter (fl.output(init=))",
+           "the copy that starts an output as its parameter is dropped whether or not the output was given "
+           "the parameter's storage (the update's other rows are never written)",
+           (Patch("fexplore.lang.lowering:_copies_in_place",
+                  "if (a.storage, a.storage_offset, a.shape) == (b.storage, b.storage_offset, b.shape):",
+                  "if True:"),)),
     Mutant("scatter-max-adds", "npu/lang: a DMA scatter's reduce on write",
            "a scatter with reduce='max' adds its values instead (the interpreter and the simulator share it)",
            (Patch("fexplore.npu.functional:scatter_rows",
@@ -385,6 +396,18 @@ class _StackedCaches(torch.nn.Module):
 
     def forward(self, x):
         return torch.stack([torch.tanh(self.k(x)), self.v(x) * 2.0])
+
+
+class _CacheUpdates(torch.nn.Module):
+    """Two caches updated at a step's rows (index_put): the first is read as it was after its
+    update, so its update copies it; nothing reads the second after its update, which is written
+    into the second's own storage (no copy)."""
+
+    def forward(self, cache, other, at, rows):
+        updated = torch.ops.aten.index_put(cache, [at], rows)
+        stale = cache * 0.5
+        other.index_put_([at], rows * 2.0)
+        return updated, stale, other.sum(0)
 
 
 class _StreamedLinear(torch.nn.Module):
@@ -797,6 +820,9 @@ CASES: list[Case] = [
          {"target": "tiny"}),
     Case("stacked-caches@tiny", _seeded(lambda g: (_StackedCaches().eval(), (torch.randn(16, 64, generator=g),))),
          {"target": "tiny"}),
+    Case("cache-updates", _seeded(lambda g: (_CacheUpdates(), (
+        torch.randn(64, 16, generator=g), torch.randn(64, 16, generator=g), torch.tensor([3, 60]),
+        torch.randn(2, 16, generator=g))))),
     Case("fused-gate-up", _seeded(lambda g: (_FusedGateUp().eval(), (torch.randn(1, 12, 32, generator=g),)))),
     Case("post-norm-bf16", _seeded(lambda g: (_PostNorm().eval(), (torch.randn(2, 24, 32, generator=g),))),
          {"precision": "bf16"}),

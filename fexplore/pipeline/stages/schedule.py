@@ -319,6 +319,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     in_place, pieces = _concats_in_place(graph, lowering, units, on_chip)
     for name in pieces:   # a piece is stored into its concatenation's result, in DRAM
         on_chip.pop(name, None)
+    updated = _updates_in_place(graph, lowering, units, on_chip, pieces)
     kept: list[str] = []
     staged: dict[str, Any] = {}    # graph value name -> its resident copy (or a view of one)
     staged_base: dict[str, str] = {}   # graph value name -> the staged input or constant it reads
@@ -367,6 +368,10 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
                 if node.inputs[0].name in staged:   # a view of a staged tensor reads the copy too
                     staged[o.name] = b.view(f"{o.name}@sram", staged[node.inputs[0].name], _shape(o))
                     staged_base[o.name] = staged_base[node.inputs[0].name]
+            elif o.name in updated:   # written into its table's bytes: that storage seen as this value
+                tensors[o.name] = b.view(o.name, tensors[tensor_of[updated[o.name]]], _shape(o),
+                                         returned=o.name in outputs)
+                tensor_of[o.name] = o.name
             elif o.name in pieces:
                 whole, offset = pieces[o.name]
                 if whole.name not in tensor_of:
@@ -442,6 +447,12 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
         what = "1 concatenation is" if len(in_place) == 1 else f"{len(in_place)} concatenations are"
         sched.decisions.append(("in place", f"{what} written in place by the kernels that make their pieces "
                                 f"({nbytes / 1e6:,.2f} MB not copied)"))
+    if updated:
+        nbytes = sum(tensors[tensor_of[n]].nbytes for n in updated)
+        what = ("1 update writes into its table's own storage (nothing reads the old table after it)"
+                if len(updated) == 1 else f"{len(updated)} updates write into their tables' own storage (nothing "
+                "reads the old tables after them)")
+        sched.decisions.append(("updated in place", f"{what}: {nbytes / 1e6:,.3g} MB not copied"))
     if copies:
         sched.decisions.append(("staged", f"{len(copies)} inputs and weights the kernels read many times are "
                                 f"copied on chip once ({sched.residency['staged_bytes'] / 1e6:.2f} MB), "
@@ -534,6 +545,54 @@ def _concats_in_place(graph: Graph, lowering, units, on_chip: dict) -> tuple[dic
             nodes[id(node)] = node
             pieces.update(plan)
     return nodes, pieces
+
+
+def _updates_in_place(graph: Graph, lowering, units, on_chip: dict, pieces: dict) -> dict:
+    """{output value name: the value whose bytes it takes}: the outputs of kernels that start as one
+    of their inputs (`GeneratedKernel.initial`: a scatter's or a cache update's table) written into
+    that input's own storage, so the kernel copies nothing (`lang.lowering.emit` drops its copy).
+
+    An output takes its table's storage (the value a free-view chain of the table starts from)
+    when the table's old value is dead once the kernel runs: every other kernel reading that
+    storage comes before it in program order (the hazard rules then hold the update back until
+    they have read), no model output is that storage or a view of it, and it is no constant (the
+    model's weights are the caller's). A graph input qualifies: the program's inputs are its own
+    copies (a decode step's cache, updated in place as serving runtimes do). The kernel must read
+    the storage through the table alone, and neither value may be kept or staged in SRAM
+    (`on_chip`) or be a piece of a concatenation written in place. Updates chain: the next update
+    of an output written in place takes the same storage, and the readers of each value that
+    storage holds count for it."""
+    storage = _storage_of(lowering)
+    taken: dict[str, str] = {}
+
+    def home(name):   # the storage a value's bytes are in
+        name = storage(name)
+        while name in taken:
+            name = storage(taken[name])
+        return name
+
+    constants = {c.name for c in graph.constants}
+    readers: dict[str, list[int]] = {}   # storage -> the program positions of the kernels reading it
+    for i, (x, node) in enumerate(units):
+        if x is not None and x.how != "free view":
+            for v in node.inputs:
+                readers.setdefault(storage(v.name), []).append(i)
+    for i, (x, node) in enumerate(units):
+        gk = getattr(x, "kernel", None)
+        if x is None or x.how != "generated" or not getattr(gk, "initial", ()):
+            continue
+        for r, t in gk.initial:
+            out, table = node.outputs[r], node.inputs[t]
+            where = home(table.name)
+            dead = all(j <= i for j in readers.get(where, []))
+            kept = where in on_chip or out.name in on_chip or where in pieces or out.name in pieces
+            if not dead or kept or where in constants or any(home(v.name) == where for v in graph.outputs) or \
+                    sum(home(v.name) == where for v in node.inputs) != 1 or \
+                    tuple(out.type.shape) != tuple(table.type.shape) or out.type.dtype != table.type.dtype:
+                continue
+            taken[out.name] = where
+            readers[where] = readers.get(where, []) + readers.pop(out.name, [])
+    return taken
 
 
 # The shares of a PE's SRAM intermediates may take, tried in order; the rest is left to the
