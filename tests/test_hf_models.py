@@ -991,6 +991,38 @@ def test_a_static_cache_decode_step_attends_in_one_kernel(width, heads, kv_heads
     torch.testing.assert_close(got[0].float(), want[0].float(), rtol=0.05, atol=0.05)
 
 
+@pytest.mark.parametrize("target, precision", [("rngd", "fp32"), ("tiny", "bf16")])
+def test_a_gemma2_decode_step_on_a_static_cache_attends_in_one_kernel_a_layer(target, precision):
+    """Gemma 2 writes its attention out (soft-capped scores), and in a decode step on a StaticCache
+    its sliding-window layers build their mask from the cache position. Fusion counted that mask a
+    second computed operand of the scores and formed no attention region: the scores and the
+    values became contraction regions reading every query head's copy of the caches (an expand),
+    split apart. A mask made from positions alone is now a kernel of its own, loaded by the
+    attention kernel as a mask given as an input is."""
+    torch.manual_seed(0)
+    decoder = gemma2()[0].model
+    cache = _prefilled_static_cache(decoder, 16)
+    step = DecodeStep(decoder)
+    ours, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
+    cm = fexplore.compile(step, (_ids(1), cache), target=target, precision=precision)
+    assert cm.verification["ok"].all(), cm.verification
+    assert not cm.lowering.host_ops
+    kinds = [k.kernel.kind for k in cm.kernels if "_self_attn" in k.name]
+    assert kinds.count("attention") == decoder.config.num_hidden_layers, kinds
+    assert not [k.name for k in cm.kernels if k.kernel.kind == "movement" and "expand" in k.kernel.parts]
+    if target == "rngd":
+        assert not cm["lower"].stats.get("split_regions")
+    ids = _ids(1)
+    got = cm(ids, ours)
+    with torch.no_grad():
+        want = step(ids, theirs)
+    _assert_spread(want[0])
+    tol = dict(rtol=1.3e-6, atol=2e-5) if precision == "fp32" else dict(rtol=0.05, atol=0.05)
+    torch.testing.assert_close(got[0].float(), want[0].float(), **tol)
+    for a, b in zip(_leaves(ours), _leaves(theirs)):
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
 def test_a_static_cache_decode_step_on_tiny_keeps_its_attention_whole():
     """On tiny (64 KB of SRAM a PE) fusion counted every view in the attention region (the caches'
     unsqueeze, expand and reshape to every query head) as a tile of its own, found the region too

@@ -132,29 +132,36 @@ def test_an_elementwise_group_that_is_not_convex_is_fused_in_convex_parts():
     torch.testing.assert_close(cm(x, at), model(x, at).detach())
 
 
-@pytest.mark.parametrize("computed", [False, True])
-def test_written_out_attention_is_a_region_only_with_scores_the_kernel_can_run(computed):
-    """q kᵀ plus a bias read as it is, softmax, times v: one attention region (its kernel adds the
-    bias to each block of scores). DeBERTa adds position scores it computes itself (here tanh of
-    the bias, halved): the kernel runs no such second computation per block, so fusion leaves the
-    scores to kernels of their own rather than form a region that lower would split apart."""
+@pytest.mark.parametrize("bias", ["read", "made from inputs", "made with a contraction"])
+def test_written_out_attention_is_a_region_only_with_scores_the_kernel_can_run(bias):
+    """q kᵀ plus a bias, softmax, times v: one attention region when the bias is read as it is
+    (its kernel adds it to each block of scores), or made from inputs alone, no contraction
+    upstream (Gemma 2's sliding-window mask of a decode step, made from the cache position: here
+    tanh of an input, halved): those nodes stay out of the region, a kernel of their own whose
+    result the attention kernel loads. DeBERTa adds position scores it computes with projections
+    (here tanh of q times v as keys): the kernel runs no such second contraction per block,
+    so fusion leaves the scores to kernels of their own rather than form a region that lower
+    would split apart."""
     import torch
 
     class Scores(torch.nn.Module):
-        def forward(self, q, k, v, bias):
-            extra = torch.tanh(bias) * 0.5 if computed else bias
+        def forward(self, q, k, v, b):
+            extra = {"read": lambda: b, "made from inputs": lambda: torch.tanh(b) * 0.5,
+                     "made with a contraction": lambda: torch.tanh(q @ v.transpose(-1, -2))}[bias]()
             return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + extra, dim=-1) @ v
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
-    bias = torch.randn(1, 2, 16, 16)
+    b = torch.randn(1, 2, 16, 16)
     model = Scores()
-    cm = fexplore.compile(model, (q, k, v, bias), target="rngd")
-    kinds = [n.attrs["kind"] for n in cm["fusion"].after.nodes if n.regions]
-    assert ("attention" in kinds) is not computed, kinds
+    cm = fexplore.compile(model, (q, k, v, b), target="rngd")
+    regions = {n.attrs["kind"]: [m.op.name for m in n.regions[0].nodes] for n in cm["fusion"].after.nodes if n.regions}
+    assert ("attention" in regions) is (bias != "made with a contraction"), regions
+    if bias == "made from inputs":
+        assert "tanh" not in regions["attention"] and any("tanh" in ops for ops in regions.values()), regions
     assert not cm["lower"].stats.get("split_regions") and not cm.lowering.host_ops
     assert cm.verification["ok"].all()
-    torch.testing.assert_close(cm(q, k, v, bias), model(q, k, v, bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cm(q, k, v, b), model(q, k, v, b), rtol=1e-5, atol=1e-5)
 
 
 class _RowScaledProduct(torch.nn.Module):

@@ -73,6 +73,7 @@ class _Fuser:
         self.groups: list[_Group] = []
         self.splits: list[dict] = []
         self.rejected: list[dict] = []
+        self._positional_memo: dict[int, bool] = {}
 
     # -- predicates ----------------------------------------------------------------------------
 
@@ -276,8 +277,10 @@ class _Fuser:
             # (an elementwise op straight on a projection's result, its bias or scale, is left to
             # that contraction's epilogue: the kernel that has the accumulators applies it)
             depth = self._depth(members)
-            self.absorb_producers(members, lambda p: self.elementwise(p) and not self._on_projection(p, members) or
-                                  self.movement(p) or self._head_norm(p, depth), exported_ok=True)
+            masks = self._score_operands(members)
+            self.absorb_producers(members, lambda p: p not in masks and (
+                self.elementwise(p) and not self._on_projection(p, members) or self.movement(p) or
+                self._head_norm(p, depth)), exported_ok=True)
             self.claim("attention", i, members)
 
     def _on_projection(self, p: int, members: set[int]) -> bool:
@@ -311,21 +314,66 @@ class _Fuser:
                         continue
                     if self.op(p) == "matmul":
                         return path | {p, us[0]}
-                    if self.elementwise(p):
+                    if self.elementwise(p) and not self._positional(p):   # a step of the scores, not a mask
                         if not self._one_computed_score(p):
                             return None
                         nxt.append(p)
+                        if self.exclusive_to(p, path):   # the region's from the start: its masks are known
+                            path.add(p)
             frontier = nxt
         return None
 
     def _one_computed_score(self, p: int) -> bool:
-        """Score op p combines the scores with operands read as they are (views of inputs, a mask),
-        not with a second computed value (DeBERTa adds position scores it computes itself): the
-        attention kernel runs the score ops on each block of scores, with nothing else computed."""
+        """Score op p combines the scores with operands read as they are (views of inputs, a mask
+        made from positions alone: `_positional`), not with a second computed value (DeBERTa adds
+        position scores it computes with projections): the attention kernel runs the score ops on
+        each block of scores, with nothing else computed."""
         computed = {v.name for v in self.nodes[p].inputs if self.producer.get(v.name) is not None and
                     not self.movement(self.producer[v.name]) and self.free(self.producer[v.name]) and
-                    self.nodes[self.producer[v.name]].op.name not in _NOT_ABSORBED}
+                    self.nodes[self.producer[v.name]].op.name not in _NOT_ABSORBED and
+                    not self._positional(self.producer[v.name])}
         return len(computed) <= 1
+
+    def _positional(self, i: int) -> bool:
+        """Node i computes no contraction, nor reads one's result at any depth: a mask or bias made
+        from positions and inputs (a decode step's sliding-window mask from the cache position).
+        An attention kernel loads it as it loads a mask given as an input; its nodes stay out of
+        the attention region (`_score_operands`), a kernel of their own."""
+        memo = self._positional_memo
+        stack = [i]
+        while stack:
+            j = stack[-1]
+            if j in memo:
+                stack.pop()
+                continue
+            n = self.nodes[j]
+            if n.regions or n.op.name in _CONTRACTIONS or n.op.name == "attention":
+                memo[j] = False
+                stack.pop()
+                continue
+            ups = [self.producer[v.name] for v in n.inputs if v.name in self.producer]
+            todo = [u for u in ups if u not in memo]
+            if todo:
+                stack += todo
+                continue
+            memo[j] = all(memo[u] for u in ups)
+            stack.pop()
+        return memo[i]
+
+    def _score_operands(self, members: set[int]) -> set[int]:
+        """The nodes making the positional masks the score ops of `members` read (through views):
+        left out of the region, so the kernel loads the mask and computes only the scores."""
+        out = set()
+        for m in members:
+            if not self.elementwise(m):
+                continue
+            for v in self.nodes[m].inputs:
+                p = self.producer.get(v.name)
+                while p is not None and p not in members and self.movement(p):
+                    p = self.producer.get(self.nodes[p].inputs[0].name)
+                if p is not None and p not in members and not self.movement(p) and self._positional(p):
+                    out.add(p)
+        return out
 
     def epilogues(self) -> None:
         for i, n in enumerate(self.nodes):
