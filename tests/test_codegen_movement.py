@@ -316,3 +316,20 @@ def test_a_pool_loads_each_bands_input_rows_once_and_slices_the_windows(fn, shap
     overhang = (oh - 1) * sh + (kh - 1) * dh + 1 > shape[2] or (ow - 1) * sw + (kw - 1) * dw + 1 > shape[3]
     padded = op != "adaptive_avg_pool2d" and (any(x.node.attrs["padding"]) or overhang)
     assert len(windows) < reads <= kh * kw * len(windows) and (padded or reads == kh * kw * len(windows))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_permute_of_unit_axes_is_a_free_view_and_one_that_moves_data_a_kernel(target):
+    """A decode step's heads, (B, H, 1, D) -> (B, 1, H, D): the axes that move are of size 1, the
+    others keep their order, so every element stays where it was and lower makes it a free view
+    (it was a relayout kernel, a DRAM round trip). Moving a size-1 axis past others does not make
+    a permute of the others free: (B, H, 1, D) -> (B, D, 1, H) is a kernel."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 1, 7)
+    model = Fn(lambda t: (torch.tanh(t).permute(0, 2, 1, 3), torch.tanh(t).permute(0, 3, 2, 1)))
+    cm = fexplore.compile(model, (x,), target=target)
+    how = {x_.node.attrs["perm"]: x_.how for x_ in cm.lowering.nodes if x_.node.op.name == "permute"}
+    assert how == {(0, 2, 1, 3): "free view", (0, 3, 2, 1): "generated"}, how
+    assert cm.verification["ok"].all()
+    for g, w in zip(cm(x), model(x)):
+        torch.testing.assert_close(g, w)

@@ -235,9 +235,16 @@ class Lowering:
 # -- the stage ---------------------------------------------------------------------------------
 
 def _free_view(node: Node) -> bool:
-    """A reshape of a row-major tensor to a row-major result moves no data."""
-    return node.op.name == "reshape" and node.inputs[0].type.layout is None \
-        and node.outputs[0].type.layout is None
+    """A reshape of a row-major tensor to a row-major result moves no data; nor does a permute that
+    moves only axes of size 1 (a decode step's heads, (B, H, 1, D) -> (B, 1, H, D)): the non-unit
+    axes keep their order, so every element keeps its place."""
+    if node.inputs and (node.inputs[0].type.layout is not None or node.outputs[0].type.layout is not None):
+        return False
+    if node.op.name == "permute":
+        shape = node.inputs[0].type.shape
+        moved = [a for a in node.attrs["perm"] if not (isinstance(shape[a], int) and shape[a] == 1)]
+        return moved == sorted(moved)
+    return node.op.name == "reshape"
 
 
 def lower(graph: Graph, options) -> StageResult:
