@@ -252,22 +252,31 @@ def _check_initial(tr: Tracer, init, shape, dt, loc) -> None:
 
 
 # A block of the initial copy: at most this share of a PE's SRAM (the load's buffer, reused by
-# the next block on the PE: its DMA engine runs the loads and stores in order anyway).
+# the next block on the PE: its DMA engine runs the loads and stores in order anyway), and cut
+# smaller to give every PE some only while blocks keep this many bytes: a smaller one is mostly
+# its DMA start-up, and a buffer on every PE for a few bytes fragments each PE's SRAM.
 _INITIAL_BLOCK_SHARE = 16
+_INITIAL_BLOCK_MIN_BYTES = 64 << 10
 
 
 def _initial_copy(tr: Tracer, out: DramTensor, src: DramTensor, loc, site) -> list[int]:
     """Record the copy of `src` into `out`, the ops' indices returned: blocks of single indices
     of the leading axes, a run of one axis and the axes after it whole, as big as fit the block
-    budget but enough of them for every PE; dealt to the PEs round robin."""
+    budget but enough of them for every PE where they stay big enough; dealt to the PEs round
+    robin."""
     shape, item = out.shape, out.dtype.itemsize
     if 0 in shape:
         return []
     pes, budget = tr.target.num_pes, max(item, tr.target.sram_bytes_per_pe // _INITIAL_BLOCK_SHARE)
     if shape:
-        axis = next(a for a in range(len(shape)) if math.prod(shape[a + 1:]) * item <= budget)
+        # the first axis the rest of which fits a block (past leading axes of size 1: there is
+        # nothing of theirs to cut)
+        axis = next((a for a in range(len(shape)) if shape[a] > 1 and math.prod(shape[a + 1:]) * item <= budget),
+                    len(shape) - 1)
         run = max(1, min(shape[axis], budget // (math.prod(shape[axis + 1:]) * item)))
-        while run > 1 and math.prod(shape[:axis]) * -(-shape[axis] // run) < pes:
+        row = math.prod(shape[axis + 1:]) * item
+        while run > 1 and math.prod(shape[:axis]) * -(-shape[axis] // run) < pes and \
+                -(-run // 2) * row >= min(_INITIAL_BLOCK_MIN_BYTES, budget):
             run = -(-run // 2)
         blocks = [lead + (slice(s, min(s + run, shape[axis])),)
                   for lead in np.ndindex(*shape[:axis]) for s in range(0, shape[axis], run)]

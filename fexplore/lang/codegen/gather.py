@@ -5,9 +5,12 @@ scatters (`fl.gather`, `fl.scatter`) -- the rows move between DRAM and SRAM once
     index(x, idx, axes=(a,))          x[..., idx, ...]    -> a row gather along axis a (several
                                                              adjacent index tensors of one shape too)
     gather(x, idx, axis)              torch.gather        -> an element gather (one per index)
-    index_put(x, v, idx, axes=(a,))   x[..., idx, ...] = v (or +=)  -> copy x, then a row scatter
+    index_put(x, v, idx, axes=(a,))   x[..., idx, ...] = v (or +=)  -> the output starts as x
+                                                             (`fl.output(init=x)`: a copy, or x's
+                                                             own bytes), then a row scatter
     scatter(x, idx, src, axis)        torch.scatter(_add), scatter_reduce (sum, prod, amax, amin)
-                                                          -> copy x, then an element scatter that
+                                                          -> the output starts as x (a mean: a
+                                                             copy), then an element scatter that
                                                              reduces on write (without include_self
                                                              the picked places first get the
                                                              reduction's identity); a float mean
