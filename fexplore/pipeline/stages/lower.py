@@ -240,10 +240,11 @@ def _free_view(node: Node) -> bool:
     axes keep their order, so every element keeps its place."""
     if node.inputs and (node.inputs[0].type.layout is not None or node.outputs[0].type.layout is not None):
         return False
-    if node.op.name == "permute":
-        shape = node.inputs[0].type.shape
-        moved = [a for a in node.attrs["perm"] if not (isinstance(shape[a], int) and shape[a] == 1)]
-        return moved == sorted(moved)
+    if node.op.name == "permute":   # reduced as its kernel reduces it: nothing left to move
+        from fexplore.lang.codegen.permute import reduce_permutation
+
+        _, perm = reduce_permutation(tuple(node.inputs[0].type.shape), tuple(node.attrs["perm"]))
+        return perm == tuple(range(len(perm)))
     return node.op.name == "reshape"
 
 
