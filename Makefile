@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-current-env --nbval-cell-timeout=600 \
           --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: demo test notebooks install system-deps browser-deps apt-install clean
+.PHONY: demo test test-full notebooks install system-deps browser-deps apt-install clean
 
 demo: install
 	$(VENV)/bin/fexplore demo
@@ -22,6 +22,11 @@ demo: install
 # (--dist loadfile: a notebook's cells, which share one kernel, stay on one worker).
 test: install browser-deps
 	$(PY) -m pytest -q -n auto --dist loadfile tests notebooks $(NBVAL)
+
+# The same, with every Hugging Face architecture on all four target and precision variants
+# (`make test` runs each on two: both targets, both precisions); about six minutes more.
+test-full: install browser-deps
+	FEXPLORE_FULL_MATRIX=1 $(PY) -m pytest -q -n auto --dist loadfile tests notebooks $(NBVAL)
 
 # Re-execute every tutorial in place, storing fresh outputs; run it after changing what a
 # tutorial shows (a stage, a view), then `make test` checks that they are stable.

@@ -28,7 +28,7 @@ from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_mo
 
 import fexplore
 from fexplore import cli, ir, lang
-from variants import explored
+from variants import explored, matrix
 
 VOCAB = 96
 SEQ = 8
@@ -564,16 +564,18 @@ def _assert_spread(want):
 
 
 # Each architecture on both targets and in both precisions (the lower stage's acceptance: tiny's
-# 64 KiB of SRAM forces real tiling). One export per architecture: the rngd fp32 compile and the
-# other three are forks of one exploration run through `shapes`, each stepping on from the first
-# stage its options change (tiny at layout, bf16 at precision) and checked as a fresh compile is.
-VARIANTS = [("rngd", "fp32"), ("rngd", "bf16"), ("tiny", "fp32"), ("tiny", "bf16")]
+# 64 KiB of SRAM forces real tiling). One export per architecture: its compiles are forks of one
+# exploration run through `shapes`, each stepping on from the first stage its options change (tiny
+# at layout, bf16 at precision) and checked as a fresh compile is.
+#
+# `make test` runs each architecture on two of the four variants, both targets and both precisions
+# (`variants.matrix`); `make test-full` runs all four.
+MATRIX = matrix(sorted(FACTORIES))
 
 
-@pytest.mark.parametrize("name, target, precision", [(n, t, p) for n in sorted(FACTORIES) for t, p in VARIANTS],
-                         ids=[f"{n}-{t}-{p}" for n in sorted(FACTORIES) for t, p in VARIANTS])
+@pytest.mark.parametrize("name, target, precision", MATRIX, ids=["-".join(v) for v in MATRIX])
 def test_hf_model_lowers_verifies_and_runs(name, target, precision):
-    ex = explored(("hf", name), lambda: fexplore.explore(*build(name)))   # one export for the four
+    ex = explored(("hf", name), lambda: fexplore.explore(*build(name)))   # one export for its variants
     inputs = ex.example_inputs
     want = _eager(ex.model, inputs)
     _assert_spread(want)
@@ -604,7 +606,8 @@ def test_hf_model_lowers_verifies_and_runs(name, target, precision):
         assert max(errs) > 0  # the bf16 compile really computed in bf16
 
     # every stage's graph round-trips through its text (the shared ones once, in the first variant)
-    for rec in cm.stages if (target, precision) == VARIANTS[0] else cm.stages[fork.shared:]:
+    first = next(v for n, *v in MATRIX if n == name)
+    for rec in cm.stages if [target, precision] == first else cm.stages[fork.shared:]:
         g = rec.after
         assert ir.parse(str(g), payloads=g.payloads) == g, rec.name
 

@@ -94,7 +94,7 @@ def test_fusion_stays_acyclic_and_correct_whatever_the_sram(name, sram_kib):
     model, inputs = ZOO[name]()
     chip = fexplore.npu.get_target("rngd").replace(sram_bytes_per_pe=sram_kib * 1024)
     ex = fexplore.explore(model, inputs, target=chip)
-    ex.run_all(progress=False)
+    ex["lower"]   # its kernels run against the regions fusion made (scheduling them is not at issue)
     assert all(r.verification.ok for r in ex.records)
     fusion = ex["fusion"]
     ir.verify(fusion.after)

@@ -5,6 +5,24 @@ exploration, run through `shapes` once, at the first stage its options change
 
 from __future__ import annotations
 
+import os
+
+VARIANTS = [("rngd", "fp32"), ("rngd", "bf16"), ("tiny", "fp32"), ("tiny", "bf16")]
+# `make test-full`: every case on every variant
+FULL_MATRIX = os.environ.get("FEXPLORE_FULL_MATRIX", "") not in ("", "0")
+
+
+def matrix(cases) -> list[tuple[str, str, str]]:
+    """(case, target, precision) for each of `cases`: all four `VARIANTS` under `make test-full`;
+    under `make test` two, on both targets and in both precisions: alternate cases take rngd fp32
+    with tiny bf16, or rngd bf16 with tiny fp32, so each variant runs on half of them. The whole
+    matrix doubles the time of the suites that run it, and most of what breaks on one target or
+    precision breaks on its every variant."""
+    pairs = [(VARIANTS[0], VARIANTS[3]), (VARIANTS[1], VARIANTS[2])]
+    return [(c, t, p) for i, c in enumerate(cases)
+            for t, p in (VARIANTS if FULL_MATRIX else pairs[i % 2])]
+
+
 _last: dict = {}
 
 
