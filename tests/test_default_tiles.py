@@ -77,7 +77,7 @@ def test_a_convolution_of_many_channels_on_tiny_keeps_a_wide_output_tile():
     # rows and output channels had been cut (to 1 and 4) before that, and were never given back
     torch.manual_seed(0)
     model = torch.nn.Conv2d(256, 128, 3, padding=1).eval()
-    kernels = _lowered(model, torch.randn(1, 256, 16, 16))
+    kernels = _lowered(model, torch.randn(1, 256, 8, 8))
     k = next(k for k in kernels if k.kind == "convolution")
     default = _ops(k.kernel, k.node)
     old = _ops(k.kernel, k.node, rows=1, to=4, tc=64)
