@@ -196,16 +196,24 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
 
     Re-read inputs and weights are then staged on chip in a second build, kept only if it is
     not slower (within STAGE_MAX_LOSS): staging saves DRAM traffic, but the copies take SRAM from
-    the intermediates and DMA time of their own, and which wins depends on the model."""
+    the intermediates and DMA time of their own, and which wins depends on the model.
+
+    Interleaving overflows although its order keeps the kernels' buffers under `SRAM_HEADROOMS[0]`
+    of a PE's SRAM when the allocator, placing them in that order, finds the room but not in one
+    piece. Before the kernels are serialized, the order is made again under the tighter headrooms
+    (more room for the gaps); the first that fits is set against the serial schedule and the
+    faster kept. (Serializing at once cost Mixtral's two layers 1.6x when a few bytes on each PE
+    fragmented its SRAM.)"""
     spills = []
 
-    def attempt(interleave, share):
+    def attempt(interleave, share, headroom=SRAM_HEADROOMS[0]):
         try:
-            return build_schedule(graph, lowering, target, interleave=interleave, resident=share)
+            return build_schedule(graph, lowering, target, interleave=interleave, resident=share,
+                                  headroom=headroom)
         except Exception as e:  # noqa: BLE001 - only an SRAM overflow falls through
             if interleave == "trace" or "SRAM" not in type(e).__name__ + str(e):
                 raise
-            spills.append(_spill(interleave, share, e))
+            spills.append(_spill(interleave, share, e, headroom))
             return None
 
     first, *smaller = RESIDENT_SHARES
@@ -221,12 +229,33 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
         return unshared, spills
     spills.append(("spill", "keeping intermediates in " + ", ".join(f"{s:.0%}" for s in smaller)
                    + " of a PE's SRAM not tried: interleaving the kernels with none overflows already"))
-    return attempt(False, 0.0) or attempt("trace", 0.0), spills
+    tighter = None
+    for headroom in SRAM_HEADROOMS[1:]:
+        tighter = attempt(True, 0.0, headroom)
+        if tighter is not None:
+            break
+    serial = attempt(False, 0.0)
+    if tighter is None:
+        return serial or attempt("trace", 0.0), spills
+    fast = tighter.simulate().cycles
+    slow = serial.simulate().cycles if serial is not None else None
+    if slow is not None and slow < fast:
+        spills.append(("serial", f"interleaving under {headroom:.0%} of a PE's SRAM fits, but takes "
+                                 f"{fast:,} cycles where the kernels in sequence take {slow:,}"))
+        return serial, spills
+    # interleaved after all: the overflows that would have serialized it are spills of its order
+    spills[:] = [("tighter order" if w in ("serial", "trace order") else w, why) for w, why in spills]
+    spills.append(("tighter order", f"interleaving the kernels with their buffers under {headroom:.0%} "
+                                    f"of a PE's SRAM fits: {fast:,} cycles"
+                   + (f", where the kernels in sequence take {slow:,}" if slow is not None else "")))
+    return tighter, spills
 
 
-def _spill(interleave, share, e) -> tuple[str, str]:
+def _spill(interleave, share, e, headroom=None) -> tuple[str, str]:
     what = (f"keeping intermediates in {share:.0%} of a PE's SRAM" if share
-            else "interleaving the kernels" if interleave is True
+            else "interleaving the kernels" + (f" under {headroom:.0%} of a PE's SRAM"
+                                               if headroom not in (None, SRAM_HEADROOMS[0]) else "")
+            if interleave is True
             else "scheduling each kernel's ops")
     return ("spill" if share else "serial" if interleave is True else "trace order",
             f"{what} overflows SRAM ({str(e).splitlines()[0][:100]})")
@@ -293,7 +322,7 @@ def _reread(sched: Schedule) -> set[str]:
 
 def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
                    resident: float | bool = True, search_tiles: bool = True,
-                   stage: set | frozenset = frozenset()) -> Schedule:
+                   stage: set | frozenset = frozenset(), headroom: float | None = None) -> Schedule:
     """The whole-model program. `resident`: the share of a PE's SRAM intermediates may stay in
     (True: the first of RESIDENT_SHARES; False or 0: every intermediate in DRAM).
     `search_tiles`: each generated kernel's tile sizes searched with the cost model (`tiles.py`);
@@ -415,7 +444,7 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     # the kernels' own buffers in what residency leaves of a PE's SRAM, with headroom for
     # fragmentation; the order keeps them there (an overflow is still caught, and falls back)
     prog = emit(b, real, interleave=interleave, owner=owner,
-                sram_limit=cfg.sram_bytes_per_pe * (1 - share) * 0.85)
+                sram_limit=cfg.sram_bytes_per_pe * (1 - share) * (headroom or SRAM_HEADROOMS[0]))
     emitted = [k for k, p in zip(kernels, parts) if p is not None]
     for i in range(len(emitted) - 2, -1, -1):   # a staging copy is its first reader's
         if emitted[i] is None:
@@ -598,6 +627,10 @@ def _updates_in_place(graph: Graph, lowering, units, on_chip: dict, pieces: dict
 # The shares of a PE's SRAM intermediates may take, tried in order; the rest is left to the
 # kernels' own tiles.
 RESIDENT_SHARES = (0.5, 0.25, 0.125)
+# the share of what residency leaves of a PE's SRAM an interleaved order keeps the kernels' buffers
+# in: the rest is room for the gaps between them (the allocator places them after the order is
+# made); the tighter ones are tried when the first overflows (`schedule_with_fallbacks`)
+SRAM_HEADROOMS = (0.85, 0.6, 0.4)
 
 
 def _pick_resident(graph: Graph, lowering, cfg, share: float, stage=frozenset()) -> dict[str, int]:
