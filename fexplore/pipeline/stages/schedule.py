@@ -202,8 +202,9 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
     of a PE's SRAM when the allocator, placing them in that order, finds the room but not in one
     piece. Before the kernels are serialized, the order is made again under the tighter headrooms
     (more room for the gaps); the first that fits is set against the serial schedule and the
-    faster kept. (Serializing at once cost Mixtral's two layers 1.6x when a few bytes on each PE
-    fragmented its SRAM.)"""
+    faster kept. (GPT on a 32 KiB chip: 62,972 cycles interleaved under 60%, 64,230 in sequence;
+    the VLA model on 48 KiB, whose kernels overflowed in sequence too, ran in trace order, 160,583
+    cycles, and interleaves under 60%, 131,897.)"""
     spills = []
 
     def attempt(interleave, share, headroom=SRAM_HEADROOMS[0]):
@@ -328,7 +329,9 @@ def build_schedule(graph: Graph, lowering, target, *, interleave: bool = True,
     `search_tiles`: each generated kernel's tile sizes searched with the cost model (`tiles.py`);
     False keeps the generator's defaults. `stage`: graph inputs and constants (value names) to
     copy on chip once before their first reader, where they fit the resident share next to the
-    intermediates (the kernels then read them by on-chip copies)."""
+    intermediates (the kernels then read them by on-chip copies). `headroom`: the share of what
+    residency leaves of a PE's SRAM the interleaved order keeps the kernels' buffers in (None: the
+    first of SRAM_HEADROOMS)."""
     tiles: list = []
     from fexplore.lang.lowering import HostPart, StagePart, emit
     from fexplore.npu import ProgramBuilder, get_target
