@@ -51,7 +51,10 @@ def prepare_dram(program: Program, inputs: dict) -> dict[str, np.ndarray]:
                 raise InputError(f"input {name!r}: expected shape {t.shape}, got {tuple(arr.shape)}")
             want = dtypes.numpy_dtype(t.dtype)
             if name in written or arr.dtype != want:
-                dram[name] = arr.astype(want, copy=True)
+                # in row-major order, as DRAM holds it: a copy of a transposed array keeps its
+                # strides, and a reshaped view of it (a free view the program writes through, as
+                # an update written into its table's storage does) would be a copy the writes miss
+                dram[name] = arr.astype(want, order="C", copy=True)
             else:
                 # only read (the weights): the caller's array itself, read-only, not a copy of
                 # every weight per call; a command that wrote it would raise, not change the model
