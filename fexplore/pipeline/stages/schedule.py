@@ -207,7 +207,7 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
     cycles, and interleaves under 60%, 131,897.)"""
     spills = []
 
-    def attempt(interleave, share, headroom=SRAM_HEADROOMS[0]):
+    def attempt(interleave, share, headroom=None):
         try:
             return build_schedule(graph, lowering, target, interleave=interleave, resident=share,
                                   headroom=headroom)
@@ -254,8 +254,7 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
 
 def _spill(interleave, share, e, headroom=None) -> tuple[str, str]:
     what = (f"keeping intermediates in {share:.0%} of a PE's SRAM" if share
-            else "interleaving the kernels" + (f" under {headroom:.0%} of a PE's SRAM"
-                                               if headroom not in (None, SRAM_HEADROOMS[0]) else "")
+            else "interleaving the kernels" + (f" under {headroom:.0%} of a PE's SRAM" if headroom else "")
             if interleave is True
             else "scheduling each kernel's ops")
     return ("spill" if share else "serial" if interleave is True else "trace order",
