@@ -66,6 +66,29 @@ def test_every_zoo_model_lowers_and_verifies(name, target, precision):
             assert float((g.float() - w.float()).abs().max()) <= tol * scale
 
 
+# each zoo model loaded in bf16 (weights and activations: the residual stream, norms' outputs and
+# the result bf16, as a model deployed in bf16 runs), on alternate targets
+IN_BF16 = [(name, ("rngd", "tiny")[i % 2]) for i, name in enumerate(sorted(ZOO))]
+
+
+@pytest.mark.parametrize("name, target", IN_BF16, ids=["-".join(v) for v in IN_BF16])
+def test_every_zoo_model_loaded_in_bf16_lowers_and_equals_eager(name, target):
+    torch.manual_seed(0)
+    model, inputs = ZOO[name]()
+    model = model.to(torch.bfloat16)
+    inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+    with torch.no_grad():
+        want = pytree.tree_leaves(model(*inputs))
+    cm = fexplore.compile(model, inputs, target=target)
+    assert cm.verification["ok"].all(), cm.verification
+    assert not cm.lowering.host_ops, [(h.op, h.reason) for h in cm.lowering.host_ops]
+    assert any(p.type.dtype.name == "bf16" for k in cm.kernels for p in k.node.outputs)
+    for g, w in zip(pytree.tree_leaves(cm(*inputs)), want):
+        assert g.dtype == w.dtype == torch.bfloat16 and g.shape == w.shape
+        scale = max(1.0, float(w.float().abs().max()))
+        assert float((g.float() - w.float()).abs().max()) <= 0.02 * scale   # a few roundings of 2^-8
+
+
 def test_regions_and_plain_ops_lower_free_views_are_free(zoo_compiled):
     _, _, cm = zoo_compiled("llama_decode")
     low = cm.lowering

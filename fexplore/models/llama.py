@@ -54,8 +54,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:   # a model in a narrow dtype normalizes in f32, as HF's does
+            return self.weight * self._normed(x.float()).to(x.dtype)
+        return self.weight * self._normed(x)
+
+    def _normed(self, x: torch.Tensor) -> torch.Tensor:
         variance = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(variance + self.eps))
+        return x * torch.rsqrt(variance + self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -159,6 +164,8 @@ class Llama(nn.Module):
         """Shared body of prefill and decode: logits and every layer's (past + new) keys/values."""
         x = self.embed_tokens(token_ids)
         cos, sin = self.rotary(positions)
+        if x.dtype != cos.dtype:   # a model in a narrow dtype rotates in its own dtype, as HF's does
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             past_k = None if k_cache is None else k_cache[i]
