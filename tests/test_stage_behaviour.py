@@ -182,3 +182,42 @@ def test_a_row_scale_of_a_matmul_operand_is_the_contractions_epilogue(target):
     assert cm["simplify"].stats["rules_fired"].get("scale-rows-after-the-matmul") == 1
     assert [k.kind for k in cm.kernels] == ["contraction"]
     torch.testing.assert_close(cm(q, decay, state), _RowScaledProduct()(q, decay, state), rtol=1e-5, atol=1e-5)
+
+
+class _ResidualThenNormInF32(torch.nn.Module):
+    """A block of a model in bf16 as Hugging Face writes it: the residual add of a projection, and
+    the next norm computed in f32 from the sum (``hidden.to(torch.float32)``), the sum itself going
+    on to the next residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64, bias=False)
+        self.up = torch.nn.Linear(64, 64, bias=False)
+        self.weight = torch.nn.Parameter(1 + 0.2 * torch.randn(64))
+
+    def forward(self, x, h):
+        x = x + self.proj(h)
+        wide = x.to(torch.float32)
+        normed = (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+        return x + self.up(self.weight * normed)
+
+
+@pytest.mark.parametrize("target", ["rngd", "tiny"])
+def test_a_sum_widened_for_a_norm_is_written_narrow_and_widened_by_the_norm(target):
+    """The residual add's kernel writes the bf16 sum the next add reads, and not an f32 copy of it
+    for the norm too: the widening cast is the norm's prologue, which reads the bf16 sum."""
+    torch.manual_seed(0)
+    model = _ResidualThenNormInF32().to(torch.bfloat16)
+    x, h = torch.randn(8, 64).bfloat16(), torch.randn(8, 64).bfloat16()
+    cm = fexplore.compile(model, (x, h), target=target)
+    assert cm.verification["ok"].all(), cm.verification
+    regions = [n for n in cm["fusion"].after.nodes if n.op.name == "region"]
+    made = [(n.attrs["kind"], [v.type.dtype.name for v in n.outputs]) for n in regions]
+    assert all(dtypes == ["bf16"] for _, dtypes in made), made   # the sum, and no f32 copy beside it
+    norm = next(n for n in regions if n.attrs["kind"] == "norm")
+    assert [v.type.dtype.name for v in norm.inputs if v.type.rank == 2] == ["bf16"], norm.inputs
+    assert "cast" in {b.op.name for b in norm.regions[0].nodes}
+    want = model(x, h)
+    got = cm(x, h)
+    assert got.dtype == torch.bfloat16
+    assert float((got.float() - want.float()).abs().max()) <= 0.02 * max(1.0, float(want.float().abs().max()))

@@ -174,11 +174,28 @@ class _Fuser:
                         if u in members or not self.free(u) or not self.elementwise(u) or \
                                 result_shape is not None and self.nodes[u].output.type.shape != result_shape:
                             continue
+                        if self._widened_for_a_norm(u, v, members):
+                            continue
                         if all(x.name in known or isinstance(x, Constant)
                                for x in self.nodes[u].inputs):
                             members.add(u)
                             known |= {x.name for x in self.nodes[u].outputs}
                             changed = True
+
+    def _widened_for_a_norm(self, u: int, v: Value, members: set[int]) -> bool:
+        """Node u widens `v`, a result the group writes out anyway, for norms and reductions only
+        (a model in bf16 normalizing its residual stream in f32, as Hugging Face's do). Left out,
+        the cast is the prologue of the norm reading it (`reductions`), which reads the narrow
+        result and widens it on chip; taken in, the group would write the wide copy too, and the
+        norm read it: twice the bytes of the narrow result more, each way."""
+        n = self.nodes[u]
+        if n.op.name != "cast" or n.output.type.dtype.itemsize <= v.type.dtype.itemsize or \
+                n.output.name in self.graph_outputs:
+            return False
+        written_anyway = v.name in self.graph_outputs or \
+            any(w != u and w not in members for w in self.users.get(v.name, []))
+        readers = self.users.get(n.output.name, [])
+        return written_anyway and bool(readers) and all(self.op(r) in _NORMS | _REDUCTIONS for r in readers)
 
     def _same_activations(self, p: int, members: set[int]) -> bool:
         """Contraction p reads the activations a contraction among `members` reads."""
