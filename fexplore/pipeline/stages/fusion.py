@@ -6,7 +6,8 @@ Patterns, claimed in this order (a node joins at most one region):
    and k, grouped-query expansion, a norm of each head of q and k);
 2. contraction + epilogue: linear / matmul / conv2d with the elementwise chain after it (bias,
    activation, scaling, residual add; an activation written out as a graph on the result too),
-   and as prologue the views and the norm feeding it exclusively;
+   and as prologue the views and the norm feeding it exclusively (a cast that widens a result
+   the region writes out anyway for a norm is that norm's, not a second, wider result);
 3. reductions with their surroundings: layer_norm, rms_norm (simplify raises the written-out
    form to the op; other written-out reductions are grouped as they stand), batch norm, softmax,
    with the residual add before a norm when no epilogue took it, and the one after it;
@@ -183,11 +184,12 @@ class _Fuser:
                             changed = True
 
     def _widened_for_a_norm(self, u: int, v: Value, members: set[int]) -> bool:
-        """Node u widens `v`, a result the group writes out anyway, for norms and reductions only
-        (a model in bf16 normalizing its residual stream in f32, as Hugging Face's do). Left out,
-        the cast is the prologue of the norm reading it (`reductions`), which reads the narrow
-        result and widens it on chip; taken in, the group would write the wide copy too, and the
-        norm read it: twice the bytes of the narrow result more, each way."""
+        """Node u widens `v`, a result the group writes out anyway, for one norm or reduction
+        only (a model in bf16 normalizing its residual stream in f32, as Hugging Face's do). Left
+        out, the cast is the prologue of the norm reading it (`reductions`), which reads the
+        narrow result and widens it on chip; taken in, the group would write the wide copy too,
+        and the norm read it: twice the bytes of the narrow result more, each way. (A cast two
+        norms read would be a kernel of its own, left out: it stays in.)"""
         n = self.nodes[u]
         if n.op.name != "cast" or n.output.type.dtype.itemsize <= v.type.dtype.itemsize or \
                 n.output.name in self.graph_outputs:
@@ -195,7 +197,7 @@ class _Fuser:
         written_anyway = v.name in self.graph_outputs or \
             any(w != u and w not in members for w in self.users.get(v.name, []))
         readers = self.users.get(n.output.name, [])
-        return written_anyway and bool(readers) and all(self.op(r) in _NORMS | _REDUCTIONS for r in readers)
+        return written_anyway and len(readers) == 1 and self.op(readers[0]) in _NORMS | _REDUCTIONS
 
     def _same_activations(self, p: int, members: set[int]) -> bool:
         """Contraction p reads the activations a contraction among `members` reads."""
