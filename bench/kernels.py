@@ -11,9 +11,9 @@ one GPT-2-small layer (width 768, 12 heads, sequence 512) and one Llama-style la
 16 heads over 4 KV heads, SwiGLU), bf16 on rngd, and sets each contraction next to the hand-written
 `matmul` at its M x N x K. Each layer is compiled twice, as the two ways a model runs in bf16: the
 f32 model under the bf16 policy (f32 residual stream, norms and logits) and the model loaded in
-bf16 (`model.to(torch.bfloat16)`: bf16 in and out, as the hand-written matmul). Both sides get their best tiles: the generated kernel the ones the
-schedule stage's search chose for it in the compile (what the compiled model runs; its cycles at the
-generator's defaults are shown too), the hand-written matmul the best of a grid of tile sizes
+bf16 (`model.to(torch.bfloat16)`: bf16 in and out, as the hand-written matmul). Both sides get
+their best tiles: the generated kernel the ones the schedule stage's search chose for it in the
+compile (what the compiled model runs; its cycles at the generator's defaults are shown too), the hand-written matmul the best of a grid of tile sizes
 (`best_handwritten`). A panel kernel that streams its rows in steps (``tr``, for the program: it
 starts on the first rows its producer wrote) is timed with whole row tiles too (tr = tm), and the
 faster is set against the hand-written matmul: alone there is no producer to overlap. The goal:
@@ -158,9 +158,17 @@ def main(argv=None) -> int:
 
 
 
+# The two ways a layer runs in bf16: an f32 model under the bf16 policy (contractions read bf16 and
+# accumulate in f32; the residual stream, norms and the result stay f32), and a model loaded in
+# bf16 (``model.to(torch.bfloat16)``: the residual stream and the result bf16, as the hand-written
+# matmul's operands are)
+POLICY, IN_BF16 = "", " (model in bf16)"
+FLAVOURS = (POLICY, IN_BF16)
+
+
 def generated_layers():
-    """(label, model, inputs): one layer of each model family, at real widths; each twice, as the
-    two ways a model runs in bf16 (`FLAVOURS`)."""
+    """(flavour, label, model, inputs): one layer of each model family, at real widths; each twice,
+    as the two ways a model runs in bf16 (`FLAVOURS`)."""
     import torch
 
     from fexplore.models.gpt import gpt
@@ -174,14 +182,6 @@ def generated_layers():
             if flavour == IN_BF16:
                 model = copy.deepcopy(model).to(torch.bfloat16)
             yield flavour, f"{label}{flavour}", model, inputs
-
-
-# The two ways a layer runs in bf16: an f32 model under the bf16 policy (contractions read bf16 and
-# accumulate in f32; the residual stream, norms and the result stay f32), and a model loaded in
-# bf16 (``model.to(torch.bfloat16)``: the residual stream and the result bf16, as the hand-written
-# matmul's operands are)
-POLICY, IN_BF16 = "", " (model in bf16)"
-FLAVOURS = (POLICY, IN_BF16)
 
 
 def best_handwritten(M: int, N: int, K: int) -> tuple[int, str, int]:
@@ -353,13 +353,12 @@ def generated_section(emit):
                  f"{nbytes} | {job} | {on_grid} |")
     within = {f: f"{sum(r <= RATIO_GOAL for r in rs)}/{len(rs)}, worst {max(rs):.2f}x" for f, rs in ratios.items() if rs}
     if within:
-        every = [r for rs in ratios.values() for r in rs]
         emit("")
         emit(f"Contractions within {RATIO_GOAL:.2f}x of the hand-written matmul at its best tiles: "
              f"{within.get(POLICY, '-')} for the f32 models under the bf16 policy; {within.get(IN_BF16, '-')} "
              f"for the models loaded in bf16 (against the hand-written matmul at its default tiles: "
              f"{sum(r <= RATIO_GOAL for r in default_ratios)}/{len(default_ratios)}, worst "
-             f"{max(default_ratios):.2f}x, of {len(every)}). The hand-written matmul has no prologue or "
+             f"{max(default_ratios):.2f}x). The hand-written matmul has no prologue or "
              "epilogue and reads and writes bf16. \"Its bytes / hand-written's\" is what the kernel's operands "
              "and results hold against the hand-written matmul's three bf16 matrices: what a kernel moves at "
              "the least. Under the bf16 policy the residual stream a norm reads and a residual add reads and "
@@ -385,7 +384,7 @@ def generated_section(emit):
 
 def operand_bytes(node) -> int:
     """Bytes the region's operands and results hold: what its kernel moves at the least."""
-    return sum(math.prod(v.type.shape) * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
+    return sum(v.type.nbytes() for v in (*node.inputs, *node.outputs))
 
 
 def same_job_section(emit, handwritten: dict):

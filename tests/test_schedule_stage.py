@@ -417,10 +417,11 @@ def test_the_fallbacks_build_no_share_below_an_interleaving_that_overflows(monke
     ex = fexplore.explore(*ZOO["mlp"](), target="tiny", verify=False)
     low, graph = ex["lower"].lowering, ex["lower"].after
     real, calls = stage.build_schedule, []
+    default_headroom = stage.SRAM_HEADROOMS[0]
 
     def build(graph, lowering, target, interleave=True, resident=0.5, stage=frozenset(), headroom=None):
-        what = (resident if headroom in (None, 0.85) else (resident, headroom)) if interleave is True \
-            else "serial"
+        what = (resident if headroom in (None, default_headroom) else (resident, headroom)) \
+            if interleave is True else "serial"
         if not stage:   # the staging build after a share fits is not a fallback
             calls.append(what)
         if interleave is True and what not in fits:
@@ -445,6 +446,7 @@ def test_the_fallbacks_build_no_share_below_an_interleaving_that_overflows(monke
     out = sched.simulate([x.numpy() for x in ex.example_inputs])
     np.testing.assert_allclose(sched.outputs_of(out)[0], ex.model(*ex.example_inputs).detach().numpy(),
                                rtol=1e-4, atol=1e-5)
+
 
 def test_an_interleaving_whose_buffers_fragment_sram_is_ordered_again_before_it_is_serialized():
     """On a 32 KiB chip, GPT's interleaved order keeps the kernels' buffers under 85% of a PE's SRAM,
