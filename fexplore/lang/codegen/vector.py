@@ -200,8 +200,8 @@ class VectorEmitter:
             self.w(f"{name} = {normed}" if not kw else f"{name} = fl.cast({normed}{kw.replace(', dtype=', ', ')})")
         elif len(params) == 1:
             self.w(f"{name} = fl.mul({normed}, {params[0]}{kw})")
-        else:
-            self.w(f"{name} = fl.add({normed} * {params[0]}, {params[1]}{kw})")
+        else:   # one multiply-add: a pass over the tile fewer than a multiply then an add, same rounding
+            self.w(f"{name} = fl.fma({normed}, {params[0]}, {params[1]}{kw})")
 
 
 def norm_eps(node: Node) -> str:
