@@ -181,7 +181,13 @@ def _split_over_pes(M: int, N: int, K: int, itemsize: int, cfg, dtype: str, nati
     its panel's K slabs once per item (the operand bytes), the tensor unit does its items' MACs, and
     a PE with one item more than another makes the others wait (rounds). As in `matmul_tiles`, no
     edge is split below twice the tensor unit's tile: such an item is all DMA start-up, and each
-    extra PE re-reads its operands from DRAM."""
+    extra PE re-reads its operands from DRAM.
+
+    Tried and dropped: sharing DRAM's rate among the round's items (eight engines at 256 B/cycle ask
+    for more than rngd's 1,500). It picks fewer, wider panels (GPT-2's attention output projection
+    256 columns, not 192), faster alone (9,071 -> 8,545 cycles), but the GPT-2-small layer at
+    sequence 512 got 5% slower as a program (67,781 -> 71,214 cycles; not traced: in a program the
+    kernels around it run beside it and use the DRAM a kernel alone has to itself)."""
     nm, nn = native
     pes = cfg.num_pes
     floor = 2 * max(nm, nn)
