@@ -864,3 +864,47 @@ def test_on_a_fused_pe_a_normed_panel_starts_on_the_first_normed_rows():
     assert first_contract < max(end[c] for c in normed)
     assert cm["schedule"].verification.ok
     torch.testing.assert_close(cm(x).float(), model(x), **TOL["bf16"])
+
+
+@pytest.mark.parametrize("target,pe_fusion", [("tiny", 1), ("rngd", "auto")])
+def test_a_program_past_the_size_limit_is_refused_before_it_is_built(monkeypatch, target, pe_fusion):
+    # Falcon-H1 at its default Mamba sizes on tiny traces 2.8M operations, and building its program
+    # grew past 13 GB: a program over MAX_PROGRAM_OPS is refused from its kernels' trace counts,
+    # with nothing built. Here the limit is set just under the zoo GPT's own count. Under
+    # pe_fusion="auto" the lower stage builds each arrangement's program, the chip's own PEs first.
+    import sys
+
+    from fexplore.npu.errors import CompileMemoryError
+
+    sched_mod = sys.modules["fexplore.pipeline.stages.schedule"]
+    model, inputs = ZOO["gpt"]()
+    low = fexplore.explore(model, inputs, target=target, verify=False)["lower"].lowering
+    counted = sum(x.ops for x in low.leaves if x.how == "generated")
+    biggest = max((x for x in low.leaves if x.how == "generated"), key=lambda x: x.ops)
+    stage = "schedule" if pe_fusion == 1 else "lower"
+    ex = fexplore.explore(model, inputs, target=target, verify=False, pe_fusion=pe_fusion)
+    while ex.stage_names[len(ex.records)] != stage:
+        ex.step()
+    monkeypatch.setattr(sched_mod, "MAX_PROGRAM_OPS", counted - 1)
+    built = []
+    real_build = sched_mod.build_schedule
+    monkeypatch.setattr(sched_mod, "build_schedule", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    at = len(ex.records)
+    with pytest.raises(CompileMemoryError) as err:
+        ex.step()
+    assert err.value.code == "FX505" and f"{counted:,} operations" in str(err.value)
+    assert f"stage '{stage}'" in str(err.value) and biggest.name in str(err.value), str(err.value)
+    assert err.value.loc is not None and err.value.loc.module == biggest.module
+    assert not built and len(ex.records) == at   # nothing built, nothing recorded
+    # at the limit it builds (a fused arrangement's count is its own: GPT's is larger fused by 2),
+    # and the count is the program's size within a factor of two
+    monkeypatch.setattr(sched_mod, "MAX_PROGRAM_OPS", counted if pe_fusion == 1 else 10 * counted)
+    ex.run_all(progress=False)
+    final = ex["schedule"]
+    counted = sum(x.ops for x in final.lowering.leaves if x.how == "generated")
+    assert built and counted / 2 <= final.stats["commands"] <= counted * 2, (final.stats["commands"], counted)
+    # a stage's cost builds its program too, and is refused alike (under "auto", by the lowering
+    # for each arrangement it makes first, as above)
+    monkeypatch.setattr(sched_mod, "MAX_PROGRAM_OPS", 1)
+    with pytest.raises(CompileMemoryError, match="costing a stage" if pe_fusion == 1 else "stage 'lower'"):
+        ex["fold"].cost()

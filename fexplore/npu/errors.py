@@ -102,8 +102,11 @@ class CompileMemoryError(FexploreError):
         when="A stage of the compile itself (not its check) runs out of memory. The stages after "
              "precision hold the whole model's kernels op by op: `lower` traces each kernel at its "
              "tile sizes and `schedule` builds one NPU program of every command, so a large model "
-             "on a chip of small SRAM (many small tiles) can need more than the machine has. The "
-             "model is not known to be wrong; the Exploration stays at the stage before.",
+             "on a chip of small SRAM (many small tiles) can need more than the machine has. A "
+             "program past fexplore.pipeline.stages.schedule.MAX_PROGRAM_OPS operations (its "
+             "kernels' traces, counted after lowering) is refused before it is built, with the "
+             "kernels that make the most named. The model is not known to be wrong; the "
+             "Exploration stays at the stage before.",
         example="ex = fexplore.explore(vit_large, (image,), target=\"tiny\")\n"
                 "ex[\"schedule\"]   # 24 layers of 1024 channels in tiles of 64 KiB",
         fix="Compile a smaller configuration of the model (fewer layers, a smaller input), or for "

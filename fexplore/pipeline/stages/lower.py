@@ -129,6 +129,7 @@ class LoweredNode:
     kernel: Any = None            # GeneratedKernel or UserKernel; None for views and host ops
     reason: str = ""              # why a host op, or why split (codegen's words)
     traced: Any = None            # the generated source executed: its fexplore.lang.Kernel
+    ops: int = 0                  # how == "generated": the operations its trace at default tiles records
     pieces: list = field(default_factory=list)   # how == "split": the pieces
     scratch: tuple = ()           # how == "split": values the pieces pass through DRAM
     of: str = ""                  # a piece: the label of the region it was split from
@@ -327,14 +328,14 @@ class _Lowerer:
             return None, self.bug(node, f"codegen failed: {type(e).__name__}: {_first_line(e)}")
         from fexplore.lang.errors import TraceLimitError
 
-        traced, err = _traces(gk, node)
+        traced, ops, err = _traces(gk, node)
         if isinstance(err, TraceLimitError):   # tiles too small for the tensors: too big, not wrong
             return None, err
         if err is not None:  # a generator that writes a kernel the kernel language rejects: a codegen bug
             return None, self.bug(node, f"generated kernel {gk.name} does not trace (a codegen bug): "
                                         f"{type(err).__name__}: {_first_line(err)}")
         gk = _renamed(gk, _unique(gk.name, self.taken))
-        return LoweredNode(node, "generated", gk, traced=traced, of=of), None
+        return LoweredNode(node, "generated", gk, traced=traced, ops=ops, of=of), None
 
     def split(self, node: Node, err) -> LoweredNode:
         return _Splitter(self, node).lowered(err)
@@ -489,16 +490,17 @@ def _first_line(e: Exception) -> str:
 
 
 def _traces(gk, node: Node):
-    """(the traced kernel, None), or (None, the error) when the kernel language rejects it."""
+    """(the traced kernel, the operations its trace records, None), or (None, 0, the error) when the
+    kernel language rejects it."""
     try:
         zeros = [np.zeros(tuple(int(d) for d in v.type.shape), v.type.dtype.numpy) for v in node.inputs]
         k = gk.kernel()
-        k.trace(*gk.arguments(zeros), target=gk.target)
-        return k, None
+        trace = k.trace(*gk.arguments(zeros), target=gk.target)
+        return k, len(trace.ops), None
     except MemoryError:
         raise
     except Exception as e:
-        return None, e
+        return None, 0, e
 
 
 def lowering_stats(low: Lowering) -> dict:

@@ -130,6 +130,8 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
         pad_values(options.pad_value, len(graph.inputs))
     if why:
         return _no_schedule(graph, lowering, why)
+    if not lowering.made:
+        check_program_size(lowering, lowering.chip or options.target)
     t0 = time.perf_counter()
     sched, spills = lowering.made or schedule_with_fallbacks(graph, lowering, lowering.chip or options.target)
     lowering.made = None   # taken: a stage run again builds its own
@@ -156,6 +158,45 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
 
 
 SYMBOLIC = "symbolic shapes: scheduled per size on first call"
+
+# The most operations a whole program may hold, counted before it is built: the sum over its
+# generated kernels of what each one's trace at its default tiles records (a program holds 0.6 to
+# 1.2 commands an operation: the zoo on rngd and tiny, Falcon-H1's Mamba layers on tiny). A
+# command takes ~6 KB and ~1 ms to build and schedule, with the fallbacks (a 234k-command program
+# on tiny: +1.5 GB, 214 s), so two million would take ~12 GB and most of an hour. Past it a compile
+# stops before building rather than exhaust the machine's memory: Falcon-H1 at its default Mamba
+# sizes (128 heads, chunks of 256) on tiny traces 2.8M operations, and its schedule grew past
+# 13 GB. The largest programs of bench/npu_models.py hold under 80k commands.
+MAX_PROGRAM_OPS = 2_000_000
+
+
+def check_program_size(lowering, target, building: str = "schedule") -> None:
+    """Raise CompileMemoryError (FX505) before building a program of more than `MAX_PROGRAM_OPS`
+    operations, naming the kernels that make the most of them. `building`: what builds it, the
+    schedule stage, the lower stage (under pe_fusion="auto" it times each chip arrangement's
+    program) or "cost" (a stage's program costed, `chip.graph_cost`)."""
+    kernels = [x for x in lowering.leaves if x.how == "generated"]
+    total = sum(x.ops for x in kernels)
+    if total <= MAX_PROGRAM_OPS:
+        return
+    from fexplore.npu.errors import CompileMemoryError
+
+    biggest = sorted(kernels, key=lambda x: -x.ops)[:3]
+    chip = getattr(target, "name", target)
+    where = {"schedule": "stage 'schedule': ",
+             "lower": "stage 'lower' (pe_fusion='auto' builds the program of each chip arrangement): ",
+             "cost": "costing a stage: "}[building]
+    stays = {"schedule": "; the exploration stays at 'lower', whose kernels can be read and run one by one",
+             "lower": "; the exploration stays at the stage before", "cost": ""}[building]
+    raise CompileMemoryError(
+        f"{where}the program for {chip!r} would hold {total:,} operations, over the limit of "
+        f"{MAX_PROGRAM_OPS:,} (each takes kilobytes to build: it would exhaust the machine's memory); "
+        "the most are in " + ", ".join(f"{x.name} ({x.ops:,}: {x.label}" + (f" of {x.module})" if x.module else ")")
+                                        for x in biggest),
+        loc=biggest[0].node.loc,
+        hint=f"compile a smaller configuration (fewer layers, a shorter input, smaller inner sizes) or "
+             f"for a chip with more SRAM per PE than {chip!r}, whose bigger tiles make fewer "
+             f"operations{stays}")
 
 
 def not_schedulable(graph: Graph) -> str | None:
