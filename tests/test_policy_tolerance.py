@@ -196,3 +196,57 @@ def test_attention_under_the_policy_rounds_q_k_v_and_nothing_else_whichever_kern
     e = torch.exp(s - s.amax(-1, keepdim=True)).bfloat16().double()
     chip_way = float(((e @ r[2]) / e.sum(-1, keepdim=True) - want.double()).abs().max())
     assert errors[0] == pytest.approx(max(ir_way, chip_way), rel=1e-3)
+
+
+class _ExactInBf16(torch.nn.Module):
+    """A linear whose weights and inputs are exact in bf16: round-to-nearest under the policy
+    changes nothing, though the output is as sensitive to the policy's rounding as any."""
+
+    def __init__(self, pick: bool = False):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 4, bias=False)
+        self.pick = pick
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.randint(-8, 8, (4, 16)) / 8)
+            if pick:   # rows 0 and 1 the same and the largest on positive inputs: a tie to break
+                self.fc.weight[:2] = torch.randint(1, 8, (16,)) / 8
+                self.fc.weight[2:] = -1.0
+
+    def forward(self, x):
+        y = self.fc(x)
+        # pick: a decision on the product (its largest entry per row), which an ulp can flip
+        return torch.nn.functional.one_hot(y.argmax(-1), 4).float() if self.pick else y
+
+
+def test_a_lucky_round_to_nearest_is_not_the_policy_error():
+    # fuzz seed 2490141: eager under the policy can be off by far less than the policy's rounding
+    # moves the output; the error is at least a share of a run one ulp off nearest at random
+    from fexplore.pipeline.policy_noise import JITTER_SHARE
+
+    torch.manual_seed(0)
+    model = _ExactInBf16().eval()
+    x = torch.randint(-8, 8, (3, 16)) / 4 + 1 / 3   # a third: not exact in bf16
+    exact = torch.randint(-8, 8, (3, 16)) / 4
+    for inputs, lucky in ((exact, True), (x, False)):
+        with torch.no_grad():
+            want = model(inputs)
+        errors, _ = policy_error(model, (inputs,), [want], "bf16")
+        if lucky:   # nothing rounded: nearest is exact, the jittered run is not
+            with torch.no_grad():
+                assert float((model.fc(inputs.bfloat16().float()) - want).abs().max()) == 0
+            assert 0 < errors[0] < JITTER_SHARE * 4 * float(want.abs().max()) * 2 ** -7
+        assert errors[0] == policy_error(model, (inputs,), [want], "bf16")[0][0]   # seeded
+    # a decision the jitter flips (the tie of rows 0 and 1) moves the output by 1: not rounding,
+    # not counted
+    import torch.utils._pytree as pytree
+
+    from fexplore.pipeline.policy_noise import _errors_of_one_run, _NarrowContractions
+
+    picked = _ExactInBf16(pick=True).eval()
+    positive = torch.randint(1, 8, (16, 16)) / 4   # 16 rows: 16 ties, one flipped at the least
+    with torch.no_grad():
+        want = picked(positive)
+    flat, spec = pytree.tree_flatten((positive,))
+    jittered = _NarrowContractions(torch.bfloat16, jitter=torch.Generator().manual_seed(0))
+    assert _errors_of_one_run(picked, flat, spec, [want], jittered, round_probabilities=False)[0] == [1.0]
+    assert policy_error(picked, (positive,), [want], "bf16")[0] == [0.0]
