@@ -41,6 +41,7 @@ from fexplore.ir import DType
 
 from .convert import ir_dtype
 from .eager_modes import eager_under, output_tensors, runs_higher_order_ops
+from .rerounding import output_scale
 
 # The narrow dtype of each reduced-precision policy.
 POLICY_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
@@ -232,15 +233,10 @@ def policy_error(model: torch.nn.Module, args: tuple, outs: list[torch.Tensor], 
     jittered = _NarrowContractions(POLICY_DTYPES[precision], jitter=torch.Generator().manual_seed(0))
     moved, _, _ = _errors_of_one_run(model, flat, spec, outs, jittered, round_probabilities=attended)
     for i, (m, o) in enumerate(zip(moved, outs)):
-        if o.is_floating_point() and o.numel() and m <= JITTER_DECISION_SHARE * _scale(o):
+        if o.is_floating_point() and o.numel() and m <= JITTER_DECISION_SHARE * output_scale(o):
             errors[i] = max(errors[i], JITTER_SHARE * m)
     return errors, [DType.f32 if d == torch.float32 else ir_dtype(d) for d in own]
 
-
-def _scale(t: torch.Tensor) -> float:
-    """max(1, max |finite value|) of `t`."""
-    finite = t[torch.isfinite(t)]
-    return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
 
 
 def _errors_of_one_run(model, flat, spec, outs, mode, *, round_probabilities: bool):

@@ -108,11 +108,11 @@ def rerounding_distance(model, leaves: list, spec, outs: list[torch.Tensor], see
     from .numeric import _max_diffs   # numeric imports this module: its distance, not a second one
 
     eager = [o.detach() for o in outs]
-    return [d if o.dtype == torch.float32 and d <= DECISION_SHARE * _scale(o) else 0.0
+    return [d if o.dtype == torch.float32 and d <= DECISION_SHARE * output_scale(o) else 0.0
             for d, o in zip(_max_diffs(eager, got), eager)]
 
 
-def _scale(t: torch.Tensor) -> float:
+def output_scale(t: torch.Tensor) -> float:
     """max(1, max |t|) over its finite values: what a decision's distance is judged against."""
     finite = t[torch.isfinite(t)]
     return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
