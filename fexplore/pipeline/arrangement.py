@@ -97,8 +97,7 @@ def arranged_target(graph, options, lower_for) -> tuple[NPUConfig, list[Arrangem
 def program_cycles(graph, lowering, cfg):
     """(simulated cycles, (Schedule, spills)) of the whole program on `cfg`, made as the schedule
     stage makes it (`schedule_with_fallbacks`)."""
-    from .stages.schedule import check_program_size, schedule_with_fallbacks
+    from .stages.schedule import schedule_with_fallbacks
 
-    check_program_size(lowering, cfg, building="lower")
-    made = schedule_with_fallbacks(graph, lowering, cfg)
+    made = schedule_with_fallbacks(graph, lowering, cfg, building="lower")
     return made[0].simulate().cycles, made

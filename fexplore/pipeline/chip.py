@@ -371,11 +371,9 @@ def graph_cost(graph, options) -> Cost:
     if hit is not None and hit[0] is graph:
         return hit[1]
     low = lower(graph, options).lowering
-    from .stages.schedule import check_program_size, schedule_with_fallbacks
+    from .stages.schedule import schedule_with_fallbacks
 
-    if not low.made:
-        check_program_size(low, low.chip or options.target, building="cost")
-    sched, _ = low.made or schedule_with_fallbacks(graph, low, low.chip or options.target)
+    sched, _ = low.made or schedule_with_fallbacks(graph, low, low.chip or options.target, building="cost")
     res = sched.simulate()
     cost = Cost(res.cycles, res.latency_s * 1e6, res.dram_bytes,
                 sum(k.how in ("generated", "user") for k in sched.kernels),

@@ -41,7 +41,7 @@ from fexplore.ir import DType
 
 from .convert import ir_dtype
 from .eager_modes import eager_under, output_tensors, runs_higher_order_ops
-from .rerounding import output_scale
+from .rerounding import one_ulp_off, output_scale
 
 # The narrow dtype of each reduced-precision policy.
 POLICY_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
@@ -76,8 +76,6 @@ JITTER_SHARE = 0.25
 # A jittered policy run's distance above this share of max(1, max|output|) is a flipped decision,
 # not rounding (bf16's ulp is 2^-8 of a value: 5% is a twelvefold amplification of it)
 JITTER_DECISION_SHARE = 0.05
-# The bit patterns of the narrow dtypes, for a step of one ulp
-_BITS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.int8}
 
 # The floats a model may compute in, narrowest first; anything else (f64, integers) ranks as f32.
 _FLOATS = (torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32)
@@ -121,19 +119,10 @@ class _NarrowContractions(TorchDispatchMode):
                 t = t.clamp(-_FP8_MAX, _FP8_MAX)
             narrow = t.to(self.dtype)
             if self.jitter is not None:
-                narrow = self._one_ulp_off(narrow)
+                narrow = one_ulp_off(narrow, self.jitter)
             return narrow.to(t.dtype)
         finally:
             self.recording = True
-
-    def _one_ulp_off(self, narrow: torch.Tensor) -> torch.Tensor:
-        """`narrow` with each nonzero finite value one ulp up or down at random (a step of its bit
-        pattern: sign and magnitude, so +-1 moves the magnitude), where the step stays finite."""
-        bits = narrow.view(_BITS[self.dtype])
-        step = torch.randint(0, 2, bits.shape, generator=self.jitter, dtype=bits.dtype) * 2 - 1
-        moved = (bits + step).view(self.dtype)
-        keep = (narrow.float() == 0) | ~torch.isfinite(narrow.float()) | ~torch.isfinite(moved.float())
-        return torch.where(keep, narrow, moved)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -236,7 +225,6 @@ def policy_error(model: torch.nn.Module, args: tuple, outs: list[torch.Tensor], 
         if o.is_floating_point() and o.numel() and m <= JITTER_DECISION_SHARE * output_scale(o):
             errors[i] = max(errors[i], JITTER_SHARE * m)
     return errors, [DType.f32 if d == torch.float32 else ir_dtype(d) for d in own]
-
 
 
 def _errors_of_one_run(model, flat, spec, outs, mode, *, round_probabilities: bool):

@@ -79,9 +79,25 @@ class _ReRounded(TorchDispatchMode):
     def _moved(self, t):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() == 0:
             return t
-        up = torch.rand(t.shape, generator=self.generator) < 0.5
-        toward = torch.where(up, torch.inf, -torch.inf)
-        return torch.where((t != 0) & torch.isfinite(t), torch.nextafter(t, toward), t)
+        return one_ulp_off(t, self.generator)
+
+
+# The bit patterns of the floats `one_ulp_off` steps (torch.nextafter has no float8)
+_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
+         torch.float8_e4m3fn: torch.int8}
+
+
+def one_ulp_off(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """`t` with each nonzero finite value moved one ulp of its dtype up or down at random
+    (`generator`), where the move stays finite: a step of the bit pattern, which is sign and
+    magnitude, so a step away from zero adds one to it."""
+    up = torch.rand(t.shape, generator=generator) < 0.5
+    wide = t.float()
+    bits = t.view(_BITS[t.dtype])
+    step = torch.where(up == (wide > 0), 1, -1).to(bits.dtype)
+    moved = (bits + step).view(t.dtype)
+    keep = (wide == 0) | ~torch.isfinite(wide) | ~torch.isfinite(moved.float())
+    return torch.where(keep, t, moved)
 
 
 def _accumulates(func, args, kwargs) -> bool:

@@ -130,8 +130,6 @@ def schedule(graph: Graph, options, lowering=None) -> StageResult:
         pad_values(options.pad_value, len(graph.inputs))
     if why:
         return _no_schedule(graph, lowering, why)
-    if not lowering.made:
-        check_program_size(lowering, lowering.chip or options.target)
     t0 = time.perf_counter()
     sched, spills = lowering.made or schedule_with_fallbacks(graph, lowering, lowering.chip or options.target)
     lowering.made = None   # taken: a stage run again builds its own
@@ -170,6 +168,17 @@ SYMBOLIC = "symbolic shapes: scheduled per size on first call"
 MAX_PROGRAM_OPS = 2_000_000
 
 
+# Who builds a program (`schedule_with_fallbacks`'s `building`): how a refusal names it, and where
+# it leaves an exploration
+_BUILDERS = {
+    "schedule": ("stage 'schedule': ",
+                 "; the exploration stays at 'lower', whose kernels can be read and run one by one"),
+    "lower": ("stage 'lower' (pe_fusion='auto' builds the program of each chip arrangement): ",
+              "; the exploration stays at the stage before"),
+    "cost": ("costing a stage: ", ""),
+}
+
+
 def check_program_size(lowering, target, building: str = "schedule") -> None:
     """Raise CompileMemoryError (FX505) before building a program of more than `MAX_PROGRAM_OPS`
     operations, naming the kernels that make the most of them. `building`: what builds it, the
@@ -183,11 +192,7 @@ def check_program_size(lowering, target, building: str = "schedule") -> None:
 
     biggest = sorted(kernels, key=lambda x: -x.ops)[:3]
     chip = getattr(target, "name", target)
-    where = {"schedule": "stage 'schedule': ",
-             "lower": "stage 'lower' (pe_fusion='auto' builds the program of each chip arrangement): ",
-             "cost": "costing a stage: "}[building]
-    stays = {"schedule": "; the exploration stays at 'lower', whose kernels can be read and run one by one",
-             "lower": "; the exploration stays at the stage before", "cost": ""}[building]
+    where, stays = _BUILDERS[building]
     raise CompileMemoryError(
         f"{where}the program for {chip!r} would hold {total:,} operations, over the limit of "
         f"{MAX_PROGRAM_OPS:,} (each takes kilobytes to build: it would exhaust the machine's memory); "
@@ -224,7 +229,7 @@ def _no_schedule(graph, lowering, why):
     return StageResult(graph, {"scheduled": False, "why": why}, [], why, lowering=lowering, schedule=None)
 
 
-def schedule_with_fallbacks(graph: Graph, lowering, target):
+def schedule_with_fallbacks(graph: Graph, lowering, target, building: str = "schedule"):
     """(Schedule, spills): interleaved with residency in half a PE's SRAM, then less, then none;
     then kernels in sequence; then every op in trace order. Each step back is recorded (what,
     why); only an SRAM overflow makes the stage step back.
@@ -245,7 +250,11 @@ def schedule_with_fallbacks(graph: Graph, lowering, target):
     (more room for the gaps); the first that fits is set against the serial schedule and the
     faster kept. (GPT on a 32 KiB chip: 62,972 cycles interleaved under 60%, 64,230 in sequence;
     the VLA model on 48 KiB, whose kernels overflowed in sequence too, ran in trace order, 160,583
-    cycles, and interleaves under 60%, 131,897.)"""
+    cycles, and interleaves under 60%, 131,897.)
+
+    A program past `MAX_PROGRAM_OPS` is refused before any build (`check_program_size`; `building`
+    names who asked for it)."""
+    check_program_size(lowering, target, building)
     spills = []
 
     def attempt(interleave, share, headroom=None):
