@@ -25,7 +25,7 @@ from fexplore.lang.codegen import UnsupportedRegionError, check_kernel
 from fexplore.lang.codegen import vector as vector_mod
 from fexplore.lang.examples._tiling import amortizing_bytes, panel_tiles, streamed_rows
 from fexplore.npu import get_target
-from fexplore.npu.commands import Load
+from fexplore.npu.commands import Load, Vector
 from fexplore.models import ZOO
 
 TARGETS = ["rngd", "tiny"]
@@ -762,6 +762,44 @@ def test_a_panel_contraction_loads_each_row_tile_once_per_panel():
     x_loaded = sum(c.ref.size for c in result.program.commands if isinstance(c, Load) and c.ref.tensor.name == "x")
     assert x_loaded == 37 * 45 * 2      # two panels of 40 columns, five column tiles each
 
+
+
+@pytest.mark.parametrize("M, tiles, steps", [(37, dict(tm=16, tp=48, tn=16), 1),
+                                             (2050, dict(tm=512, tp=48, tr=256, tn=16), 2)])
+def test_a_norm_fed_panel_normalizes_its_rows_once_for_all_its_column_tiles(M, tiles, steps):
+    """A layer norm into a projection of few columns (not staged through DRAM) runs on a panel
+    item's whole rows once, before the item's column tiles, which contract the normed rows kept in
+    SRAM: the rows are loaded and normalized once per item (or row step), the norm's weight and
+    bias once per item, not once per output tile; an item of many rows streams them in steps (tr),
+    each normed on its own, the weights kept. Sizes that divide nothing equal the IR interpreter,
+    interpreted and simulated."""
+    b = Body(11)
+    x = b.input("x", (1, M, 45))
+    g, beta = b.input("ln.weight", (45,)), b.input("ln.bias", (45,))
+    w, bias = b.input("fc.weight", (70, 45)), b.input("fc.bias", (70,))
+    y = b("linear", b("layer_norm", x, g, beta, eps=1e-5), w, bias)
+    node, arrays = b.region(b("gelu", y), kind="contraction"), b.arrays
+    gk = _check(node, arrays, "rngd")   # 70 columns: one tile, not staged
+    src = gk.source
+    assert "fl.scratch(" not in src and "tp: int" in src and ("tr: int" in src) == (steps > 1)
+    assert src.index("fl.rsqrt(") < src.index("for ns in fl.range(fl.tiles(ps, tn)")
+    k = gk.kernel()
+    args = gk.arguments(arrays)
+    interpreted = k(*args, target="rngd", **tiles)
+    result = k.simulate(*args, target="rngd", **tiles)
+    np.testing.assert_allclose(k.last_trace.unpack(result.outputs), interpreted, rtol=1e-6)
+    np.testing.assert_allclose(interpreted, gk.run(arrays)[0].reshape(M, 70), rtol=1e-5, atol=1e-5)
+    cmds = result.program.commands
+    row_tiles = -(-M // tiles["tm"])
+    items = row_tiles * 2                                       # panels of 48 and 22 columns
+    row_steps = items * steps - 2 * (steps > 1)                 # 2050 rows: the last item's 2 rows, one step
+    loaded = collections.Counter(c.ref.tensor.name for c in cmds if isinstance(c, Load))
+    assert loaded["ln_weight"] == loaded["ln_bias"] == items    # once per item, for all its column tiles
+    assert loaded["x"] == row_steps
+    assert sum(c.ref.size for c in cmds if isinstance(c, Load) and c.ref.tensor.name == "x") == M * 45 * 2
+    assert sum(isinstance(c, Vector) and c.name == "rsqrt" for c in cmds) == row_steps
+    assert loaded["fc_weight"] == row_tiles * (3 + 2)           # column tiles of 16: 3 in 48, 2 in 22; kept
+                                                                # for every row step
 
 
 @pytest.mark.parametrize("M, N, K, siblings", [(512, 768, 3072, 1), (512, 512, 2048, 1), (512, 2048, 5472, 1),

@@ -16,8 +16,9 @@ rows) and kept, and the rows stream through step by step, so in a program the ke
 first rows its producer has written and a chain of kernels pipelines; the panel's bias is one load,
 sliced per column tile. Otherwise output tiles (tm x tn) go round-robin to the PEs. The K loop is
 double buffered. A norm prologue needs whole rows of the activations: with one or two N tiles a K
-slab is the whole of K and the norm runs per tile; with more, the rows are normalized once (a row
-tile per PE) into a DRAM scratch that a plain K loop then reads, rather than once per N tile. Heads
+slab is the whole of K and the norm runs in the kernel, once per panel item (or row step), its
+column tiles contracting the normed rows kept in SRAM; with more, the rows are normalized once (a
+row tile per PE) into a DRAM scratch that a plain K loop then reads, rather than once per item. Heads
 merged into K (PermutedAccess) are read as slabs of whole heads, a two-axis contraction
 'hmk,nhk->mn'. The epilogue runs on the vector unit straight off the accumulators, one line per IR
 node (`vector.VectorEmitter`).
@@ -229,17 +230,29 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
     staged = norm is not None and (-(-N // tn) > 2 or heads is not None)
     if staged:
         tk = min(tk0, K)
+    in_prologue_norm = norm is not None and not staged   # the norm of whole rows, in the kernel
     # a panel per PE when a row tile's whole K fits: its K slabs are loaded once and reused by the
-    # panel's column tiles (see `panel_tiles`); a norm that is not staged runs per output tile, on
-    # whole rows, and keeps the plain grid
+    # panel's column tiles (see `panel_tiles`). A norm that is not staged runs on an item's whole
+    # rows once, and the item's column tiles share them: its items are the grid's output tiles
+    # (tm x tn, whole K: what the norm needs, sized to fit above), as one column tile by default;
+    # the tile search may cut it into narrower ones, so the first contraction waits for a part of
+    # the weights instead of all of them (GPT-2's final norm into a 512-column head: 7,724 -> 7,217
+    # cycles alone). The split over the PEs stays the grid's: `panel_tiles`' own split, which has
+    # no norm in its model, gave the zoo GPT's norm-fed projections one item instead of two
     panel, norm_rows, tr = None, tm, None     # (the normed rows of a staged norm fit SRAM at tm, whole K)
-    if not batched_b and (norm is None or staged):
+    if not batched_b:
         x_item = max(op_dt.itemsize, 1) if staged else max(x_in.type.dtype.itemsize, op_dt.itemsize, 1)
-        panel = panel_tiles(M, N, K, x_item, cfg, dt.name, STAGES, siblings=nb, extra_tile_bytes=4 * len(epilogue))
+        if in_prologue_norm:
+            panel = (tm, tn, tn, K) if footprint(tm, tn, K) <= budget else None
+        else:
+            panel = panel_tiles(M, N, K, x_item, cfg, dt.name, STAGES, siblings=nb,
+                                extra_tile_bytes=4 * len(epilogue))
         if panel is not None:
             tm, tp, tn, tk = panel
             tr = streamed_rows(tm, tp, tn, tk, K, x_item, cfg, dt.name, STAGES, siblings=nb,
                                extra_tile_bytes=4 * len(epilogue))
+            if tr and in_prologue_norm and footprint(tr, tn, K) + nb * K * tp * 4 > budget:
+                tr = None   # the panel's weights kept beside a step's rows, their norm and its temporaries
     if permuted is not None:
         permuted.whole_heads = len(permuted.k_names) == 2 and tk >= permuted.inner
         tk = tk // permuted.inner * permuted.inner if permuted.whole_heads else min(tk, permuted.inner)
@@ -420,24 +433,44 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
                 for i in range(len(cons)):
                     w_cache.append(names.new(f"w{i}_tiles" if len(cons) > 1 else "w_tiles"))
                     w(f"{w_cache[-1]} = {{}}   # the panel's weight tiles: loaded once, reused by every row step")
+            kept_params = None
+            if tr and in_prologue_norm:   # the norm's weights: loaded once, kept for every row step
+                kept_params = _load_norm_params(w, names, norm_params)
+            if tr:
                 w("for ms in fl.range(fl.tiles(mt, tr), stages=stages):")
                 column_loop.enter_context(w.indent())
-            if panel:
+            emit = vector.VectorEmitter(w, names, label, axis='"K"')
+
+            def normed_rows(note):
+                a_tile, normed_dt = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box, note, op_dt,
+                                                 kept_params)
+                if normed_dt != op_dt:
+                    a_tile_c = names.new(a_tile + "_op")
+                    w(f"{a_tile_c} = {cast_to(a_tile, normed_dt, op_dt)}")
+                    a_tile = a_tile_c
+                return a_tile
+
+            if panel and in_prologue_norm:
+                # the rows' norm once per row tile (or step), before the panel's column tiles
+                a_tile = normed_rows(f"   # whole rows: the {norm.op.name} needs them; normed once for the panel")
+                w("for ns in fl.range(fl.tiles(ps, tn), stages=stages):")
+                column_loop.enter_context(w.indent())
+            elif panel:
                 slabs = names.new(x_in.name + "_slabs")
                 w(f"{slabs} = {{}}   # the row tile's K slabs: each loaded once, reused by every column tile")
                 w("for ns in fl.range(fl.tiles(ps, tn), stages=stages):")
                 column_loop.enter_context(w.indent())
             tiles: dict[str, str] = dict(inputs.literals)
             accs = [names.new("acc") for _ in cons]
-            emit = vector.VectorEmitter(w, names, label, axis='"K"')
-            if norm is not None and not staged:
-                a_tile, normed_dt = _normed_rows(w, names, emit, norm, norm_params, x_in, x_box,
-                                                 f"   # whole rows: the {norm.op.name} needs them", op_dt)
-                if normed_dt != op_dt:
-                    a_tile_c = names.new(a_tile + "_op")
-                    w(f"{a_tile_c} = {cast_to(a_tile, normed_dt, op_dt)}")
-                    a_tile = a_tile_c
-                for acc, (wb, spec) in zip(accs, w_boxes):
+            if in_prologue_norm:
+                if not panel:
+                    a_tile = normed_rows(f"   # whole rows: the {norm.op.name} needs them")
+                for i, (acc, (wb, spec)) in enumerate(zip(accs, w_boxes)):
+                    if w_cache:
+                        w(f"if ns.start not in {w_cache[i]}:")
+                        with w.indent():
+                            w(f"{w_cache[i]}[ns.start] = {wb}")
+                        wb = f"{w_cache[i]}[ns.start]"
                     w(f'{acc} = fl.contract("{spec}", {a_tile}, {wb})')
             else:
                 w(f"{' = '.join(accs)} = None")
@@ -565,18 +598,24 @@ def _slab_key(permuted) -> str:
     return f"({', '.join(loop_vars[:-1])}, ds.start)" if len(loop_vars) > 1 else "ds.start"
 
 
-def _normed_rows(w, names, emit, norm, norm_params, x_in, x_box: str, note: str,
-                 op_dt: DType) -> tuple[str, DType]:
-    """Write the loads of whole activation rows and the norm's parameters, and the norm over
-    them; return the normed tile's name and the dtype it is in. The norm writes the tensor unit's
-    operand dtype `op_dt` itself (no cast of its own after it), except fp8, which saturates to its
-    range first: that cast is the caller's."""
-    xt = names.new(x_in.name + "_t")
-    w(f"{xt} = fl.load({x_box}){note}")
-    ptiles = []
+def _load_norm_params(w, names, norm_params) -> list[str]:
+    """Write the loads of a norm's parameters (weight, bias: whole K); return their tiles' names."""
+    tiles = []
     for pn in norm_params:
         t = names.new(pn + "_t")
         w(f"{t} = fl.load({pn}[:])")
-        ptiles.append(t)
+        tiles.append(t)
+    return tiles
+
+
+def _normed_rows(w, names, emit, norm, norm_params, x_in, x_box: str, note: str,
+                 op_dt: DType, kept_params: list[str] | None = None) -> tuple[str, DType]:
+    """Write the loads of whole activation rows and the norm's parameters (unless `kept_params`
+    holds their tiles already), and the norm over them; return the normed tile's name and the
+    dtype it is in. The norm writes the tensor unit's operand dtype `op_dt` itself (no cast of its
+    own after it), except fp8, which saturates to its range first: that cast is the caller's."""
+    xt = names.new(x_in.name + "_t")
+    w(f"{xt} = fl.load({x_box}){note}")
+    ptiles = kept_params if kept_params is not None else _load_norm_params(w, names, norm_params)
     written = norm.outputs[0].type.dtype if op_dt == DType.fp8 else op_dt
     return emit.node(norm, [xt] + ptiles, norm.inputs[0].type.rank - 1, write=written), written
