@@ -67,9 +67,10 @@ def candidate_groups(chip: NPUConfig) -> list[int]:
     return out
 
 
-def arranged_target(graph, options, lower_for) -> tuple[NPUConfig, list[Arrangement], object]:
+def arranged_target(graph, options, lower_for, building: str = "lower") -> tuple[NPUConfig, list[Arrangement], object]:
     """(the chip to lower for, the arrangements tried, the lowering made for it if one was).
-    `lower_for(cfg)` lowers `graph` for one chip arrangement."""
+    `lower_for(cfg)` lowers `graph` for one chip arrangement; `building`: who asks (the lower
+    stage, or a stage's cost), which a refusal of a program too big to build names."""
     from .stages.schedule import not_schedulable
 
     chip = get_target(options.target)
@@ -85,7 +86,7 @@ def arranged_target(graph, options, lower_for) -> tuple[NPUConfig, list[Arrangem
     for g in groups:
         cfg = chip.fused(g)
         low = lower_for(cfg)
-        cycles, low.made = program_cycles(graph, low, cfg)   # the schedule stage takes it as made
+        cycles, low.made = program_cycles(graph, low, cfg, building)   # the schedule stage takes it as made
         tried.append(Arrangement(g, cfg.name, cycles, len(low.kernels)))
         made.append((cycles, cfg, low))
     unfused = made[0][0]   # groups[0] is 1: the chip's own PEs are the ones to beat
@@ -94,10 +95,10 @@ def arranged_target(graph, options, lower_for) -> tuple[NPUConfig, list[Arrangem
     return best[1], tried, best[2]
 
 
-def program_cycles(graph, lowering, cfg):
+def program_cycles(graph, lowering, cfg, building: str = "lower"):
     """(simulated cycles, (Schedule, spills)) of the whole program on `cfg`, made as the schedule
     stage makes it (`schedule_with_fallbacks`)."""
     from .stages.schedule import schedule_with_fallbacks
 
-    made = schedule_with_fallbacks(graph, lowering, cfg, building="lower")
+    made = schedule_with_fallbacks(graph, lowering, cfg, building=building)
     return made[0].simulate().cycles, made

@@ -370,7 +370,7 @@ def graph_cost(graph, options) -> Cost:
     hit = _COSTS.get(key)
     if hit is not None and hit[0] is graph:
         return hit[1]
-    low = lower(graph, options).lowering
+    low = lower(graph, options, building="cost").lowering
     from .stages.schedule import schedule_with_fallbacks
 
     sched, _ = low.made or schedule_with_fallbacks(graph, low, low.chip or options.target, building="cost")

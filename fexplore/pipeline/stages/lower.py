@@ -249,10 +249,12 @@ def _free_view(node: Node) -> bool:
     return node.op.name == "reshape"
 
 
-def lower(graph: Graph, options) -> StageResult:
+def lower(graph: Graph, options, building: str = "lower") -> StageResult:
+    """The lower stage. `building`: who lowers, the stage itself or a stage's cost
+    (`chip.graph_cost`), which a refusal to build a program too big names."""
     from ..arrangement import arranged_target
 
-    chip, tried, low = arranged_target(graph, options, lambda cfg: _lowered(graph, cfg))
+    chip, tried, low = arranged_target(graph, options, lambda cfg: _lowered(graph, cfg), building)
     if low is None:
         low = _lowered(graph, chip)
     low.arrangements = tried
