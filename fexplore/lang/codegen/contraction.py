@@ -242,8 +242,8 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
     panel, norm_rows, tr = None, tm, None     # (the normed rows of a staged norm fit SRAM at tm, whole K)
     if not batched_b:
         x_item = max(op_dt.itemsize, 1) if staged else max(x_in.type.dtype.itemsize, op_dt.itemsize, 1)
-        if in_prologue_norm:
-            panel = (tm, tn, tn, K) if footprint(tm, tn, K) <= budget else None
+        if in_prologue_norm:   # tm x tn of whole rows fits: the footprint above was sized at tk = K
+            panel = (tm, tn, tn, K)
         else:
             panel = panel_tiles(M, N, K, x_item, cfg, dt.name, STAGES, siblings=nb,
                                 extra_tile_bytes=4 * len(epilogue))
