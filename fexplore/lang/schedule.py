@@ -72,9 +72,6 @@ def issue_order(pe_of: list[int], engine_of: list[int], duration: list[float], d
             for b in ts:
                 users_left[b] = users_left.get(b, 0) + 1
 
-    def fits(i: int) -> bool:
-        need = sum(buffer_bytes[b] for b in touches[i] if b not in opened)
-        return need == 0 or live[pe_of[i]] + need <= sram_limit
     pending = [len(d) for d in deps]
     dependents: list[list[int]] = [[] for _ in range(n)]
     for i, ds in enumerate(deps):
@@ -108,41 +105,56 @@ def issue_order(pe_of: list[int], engine_of: list[int], duration: list[float], d
                 ready[p].append(i)
 
     def pick(p: int, force: bool = False):
+        """(start, op, the earliest-starting op) of the op PE `p` issues next, or None. The hot loop
+        of a compile (every candidate tile size of every kernel is scheduled three times): written
+        with locals and without a tuple per ready op."""
         fp = free[p]
-        starts = []
-        first = None
+        check = aware and not force
+        used = live[p]
+        ts, ids = [], []          # the ready ops that may go, and their estimated starts
+        t0 = i0 = None
         for i in ready[p]:
-            if aware and not force and not fits(i):
-                continue
+            if check:             # an op opening buffers past the SRAM limit waits
+                need = 0
+                for b in touches[i]:
+                    if b not in opened:
+                        need += buffer_bytes[b]
+                if need and used + need > sram_limit:
+                    continue
+            t = inputs_at[i]
             e = engine_of[i]
-            t = inputs_at[i] if e < 0 or fp[e] < inputs_at[i] else fp[e]
-            starts.append((t, i))
-            if first is None or (t, i) < first:
-                first = (t, i)
-        if first is None:
+            if e >= 0 and fp[e] >= t:
+                t = fp[e]
+            ts.append(t)
+            ids.append(i)
+            if t0 is None or t < t0 or (t == t0 and i < i0):
+                t0, i0 = t, i
+        if i0 is None:
             return None
-        t0, i0 = first
         if passed[i0] >= MAX_PASSES:   # no starving: an op passed over often enough goes now
-            return first + (i0,)
+            return (t0, i0, i0)
         e0, horizon = engine_of[i0], t0 + duration[i0]
-        best = first
+        bt, bi = t0, i0
         if rule == "exchange":   # the other op whose going first ends the pair's paths soonest
             d0, q0 = duration[i0], tail[i0]
             gain = 0.0
-            for t, i in starts:
+            for t, i in zip(ts, ids):
                 if engine_of[i] != e0 or t >= horizon or i == i0:
                     continue
                 d1, q1 = duration[i], tail[i]
                 first_goes_first = max(t0 + d0 + q0, max(t, t0 + d0) + d1 + q1)
                 other_goes_first = max(t + d1 + q1, t + d1 + d0 + q0)
                 if first_goes_first - other_goes_first > gain + 1e-9:
-                    gain, best = first_goes_first - other_goes_first, (t, i)
-            return best + (i0,)
+                    gain, bt, bi = first_goes_first - other_goes_first, t, i
+            return (bt, bi, i0)
         key = tail if rule == "tail" else height
-        for t, i in starts:   # a more urgent op that can start before `first` would finish
-            if engine_of[i] == e0 and t < horizon and (key[i], -t, -i) > (key[best[1]], -best[0], -best[1]):
-                best = (t, i)
-        return best + (i0,)
+        bk = key[i0]
+        for t, i in zip(ts, ids):   # a more urgent op that can start before the first would finish
+            if t < horizon and engine_of[i] == e0:
+                k = key[i]
+                if k > bk or (k == bk and (t < bt or (t == bt and i < bi))):
+                    bt, bi, bk = t, i, k
+        return (bt, bi, i0)
 
     for p in range(num_pes):
         admit(p)
