@@ -14,6 +14,7 @@ plan gives them the same buffers, as a hand-written kernel would.
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import os
 import re
@@ -55,7 +56,17 @@ def _assigned_name(code, lasti: int) -> str | None:
     line, end_line, col, end_col = positions[lasti // 2]
     if line is None or line != end_line or col is None:
         return None
-    text = linecache.getline(code.co_filename, line)
+    span = _rhs_span(linecache.getline(code.co_filename, line))
+    if span is None:
+        return None
+    name, start, end = span
+    return name if col == start and (end is None or end_col == end) else None
+
+
+@functools.lru_cache(maxsize=8192)   # a kernel's lines recur in every kernel generated alike
+def _rhs_span(text: str) -> tuple[str, int, int | None] | None:
+    """(name, start column, end column) of the right-hand side of the one-line assignment `text`
+    (end None: a statement over several lines, whose start column is trusted), or None."""
     m = _ASSIGNED.match(text)
     if not m:
         return None
@@ -63,11 +74,11 @@ def _assigned_name(code, lasti: int) -> str | None:
     try:
         stmt = ast.parse(text.strip()).body[0]
     except (SyntaxError, IndexError):   # a statement over several lines: trust the start column
-        return m.group(1) if col == m.end() else None
+        return m.group(1), m.end(), None
     if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
         return None
     rhs = stmt.value
-    return m.group(1) if (col, end_col) == (rhs.col_offset + indent, rhs.end_col_offset + indent) else None
+    return m.group(1), rhs.col_offset + indent, rhs.end_col_offset + indent
 
 
 def current(what: str) -> "Tracer":

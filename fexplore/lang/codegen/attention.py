@@ -10,6 +10,7 @@ from the projection's output, one unit-stride box per block, with no copy.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import replace
@@ -735,13 +736,17 @@ def _canonical_box(text: str) -> tuple:
     (``128 * g + 64:128 * g + 128`` and ``64 + 128 * g:64 + 128 * g + 64`` are one box, the half
     of D a rotary embedding reads twice): each bound as a sympy expression; the text itself when a
     bound does not parse."""
-    import sympy
-
     try:
-        return tuple(tuple(sympy.sympify(b.replace(".", "__")) for b in part.split(":"))
-                     for part in text.split(", "))
+        return tuple(tuple(_bound_expr(b) for b in part.split(":")) for part in text.split(", "))
     except Exception:  # noqa: BLE001 - any text sympy cannot read is its own key
         return (text,)
+
+
+@functools.lru_cache(maxsize=4096)   # sympy's parser is slow, and a head's bounds recur in every layer
+def _bound_expr(bound: str):
+    import sympy
+
+    return sympy.sympify(bound.replace(".", "__"))
 
 
 def _cast_line(w, names, tile, src, dst) -> str:
