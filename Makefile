@@ -23,8 +23,9 @@ demo: install
 test: install browser-deps
 	$(PY) -m pytest -q -n auto --dist loadfile tests notebooks $(NBVAL)
 
-# The same, with every Hugging Face architecture on all four target and precision variants
-# (`make test` runs each on two: both targets, both precisions); about six minutes more.
+# The same, with every case of the target and precision matrices (zoo models, Hugging Face
+# architectures, generated kernels' cases) on all four variants (`make test` runs each on two:
+# both targets, both precisions); several minutes more.
 test-full: install browser-deps
 	FEXPLORE_FULL_MATRIX=1 $(PY) -m pytest -q -n auto --dist loadfile tests notebooks $(NBVAL)
 

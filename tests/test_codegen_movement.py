@@ -15,10 +15,9 @@ import torch.nn.functional as F
 import fexplore
 from fexplore.lang import codegen
 from fexplore.lang.codegen import UnsupportedRegionError
-from variants import compile_variant
+from variants import compile_variant, matrix
 
 TARGETS = ["rngd", "tiny"]
-PRECISIONS = ["fp32", "bf16"]
 
 
 class Fn(torch.nn.Module):
@@ -142,9 +141,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("case", sorted(CASES))
+# each case on both targets and in both precisions: all four variants under `make test-full`, two
+# under `make test` (`variants.matrix`)
+PLAIN_OPS = matrix(sorted(CASES))
+
+
+@pytest.mark.parametrize("case, target, precision", PLAIN_OPS, ids=["-".join(v) for v in PLAIN_OPS])
 def test_plain_op_becomes_a_kernel(case, target, precision):
     fn, inputs, op, kind = CASES[case]
     cm = compile_variant(("movement", case), lambda: fexplore.explore(Fn(fn), inputs),
