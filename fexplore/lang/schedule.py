@@ -111,7 +111,7 @@ def issue_order(pe_of: list[int], engine_of: list[int], duration: list[float], d
         fp = free[p]
         check = aware and not force
         used = live[p]
-        ts, ids = [], []          # the ready ops that may go, and their estimated starts
+        ts, ids = [], []          # the estimated starts of the ready ops that may go, and the ops
         t0 = i0 = None
         for i in ready[p]:
             if check:             # an op opening buffers past the SRAM limit waits
