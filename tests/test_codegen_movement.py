@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import fexplore
 from fexplore.lang import codegen
 from fexplore.lang.codegen import UnsupportedRegionError
-from variants import compile_variant, matrix
+from variants import compile_variant, matrix_params
 
 TARGETS = ["rngd", "tiny"]
 
@@ -143,10 +143,10 @@ CASES = {
 
 # each case on both targets and in both precisions: all four variants under `make test-full`, two
 # under `make test` (`variants.matrix`)
-PLAIN_OPS = matrix(sorted(CASES))
+PLAIN_OPS = matrix_params(sorted(CASES))
 
 
-@pytest.mark.parametrize("case, target, precision", PLAIN_OPS, ids=["-".join(v) for v in PLAIN_OPS])
+@pytest.mark.parametrize("case, target, precision", PLAIN_OPS)
 def test_plain_op_becomes_a_kernel(case, target, precision):
     fn, inputs, op, kind = CASES[case]
     cm = compile_variant(("movement", case), lambda: fexplore.explore(Fn(fn), inputs),

@@ -28,7 +28,7 @@ from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_mo
 
 import fexplore
 from fexplore import cli, ir, lang
-from variants import explored, matrix
+from variants import explored, matrix, matrix_params
 
 VOCAB = 96
 SEQ = 8
@@ -573,7 +573,7 @@ def _assert_spread(want):
 MATRIX = matrix(sorted(FACTORIES))
 
 
-@pytest.mark.parametrize("name, target, precision", MATRIX, ids=["-".join(v) for v in MATRIX])
+@pytest.mark.parametrize("name, target, precision", matrix_params(sorted(FACTORIES)))
 def test_hf_model_lowers_verifies_and_runs(name, target, precision):
     ex = explored(("hf", name), lambda: fexplore.explore(*build(name)))   # one export for its variants
     inputs = ex.example_inputs

@@ -13,7 +13,7 @@ import fexplore
 from fexplore import lang as fl
 from fexplore.errors import NumericMismatchError
 from fexplore.models import ZOO
-from variants import explored, matrix
+from variants import explored, matrix_params
 
 
 @pytest.fixture(autouse=True)
@@ -25,10 +25,10 @@ def _no_user_kernels():
 
 # each zoo model on both targets and in both precisions: all four variants under `make test-full`,
 # two under `make test` (`variants.matrix`), so each model runs on `tiny` and in bf16 either way
-ZOO_VARIANTS = matrix(sorted(ZOO))
+ZOO_VARIANTS = matrix_params(sorted(ZOO))
 
 
-@pytest.mark.parametrize("name, target, precision", ZOO_VARIANTS, ids=["-".join(v) for v in ZOO_VARIANTS])
+@pytest.mark.parametrize("name, target, precision", ZOO_VARIANTS)
 def test_every_zoo_model_lowers_and_verifies(name, target, precision):
     """Every zoo model lowers on both targets and precisions and verifies. On `tiny` (64 KiB of
     SRAM per PE: real tiling, rows split into chunks, channels into tiles) every op is a kernel or

@@ -23,6 +23,13 @@ def matrix(cases) -> list[tuple[str, str, str]]:
             for t, p in (VARIANTS if FULL_MATRIX else pairs[i % 2])]
 
 
+def matrix_params(cases) -> list:
+    """`matrix(cases)` as pytest params, each named "case-target-precision"."""
+    import pytest
+
+    return [pytest.param(*v, id="-".join(v)) for v in matrix(cases)]
+
+
 _last: dict = {}
 
 
