@@ -40,10 +40,63 @@ def _overload(qualname: str):
 
 
 def decomposition_table() -> dict:
-    table = torch.export.default_decompositions()
-    for name in INTENT_OPS:
-        table.pop(_overload(name), None)
-    return table
+    """torch's core-ATen table without the `INTENT_OPS`, as a plain dict (a fresh copy each call).
+    Built once per state of torch's op registry (`_op_registry_state`): building it scans every
+    registered op."""
+    state = _op_registry_state()
+    if _TABLE.get("state") != state:
+        table = torch.export.default_decompositions()
+        for name in INTENT_OPS:
+            table.pop(_overload(name), None)
+        table = dict(table.items())   # the scan it runs loads ops: the state after it is the key
+        _TABLE.update(state=_op_registry_state(), table=table)
+    return dict(_TABLE["table"])
+
+
+_TABLE: dict = {}
+_CIA_SCAN: dict = {}
+
+
+def _op_registry_state() -> tuple:
+    """What torch's scan for composite-implicit ops depends on: the ops with such a kernel in
+    C++, and the ops each namespace of ``torch.ops`` other than aten has loaded (a custom op
+    defined in Python joins one; torch itself scans aten once per process). A new op, or a new
+    kernel of that key, changes it."""
+    cia = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+    return len(cia), tuple((ns, len(getattr(torch.ops, ns)._dir)) for ns in list(torch.ops._dir)
+                           if ns != "aten")
+
+
+@contextlib.contextmanager
+def reused_cia_scan():
+    """Within the block, torch.export's scan for the composite-implicit ops it may keep or
+    decompose runs once per state of the op registry (`_op_registry_state`) instead of twice on
+    every ``run_decompositions`` call. The scan walks every op of every namespace: about 0.1 s of
+    each call, whose fixed cost is about 0.3 s. Its result depends only on the registry, so what
+    gets decomposed is the same. Restores torch as it was on exit; on a torch without this scan,
+    does nothing."""
+    import torch.export.decomp_utils as decomp_utils
+    import torch.export.exported_program as exported_program
+
+    modules = [m for m in (exported_program, decomp_utils) if hasattr(m, "_collect_all_valid_cia_ops")]
+    if not modules:
+        yield
+        return
+    original = modules[0]._collect_all_valid_cia_ops
+
+    def scan() -> set:
+        if _CIA_SCAN.get("state") != _op_registry_state():
+            ops = frozenset(original())   # which loads ops: the state after it is the key
+            _CIA_SCAN.update(state=_op_registry_state(), ops=ops)
+        return set(_CIA_SCAN["ops"])   # its callers take ops out of what they get
+
+    for m in modules:
+        m._collect_all_valid_cia_ops = scan
+    try:
+        yield
+    finally:
+        for m in modules:
+            m._collect_all_valid_cia_ops = original
 
 
 def export_model(model: torch.nn.Module, args: tuple, *, kwargs: dict | None = None, dynamic_shapes=None):
@@ -190,7 +243,8 @@ def _export(model, args, kwargs, dynamic_shapes):
     if written:
         ep = _export_strict(model, args, kwargs, dynamic_shapes, written)
     try:
-        return ep.run_decompositions(decomposition_table())
+        with reused_cia_scan():
+            return ep.run_decompositions(decomposition_table())
     except Exception as e:
         raise ExportError(f"decomposing the exported program failed: {type(e).__name__}: "
                           f"{_first_lines(str(e))}") from None

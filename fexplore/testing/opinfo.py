@@ -393,39 +393,14 @@ def _first_line(s: str) -> str:
 
 # -- whole runs -------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def memoized_decomposition_scan():
-    """Within the block, torch.export's scan of every registered op for its composite-implicit
-    decompositions runs once instead of on every ``run_decompositions`` call (where it is about
-    0.3 s of each). The scan's result depends only on the ops registered, which a run does not
-    change, so what gets decomposed is the same; a run of thousands of samples just takes less
-    time. Restores torch as it was on exit."""
-    import functools
-
-    import torch.export.decomp_utils as decomp_utils
-    import torch.export.exported_program as exported_program
-
-    modules = [m for m in (exported_program, decomp_utils)
-               if hasattr(m, "_collect_all_valid_cia_ops")]
-    if not modules:  # another torch version: nothing to speed up
-        yield
-        return
-    original = modules[0]._collect_all_valid_cia_ops
-    scan = functools.lru_cache(maxsize=None)(lambda: frozenset(original()))
-    for m in modules:
-        m._collect_all_valid_cia_ops = lambda: set(scan())
-    try:
-        yield
-    finally:
-        for m in modules:
-            m._collect_all_valid_cia_ops = original
-
-
 def run(infos: Sequence, *, dtypes=(FLOAT_DTYPE,) + INT_DTYPES,
         max_per_dtype: int | dict | None = None,
         progress=None) -> list[SampleResult]:
     results = []
-    with memoized_decomposition_scan():
+    from fexplore.pipeline.export import reused_cia_scan
+
+    # torch.export alone (`export_reference`) decomposes too: its scan of the ops is shared
+    with reused_cia_scan():
         for info in infos:
             for case in cases(info, dtypes, max_per_dtype=max_per_dtype):
                 r = run_case(case)
