@@ -45,15 +45,70 @@ def decomposition_table() -> dict:
     registered op."""
     state = _op_registry_state()
     if _TABLE.get("state") != state:
-        table = torch.export.default_decompositions()
-        for name in INTENT_OPS:
-            table.pop(_overload(name), None)
-        table = dict(table.items())   # the scan it runs loads ops: the state after it is the key
-        _TABLE.update(state=_op_registry_state(), table=table)
+        with reused_cia_scan():
+            table = torch.export.default_decompositions()
+            for name in INTENT_OPS:
+                table.pop(_overload(name), None)
+            table = dict(table.items())
+        _TABLE.clear()   # the plan (below) is made from the table
+        _TABLE.update(state=_op_registry_state(), table=table)   # the scan loads ops: the state after it
     return dict(_TABLE["table"])
 
 
-_TABLE: dict = {}
+def decompose(ep):
+    """``ep.run_decompositions(decomposition_table())``, the same program, for less.
+
+    torch's call splits the table into composite-implicit (CIA) ops and the others, then, for as
+    long as it retraces the program, overrides the Python kernel of every one of the 500-odd CIA
+    ops it found: to keep it (the intent ops) or to decompose it with what the table holds. For
+    most of them what the table holds is the op's own CIA kernel, which is what tracing runs
+    anyway for a CIA op with no override. Here the split is made once per state of the op
+    registry and only the CIA ops kept, or decomposed otherwise than by their own kernel (about
+    50), are overridden; torch's retrace is then called as ``run_decompositions`` calls it. That
+    cuts its fixed cost of about 0.3 s to a few hundredths (test_export_decomposition.py checks
+    that the programs are torch's own). On a torch whose internals differ, torch's call."""
+    plan = _decomposition_plan()
+    if plan is None:
+        return ep.run_decompositions(decomposition_table())
+    import torch.export.exported_program as exported_program
+
+    cia, python = plan
+    retrace = exported_program._disable_prexisiting_fake_mode(exported_program._decompose_exported_program)
+    return retrace(ep, cia_to_decomp=dict(cia), python_decomp_table=dict(python), joint_loss_index=None,
+                   decompose_custom_triton_ops=False)
+
+
+def _decomposition_plan():
+    """(the CIA ops to override and how, the other ops' decompositions) for `decompose`, or None
+    on a torch without the internals it uses."""
+    import inspect
+
+    import torch.export.exported_program as exported_program
+
+    split = getattr(exported_program, "_split_decomp_table_to_cia_and_python_decomp", None)
+    retrace = getattr(exported_program, "_decompose_exported_program", None)
+    if (split is None or retrace is None or not hasattr(exported_program, "_disable_prexisiting_fake_mode")
+            or not {"cia_to_decomp", "python_decomp_table", "joint_loss_index",
+                    "decompose_custom_triton_ops"} <= set(inspect.signature(retrace).parameters)):
+        return None
+    table = decomposition_table()   # first: it refreshes _TABLE, where the plan is kept
+    if "plan" not in _TABLE:
+        with reused_cia_scan():
+            cia, python = split(table)
+        own = {op for op, fn in cia.items() if _is_own_cia_kernel(fn)}
+        _TABLE["plan"] = ({op: fn for op, fn in cia.items() if op not in own}, python)
+    return _TABLE["plan"]
+
+
+def _is_own_cia_kernel(fn) -> bool:
+    """Whether a table's entry for a CIA op is torch's stand-in for the op's own C++ CIA kernel
+    (``torch._export.utils._get_decomp_for_cia``), which tracing runs without being told."""
+    import functools
+
+    return isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "_special_op_to_decompose_cia"
+
+
+_TABLE: dict = {}   # the decomposition table, and `decompose`'s plan, for one registry state
 _CIA_SCAN: dict = {}
 
 
@@ -69,12 +124,11 @@ def _op_registry_state() -> tuple:
 
 @contextlib.contextmanager
 def reused_cia_scan():
-    """Within the block, torch.export's scan for the composite-implicit ops it may keep or
-    decompose runs once per state of the op registry (`_op_registry_state`) instead of twice on
-    every ``run_decompositions`` call. The scan walks every op of every namespace: about 0.1 s of
-    each call, whose fixed cost is about 0.3 s. Its result depends only on the registry, so what
-    gets decomposed is the same. Restores torch as it was on exit; on a torch without this scan,
-    does nothing."""
+    """Within the block, torch.export's scan for composite-implicit ops runs once per state of the op
+    registry (`_op_registry_state`) instead of on every call that asks for it (building a table,
+    ``run_decompositions`` twice). The scan walks every op of every namespace, about 0.1 s. Its
+    result depends only on the registry, so what gets decomposed is the same. Restores torch as it
+    was on exit; on a torch without this scan, does nothing."""
     import torch.export.decomp_utils as decomp_utils
     import torch.export.exported_program as exported_program
 
@@ -243,8 +297,7 @@ def _export(model, args, kwargs, dynamic_shapes):
     if written:
         ep = _export_strict(model, args, kwargs, dynamic_shapes, written)
     try:
-        with reused_cia_scan():
-            return ep.run_decompositions(decomposition_table())
+        return decompose(ep)
     except Exception as e:
         raise ExportError(f"decomposing the exported program failed: {type(e).__name__}: "
                           f"{_first_lines(str(e))}") from None
