@@ -54,6 +54,10 @@ KERNEL_CASES = {
     "groups-sharing-tiles": (40, 16, 24, 9, [2, 3, 5, 8, 13, 21, 22, 23, 31], True, "rngd", 8),
     "more-groups-than-rows": (5, 16, 8, 16, [0, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 4, 5, 5, 5, 5], False, "rngd", None),
     "many-tiles-tiny": (100, 64, 96, 7, [0, 0, 0, 0, 0, 0, 3], False, "tiny", 16),
+    # a mixture of 512 experts (Qwen3-Next) on tiny: the step table is worked out a block of groups
+    # at a time (all 512 at once do not fit its SRAM beside a block of steps)
+    "512-groups-on-tiny": (48, 16, 8, 512, sorted(np.random.default_rng(1).integers(0, 49, 512).tolist()),
+                           True, "tiny", None),
 }
 
 

@@ -10,7 +10,8 @@ inside a tile adds one visit; no more than S groups can hold rows). Before the s
 out on the vector unit which pair each step is (the step table: its group, its rows, which of them
 the group holds, whether the step before wrote the same row tile) from the ends and writes it to
 DRAM; the steps past the last pair take the row tiles after the last group's end, whose rows are
-zero.
+zero. It works on blocks of steps against blocks of groups, so the table of a mixture of hundreds
+of experts is worked out on a small SRAM too (Qwen3-Next's 512 experts on tiny).
 
 Then each PE takes a panel of output columns and runs the steps in order: it gathers the step's
 rows of x (a DMA row gather) and its group's matrix tiles (a gather of one matrix along G),
@@ -83,7 +84,8 @@ def generate_grouped_matmul(node: Node, cfg) -> GeneratedKernel:
                    "STEP_GROUP", "STEP_TILE", "STEP_SAME", "tm", "tp", "tn", "tk", "tb", "stages", "e", "s",
                    "first", "last", "count", "cum", "g", "gs", "below", "total", "ts", "t", "groups", "valid",
                    "pick", "begin", "tile", "rows", "lo", "hi", "keep", "same", "ps", "ms", "step", "written",
-                   "slabs", "ns", "ks", "acc", "mat", "before", "n", "js"})
+                   "slabs", "ns", "ks", "acc", "mat", "before", "n", "js", "gb", "BEGIN", "END",
+                   "FIRST", "COUNT", "part", "parts"})
     fname = kernel_name(node)
     names.taken.add(fname)
     sig = Signature(names, Inputs.of(node, body))
@@ -162,39 +164,64 @@ def _tiles(S: int, N: int, K: int, G: int, item: int, out_item: int, cfg, dtype:
     return best
 
 
-def _metadata_block(G: int, T: int, tm: int, cfg) -> int | None:
-    """Rows per block of the step table's computation: a block of steps against every group
-    (a few (block, G) tiles), and the running count of steps as (G, block) tiles."""
+def _metadata_block(G: int, T: int, tm: int, cfg) -> tuple[int, int] | None:
+    """(steps, groups) per block of the step table's computation. A block of steps is set against a
+    block of groups at a time: a few (steps, groups) tiles, five (1, groups) rows of the groups'
+    figures, the steps' rows; all groups at once where they fit, else as many as leave a block of
+    eight steps room (a mixture of 512 experts on a small SRAM)."""
     budget = cfg.sram_bytes_per_pe // 4
-    per_row = 8 * G * 4 + 4 * tm * 4
-    block = min(max(T, G), budget // per_row)
-    return block if block >= 1 else None
+
+    def block(gb: int) -> int:   # steps per block beside `gb` groups
+        return (budget - 6 * gb * 4) // (4 * gb * 4 + 4 * tm * 4)
+
+    gb = G
+    while gb > 1 and block(gb) < min(8, T):
+        gb = -(-gb // 2)
+    tb = min(T, block(gb))
+    return (tb, gb) if tb >= 1 else None
 
 
-def _step_table(wr, cfg, en: str, S: int, G: int, block: int) -> None:
-    """PE 0's prologue: from the ends, each step's group, rows and which rows the group holds."""
-    wr(f"tb = {block}   # steps (and groups) per block of the table's computation")
+def _step_table(wr, cfg, en: str, S: int, G: int, blocks: tuple[int, int]) -> None:
+    """PE 0's prologue: from the ends, each step's group, rows and which rows the group holds. Every
+    figure over the groups is a sum over blocks of groups (`_metadata_block`)."""
+    tb, gb = blocks
+    wr(f"tb, gb = {tb}, {gb}   # steps, and groups, per block of the table's computation")
     index_row(wr, cfg, "POS", S + G, 2, 1, "positions along a row")
-    wr("# where each group begins: the end of the one before (0 for the first)")
+    wr("# where each group begins (the end of the one before, 0 for the first) and ends, its first row")
+    wr("# tile, and its steps: one per row tile it holds rows of")
     wr("STARTS = fl.scratch((1, G), fl.f32)")
     wr("fl.store(STARTS[:, 0:1], fl.zeros((1, 1)))")
-    wr("if G > 1:")
+    if G > 1:
+        wr("for gs in fl.range(fl.tiles(G - 1, gb)):")
+        with wr.indent():
+            wr(f"fl.store(STARTS[:, gs.start + 1:gs.stop + 1], fl.cast(fl.load({en}[:, gs]), fl.f32))")
+    wr("BEGIN = fl.scratch((1, G), fl.f32)")
+    wr("END = fl.scratch((1, G), fl.f32)")
+    wr("FIRST = fl.scratch((1, G), fl.f32)")
+    wr("COUNT = fl.scratch((1, G), fl.f32)")
+    wr("for gs in fl.range(fl.tiles(G, gb)):")
     with wr.indent():
-        wr(f"fl.store(STARTS[:, 1:G], fl.cast(fl.load({en}[:, 0:G - 1]), fl.f32))")
-    wr(f"e = fl.minimum(fl.cast(fl.load({en}), fl.f32), float(S))   # (1, G): where each group ends")
-    wr("s = fl.minimum(fl.load(STARTS), float(S))")
-    wr("first = fl.floor(s / tm)                                # its first row tile")
-    wr("last = fl.floor((e - 1) / tm)                           # its last")
-    wr("count = fl.where(e > s, last - first + 1, 0.0)          # its steps: one per row tile it holds rows of")
-    wr("# the steps before each group's end: a running sum of the counts, a block of groups at a time")
+        wr(f"e = fl.minimum(fl.cast(fl.load({en}[:, gs]), fl.f32), float(S))")
+        wr("s = fl.minimum(fl.load(STARTS[:, gs]), float(S))")
+        wr("first = fl.floor(s / tm)")
+        wr("last = fl.floor((e - 1) / tm)")
+        wr("fl.store(BEGIN[:, gs], s)")
+        wr("fl.store(END[:, gs], e)")
+        wr("fl.store(FIRST[:, gs], first)")
+        wr("fl.store(COUNT[:, gs], fl.where(e > s, last - first + 1, 0.0))")
+    wr("# the steps before each group's end: a running sum of the counts, over the blocks up to its own")
     wr("CUM = fl.scratch((1, G), fl.f32)")
-    wr("g = fl.load(POS[:, 0:G])                                # (1, G): each group's number")
-    wr("for gs in fl.range(fl.tiles(G, tb)):")
+    wr("for gs in fl.range(fl.tiles(G, gb)):")
     with wr.indent():
-        wr("below = g <= fl.load(POS[:, gs]).transpose(1, 0)    # (block, G): group j comes no later than group i")
-        wr("fl.store(CUM[:, gs], fl.where(below, count, 0.0).sum(axis=1).transpose(1, 0))")
-    wr("cum = fl.load(CUM)")
-    wr("E, total = fl.where(g == G - 1, e, 0.0).sum(axis=1), fl.where(g == G - 1, cum, 0.0).sum(axis=1)")
+        wr("g = fl.load(POS[:, gs]).transpose(1, 0)   # (block, 1): the block's groups")
+        wr("cum = None")
+        wr("for js in fl.range(fl.tiles(gs.stop, gb)):")
+        with wr.indent():
+            wr("below = fl.load(POS[:, js]) <= g         # (block, block): group j comes no later than group i")
+            wr("part = fl.where(below, fl.load(COUNT[:, js]), 0.0).sum(axis=1)")
+            wr("cum = part if cum is None else cum + part")
+        wr("fl.store(CUM[:, gs], cum.transpose(1, 0))")
+    wr("E, total = fl.load(END[:, G - 1:G]), fl.load(CUM[:, G - 1:G])   # the last group's end and steps")
     wr("STEP_ROWS = fl.scratch((T, tm), fl.i32)        # each step's rows (clamped into x)")
     wr("STEP_KEEP = fl.scratch((T, tm, 1), fl.bool_)   # which of them its group holds")
     wr("STEP_GROUP = fl.scratch((T, 1), fl.i32)        # its group")
@@ -203,16 +230,32 @@ def _step_table(wr, cfg, en: str, S: int, G: int, block: int) -> None:
     wr("for ts in fl.range(fl.tiles(T, tb)):")
     with wr.indent():
         wr("t = fl.load(POS[:, ts]).transpose(1, 0)                       # (block, 1): the steps")
-        wr("groups = fl.where(cum <= t, 1.0, 0.0).sum(axis=1)              # groups all of whose steps come before")
+        wr("groups = None                                                  # groups all of whose steps come before")
+        wr("for gs in fl.range(fl.tiles(G, gb)):")
+        with wr.indent():
+            wr("part = fl.where(fl.load(CUM[:, gs]) <= t, 1.0, 0.0).sum(axis=1)")
+            wr("groups = part if groups is None else groups + part")
         wr("valid = groups < G                                             # past the last: a step with no rows")
-        wr("pick = fl.minimum(groups, G - 1) == g                          # (block, G): the step's group")
-        wr("begin = fl.where(pick, cum - count, 0.0).sum(axis=1)           # the group's first step")
+        wr("# the step's group's first step, first row tile, and rows")
+        wr("begin = first = lo = hi = None")
+        wr("for gs in fl.range(fl.tiles(G, gb)):")
+        with wr.indent():
+            wr("pick = fl.minimum(groups, G - 1) == fl.load(POS[:, gs])      # (block, groups): the step's group")
+            wr("parts = (fl.where(pick, fl.load(CUM[:, gs]) - fl.load(COUNT[:, gs]), 0.0).sum(axis=1),")
+            wr("         fl.where(pick, fl.load(FIRST[:, gs]), 0.0).sum(axis=1),")
+            wr("         fl.where(pick, fl.load(BEGIN[:, gs]), 0.0).sum(axis=1),")
+            wr("         fl.where(pick, fl.load(END[:, gs]), 0.0).sum(axis=1))")
+            wr("if begin is None:")
+            with wr.indent():
+                wr("begin, first, lo, hi = parts")
+            wr("else:")
+            with wr.indent():
+                wr("begin, first, lo, hi = begin + parts[0], first + parts[1], lo + parts[2], hi + parts[3]")
         wr("# a step past the last takes a row tile after the last group's end, and writes its zeros;")
         wr("# there are always enough of them for every such tile (then they repeat the last)")
-        wr("tile = fl.where(valid, fl.where(pick, first, 0.0).sum(axis=1) + t - begin,")
+        wr("tile = fl.where(valid, first + t - begin,")
         wr("                fl.minimum(fl.ceil(E / tm) + t - total, float(-(-S // tm) - 1)))")
         wr("rows = fl.minimum(tile * tm + fl.load(POS[:, 0:tm]), float(S - 1))   # a partial last tile repeats row S-1")
-        wr("lo, hi = fl.where(pick, s, 0.0).sum(axis=1), fl.where(pick, e, 0.0).sum(axis=1)")
         wr("fl.store(STEP_ROWS[ts, :], fl.cast(rows, fl.i32))")
         wr("fl.store(STEP_KEEP[ts, :, 0], fl.logical_and(fl.logical_and(rows >= lo, rows < hi), valid))")
         wr("fl.store(STEP_GROUP[ts, :], fl.cast(fl.minimum(groups, G - 1), fl.i32))")
