@@ -1,15 +1,16 @@
 """Ingestion decomposes what torch.export captures with torch's core-ATen table minus the ops whose
 intent the chip keeps (`INTENT_OPS`). It builds the table, and its plan of which composite-implicit
 ops to override, once per state of torch's op registry, and overrides only the ops whose
-decomposition is not their own kernel (`export.decompose`). The programs must be the ones torch's
-own ``run_decompositions`` gives with a table built afresh: the same code and signature, for
+decomposition is not their own kernel (`decomposition.decompose`). The programs must be the ones
+torch's own ``run_decompositions`` gives with a table built afresh: the same code and signature, for
 models with intent ops, views, casts, dynamic dims and buffers they update, also after a new op
 is defined and removed."""
 
 import torch
 
 from fexplore.models import DYNAMIC_SEQ, ZOO
-from fexplore.pipeline.export import INTENT_OPS, _overload, export_model
+from fexplore.pipeline.decomposition import INTENT_OPS, _overload
+from fexplore.pipeline.export import export_model
 
 
 def _torchs_own(model, args, dynamic_shapes=None):

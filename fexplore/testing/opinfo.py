@@ -397,7 +397,7 @@ def run(infos: Sequence, *, dtypes=(FLOAT_DTYPE,) + INT_DTYPES,
         max_per_dtype: int | dict | None = None,
         progress=None) -> list[SampleResult]:
     results = []
-    from fexplore.pipeline.export import reused_cia_scan
+    from fexplore.pipeline.decomposition import reused_cia_scan
 
     # torch.export alone (`export_reference`) decomposes too: its scan of the ops is shared
     with reused_cia_scan():

@@ -166,9 +166,9 @@ def _tiles(S: int, N: int, K: int, G: int, item: int, out_item: int, cfg, dtype:
 
 def _metadata_block(G: int, T: int, tm: int, cfg) -> tuple[int, int] | None:
     """(steps, groups) per block of the step table's computation. A block of steps is set against a
-    block of groups at a time: a few (steps, groups) tiles, five (1, groups) rows of the groups'
-    figures, the steps' rows; all groups at once where they fit, else as many as leave a block of
-    eight steps room (a mixture of 512 experts on a small SRAM)."""
+    block of groups at a time: a few (steps, groups) tiles, six (1, groups) rows (five of the
+    groups' figures and their positions), the steps' rows; all groups at once where they fit, else
+    as many as leave a block of eight steps room (a mixture of 512 experts on a small SRAM)."""
     budget = cfg.sram_bytes_per_pe // 4
 
     def block(gb: int) -> int:   # steps per block beside `gb` groups

@@ -1,0 +1,151 @@
+"""Decomposition of an exported program to core ATen, keeping the ops whose intent matters to an NPU
+(`INTENT_OPS`: a matmul should arrive as a matmul, not be re-recognized from mul + sum).
+
+`decompose(ep)` gives the program ``ep.run_decompositions(decomposition_table())`` gives, for less.
+torch's call splits the table into composite-implicit (CIA) ops and the others, then, for as long as
+it retraces the program, overrides the Python kernel of every one of the 500-odd CIA ops it found:
+to keep it (the intent ops) or to decompose it with what the table holds. For most of them what
+the table holds is the op's own CIA kernel, which tracing runs anyway for a CIA op with no
+override. Here the split is made once per state of the op registry, and only the CIA ops kept or
+decomposed otherwise than by their own kernel (about 50) are overridden; torch's retrace is then
+called as ``run_decompositions`` calls it. That cuts its fixed cost of about 0.3 s to a few
+hundredths (test_export_decomposition.py checks that the programs are torch's own). On a torch
+whose internals differ, torch's call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+
+import torch
+
+# Ops kept whole through the decomposition. Each is something the later stages map directly onto
+# the chip (contractions, normalizations, attention, activations with a native vector form).
+INTENT_OPS = [
+    "aten.linear.default",
+    "aten.addmm.default",
+    "aten.matmul.default",
+    "aten.layer_norm.default",
+    "aten.rms_norm.default",
+    "aten.softmax.int",
+    "aten.log_softmax.int",
+    "aten.scaled_dot_product_attention.default",
+    "aten.gelu.default",
+    "aten.silu.default",
+    "aten.conv1d.default",
+    "aten.conv2d.default",
+    "aten.batch_norm.default",
+    "aten.max_pool2d.default",
+    "aten.adaptive_avg_pool2d.default",
+    "aten.hardtanh.default",
+]
+
+
+def _overload(qualname: str):
+    ns, op, overload = qualname.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
+def decompose(ep):
+    """``ep.run_decompositions(decomposition_table())``, the same program, for less (see above)."""
+    plan = _kept(_PLAN, _decomposition_plan)
+    if plan is None:
+        return ep.run_decompositions(decomposition_table())
+    import torch.export.exported_program as exported_program
+
+    cia, python = plan
+    retrace = exported_program._disable_prexisiting_fake_mode(exported_program._decompose_exported_program)
+    return retrace(ep, cia_to_decomp=dict(cia), python_decomp_table=dict(python), joint_loss_index=None,
+                   decompose_custom_triton_ops=False)
+
+
+def decomposition_table() -> dict:
+    """torch's core-ATen table without the `INTENT_OPS`, as a plain dict (a fresh copy each call:
+    torch's ``run_decompositions`` takes entries out of the table it is given)."""
+    return dict(_kept(_TABLE, _build_table))
+
+
+def _build_table() -> dict:
+    with reused_cia_scan():
+        table = torch.export.default_decompositions()
+        for name in INTENT_OPS:
+            table.pop(_overload(name), None)
+        return dict(table.items())
+
+
+def _decomposition_plan():
+    """(the CIA ops to override and how, the other ops' decompositions) for `decompose`, or None
+    on a torch without the internals it uses."""
+    import torch.export.exported_program as exported_program
+
+    split = getattr(exported_program, "_split_decomp_table_to_cia_and_python_decomp", None)
+    retrace = getattr(exported_program, "_decompose_exported_program", None)
+    if (split is None or retrace is None or not hasattr(exported_program, "_disable_prexisiting_fake_mode")
+            or not {"cia_to_decomp", "python_decomp_table", "joint_loss_index",
+                    "decompose_custom_triton_ops"} <= set(inspect.signature(retrace).parameters)):
+        return None
+    with reused_cia_scan():
+        cia, python = split(decomposition_table())
+    return {op: fn for op, fn in cia.items() if not _is_own_cia_kernel(fn)}, python
+
+
+def _is_own_cia_kernel(fn) -> bool:
+    """Whether a table's entry for a CIA op is torch's stand-in for the op's own C++ CIA kernel
+    (``torch._export.utils._get_decomp_for_cia``), which tracing runs without being told."""
+    return (isinstance(fn, functools.partial)
+            and getattr(fn.func, "__name__", "") == "_special_op_to_decompose_cia")
+
+
+# what is built from torch's op registry, each for the registry's state it was built in
+_TABLE: dict = {}
+_PLAN: dict = {}
+_CIA_SCAN: dict = {}
+
+
+def _kept(cache: dict, build):
+    """``build()``, built again only when torch's op registry has changed since it was built. The
+    state is taken after building: a build that scans the ops loads ops."""
+    if cache.get("state") != _op_registry_state():
+        value = build()
+        cache.update(state=_op_registry_state(), value=value)
+    return cache["value"]
+
+
+def _op_registry_state() -> tuple:
+    """What torch's scan for composite-implicit ops depends on: the ops with such a kernel in
+    C++, and the ops each namespace of ``torch.ops`` other than aten has loaded (a custom op
+    defined in Python joins one; torch itself scans aten once per process). A new op, or a new
+    kernel of that key, changes it."""
+    cia = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+    return len(cia), tuple((ns, len(getattr(torch.ops, ns)._dir)) for ns in list(torch.ops._dir)
+                           if ns != "aten")
+
+
+@contextlib.contextmanager
+def reused_cia_scan():
+    """Within the block, torch.export's scan for composite-implicit ops runs once per state of the op
+    registry (`_op_registry_state`) instead of on every call that asks for it (building a table,
+    ``run_decompositions`` twice). The scan walks every op of every namespace, about 0.1 s. Its
+    result depends only on the registry, so what gets decomposed is the same. Restores torch as it
+    was on exit; on a torch without this scan, does nothing."""
+    import torch.export.decomp_utils as decomp_utils
+    import torch.export.exported_program as exported_program
+
+    modules = [m for m in (exported_program, decomp_utils) if hasattr(m, "_collect_all_valid_cia_ops")]
+    if not modules:
+        yield
+        return
+    original = modules[0]._collect_all_valid_cia_ops
+
+    def scan() -> set:
+        return set(_kept(_CIA_SCAN, lambda: frozenset(original())))   # its callers take ops out
+
+    for m in modules:
+        m._collect_all_valid_cia_ops = scan
+    try:
+        yield
+    finally:
+        for m in modules:
+            m._collect_all_valid_cia_ops = original
