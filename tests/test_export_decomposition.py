@@ -1,16 +1,27 @@
 """Ingestion decomposes what torch.export captures with torch's core-ATen table minus the ops whose
 intent the chip keeps (`INTENT_OPS`). It builds the table, and its plan of which composite-implicit
-ops to override, once per state of torch's op registry, and overrides only the ops whose
-decomposition is not their own kernel (`decomposition.decompose`). The programs must be the ones
-torch's own ``run_decompositions`` gives with a table built afresh: the same code and signature, for
-models with intent ops, views, casts, dynamic dims and buffers they update, also after a new op
-is defined and removed."""
+ops to override, once per state of torch's op registry.
+
+Two paths use them, and both must give what torch's own two steps give (torch.export, then
+``run_decompositions`` with a table built afresh):
+- `export_model` traces once, straight to core ATen (`decomposition.export_decomposed`). Its program
+  is not torch's two-step program line for line (a tied weight is two placeholders, dead ops are
+  gone), so the IR ingested from it must be the IR ingested from torch's, and compute the same.
+- `decompose`, what the two steps take when the one trace cannot (a model writing into a tensor it
+  does not register), overrides only the CIA ops whose decomposition is not their own kernel: its
+  program must be torch's, the same code and signature.
+The models have intent ops, tied weights, views, casts, dynamic dims and buffers they update; the
+checks run again after a new op is defined and removed."""
+
+import copy
 
 import torch
 
+from fexplore.ir.printer import print_graph
 from fexplore.models import DYNAMIC_SEQ, ZOO
-from fexplore.pipeline.decomposition import INTENT_OPS, _overload
+from fexplore.pipeline.decomposition import INTENT_OPS, _overload, decompose
 from fexplore.pipeline.export import export_model
+from fexplore.pipeline.ingest import ingest
 
 
 def _torchs_own(model, args, dynamic_shapes=None):
@@ -27,11 +38,23 @@ def _targets(ep) -> list[str]:
     return [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
 
 
+def _ir(ep, model, dynamic_shapes=None) -> str:
+    return print_graph(ingest(ep, dynamic_shapes=dynamic_shapes, forward=model.forward).graph)
+
+
 def _assert_torchs_own(model, args, dynamic_shapes=None):
-    ours = export_model(model, args, dynamic_shapes=dynamic_shapes)
+    """Both paths against torch's two steps; returns the one trace's program."""
+    eager = copy.deepcopy(model)   # as the model was, before any trace or run
     torchs = _torchs_own(model, args, dynamic_shapes)
-    assert ours.graph_module.code == torchs.graph_module.code
-    assert str(ours.graph_signature) == str(torchs.graph_signature)
+    with torch.no_grad():
+        two_steps = decompose(torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False))
+    assert two_steps.graph_module.code == torchs.graph_module.code
+    assert str(two_steps.graph_signature) == str(torchs.graph_signature)
+    ours = export_model(model, args, dynamic_shapes=dynamic_shapes)
+    assert "aten._assert_tensor_metadata.default" not in _targets(ours)   # the one trace's, not the two steps'
+    assert _ir(ours, model, dynamic_shapes) == _ir(torchs, model, dynamic_shapes)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.module()(*args), eager(*args))
     return ours
 
 
@@ -54,6 +77,14 @@ def test_the_programs_are_torchs_own():
         model, inputs = ZOO[name]()
         ours = _assert_torchs_own(model, inputs)
         assert name == "cnn" or "aten.linear.default" in _targets(ours)   # an intent op kept
+    # GPT's embedding and head share one weight: the one trace reads it under both names, and
+    # ingestion makes them one constant, as the two steps' program (which reads one name) does
+    assert model.lm_head.weight is model.wte.weight
+    placeholders = {s.target for s in ours.graph_signature.input_specs}
+    assert {"wte.weight", "lm_head.weight"} <= placeholders
+    graph = ingest(ours, forward=model.forward).graph
+    tied = [c for c in graph.constants if c.name in ("wte.weight", "lm_head.weight")]
+    assert len(tied) == 1 and tied[0].payload.shape == tuple(model.wte.weight.shape)
     model, (ids,) = ZOO["llama"](layers=1)
     _assert_torchs_own(model, (ids,), DYNAMIC_SEQ["llama"](model))
     ours = _assert_torchs_own(_Counting(), (torch.randn(4, 8),))

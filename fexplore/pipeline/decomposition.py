@@ -11,6 +11,11 @@ decomposed otherwise than by their own kernel (about 50) are overridden; torch's
 called as ``run_decompositions`` calls it. That cuts its fixed cost of about 0.3 s to a few
 hundredths (test_export_decomposition.py checks that the programs are torch's own). On a torch
 whose internals differ, torch's call.
+
+`export_decomposed(model, ...)` is what ingestion calls first: torch.export's trace asked for the
+inference program, under the same overrides and table, decomposes as it traces, so the model is
+traced once instead of exported and then retraced (half the time or less on the Hugging Face
+architectures of the suite). `decompose` is for the programs it cannot make.
 """
 
 from __future__ import annotations
@@ -59,6 +64,55 @@ def decompose(ep):
     retrace = exported_program._disable_prexisiting_fake_mode(exported_program._decompose_exported_program)
     return retrace(ep, cia_to_decomp=dict(cia), python_decomp_table=dict(python), joint_loss_index=None,
                    decompose_custom_triton_ops=False)
+
+
+def export_decomposed(model, args, kwargs, dynamic_shapes):
+    """The program ``decompose(torch.export.export(model, ...))`` gives, traced once instead of twice,
+    or None on a torch without the internals it uses (see `_one_trace_hooks`).
+
+    Non-strict torch.export traces the model to training IR, and the decomposition retraces that
+    whole program: the retrace costs about as much as the export. Here torch's own export is asked
+    for the inference program (``pre_dispatch=False``, the trace `run_decompositions` makes),
+    under the same CIA overrides and with the same table, so the one trace decomposes as it goes.
+    What differs from the two-step program is bookkeeping: a weight tied under two names is two
+    placeholders of one tensor (the retrace reads one of them; `ingest` makes them one constant),
+    ops whose results nothing reads are not kept, and the `_assert_tensor_metadata` checks are
+    not there (ingest drops them). test_export_decomposition.py checks that the IR ingested from
+    both is the same. A model this cannot trace (it writes into a tensor that is not its
+    parameter or buffer: functionalization refuses) raises, and `export` takes the two steps."""
+    plan, hooks = _kept(_PLAN, _decomposition_plan), _one_trace_hooks()
+    if plan is None or hooks is None:
+        return None
+    trace, override, to_aten = hooks
+    cia, python = plan
+    import torch.export._trace as export_trace
+
+    # torch's `_export` builds its tracer from this module-level function when called; the table
+    # rides on it for the call (there is no parameter for it)
+    export_trace._export_to_aten_ir = functools.partial(to_aten, decomp_table=dict(python))
+    try:
+        with override(dict(cia)):
+            return trace(model, args, kwargs, dynamic_shapes, strict=False, pre_dispatch=False)
+    finally:
+        export_trace._export_to_aten_ir = to_aten
+
+
+def _one_trace_hooks():
+    """(torch's ``_export``, its CIA override context, its ``_export_to_aten_ir``), or None when one
+    of them is missing or does not take what `export_decomposed` passes."""
+    import torch.export._trace as export_trace
+    import torch.export.exported_program as exported_program
+
+    trace = getattr(export_trace, "_export", None)
+    to_aten = getattr(export_trace, "_export_to_aten_ir", None)
+    override = getattr(exported_program, "_override_composite_implicit_decomp", None)
+    if trace is None or to_aten is None or override is None:
+        return None
+    if not ({"strict", "pre_dispatch"} <= set(inspect.signature(trace).parameters)
+            and "decomp_table" in inspect.signature(to_aten).parameters
+            and "_export_to_aten_ir" in inspect.unwrap(trace).__code__.co_names):
+        return None
+    return trace, override, to_aten
 
 
 def decomposition_table() -> dict:

@@ -461,7 +461,7 @@ def _raise_failed(rec: StageRecord):
     if n.export_differs:
         raise ExportError(
             f"torch.export's program of the model computes different numbers from the model: {n.detail}",
-            hint="fexplore compiles the program torch.export gives (after run_decompositions), and "
+            hint="fexplore compiles the program torch.export gives (decomposed to core ATen), and "
                  "ingest agrees with it op by op: torch's decomposition of an op differs from its eager "
                  "kernel here (torch.linspace's, say). Compute that value another way, or pass "
                  "verify=False to take the exported program's numbers")

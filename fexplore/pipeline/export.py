@@ -1,9 +1,9 @@
 """Capture a model with torch.export, decomposed to core ATen but keeping the ops whose intent
-matters to an NPU (`decomposition.py`)."""
+matters to an NPU (`decomposition.py`): in one trace where it can, else torch.export and then the
+decomposition, and with dynamo for a model that writes into tensors it does not register."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import traceback
 import warnings
@@ -12,27 +12,29 @@ import torch
 
 from fexplore.errors import ControlFlowError, ExportError, SourceLoc
 
-from .decomposition import decompose
+from .decomposition import decompose, export_decomposed
 
 def export_model(model: torch.nn.Module, args: tuple, *, kwargs: dict | None = None, dynamic_shapes=None):
-    """torch.export (non-strict) then decomposition with the intent-keeping table.
+    """torch.export (non-strict) decomposed with the intent-keeping table: one trace
+    (`decomposition.export_decomposed`); when that fails, torch.export then the decomposition,
+    whose errors the user sees (a failed trace's writes into tensors the model holds undone).
 
     A model partly on the meta device (parameters on meta, buffers real: what accelerate's
     ``init_empty_weights`` and ``torch.device("meta")`` builds with real buffers make) is exported
     with meta twins of its real tensors, as torch.export cannot mix devices; `real_state` gives
     their values back to ingestion, so a causal mask or a rotary table stays known."""
     args, kwargs = _unaliased((args, kwargs or {}))
-    with warnings.catch_warnings(), _restored(_tensors_outside_state(model)):
+    with warnings.catch_warnings(), _Restored(_tensors_outside_state(model)) as outside:
         # torch.export's own pytree deprecation chatter, not the user's business
         warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
         made: dict[int, torch.Tensor] = {}   # one twin per tensor: tied weights stay tied
         twins = {name: made.setdefault(id(t), _meta_twin(t)) for name, t in real_state(model).items()}
         if not twins:
-            return _export(model, args, kwargs, dynamic_shapes)
+            return _export(model, args, kwargs, dynamic_shapes, outside)
         from torch.nn.utils.stateless import _reparametrize_module
 
         with _reparametrize_module(model, twins):   # the user's model is itself again after
-            return _export(model, args, kwargs, dynamic_shapes)
+            return _export(model, args, kwargs, dynamic_shapes, outside)
 
 
 def _tensors_outside_state(model: torch.nn.Module, depth: int = 4) -> list[torch.Tensor]:
@@ -73,16 +75,22 @@ def _tensors_outside_state(model: torch.nn.Module, depth: int = 4) -> list[torch
 _MODULE_OWN = {"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"}
 
 
-@contextlib.contextmanager
-def _restored(tensors: list[torch.Tensor]):
-    """Each of `tensors` as it was, after the block: its values, and no autograd history (an
-    in-place write into it while torch.export traced leaves one)."""
-    saved = [(t, t.detach().clone(), t.requires_grad) for t in tensors]
-    try:
-        yield
-    finally:
+class _Restored:
+    """Each of `tensors` as it was, after the block and on `restore()`: its values, and no autograd
+    history (an in-place write into it while torch.export traced leaves one)."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.saved = [(t, t.detach().clone(), t.requires_grad) for t in tensors]
+
+    def __enter__(self) -> "_Restored":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+    def restore(self) -> None:
         with torch.no_grad():
-            for t, values, grad in saved:
+            for t, values, grad in self.saved:
                 if t.grad_fn is not None and not t._is_view():   # a view keeps its base's history
                     t.detach_()
                     t.requires_grad_(grad)
@@ -127,15 +135,22 @@ def real_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: t for name, t in state.items() if not t.is_meta}
 
 
-def _export(model, args, kwargs, dynamic_shapes):
+def _export(model, args, kwargs, dynamic_shapes, outside: "_Restored"):
     for i, a in enumerate(torch.utils._pytree.tree_leaves((args, kwargs))):
         if isinstance(a, torch.Tensor) and a.is_complex():  # the IR holds complex values inside
             raise ExportError(f"model input {i} is a complex tensor ({a.dtype})",
                               hint="pass torch.view_as_real(x) and call torch.view_as_complex "
                                    "inside the model")
+    # traced for inference, without autograd: an op with no backward on this device
+    # (flex_attention on CPU) refuses to be traced for one
     try:
-        # traced for inference, without autograd: an op with no backward on this device
-        # (flex_attention on CPU) refuses to be traced for one
+        with torch.no_grad():
+            ep = export_decomposed(model, args, kwargs, dynamic_shapes)
+        if ep is not None:
+            return ep
+    except Exception:  # noqa: BLE001 - the two steps below say why, with torch's messages for them
+        outside.restore()   # a write the trace made into a tensor the model holds
+    try:
         with torch.no_grad():
             ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch raises many kinds; the user needs the message, not our stack

@@ -212,6 +212,7 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
     outputs: list[Value] = []
     updated_buffers = set(ep.graph_signature.buffers_to_mutate.values()) if top else set()
     state_inputs: list[Value] = []
+    tied: dict[int, Value] = {}   # id of a parameter's tensor -> its constant
     unread = _block_mask_only(gm.graph)
 
     for n in gm.graph.nodes:
@@ -237,7 +238,9 @@ def _convert_graph(gm: torch.fx.GraphModule, ep, symbols: SymbolTable, name: str
                     if state is not None:
                         state[spec.target] = tensor.detach().clone()
                     continue
-                env[n.name] = b.param(spec.target, tensor, spec.target)
+                if id(tensor) not in tied:   # a weight tied under two names is one constant
+                    tied[id(tensor)] = b.param(spec.target, tensor, spec.target)
+                env[n.name] = tied[id(tensor)]
             elif spec is not None and spec.kind != InputKind.USER_INPUT:
                 raise ExportError(f"unsupported model input kind {spec.kind.name} ({n.name})")
             else:
