@@ -55,15 +55,25 @@ def _overload(qualname: str):
 
 def decompose(ep):
     """``ep.run_decompositions(decomposition_table())``, the same program, for less (see above)."""
-    plan = _kept(_PLAN, _decomposition_plan)
-    if plan is None:
+    plan, retrace = _kept(_PLAN, _decomposition_plan), _retrace()
+    if plan is None or retrace is None:
         return ep.run_decompositions(decomposition_table())
-    import torch.export.exported_program as exported_program
-
     cia, python = plan
-    retrace = exported_program._disable_prexisiting_fake_mode(exported_program._decompose_exported_program)
     return retrace(ep, cia_to_decomp=dict(cia), python_decomp_table=dict(python), joint_loss_index=None,
                    decompose_custom_triton_ops=False)
+
+
+def _retrace():
+    """torch's retrace as ``run_decompositions`` calls it, or None when it does not take what
+    `decompose` passes."""
+    import torch.export.exported_program as exported_program
+
+    retrace = getattr(exported_program, "_decompose_exported_program", None)
+    if (retrace is None or not hasattr(exported_program, "_disable_prexisiting_fake_mode")
+            or not {"cia_to_decomp", "python_decomp_table", "joint_loss_index",
+                    "decompose_custom_triton_ops"} <= set(inspect.signature(retrace).parameters)):
+        return None
+    return exported_program._disable_prexisiting_fake_mode(retrace)
 
 
 def export_decomposed(model, args, kwargs, dynamic_shapes):
@@ -130,15 +140,12 @@ def _build_table() -> dict:
 
 
 def _decomposition_plan():
-    """(the CIA ops to override and how, the other ops' decompositions) for `decompose`, or None
-    on a torch without the internals it uses."""
+    """(the CIA ops to override and how, the other ops' decompositions) for `decompose` and
+    `export_decomposed`, or None on a torch without the split it uses."""
     import torch.export.exported_program as exported_program
 
     split = getattr(exported_program, "_split_decomp_table_to_cia_and_python_decomp", None)
-    retrace = getattr(exported_program, "_decompose_exported_program", None)
-    if (split is None or retrace is None or not hasattr(exported_program, "_disable_prexisiting_fake_mode")
-            or not {"cia_to_decomp", "python_decomp_table", "joint_loss_index",
-                    "decompose_custom_triton_ops"} <= set(inspect.signature(retrace).parameters)):
+    if split is None:
         return None
     with reused_cia_scan():
         cia, python = split(decomposition_table())
