@@ -727,16 +727,17 @@ def test_tile_search_keeps_the_fastest_tiling_it_traced():
 
     torch.manual_seed(0)
     model, inputs = ZOO["cnn"]()
-    cm = fexplore.compile(model, inputs, verify=False)
+    cm = fexplore.compile(model, inputs, target="tiny", verify=False)   # on rngd its kernels are all small
     tiles = cm.schedule.tiles
     assert len(tiles) == len([k for k in cm.schedule.kernels if k.how == "generated"])
     searched = [t for t in tiles if not t.skipped]
     assert searched and any(t.changed for t in searched)
-    # a kernel faster alone than the search's floor keeps its defaults, timed once
+    # a kernel whose copies take fewer cycles alone, all told, than the search's floor keeps its
+    # defaults, timed once
     small = [t for t in tiles if "floor" in t.skipped]
-    assert small and all(t.default_cycles < MIN_SEARCH_CYCLES and t.chosen == t.default and t.tried == 1
-                         for t in small)
-    assert all(t.default_cycles >= MIN_SEARCH_CYCLES for t in searched)
+    assert small and all(t.default_cycles * t.copies < MIN_SEARCH_CYCLES and t.chosen == t.default
+                         and t.tried == 1 for t in small)
+    assert all(t.default_cycles * t.copies >= MIN_SEARCH_CYCLES for t in searched)
     for t in searched:
         timed = [c for _, c in t.candidates if c is not None]
         # the fastest, or one as fast (within MIN_GAIN) that moves fewer DRAM bytes
@@ -747,6 +748,29 @@ def test_tile_search_keeps_the_fastest_tiling_it_traced():
     k = next(x for x in cm.lowering.kernels if any(t.kernel == x.name and t.changed for t in tiles))
     assert tile_params(k.traced) != next(t.chosen for t in tiles if t.kernel == k.name)
     assert any(w == "tiles" for w, _ in cm.schedule.decisions)
+
+
+def test_the_tile_searchs_floor_counts_a_kernels_copies_in_the_program():
+    """A kernel too small alone for the search's floor is searched all the same when the program
+    runs enough copies of it (each layer's): what the floor weighs is what the kernel takes of the
+    program."""
+    from fexplore.pipeline.stages.tiles import MIN_SEARCH_CYCLES
+
+    torch.manual_seed(0)
+    model, inputs = ZOO["gpt"]()
+    layers = len(model.h)
+    cm = fexplore.compile(model, inputs, verify=False)
+    tiles = {t.kernel: t for t in cm.schedule.tiles}
+    # each layer's copy of a projection shares one search, which knows the layers' count
+    per_layer = [t for name, t in tiles.items() if name.startswith("h_0_") and t.default_cycles]
+    assert per_layer and all(t.copies == layers for t in per_layer)
+    assert all(tiles[t.kernel.replace("h_0_", f"h_{i}_")].copies == layers for t in per_layer for i in range(layers))
+    small_but_many = [t for t in per_layer if t.default_cycles < MIN_SEARCH_CYCLES <= t.default_cycles * t.copies]
+    assert small_but_many and not any(t.skipped for t in small_but_many)
+    assert all(t.tried > 1 for t in small_but_many)
+    # one copy alone under the floor keeps its defaults, named why
+    alone = [t for t in tiles.values() if t.copies == 1 and 0 < t.default_cycles < MIN_SEARCH_CYCLES]
+    assert alone and all("under the search's floor" in t.skipped and t.chosen == t.default for t in alone)
 
 
 def test_a_compiles_tile_search_stays_in_its_budget_and_spends_it_on_the_slowest_kernels(monkeypatch):

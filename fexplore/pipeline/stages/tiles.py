@@ -24,10 +24,14 @@ programs they got slower, as their K slabs no longer met the column panels their
 
 The search is bounded per kernel: at most `MAX_CANDIDATES` candidates; kernels whose default program
 is larger than `MAX_COMMANDS` keep their defaults (their tile counts are already large); and so do
-kernels that run under `MIN_SEARCH_CYCLES` alone: a candidate costs as much to trace and time for
-a small kernel as for a large one, and small ones have little to give (over the Hugging Face
-architectures of the suite, on both targets and precisions, kernels under 2,000 cycles took two
-thirds of the candidates and gave 5% of the cycles the search saved).
+kernels whose copies in the program together run under `MIN_SEARCH_CYCLES` alone (a kernel's
+cycles at its defaults times its copies): a candidate costs as much to trace and time for a small
+kernel as for a large one, and small ones have little to give, unless the program runs them many
+times (a decode step's per-layer kernels). Over the Hugging Face architectures of the suite and the
+lower and schedule stages' tests (both targets and precisions), kernels under 4,000 such cycles
+took 38% of the search's time (52 of 136 s of candidate timing) and gave 5% of the cycles it
+saved in the programs (the floor was 2,000 cycles alone, copies not counted; at 6,000 they took
+half and gave 9%).
 
 And it is bounded per compile: the candidates of one program may trace at most `SEARCH_BUDGET`
 commands in all. The kernels are searched slowest first (a kernel's default cycles alone times
@@ -43,6 +47,7 @@ copy of a kernel) share one search; their measurements are kept across compiles.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 from dataclasses import dataclass, field, replace
@@ -52,7 +57,7 @@ from fexplore.lang.examples._tiling import max_tile_bytes
 MAX_CANDIDATES = 10
 MIN_GAIN = 0.03   # a retiling must be 3% faster alone (or as fast with less DRAM traffic)
 MAX_COMMANDS = 20_000
-MIN_SEARCH_CYCLES = 2_000   # a kernel faster than this alone keeps its defaults
+MIN_SEARCH_CYCLES = 4_000   # a kernel whose copies take fewer cycles (alone, all told) keeps its defaults
 # commands the candidates of one compile may trace: five times what the largest models of
 # bench/npu_models.py spend (GPT-2-small at seq 512: 31k, Llama-3.1-8B decode: 41k), about half a
 # minute of search (100 to 170 us a command); EfficientNet on tiny spent 970k, minutes, unbounded
@@ -78,6 +83,7 @@ class TileChoice:
     candidates: list = field(default_factory=list)   # (params, cycles or None)
     same_as: str = ""          # decided by the search of this identical kernel (names aside)
     cut_short: bool = False    # the compile's budget ran out before or during this kernel's search
+    copies: int = 1            # the kernels alike in the program that share this search
 
     @property
     def changed(self) -> bool:
@@ -136,9 +142,19 @@ def _written_extents(kernel, params: set) -> dict:
     """Per parameter in `params`, the extent its ``fl.tiles`` calls write: an int, or the name of
     the parameter whose tiles it cuts (see `tile_extents`)."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(kernel.fn)))
-    except (OSError, TypeError, SyntaxError, AttributeError):
+        source = textwrap.dedent(inspect.getsource(kernel.fn))
+    except (OSError, TypeError, AttributeError):
         return {}
+    return dict(_extents_in(source, frozenset(params)))
+
+
+@functools.lru_cache(maxsize=1024)   # each layer's copy of a kernel has the same source
+def _extents_in(source: str, params: frozenset) -> tuple:
+    """`_written_extents` of a kernel's source, as (parameter, extent) pairs."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ()
     consts: dict = {}   # name -> int, or None once bound to anything else
     cuts: dict = {}     # loop variable -> the parameter whose tiles it runs over
     calls = []
@@ -183,7 +199,7 @@ def _written_extents(kernel, params: set) -> dict:
         else:
             extent = None
         extents[param] = extent if extents.get(param, extent) == extent else None
-    return {p: e for p, e in extents.items() if e is not None}
+    return tuple((p, e) for p, e in extents.items() if e is not None)
 
 
 def _params_key(params: dict) -> tuple:
@@ -221,7 +237,7 @@ class TileSearch:
             weight[key] = (m.cycles or 0) * copies[key]
         for key in sorted(first, key=lambda k: -weight[k]):   # stable: program order among equals
             if key not in self.choices:
-                self.choices[key] = self._search(*first[key], key)
+                self.choices[key] = self._search(*first[key], key, copies[key])
 
     def trace(self, name: str, kernel, args, key):
         """(trace, TileChoice) of `kernel` on `args` with the tiles chosen for its key."""
@@ -267,19 +283,21 @@ class TileSearch:
             return _Measure(None, commands=n)
         return _Measure(res.cycles, res.dram_bytes, max((b.nbytes for b in prog.buffers), default=0), n)
 
-    def _search(self, name, kernel, args, key):
+    def _search(self, name, kernel, args, key, copies: int = 1):
+        """(params, TileChoice) of the kernel `key` names, of which the program runs `copies`."""
         default = tile_params(kernel)
         if not default:
-            return {}, TileChoice(name, {}, {}, 0, 0, 0, skipped="no tiling parameters")
+            return {}, TileChoice(name, {}, {}, 0, 0, 0, skipped="no tiling parameters", copies=copies)
         base = self._measure(kernel, args, key, default, limit=MAX_COMMANDS)
         if base.cycles is None:
             why = (f"{base.commands:,} commands, over the search's limit of {MAX_COMMANDS:,}" if base.commands
                    else "the default tiling does not lower")
-            return default, TileChoice(name, default, default, 0, 0, 1, skipped=why)
-        if base.cycles < MIN_SEARCH_CYCLES:
+            return default, TileChoice(name, default, default, 0, 0, 1, skipped=why, copies=copies)
+        if base.cycles * copies < MIN_SEARCH_CYCLES:
+            times = f" x {copies} copies" if copies > 1 else ""
             return default, TileChoice(
-                name, default, default, base.cycles, base.cycles, 1,
-                skipped=f"{base.cycles:,} cycles alone, under the search's floor of {MIN_SEARCH_CYCLES:,}")
+                name, default, default, base.cycles, base.cycles, 1, copies=copies,
+                skipped=f"{base.cycles:,} cycles alone{times}, under the search's floor of {MIN_SEARCH_CYCLES:,}")
         timed = {_params_key(default): base}
         cut = False
         # a candidate may fit alone, but a tile past the program's share fragments its SRAM
@@ -349,7 +367,7 @@ class TileSearch:
             return default, TileChoice(
                 name, default, default, base.cycles, base.cycles, 1,
                 skipped=f"the compile's search budget ({self.budget:,} commands) went to slower kernels",
-                cut_short=True)
+                cut_short=True, copies=copies)
         return best_params, TileChoice(name, default, best_params, base.cycles, best.cycles, len(timed),
                                        candidates=[(dict(k), m.cycles if usable(m) else None) for k, m in timed.items()],
-                                       cut_short=cut)
+                                       cut_short=cut, copies=copies)
