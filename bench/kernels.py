@@ -217,11 +217,15 @@ def best_generated(kern, specs, M: int, N: int, K: int, chosen: dict, cycles: in
     """(cycles, tiles) of a generated contraction kernel alone at its best over the hand-written
     matmul's grid (`grid`) and the tiles the compile chose (`chosen`, timed at `cycles`): its code at
     tiles chosen as the hand-written matmul's are. A panel takes whole row tiles (tr = tm) and either
-    the compile's panel width or one column tile per panel (tp = tn)."""
+    the compile's panel width or one to four column tiles per panel (tp = tn ... 4 tn): the panel
+    width decides how many PEs share the output, which the hand-written matmul decides with tn
+    (GPT-2's attention output projection is fastest alone as two column tiles of 128 per panel of
+    256, three panels over six PEs)."""
     params = tile_params(kern)
     best = (cycles, "the compile's")
     for tm, tn, tk in itertools.product(*grid(M, N, K).values()):
-        for tp in sorted({chosen.get("tp", tn), tn}):
+        panels = {chosen.get("tp", tn)} | {j * tn for j in range(1, 5) if j * tn <= N} if "tp" in params else {tn}
+        for tp in sorted(panels):
             if tp < tn:
                 continue
             point = {"tm": tm, "tn": tn, "tk": tk, "tp": tp, "tr": tm}
