@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 import fexplore
+from fexplore import lang as fl
 from fexplore.lang.examples._tiling import shrink
 
 
@@ -82,3 +83,35 @@ def test_a_convolution_of_many_channels_on_tiny_keeps_a_wide_output_tile():
     default = _ops(k.kernel, k.node)
     old = _ops(k.kernel, k.node, rows=1, to=4, tc=64)
     assert default * 1.5 < old, (default, old)
+
+
+def test_a_row_wise_kernel_takes_two_tiles_per_pe_only_when_each_amortizes_its_loads():
+    """Two row tiles per PE let a PE's loads overlap its computes, but each tile's loads and store
+    cost a whole DMA start-up: a tile of a few rows (a small GPT's embedding add, rows of 64) is
+    faster as one tile per PE, a tile of many wide rows still splits."""
+    from fexplore.lang.examples._tiling import amortizing_bytes, row_tiles
+    from fexplore.models import ZOO
+    from fexplore.npu import get_target
+    from fexplore.pipeline.stages.tiles import tile_params
+
+    cfg = get_target("rngd")
+    small = row_tiles(16, 64 * 4 * 3, cfg, 2)
+    assert -(-16 // small) == cfg.num_pes   # one tile per PE, not two of one row
+    wide = 768 * 4 * 3   # a layer norm's 512 rows at width 768: tiles of 28 rows, 258 KB
+    rows = row_tiles(512, wide, cfg, 2)
+    assert -(-512 // rows) >= 2 * cfg.num_pes and rows * wide >= amortizing_bytes(cfg)
+    rows = row_tiles(128, wide, cfg, 2)   # 128 of them: two tiles per PE would be 73 KB each
+    assert -(-128 // rows) == cfg.num_pes
+
+    torch.manual_seed(0)
+    model, inputs = ZOO["gpt"]()
+    cm = fexplore.compile(model, inputs, verify=False)
+    k = next(k for k in cm.lowering.kernels if k.kernel.kind == "vector" and "rows" in tile_params(k.kernel.kernel()))
+    kern = k.kernel.kernel()
+    specs = [fl.spec(p.shape, k.node.inputs[p.index].type.dtype.name) for p in k.kernel.params]
+    default = tile_params(kern)["rows"]
+
+    def cycles(**tiles):
+        return kern.trace(*specs, target="rngd", **tiles).program().simulate().cycles
+
+    assert default > 1 and cycles() < cycles(rows=default // 2)

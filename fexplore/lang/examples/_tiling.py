@@ -91,12 +91,18 @@ def amortizing_bytes(cfg) -> int:
 
 
 def row_tiles(R: int, bytes_per_row: int, cfg, stages: int, outer: int = 1) -> int:
-    """Rows per tile for a row-wise kernel: enough tiles for every PE (two each, so each PE's own
-    loads and computes can overlap), as many rows as fit a quarter of SRAM. `outer`: items the
-    kernel has besides its row tiles (one per index of the axes it loops over outside the rows),
-    which count towards filling the PEs."""
+    """Rows per tile for a row-wise kernel: enough tiles for every PE, as many rows as fit a quarter
+    of SRAM; and two tiles per PE, so each PE's own loads and computes can overlap, when a tile
+    still moves what amortizes a DMA's start-up (`amortizing_bytes`). A second, smaller tile of a
+    few rows overlaps little and costs each of its loads and its store a whole start-up: a small
+    GPT's embedding add took 3,009 cycles alone in tiles of one row, two per PE, and 1,526 in
+    tiles of two. `outer`: items the kernel has besides its row tiles (one per index of the axes
+    it loops over outside the rows), which count towards filling the PEs."""
     rows = max(1, min(R, (cfg.sram_bytes_per_pe // 4) // max(1, bytes_per_row * stages)))
-    while rows > 1 and math.ceil(R / rows) * outer < 2 * cfg.num_pes:
+    while rows > 1 and math.ceil(R / rows) * outer < cfg.num_pes:
+        rows = max(1, rows // 2)
+    while rows > 1 and math.ceil(R / rows) * outer < 2 * cfg.num_pes and \
+            rows // 2 * bytes_per_row >= amortizing_bytes(cfg):
         rows = max(1, rows // 2)
     return rows
 
