@@ -17,11 +17,12 @@ compile (what the compiled model runs; its cycles at the generator's defaults ar
 (`best_handwritten`). A panel kernel that streams its rows in steps (``tr``, for the program: it
 starts on the first rows its producer wrote) is timed with whole row tiles too (tr = tm), and the
 faster is set against the hand-written matmul: alone there is no producer to overlap. The goal:
-generated / hand-written cycles <= 1.10. A further column times the generated kernel at its best
-alone over the same grid (`best_generated`): its code at tiles chosen as the hand-written matmul's
-are. The schedule stage chooses for the program, not for the kernel alone: tiles that win alone
-can lose in the program (the tile search's docstring has a case), so the verdict stays on the
-tiles the program runs.
+generated / hand-written cycles <= 1.10, judged twice. First at the tiles the program runs: the
+schedule stage chooses for the program, not for the kernel alone, and tiles that win alone can
+lose in the program (the tile search's docstring has a case). Then at the generated kernel's best
+alone over the same grid (`best_generated`), as the hand-written matmul is measured: its code at
+tiles chosen as the hand-written matmul's are, which is what the generator's code can do at the
+shape.
 
 The hand-written matmul reads and writes bf16 and does nothing else, so a kernel that also reads an
 f32 residual stream, writes f32 or normalizes f32 rows first moves bytes and runs vector passes that
@@ -305,12 +306,14 @@ def generated_section(emit):
             "% of tensor peak | tensor busy | DMA busy | hand-written matmul cycles (tiles) | "
             "generated / hand-written | vs its default tiles | goal | its bytes / hand-written's | "
             "same job, hand-written: cycles (tiles) | "
-            "generated / same job | generated at its best alone: cycles (tiles) | that / hand-written |")
+            "generated / same job | generated at its best alone: cycles (tiles) | that / hand-written | "
+            "goal at its best |")
     emit(head)
     emit("|" + "---|" * (head.count("|") - 1))
     handwritten = {}
     ratios = {f: [] for f in FLAVOURS}
-    default_ratios, job_ratios, grid_ratios = [], [], []
+    default_ratios, job_ratios = [], []
+    best_ratios = {f: [] for f in FLAVOURS}   # each contraction at its best alone, as the hand-written's
     for flavour, label, model, inputs in generated_layers():
         cm = fexplore.compile(model, inputs, target="rngd", precision="bf16", verify=False)
         chosen = {t.kernel: t.chosen for t in cm.schedule.tiles}
@@ -324,7 +327,7 @@ def generated_section(emit):
             default_cycles = kern.trace(*specs, target="rngd").program().simulate().cycles
             best = res if unstreamed is None or res.cycles <= unstreamed.cycles else unstreamed
             shape = contraction_shape(node) if gk.kind == "contraction" else None
-            hw, ratio, verdict, peak, nbytes, job, on_grid = "", " | ", "", "", "", " | ", " | "
+            hw, ratio, verdict, peak, nbytes, job, on_grid = "", " | ", "", "", "", " | ", " |  | "
             if shape is not None:
                 batch, M, N, K, count = shape
                 if (M, N, K) not in handwritten:
@@ -338,10 +341,12 @@ def generated_section(emit):
                 verdict = "PASS" if r <= RATIO_GOAL else "MISS"
                 peak = f"{2 * batch * M * N * K * count / (best.cycles * best.target.peak_flops_per_cycle('bf16')):.1%}"
                 nbytes = f"{operand_bytes(node) / (2 * (M * K + K * N + M * N) * count * batch):.2f}"
+                best_ratios[flavour].append(r)   # siblings: the compile's tiles, at most their best
                 if batch == 1 and count == 1:
                     g_cycles, g_tiles = best_generated(kern, specs, M, N, K, tiles, best.cycles)
-                    grid_ratios.append(g_cycles / base)
-                    on_grid = f"{g_cycles:,} ({g_tiles}) | {grid_ratios[-1]:.2f}"
+                    best_ratios[flavour][-1] = g_cycles / base
+                    on_grid = (f"{g_cycles:,} ({g_tiles}) | {g_cycles / base:.2f} | "
+                               f"{'PASS' if g_cycles / base <= RATIO_GOAL else 'MISS'}")
                 same = same_job(node, M, N, K) if batch == 1 and count == 1 else None
                 if same is not None:
                     job_ratios.append(best.cycles / same[1])
@@ -358,7 +363,8 @@ def generated_section(emit):
     within = {f: f"{sum(r <= RATIO_GOAL for r in rs)}/{len(rs)}, worst {max(rs):.2f}x" for f, rs in ratios.items() if rs}
     if within:
         emit("")
-        emit(f"Contractions within {RATIO_GOAL:.2f}x of the hand-written matmul at its best tiles: "
+        emit(f"At the tiles the compile chose, contractions within {RATIO_GOAL:.2f}x of the hand-written matmul at "
+             f"its best tiles: "
              f"{within.get(POLICY, '-')} for the f32 models under the bf16 policy; {within.get(IN_BF16, '-')} "
              f"for the models loaded in bf16 (against the hand-written matmul at its default tiles: "
              f"{sum(r <= RATIO_GOAL for r in default_ratios)}/{len(default_ratios)}, worst "
@@ -371,13 +377,17 @@ def generated_section(emit):
              "projections are bound by DMA (the DMA busy column), so their extra bytes are extra cycles; a "
              "norm prologue's weight and bias are two more loads of 500 cycles' start-up each on each PE. A "
              "batched matmul (B x ...) is set against B hand-written matmuls run one after another.")
-    if grid_ratios:
+    at_best = {f: f"{sum(r <= RATIO_GOAL for r in rs)}/{len(rs)}, worst {max(rs):.2f}x"
+               for f, rs in best_ratios.items() if rs}
+    if at_best:
         emit("")
-        emit(f"The generated kernel at its best alone (the best of the compile's tiles and the hand-written "
-             f"matmul's grid: tiles chosen as the hand-written matmul's are; the program runs the compile's "
-             f"choice, which the schedule stage makes for the program): "
-             f"{sum(r <= RATIO_GOAL for r in grid_ratios)}/{len(grid_ratios)} within {RATIO_GOAL:.2f}x of the "
-             f"hand-written matmul, worst {max(grid_ratios):.2f}x.")
+        emit(f"The generated kernel at its best alone, as the hand-written matmul is measured (the best of "
+             f"the compile's tiles and the hand-written matmul's grid, a panel of one to four column tiles; "
+             f"siblings at the compile's tiles): {at_best.get(POLICY, '-')} within {RATIO_GOAL:.2f}x of the "
+             f"hand-written matmul for the f32 models under the bf16 policy; {at_best.get(IN_BF16, '-')} for "
+             f"the models loaded in bf16. The program runs the compile's choice, which the schedule stage "
+             f"makes for the program: tiles that win alone can lose there (the tile search's docstring has "
+             f"a case).")
     if job_ratios:
         emit("")
         emit(f"Against the hand-written kernel of the same job (same inputs and outputs, same prologue and "
