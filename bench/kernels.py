@@ -192,10 +192,14 @@ def best_handwritten(M: int, N: int, K: int) -> tuple[int, str, int]:
 
 
 def grid(M: int, N: int, K: int | None = None) -> dict:
-    """Tile sizes to try: tm, tn in 64..512 (and tk in 128..1024), none beyond its dimension."""
-    sizes = {"tm": [v for v in (64, 128, 256, 512) if v <= M], "tn": [v for v in (64, 128, 256, 512) if v <= N]}
+    """Tile sizes to try: tm, tn in 64..512 (and tk in 128..1024), none beyond its dimension, and
+    the whole dimension when it is within that range (K = 768 in one slab, GPT-2's widths)."""
+    def sizes_of(dim: int, steps: tuple) -> list[int]:
+        return sorted({v for v in steps if v <= dim} | ({dim} if steps[0] <= dim <= steps[-1] else set()))
+
+    sizes = {"tm": sizes_of(M, (64, 128, 256, 512)), "tn": sizes_of(N, (64, 128, 256, 512))}
     if K is not None:
-        sizes["tk"] = [v for v in (128, 256, 512, 1024) if v <= K]
+        sizes["tk"] = sizes_of(K, (128, 256, 512, 1024))
     return sizes
 
 
