@@ -16,7 +16,9 @@ from fexplore.ir import Constant, DType
 _RESERVED = {"fl", "target", "pipelining", "functional", "range", "sum", "max", "min", "abs", "round"}
 
 
-_SUFFIXES = {"tiled", "relayout"}      # what the layout stage adds to a parameter's name
+# what the layout stage adds to a parameter's name, and simplify to a linear's weight and bias it
+# folds a norm's affine part into (the kernel reads them as the weight and bias they stand for)
+_SUFFIXES = {"tiled", "relayout", "norm_scaled", "norm_shifted"}
 _GENERIC = {"weight", "bias"}
 
 

@@ -34,7 +34,7 @@ class Rewriter:
         self.constants: list[Constant] = list(graph.constants)
         self.rewrites: list[Rewrite] = []
         self._subst: dict[str, Value] = {}
-        self._readers: dict[str, int] | None = None
+        self._users: dict[str, list[Node]] | None = None
         self._names = {v.name for v in graph.inputs} | {c.name for c in graph.constants} | \
             {v.name for n in graph.nodes for v in n.outputs}
 
@@ -52,14 +52,13 @@ class Rewriter:
 
     def readers(self, name: str) -> int:
         """How many nodes of the input graph read value `name` (a graph output counts as one)."""
-        if self._readers is None:
-            self._readers = {}
-            for n in self.graph.nodes:
-                for v in n.inputs:
-                    self._readers[v.name] = self._readers.get(v.name, 0) + 1
-            for v in self.graph.outputs:
-                self._readers[v.name] = self._readers.get(v.name, 0) + 1
-        return self._readers.get(name, 0)
+        return len(self.users(name)) + sum(v.name == name for v in self.graph.outputs)
+
+    def users(self, name: str) -> list[Node]:
+        """The nodes of the input graph that read value `name` (once per operand it is)."""
+        if self._users is None:
+            self._users = self.graph.users()
+        return self._users.get(name, [])
 
     def fresh_name(self, base: str) -> str:
         return unique_name(base, self._names)

@@ -404,6 +404,48 @@ def _rms_norm_weight(rw, n, ins, made):
     return None
 
 
+@rule("fold-norm-affine-into-linear")
+def _norm_affine_into_linear(rw, n, ins, made):
+    """linear(norm(x, g, b0), W, b) = linear(norm(x), W * g, b + W @ b0): a layer or RMS norm's
+    weight scales the linear's weight along K and its bias is a bias of the linear (as a batch norm
+    folds into a convolution). The norm is then a contraction's prologue without operands of its
+    own: its weight and bias are not loaded, one DMA start-up each on every PE that normalizes rows
+    (GPT-2's MLP input projection in bf16: 18,795 -> 18,118 cycles). Only where every reader of
+    the normed rows is such a linear, each linear's weight is read by it alone, and a norm's bias
+    has a linear bias to go into: a weight tied elsewhere (an lm_head tied to the embedding) would
+    be copied, a norm kept for another reader would run twice, and a bias made for a linear
+    without one is a load in place of the one saved. On structure alone on the meta device, as
+    every fold."""
+    if n.op.name != "linear":
+        return None
+    norm = made.get(ins[0].name)
+    if norm is None or norm.op.name not in ("layer_norm", "rms_norm") or len(norm.inputs) < 2 or \
+            norm.attrs["ndim"] != 1 or not all(isinstance(rw.lookup(v), Constant) for v in norm.inputs[1:]):
+        return None
+    normed = norm.output.name
+    if any(v.name == normed for v in rw.graph.outputs):
+        return None
+    beta = norm.inputs[2] if len(norm.inputs) == 3 else None
+    for u in rw.users(normed):
+        if u.op.name != "linear" or u.inputs[0].name != normed or any(v.name == normed for v in u.inputs[1:]) or \
+                not all(isinstance(rw.lookup(v), Constant) for v in u.inputs[1:]) or \
+                rw.readers(u.inputs[1].name) != 1 or (beta is not None and len(u.inputs) < 3):
+            return None
+    x, gamma = norm.inputs[0], norm.inputs[1]
+    w = ins[1]
+    bias = ins[2] if len(ins) == 3 else None
+    plain = rw.emit(norm.op.name, [rw.lookup(x)], dict(norm.attrs), name=rw.fresh_name(normed + "_unscaled"),
+                    loc=norm.loc)
+    new_w = rw.computed_constant(f"{w.name}.norm_scaled", lambda: rw.values(w) * rw.values(gamma), w.type)
+    ops = [plain, new_w]
+    if beta is not None:
+        ops.append(rw.computed_constant(f"{bias.name}.norm_shifted",
+                                        lambda: rw.values(bias) + rw.values(w) @ rw.values(beta), bias.type))
+    elif bias is not None:
+        ops.append(bias)
+    return rw.emit("linear", ops, dict(n.attrs), name=n.output.name, loc=n.loc, layout=n.output.type.layout)
+
+
 rule("raise-forward-substitution")(raise_forward_substitution)
 
 
