@@ -9,6 +9,7 @@ batch 1, a single head, broadcast operands of every shape)."""
 from __future__ import annotations
 
 import collections
+import importlib
 import re
 
 import ml_dtypes
@@ -140,25 +141,34 @@ def _post_norm_block():
     return PostNorm().eval(), (torch.randn(2, 6, 32), torch.randn(2, 6, 32))
 
 
-def test_a_norm_prologue_writes_the_tensor_units_operand_dtype_itself():
+@pytest.mark.parametrize("fold", [True, False])
+def test_a_norm_prologue_writes_the_tensor_units_operand_dtype_itself(fold, monkeypatch):
     # bf16: the layer norm's last line writes bf16 (the vector unit casts on write), with no cast
     # pass of its own after it; its weight and bias are one multiply-add, not a multiply then an
-    # add; the kernels equal the IR interpreter (test above)
+    # add; a norm whose weight and bias folded into the linear after it (simplify) is one multiply
+    # of the centred rows by their 1/std (GPT's ln_1 and ln_2; ln_f keeps its own, the lm_head's
+    # weight being tied to the embedding); the kernels equal the IR interpreter (test above)
+    if not fold:
+        simplify_stage = importlib.import_module("fexplore.pipeline.stages.simplify")
+        monkeypatch.setattr(simplify_stage, "RULES",
+                            [r for r in simplify_stage.RULES if r[0] != "fold-norm-affine-into-linear"])
     model, inputs = ZOO["gpt"]()
     g = fexplore.compile(model, inputs, verify=False, precision="bf16")["precision"].after
-    normed = 0
+    forms = {"folded": r"\w+ = fl\.mul\(\w+_centered, \w+_rstd,",
+             "affine": r"\w+ = fl\.fma\(\w+_centered \* \w+_rstd, \w+, \w+,"}
+    seen = collections.Counter()
     for node in (n for n in g.nodes if n.op.name == "region" and n.attrs["kind"] == "contraction"):
         for target in ("rngd", "tiny"):
             gk = codegen.generate(node, target)
             if "norm" not in gk.parts:
                 continue
             lines = [ln.strip() for ln in gk.source.splitlines()]
-            last = [ln for ln in lines if re.match(r"\w+ = fl\.fma\(\w+_centered \* \w+_rstd, \w+, \w+,", ln)]
-            assert len(last) == 1 and last[0].endswith("dtype=fl.bf16)"), gk.source
-            name = last[0].split(" = ")[0]
+            last = [(form, ln) for ln in lines for form, pat in forms.items() if re.match(pat, ln)]
+            assert len(last) == 1 and last[0][1].endswith("dtype=fl.bf16)"), gk.source
+            name = last[0][1].split(" = ")[0]
             assert f"{name}.astype(" not in gk.source, gk.source
-            normed += 1
-    assert normed >= 4
+            seen[last[0][0]] += 1
+    assert seen == ({"folded": 8, "affine": 2} if fold else {"affine": 10}), seen
 
 
 def test_generated_source_is_readable_and_points_at_the_model(zoo_regions):

@@ -1064,7 +1064,7 @@ class _Pieces:
             j = full.index(piece)
             if j not in made:
                 made[j] = self.names.new(n.outputs[0].name + "_t")
-                self.emit.affine(made[j], f"{xs[j]} * {r}", [p[j] for p in params], kw)
+                self.emit.affine(made[j], (xs[j], r), [p[j] for p in params], kw)
         return [made[full.index(piece)] for piece in cuts]
 
     def _norm_statistics(self, n, full: tuple, axes: tuple) -> tuple[list[str], str]:

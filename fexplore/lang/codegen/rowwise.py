@@ -436,7 +436,7 @@ class SplitRow:
             rstd, shift = names.new(name + "_rstd"), names.new(name + "_shift")
             w(f"{shift} = {mean} + {resid} / {C}")
             w(f"{rstd} = fl.rsqrt({sq} / {C} - ({resid} / {C}) * ({resid} / {C}) + {literal(n.attrs['eps'])})")
-            return lambda t: self._apply_norm(w, names, emit, n, t, f"({t[n.inputs[0].name]} - {shift}) * {rstd}", kw)
+            return lambda t: self._apply_norm(w, names, emit, n, t, (f"{t[n.inputs[0].name]} - {shift}", rstd), kw)
         if op == "rms_norm":
             eps = n.attrs["eps"]
             eps = literal(eps) if eps is not None else literal(1.1920928955078125e-07)  # f32's epsilon
@@ -444,7 +444,7 @@ class SplitRow:
             self._pass(w, names, emit, tiles, chunked, lambda x: w(f"fl.add({sq}, ({x} * {x}).sum(axis=-1), out={sq})"))
             rrms = names.new(name + "_rrms")
             w(f"{rrms} = fl.rsqrt({sq} / {C} + {eps})")
-            return lambda t: self._apply_norm(w, names, emit, n, t, f"{t[n.inputs[0].name]} * {rrms}", kw)
+            return lambda t: self._apply_norm(w, names, emit, n, t, (t[n.inputs[0].name], rrms), kw)
         # softmax, log_softmax: the row max, then the sum of exponentials below it
         top = names.new(name + "_max")
         w(f"{top} = fl.full({shape}, float(\"-inf\"))")
