@@ -130,8 +130,12 @@ def _tiles(S: int, N: int, K: int, G: int, item: int, out_item: int, cfg, dtype:
 
     def fits(tm, tp, tn, tk):
         steps = step_count(S, G, tm)
+        if steps * math.ceil(math.ceil(N / tp) / cfg.num_pes) * math.ceil(tp / tn) * math.ceil(K / tk) > MAX_STEPS:
+            return False                                  # too many to unroll: narrower panels, wider tiles
         table = steps * (tm * 5 + 12)                     # rows (i32), keep, group, tile, same
-        slabs = STAGES * tm * ceil_to(K, tk) * item       # the step's rows of x, every K slab
+        # the step's rows of x: every K slab, kept for the panel's other column tiles; a panel of
+        # one column tile uses each slab once, and its buffers are reused (double buffered)
+        slabs = STAGES * tm * (ceil_to(K, tk) if tn < tp else tk) * item
         mats = 2 * STAGES * tk * tn * item                # the group's matrix tiles
         written = tm * tp * 4                             # the row tile each column tile last wrote
         return table + slabs + mats + written + 3 * tm * tn * 4 <= budget
