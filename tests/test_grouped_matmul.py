@@ -4,6 +4,8 @@ when it is traced, a whole sorted-experts layer compiled and run, and what the k
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -58,6 +60,10 @@ KERNEL_CASES = {
     # at a time (all 512 at once do not fit its SRAM beside a block of steps)
     "512-groups-on-tiny": (48, 16, 8, 512, sorted(np.random.default_rng(1).integers(0, 49, 512).tolist()),
                            True, "tiny", None),
+    # an expert's down projection from a wide hidden layer (Solar-Open's 1,280) on tiny: a step's
+    # rows of x are 4 x 1,280 f32, every K slab of them more than half a PE's SRAM twice over; in a
+    # panel of one column tile each slab is used once and its buffer reused
+    "wide-experts-down-on-tiny": (12, 1280, 24, 4, [3, 3, 9, 12], False, "tiny", None),
 }
 
 
@@ -77,6 +83,21 @@ def test_generated_kernel_equals_the_interpreter(name):
     k = gk.kernel()
     got = np.asarray(k(*gk.arguments([x, w, ends]), target=cfg, **({"tm": tm} if tm else {})))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_wide_panels_past_the_unroll_limit_give_way_to_narrower_ones():
+    """128 experts of 2 x 1,280 columns (Solar-Open's gate and up projections) over 64 routed rows
+    on tiny: the widest panels that fit SRAM take tiles of 4 columns, 25,280 steps a PE, past what
+    the kernel unrolls; narrower panels with wider tiles are taken instead."""
+    from fexplore.lang.codegen.grouped import MAX_STEPS, step_count
+    from fexplore.pipeline.stages.tiles import tile_params
+
+    node, _ = _node(64, 64, 2560, 128, transposed=True)
+    cfg = get_target("tiny")
+    t = tile_params(generate(node, cfg).kernel())
+    panels_per_pe = math.ceil(math.ceil(2560 / t["tp"]) / cfg.num_pes)
+    per_pe = step_count(64, 128, t["tm"]) * panels_per_pe * math.ceil(t["tp"] / t["tn"]) * math.ceil(64 / t["tk"])
+    assert per_pe <= MAX_STEPS and t["tp"] < 2560 // cfg.num_pes, t
 
 
 def test_bf16_operands_accumulate_in_f32_and_write_bf16():
