@@ -397,7 +397,9 @@ def generated_section(emit):
              "writes is f32, and so are the logits, twice the bytes of bf16 each way; in a model loaded in bf16 "
              "a residual add still reads one more M x N matrix than a matmul. At sequence 512 these "
              "projections are bound by DMA (the DMA busy column), so their extra bytes are extra cycles; a "
-             "norm prologue's weight and bias are two more loads of 500 cycles' start-up each on each PE. A "
+             "norm's weight and bias fold into the projection's weight and bias (simplify), except where that "
+             "weight is tied (the lm_head): there they are two more loads of 500 cycles' start-up each on each "
+             "PE. A "
              "batched matmul (B x ...) is set against B hand-written matmuls run one after another.")
     at_best = {f: tally(rs) for f, rs in best_ratios.items() if rs}
     if at_best:
