@@ -24,6 +24,20 @@ def zoo_compiled():
 
 
 @pytest.fixture
+def without_simplify_rule(monkeypatch):
+    """``drop(name)``: the compiles after it run simplify without that rule (what the rule buys,
+    or a case its rewrite would change)."""
+    import importlib
+
+    stage = importlib.import_module("fexplore.pipeline.stages.simplify")   # not the stage function
+
+    def drop(name):
+        monkeypatch.setattr(stage, "RULES", [r for r in stage.RULES if r[0] != name])
+
+    return drop
+
+
+@pytest.fixture
 def softmax_generator_raises(monkeypatch):
     """The kernel generator raises on any node holding a softmax (a codegen bug): the lower stage
     then runs that node on the host."""

@@ -3,7 +3,6 @@ rule of Hugging Face's linear-attention layers under torch.export), is raised to
 matmuls; look-alikes that compute something else are left as written. Every case is checked
 against eager."""
 
-import importlib
 import math
 
 import pytest
@@ -14,7 +13,6 @@ import fexplore
 from fexplore.testing.mutants import DeltaRuleChunks
 
 RULE = "raise-forward-substitution"
-simplify_stage = importlib.import_module("fexplore.pipeline.stages.simplify")
 
 
 class RowUpdates(torch.nn.Module):
@@ -72,14 +70,14 @@ def test_look_alikes_are_left_as_written(variant):
 
 
 @pytest.mark.parametrize("target,precision", [("rngd", "fp32"), ("tiny", "bf16")])
-def test_the_chunked_delta_rule_runs_its_inverse_as_matmuls(target, precision, monkeypatch):
+def test_the_chunked_delta_rule_runs_its_inverse_as_matmuls(target, precision, without_simplify_rule):
     """The whole chunked gated delta rule, against eager and against the same compile with the
     rule taken out: fewer kernels and fewer simulated cycles."""
     g = torch.Generator().manual_seed(0)
     model, x = DeltaRuleChunks(g).eval(), torch.randn(1, 32, 32, generator=g)
     cm = _check(model, (x,), target=target, precision=precision)
     assert cm["simplify"].stats["rules_fired"].get(RULE) == 1
-    monkeypatch.setattr(simplify_stage, "RULES", [r for r in simplify_stage.RULES if r[0] != RULE])
+    without_simplify_rule(RULE)
     loop = _check(model, (x,), target=target, precision=precision)
     assert RULE not in loop["simplify"].stats["rules_fired"]
     assert len(loop.kernels) - len(cm.kernels) >= 5 * (model.chunk - 1)   # about ten ops a row, unrolled

@@ -4,8 +4,6 @@ when it is traced, a whole sorted-experts layer compiled and run, and what the k
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -89,15 +87,13 @@ def test_wide_panels_past_the_unroll_limit_give_way_to_narrower_ones():
     """128 experts of 2 x 1,280 columns (Solar-Open's gate and up projections) over 64 routed rows
     on tiny: the widest panels that fit SRAM take tiles of 4 columns, 25,280 steps a PE, past what
     the kernel unrolls; narrower panels with wider tiles are taken instead."""
-    from fexplore.lang.codegen.grouped import MAX_STEPS, step_count
+    from fexplore.lang.codegen.grouped import MAX_STEPS, steps_per_pe
     from fexplore.pipeline.stages.tiles import tile_params
 
     node, _ = _node(64, 64, 2560, 128, transposed=True)
     cfg = get_target("tiny")
     t = tile_params(generate(node, cfg).kernel())
-    panels_per_pe = math.ceil(math.ceil(2560 / t["tp"]) / cfg.num_pes)
-    per_pe = step_count(64, 128, t["tm"]) * panels_per_pe * math.ceil(t["tp"] / t["tn"]) * math.ceil(64 / t["tk"])
-    assert per_pe <= MAX_STEPS and t["tp"] < 2560 // cfg.num_pes, t
+    assert steps_per_pe(64, 2560, 64, 128, cfg, **t) <= MAX_STEPS and t["tp"] < 2560 // cfg.num_pes, t
 
 
 def test_bf16_operands_accumulate_in_f32_and_write_bf16():

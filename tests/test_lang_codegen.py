@@ -9,7 +9,6 @@ batch 1, a single head, broadcast operands of every shape)."""
 from __future__ import annotations
 
 import collections
-import importlib
 import re
 
 import ml_dtypes
@@ -142,16 +141,14 @@ def _post_norm_block():
 
 
 @pytest.mark.parametrize("fold", [True, False])
-def test_a_norm_prologue_writes_the_tensor_units_operand_dtype_itself(fold, monkeypatch):
+def test_a_norm_prologue_writes_the_tensor_units_operand_dtype_itself(fold, without_simplify_rule):
     # bf16: the layer norm's last line writes bf16 (the vector unit casts on write), with no cast
     # pass of its own after it; its weight and bias are one multiply-add, not a multiply then an
     # add; a norm whose weight and bias folded into the linear after it (simplify) is one multiply
     # of the centred rows by their 1/std (GPT's ln_1 and ln_2; ln_f keeps its own, the lm_head's
     # weight being tied to the embedding); the kernels equal the IR interpreter (test above)
     if not fold:
-        simplify_stage = importlib.import_module("fexplore.pipeline.stages.simplify")
-        monkeypatch.setattr(simplify_stage, "RULES",
-                            [r for r in simplify_stage.RULES if r[0] != "fold-norm-affine-into-linear"])
+        without_simplify_rule("fold-norm-affine-into-linear")
     model, inputs = ZOO["gpt"]()
     g = fexplore.compile(model, inputs, verify=False, precision="bf16")["precision"].after
     forms = {"folded": r"\w+ = fl\.mul\(\w+_centered, \w+_rstd,",

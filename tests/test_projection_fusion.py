@@ -237,14 +237,9 @@ class NormThenLinears(nn.Module):
         return out
 
 
-def _without_rule(monkeypatch, name):
-    simplify_stage = importlib.import_module("fexplore.pipeline.stages.simplify")
-    monkeypatch.setattr(simplify_stage, "RULES", [r for r in simplify_stage.RULES if r[0] != name])
-
-
 @pytest.mark.parametrize("norm, bias", [("layer", True), ("layer-no-bias", False), ("layer-no-bias", True),
                                         ("rms", False)])
-def test_a_norms_weight_and_bias_fold_into_the_linears_reading_its_rows(norm, bias, monkeypatch):
+def test_a_norms_weight_and_bias_fold_into_the_linears_reading_its_rows(norm, bias, without_simplify_rule):
     """linear(norm(x, g, b0), W, b) = linear(norm(x), W * g, b + W @ b0): every reader of the rows
     is such a linear, so the norm keeps no operand of its own and its kernel loads none."""
     torch.manual_seed(0)
@@ -276,7 +271,7 @@ def test_a_norms_weight_and_bias_fold_into_the_linears_reading_its_rows(norm, bi
     # the kernels read the norm's weight and bias no more: fewer loads, fewer cycles on the chip
     kernel_params = [p.name for k in cm.kernels if k.kernel is not None for p in k.kernel.params]
     assert not [p for p in kernel_params if p.startswith("norm_")], kernel_params
-    _without_rule(monkeypatch, "fold-norm-affine-into-linear")
+    without_simplify_rule("fold-norm-affine-into-linear")
     apart = fexplore.compile(m, (x,), verify=False)
     assert not [r for r in apart["simplify"].rewrites if r.rule == "fold-norm-affine-into-linear"]
     assert cm.simulate(x).cycles < apart.simulate(x).cycles

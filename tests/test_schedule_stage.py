@@ -10,7 +10,6 @@ host ops in the report, schedules per size for dynamic dims, and the saved artif
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 
 import numpy as np
@@ -449,7 +448,8 @@ def test_the_fallbacks_build_no_share_below_an_interleaving_that_overflows(monke
                                rtol=1e-4, atol=1e-5)
 
 
-def test_an_interleaving_whose_buffers_fragment_sram_is_ordered_again_before_it_is_serialized(monkeypatch):
+def test_an_interleaving_whose_buffers_fragment_sram_is_ordered_again_before_it_is_serialized(
+        without_simplify_rule):
     """On a 32 KiB chip, GPT's interleaved order keeps the kernels' buffers under 85% of a PE's SRAM,
     and the allocator still finds no piece for one: the kernels went in sequence. Ordered again
     under 60%, they fit, interleaved, and run faster than in sequence; the program verifies.
@@ -459,9 +459,7 @@ def test_an_interleaving_whose_buffers_fragment_sram_is_ordered_again_before_it_
     (measured), and the case the fallback exists for is what this test needs."""
     from fexplore.pipeline.stages.schedule import build_schedule
 
-    simplify_stage = importlib.import_module("fexplore.pipeline.stages.simplify")   # not the stage function
-    monkeypatch.setattr(simplify_stage, "RULES",
-                        [r for r in simplify_stage.RULES if r[0] != "fold-norm-affine-into-linear"])
+    without_simplify_rule("fold-norm-affine-into-linear")
     torch.manual_seed(0)
     model, inputs = ZOO["gpt"]()
     chip = fexplore.npu.get_target("tiny").replace(sram_bytes_per_pe=32 * 1024)

@@ -51,6 +51,13 @@ def step_count(S: int, G: int, tm: int) -> int:
     return math.ceil(S / tm) + min(G, S) - 1
 
 
+def steps_per_pe(S: int, N: int, K: int, G: int, cfg, tm: int, tp: int, tn: int, tk: int) -> int:
+    """Contraction steps a PE unrolls at these tiles: each grid step for each of its panels, column
+    tiles and K slabs (held under `MAX_STEPS`)."""
+    panels = math.ceil(math.ceil(N / tp) / cfg.num_pes)
+    return step_count(S, G, tm) * panels * math.ceil(tp / tn) * math.ceil(K / tk)
+
+
 def generate_grouped_matmul(node: Node, cfg) -> GeneratedKernel:
     """The kernel of a grouped_matmul op (codegen's `generate` has refused symbolic sizes and
     operands the tensor unit has no rate for)."""
@@ -70,7 +77,7 @@ def generate_grouped_matmul(node: Node, cfg) -> GeneratedKernel:
                                      f"table do not fit a PE's SRAM on {cfg.name}", loc=node.loc)
     tm, tp, tn, tk = tiles
     steps = step_count(S, G, tm)
-    per_pe = steps * math.ceil(math.ceil(N / tp) / cfg.num_pes) * math.ceil(tp / tn) * math.ceil(K / tk)
+    per_pe = steps_per_pe(S, N, K, G, cfg, tm, tp, tn, tk)
     if per_pe > MAX_STEPS:
         raise UnsupportedRegionError("grouped_matmul", label, f"{per_pe:,} contraction steps per PE (more than "
                                      f"{MAX_STEPS:,} to unroll)", loc=node.loc)
@@ -129,9 +136,9 @@ def _tiles(S: int, N: int, K: int, G: int, item: int, out_item: int, cfg, dtype:
     budget = cfg.sram_bytes_per_pe // 2
 
     def fits(tm, tp, tn, tk):
-        steps = step_count(S, G, tm)
-        if steps * math.ceil(math.ceil(N / tp) / cfg.num_pes) * math.ceil(tp / tn) * math.ceil(K / tk) > MAX_STEPS:
+        if steps_per_pe(S, N, K, G, cfg, tm, tp, tn, tk) > MAX_STEPS:
             return False                                  # too many to unroll: narrower panels, wider tiles
+        steps = step_count(S, G, tm)
         table = steps * (tm * 5 + 12)                     # rows (i32), keep, group, tile, same
         # the step's rows of x: every K slab, kept for the panel's other column tiles; a panel of
         # one column tile uses each slab once, and its buffers are reused (double buffered)

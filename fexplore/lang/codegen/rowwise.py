@@ -436,7 +436,7 @@ class SplitRow:
             rstd, shift = names.new(name + "_rstd"), names.new(name + "_shift")
             w(f"{shift} = {mean} + {resid} / {C}")
             w(f"{rstd} = fl.rsqrt({sq} / {C} - ({resid} / {C}) * ({resid} / {C}) + {literal(n.attrs['eps'])})")
-            return lambda t: self._apply_norm(w, names, emit, n, t, (f"{t[n.inputs[0].name]} - {shift}", rstd), kw)
+            return lambda t: self._apply_norm(w, names, emit, n, t, (f"({t[n.inputs[0].name]} - {shift})", rstd), kw)
         if op == "rms_norm":
             eps = n.attrs["eps"]
             eps = literal(eps) if eps is not None else literal(1.1920928955078125e-07)  # f32's epsilon

@@ -196,14 +196,14 @@ class VectorEmitter:
     def affine(self, name: str, normed: str | tuple[str, str], params: list[str], kw: str) -> None:
         """`name` = `normed` times a norm's weight plus its bias (`params`: none, the weight, or
         both), in the dtype `kw` asks for: with no params, the expression cast (a statistic too).
-        `normed` as two factors (the centred rows and their 1/std): with no params, their product
-        is written in the dtype itself (a norm whose weight folded into the linear after it), one
-        vector pass, not a multiply and then a cast."""
+        `normed` as two factors (the centred rows, in parentheses if a difference, and their 1/std):
+        with no params, their product is written in the dtype itself (a norm whose weight folded
+        into the linear after it), one vector pass, not a multiply and then a cast."""
         if isinstance(normed, tuple):
             if not params and kw:
                 self.w(f"{name} = fl.mul({normed[0]}, {normed[1]}{kw})")
                 return
-            normed = f"{_paren_sum(normed[0])} * {normed[1]}"
+            normed = f"{normed[0]} * {normed[1]}"
         if not params:
             self.w(f"{name} = {normed}" if not kw else f"{name} = fl.cast({normed}{kw.replace(', dtype=', ', ')})")
         elif len(params) == 1:
@@ -221,11 +221,6 @@ def norm_eps(node: Node) -> str:
 
 def _is_literal(a: str) -> bool:
     return a[:1].isdigit() or a[:1] == "-" or a.startswith("float(")
-
-
-def _paren_sum(a: str) -> str:
-    """A factor in parentheses when it is a difference (``x - shift``)."""
-    return f"({a})" if " - " in a or " + " in a else a
 
 
 def _paren(a: str) -> str:

@@ -434,8 +434,7 @@ def _norm_affine_into_linear(rw, n, ins, made):
     x, gamma = norm.inputs[0], norm.inputs[1]
     w = ins[1]
     bias = ins[2] if len(ins) == 3 else None
-    plain = rw.emit(norm.op.name, [rw.lookup(x)], dict(norm.attrs), name=rw.fresh_name(normed + "_unscaled"),
-                    loc=norm.loc)
+    plain = rw.emit(norm.op.name, [x], dict(norm.attrs), name=rw.fresh_name(normed + "_unscaled"), loc=norm.loc)
     new_w = rw.computed_constant(f"{w.name}.norm_scaled", lambda: rw.values(w) * rw.values(gamma), w.type)
     ops = [plain, new_w]
     if beta is not None:
