@@ -9,6 +9,7 @@ batch 1, a single head, broadcast operands of every shape)."""
 from __future__ import annotations
 
 import collections
+import copy
 import re
 
 import ml_dtypes
@@ -166,6 +167,37 @@ def test_a_norm_prologue_writes_the_tensor_units_operand_dtype_itself(fold, with
             assert f"{name}.astype(" not in gk.source, gk.source
             seen[last[0][0]] += 1
     assert seen == ({"folded": 8, "affine": 2} if fold else {"affine": 10}), seen
+
+
+@pytest.mark.parametrize("name, loaded_in_bf16", [("gpt", False), ("gpt", True), ("cnn", True)])
+def test_a_bias_and_the_cast_to_the_output_dtype_are_one_vector_pass(name, loaded_in_bf16):
+    # bf16: a linear's or a convolution's bias is added to the f32 accumulator and the sum rounded
+    # to bf16 by one vector op (the unit rounds on write), not an add and then a cast pass, whether
+    # the contraction writes bf16 itself (a model loaded in bf16) or the precision stage's cast
+    # after it does (the f32 model under the bf16 policy; the f32 CNN's convolutions feed a relu in
+    # f32, so it has none); a sum read by anything else stays f32. The kernels equal the IR
+    # interpreter: the same rounding as a cast after the add.
+    model, inputs = ZOO[name]()
+    if loaded_in_bf16:
+        model = copy.deepcopy(model).to(torch.bfloat16)
+        inputs = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs)
+    g = fexplore.compile(model, inputs, verify=False, precision="bf16")["precision"].after
+    values = {c.name: c.payload for c in g.constants}
+    arrays = [t.float().numpy().astype(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
+              for t in inputs]
+    values.update({v.name: a for v, a in zip(g.inputs, arrays)})
+    run(g, arrays, hook=lambda node, outs: values.update({v.name: a for v, a in zip(node.outputs, outs)}))
+    one_pass = 0
+    for node in (n for n in g.nodes if n.op.name == "region" and n.attrs["kind"] == "contraction"):
+        gk = codegen.generate(node, "rngd")
+        src = gk.source
+        written = re.findall(r"^\s*(\w+) = fl\.add\(acc\w*, \w+(?:\[[^\]]*\])?, dtype=fl\.bf16\)$", src, re.M)
+        for value in written + re.findall(r"^\s*(\w+) = acc\w* \+ ", src, re.M):   # neither cast again
+            assert f"{value}.astype(" not in src and f"fl.cast({value}," not in src, src
+        one_pass += len(written)
+        check = check_kernel(node, gk, [values[v.name] for v in node.inputs])
+        assert check.ok, f"{node.regions[0].name}\n{check}\n{src}"
+    assert one_pass >= 2
 
 
 def test_generated_source_is_readable_and_points_at_the_model(zoo_regions):

@@ -144,9 +144,10 @@ MUTANTS: list[Mutant] = [
                   "tiles[n.outputs[0].name] = tiles[n.inputs[0].name] if n is epilogue[-1] else "
                   "emit.node(n, [tiles[x.name] for x in n.inputs], -1)"),)),
     Mutant("bias-dropped", "lower: contraction codegen",
-           "a linear's bias is loaded but never added to the accumulator",
-           (Patch(f"{_CG}.contraction:generate_contraction",
-                  'w(f"{val} = {acc} + {bt}")', 'w(f"{val} = {acc}")'),)),
+           "a linear's or a convolution's bias is loaded but never added to the accumulator",
+           (Patch(f"{_CG}.vector:contraction_value",
+                  'f"{val} = {acc} + {bias}" if dt == DType.f32 else f"{val} = fl.add({acc}, {bias}, dtype=',
+                  'f"{val} = {acc}" if dt == DType.f32 else f"{val} = fl.add({acc}, 0.0, dtype='),)),
     Mutant("streamed-weights-stale", "lower: contraction codegen (rows streamed in steps)",
            "a panel that streams its rows keeps its weight tiles by K slab alone: each column tile "
            "after the first contracts with the first one's weights",

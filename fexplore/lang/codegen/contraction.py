@@ -370,25 +370,24 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
             column tile ``ns``: `bias_of(bias name)` is the bias tile's expression (None: load it)."""
             tiles = dict(inputs.literals) if tiles is None else tiles
             emit = vector.VectorEmitter(w, names, label, axis='"N"')
+            rounded = set()   # casts the contractions' values were written through
             for c, acc, bn in zip(cons, accs or ["acc"], b_names):
-                val = acc
+                bt = rounding = None
                 if bn is not None:
                     bt = bias_of(bn)
                     if bt is None:
                         bt = names.new(bn + "_t")
                         w(f"{bt} = fl.load({bn}[ns])")
-                    val = names.new(c.outputs[0].name)
-                    w(f"{val} = {acc} + {bt}")
-                if c.outputs[0].type.dtype.name != "f32":
-                    cast = names.new(c.outputs[0].name + "_c")
-                    w(f"{cast} = {val}.astype({fl_dtype(c.outputs[0].type.dtype)})")
-                    val = cast
-                tiles[c.outputs[0].name] = val
+                    rounding = vector.rounding_cast(c, body.nodes, out_vals)
+                tiles[c.outputs[0].name] = vector.contraction_value(w, names, acc, bt, c, rounding)
+                if rounding is not None:
+                    tiles[rounding.outputs[0].name] = tiles[c.outputs[0].name]
+                    rounded.add(id(rounding))
             for x, _ in epi_params:
                 t = names.new(epi_boxes[x.name].split("[")[0] + "_t")
                 w(f"{t} = fl.load({epi_boxes[x.name]})")
                 tiles[x.name] = t
-            for n in epilogue:
+            for n in (n for n in epilogue if id(n) not in rounded):
                 tiles[n.outputs[0].name] = emit.node(n, [tiles[x.name] for x in n.inputs], -1)
             idx = ", ".join(loop_vars + ["ns"])
             for o, oname in zip(out_vals, onames):

@@ -377,6 +377,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                 w_(f"for ps, qs in fl.range([(ps, qs) for ps in bands(pg, (), {'1' if one_row else 'P'}) "
                    f"for qs in bands(Q, (), {'1' if one_col else 'Q'})], stages=stages):")
                 band_loop.enter_context(w_.indent())
+            rounded = set()   # casts the convolutions' values were written through
             for (sp, xn, wn, bn), wt, bt in zip(conv_params, weights, biases):
                 c = sp.node
                 acc = names.new("acc")
@@ -392,15 +393,11 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                     w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
                     with w_.indent():
                         w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
-                val = acc
-                if bt is not None:
-                    val = names.new(c.outputs[0].name)
-                    w_(f"{val} = {acc} + {bt}")
-                if c.outputs[0].type.dtype.name != "f32":
-                    cast = names.new(val + "_c")
-                    w_(f"{cast} = {val}.astype({fl_dtype(c.outputs[0].type.dtype)})")
-                    val = cast
-                tiles[c.outputs[0].name] = val
+                rounding = vector.rounding_cast(c, body.nodes, body.outputs) if bt is not None else None
+                tiles[c.outputs[0].name] = vector.contraction_value(w_, names, acc, bt, c, rounding)
+                if rounding is not None:
+                    tiles[rounding.outputs[0].name] = tiles[c.outputs[0].name]
+                    rounded.add(id(rounding))
             for name, box in epi_boxes.items():
                 t = names.new(box.split("[")[0] + "_t")
                 w_(f"{t} = fl.load({box})")
@@ -408,7 +405,7 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
             for out, v in relaid.items():   # (a convolution's own operand's relayout is read by no epilogue)
                 tiles[out] = tiles.get(v.name)
             emit = vector.VectorEmitter(w_, names, label)
-            for n in epilogue:
+            for n in (n for n in epilogue if id(n) not in rounded):
                 tiles[n.outputs[0].name] = emit.node(n, [tiles[v.name] for v in n.inputs], -1)
             for o, on in zip(body.outputs, onames):
                 w_(f"fl.store({on}[b, os_, ps, qs], {tiles[o.name]})")
