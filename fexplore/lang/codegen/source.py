@@ -16,9 +16,11 @@ from fexplore.ir import Constant, DType
 _RESERVED = {"fl", "target", "pipelining", "functional", "range", "sum", "max", "min", "abs", "round"}
 
 
-# what the layout stage adds to a parameter's name, and simplify to a linear's weight and bias it
-# folds a norm's affine part into (the kernel reads them as the weight and bias they stand for)
-_SUFFIXES = {"tiled", "relayout", "norm_scaled", "norm_shifted"}
+# what the layout stage adds to a parameter's name, simplify to a linear's weight and bias it
+# folds a norm's affine part into, and the precision stage (and simplify) to a constant's copy in
+# another dtype (the kernel reads them as the weight and bias they stand for: ``c_attn_weight``
+# for ``h.0.attn.c_attn.weight.tiled.bf16``, not ``bf16``)
+_SUFFIXES = {"tiled", "relayout", "norm_scaled", "norm_shifted"} | {d.value for d in DType}
 _GENERIC = {"weight", "bias"}
 
 
