@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import importlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -314,3 +315,99 @@ def test_the_folded_norm_verifies_in_bf16_and_on_the_meta_device(target):
     meta = fexplore.compile(copy.deepcopy(mb).to("meta"), (xb.to("meta"),), target=target)
     assert [r.rule for r in meta["simplify"].rewrites] == [r.rule for r in cm["simplify"].rewrites]
     assert [k.name for k in meta.schedule.kernels] == [k.name for k in cm.schedule.kernels]
+
+
+class CastBackNormThenLinears(nn.Module):
+    """Hugging Face's Llama RMSNorm (its own class: rows normalized in f32, cast back to the input's
+    dtype, then times the weight) read by two bias-less linears, as a Llama block's attention and
+    MLP inputs are; `reader` "residual" also adds the normed rows to the input, "unweighted" returns
+    the rows cast back before the weight's multiply too."""
+
+    def __init__(self, reader=None):
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        super().__init__()
+        self.norm = LlamaRMSNorm(32, eps=1e-6)
+        with torch.no_grad():
+            self.norm.weight.copy_(torch.rand(32) + 0.5)
+        self.up, self.head = nn.Linear(32, 48, bias=False), nn.Linear(32, 16, bias=False)
+        self.reader = reader
+
+    def forward(self, x):
+        if self.reader == "unweighted":   # the norm's own lines, its rows cast back returned too
+            h = x.to(torch.float32)
+            rows = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.norm.variance_epsilon)).to(x.dtype)
+            y = self.norm.weight * rows
+        else:
+            y = self.norm(x)
+        out = (nn.functional.silu(self.up(y)), self.head(y))
+        if self.reader == "residual":
+            return out + (x + y,)
+        return out + (rows,) if self.reader == "unweighted" else out
+
+
+def _bf16(t):
+    return t.detach().float().numpy().astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+@pytest.mark.parametrize("target", ["rngd", "tiny"])
+def test_a_cast_back_norms_weight_folds_through_the_cast_into_the_linears(target, without_simplify_rule):
+    """A model in bf16: w * cast(rms_norm(x)) = cast(rms_norm(x, w)), and then linear(cast(rms_norm(x,
+    w)), W) = linear(cast(rms_norm(x)), W * w): neither the norm's weight multiply (an elementwise
+    pass) nor the weight's loads are left. One rounding fewer than eager; within bf16's tolerance."""
+    torch.manual_seed(0)
+    m = CastBackNormThenLinears().eval().to(torch.bfloat16)
+    x = torch.randn(2, 7, 32).to(torch.bfloat16)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    cm = fexplore.compile(m, (x,), target=target)
+    fired = [r.rule for r in cm["simplify"].rewrites]
+    assert fired.count("fold-weight-into-rms-norm-through-cast") == 1
+    assert fired.count("fold-norm-affine-into-linear") == 2
+    g = cm["simplify"].after
+    (norm,) = [n for n in g.nodes if n.op.name == "rms_norm"]
+    assert len(norm.inputs) == 1 and "mul" not in [n.op.name for n in g.nodes]
+    consts = {c.name: c.payload.astype(np.float64) for c in g.constants if c.payload is not None}
+    gamma = _bf16(m.norm.weight)
+    for lin in (m.up, m.head):
+        (node,) = [n for n in g.nodes if n.op.name == "linear" and n.outputs[0].type.shape[-1] == lin.out_features]
+        assert node.inputs[0].type.dtype.name == "bf16"   # the rows the cast rounded, as eager's
+        np.testing.assert_array_equal(consts[node.inputs[1].name], _bf16(torch.tensor(_bf16(lin.weight) * gamma)))
+    assert cm.verification["ok"].all() and not cm.lowering.host_ops
+    with torch.no_grad():
+        want = m(x)
+    for got, w in zip(cm(x), want):
+        assert float((got.float() - w.float()).abs().max()) <= 0.02 * float(w.float().abs().max())
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())   # the user's model: untouched
+    kernel_params = [p.name for k in cm.kernels if k.kernel is not None for p in k.kernel.params]
+    assert not [p for p in kernel_params if p.startswith("norm_")], kernel_params
+    meta = fexplore.compile(copy.deepcopy(m).to("meta"), (x.to("meta"),), target=target)
+    assert [r.rule for r in meta["simplify"].rewrites] == fired
+    without_simplify_rule("fold-weight-into-rms-norm-through-cast")
+    apart = fexplore.compile(m, (x,), target=target, verify=False)
+    assert not [r for r in apart["simplify"].rewrites if r.rule.startswith("fold-")]
+    assert cm.simulate(x).cycles < apart.simulate(x).cycles
+
+
+@pytest.mark.parametrize("reader", ["residual", "unweighted"])
+def test_cast_back_rows_read_by_more_than_the_linears_keep_what_they_need(reader):
+    """Rows read by a residual add too: the weight still moves into the norm (the add reads the
+    product, which the norm now makes), but not on into the linears (the norm would run twice).
+    Rows cast back that something besides the weight's multiply reads: the multiply stays (the
+    unweighted rows are needed anyway), so the linears read a product, not a norm."""
+    torch.manual_seed(0)
+    m = CastBackNormThenLinears(reader).eval().to(torch.bfloat16)
+    x = torch.randn(2, 7, 32).to(torch.bfloat16)
+    cm = fexplore.compile(m, (x,))
+    fired = [r.rule for r in cm["simplify"].rewrites]
+    assert "fold-norm-affine-into-linear" not in fired
+    (norm,) = [n for n in cm["simplify"].after.nodes if n.op.name == "rms_norm"]
+    if reader == "residual":
+        assert fired.count("fold-weight-into-rms-norm-through-cast") == 1 and len(norm.inputs) == 2
+    else:
+        assert "fold-weight-into-rms-norm-through-cast" not in fired and len(norm.inputs) == 1
+        assert "mul" in [n.op.name for n in cm["simplify"].after.nodes]
+    assert cm.verification["ok"].all()
+    with torch.no_grad():
+        want = m(x)
+    for got, w in zip(cm(x), want):
+        assert float((got.float() - w.float()).abs().max()) <= 0.02 * float(w.float().abs().max())

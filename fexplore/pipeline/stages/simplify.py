@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from fexplore.ir import Category, Constant, Graph, Node, Value
+from fexplore.ir import Category, Constant, DType, Graph, Node, TensorType, Value
 
 from ..stage import Rewrite, StageResult
 from .forward_substitution import raise_forward_substitution
@@ -404,6 +404,51 @@ def _rms_norm_weight(rw, n, ins, made):
     return None
 
 
+@rule("fold-weight-into-rms-norm-through-cast")
+def _rms_norm_weight_through_cast(rw, n, ins, made):
+    """cast(rms_norm(x)) * w = cast(rms_norm(x, w)), w a constant over the normalized axes: a model
+    in bf16 (Hugging Face's Llama-family norms: ``weight * x.to(input_dtype)``) normalizes in f32,
+    casts back and then multiplies by its weight, so `fold-weight-into-rms-norm` does not see the
+    norm and the multiply stays an elementwise pass of its own. Moved inside the cast, the product
+    is rounded once where eager rounds the normed rows and then the product (within the dtype's
+    tolerance, checked after the stage). Only where the cast reads the norm alone and the multiply
+    alone reads the cast (a norm kept for another reader would run twice), and not into fp8, whose
+    cast saturates first."""
+    if n.op.name != "mul":
+        return None
+    for y, w in ((ins[0], ins[1]), (ins[1], ins[0])):
+        cast = made.get(y.name)
+        if cast is None or cast.op.name != "cast" or not isinstance(w, Constant) or \
+                not _read_only_by(rw, y.name, n.output.name) or not _rounds_on_write(y.type.dtype):
+            continue
+        norm = made.get(cast.inputs[0].name)
+        if norm is None or norm.op.name != "rms_norm" or len(norm.inputs) != 1 or \
+                not _read_only_by(rw, norm.output.name, y.name):
+            continue
+        wide = norm.output.type.dtype
+        ndim = norm.attrs["ndim"]
+        if tuple(w.type.shape) != tuple(y.type.shape[y.type.rank - ndim:]) or w.type.dtype != y.type.dtype:
+            continue
+        w_wide = rw.computed_constant(f"{w.name}.{wide.value}", lambda: rw.values(w), TensorType(w.type.shape, wide))
+        weighted = rw.emit("rms_norm", [norm.inputs[0], w_wide], dict(norm.attrs),
+                           name=rw.fresh_name(norm.output.name + "_weighted"), loc=n.loc)
+        return rw.emit("cast", [weighted], dict(cast.attrs), name=n.output.name, loc=n.loc,
+                       layout=n.output.type.layout)
+    return None
+
+
+def _read_only_by(rw, name: str, reader: str) -> bool:
+    """Whether value `name` is not a graph output and every node of the input graph that reads it
+    makes `reader` (a value made this round has no readers there: the rule that made it knows)."""
+    return not any(v.name == name for v in rw.graph.outputs) and \
+        all(u.outputs[0].name == reader for u in rw.users(name))
+
+
+def _rounds_on_write(dt) -> bool:
+    """A float dtype a cast rounds into (fp8's cast saturates to e4m3's range first)."""
+    return dt.is_float and dt != DType.fp8
+
+
 @rule("fold-norm-affine-into-linear")
 def _norm_affine_into_linear(rw, n, ins, made):
     """linear(norm(x, g, b0), W, b) = linear(norm(x), W * g, b + W @ b0): a layer or RMS norm's
@@ -414,15 +459,25 @@ def _norm_affine_into_linear(rw, n, ins, made):
     the normed rows is such a linear, each linear's weight is read by it alone, and a norm's bias
     has a linear bias to go into: a weight tied elsewhere (an lm_head tied to the embedding) would
     be copied, a norm kept for another reader would run twice, and a bias made for a linear
-    without one is a load in place of the one saved. On structure alone on the meta device, as
-    every fold."""
+    without one is a load in place of the one saved. The same through a cast between the norm and
+    the linears (a model in bf16 normalizes in f32 and casts the rows back: Llama's norms, once
+    `fold-weight-into-rms-norm-through-cast` has moved the weight inside): the linears then read
+    the unscaled rows cast, and g is rounded into W * g instead of into the rows. On structure
+    alone on the meta device, as every fold."""
     if n.op.name != "linear":
         return None
     norm = made.get(ins[0].name)
+    cast = None
+    if norm is not None and norm.op.name == "cast" and _rounds_on_write(norm.output.type.dtype):
+        # the rows normalized in f32 and cast to the linear's dtype (a model in bf16): the
+        # weight's scaling is rounded into W * g instead of into the normed rows
+        cast, norm = norm, made.get(norm.inputs[0].name)
     if norm is None or norm.op.name not in ("layer_norm", "rms_norm") or len(norm.inputs) < 2 or \
             norm.attrs["ndim"] != 1 or not all(isinstance(rw.lookup(v), Constant) for v in norm.inputs[1:]):
         return None
-    normed = norm.output.name
+    if cast is not None and not _read_only_by(rw, norm.output.name, cast.output.name):
+        return None
+    normed = (cast or norm).output.name   # what the linears read
     if any(v.name == normed for v in rw.graph.outputs):
         return None
     beta = norm.inputs[2] if len(norm.inputs) == 3 else None
@@ -434,7 +489,10 @@ def _norm_affine_into_linear(rw, n, ins, made):
     x, gamma = norm.inputs[0], norm.inputs[1]
     w = ins[1]
     bias = ins[2] if len(ins) == 3 else None
-    plain = rw.emit(norm.op.name, [x], dict(norm.attrs), name=rw.fresh_name(normed + "_unscaled"), loc=norm.loc)
+    plain = rw.emit(norm.op.name, [x], dict(norm.attrs), name=rw.fresh_name(norm.output.name + "_unscaled"),
+                    loc=norm.loc)
+    if cast is not None:
+        plain = rw.emit("cast", [plain], dict(cast.attrs), name=rw.fresh_name(normed + "_unscaled"), loc=cast.loc)
     new_w = rw.computed_constant(f"{w.name}.norm_scaled", lambda: rw.values(w) * rw.values(gamma), w.type)
     ops = [plain, new_w]
     if beta is not None:
