@@ -395,8 +395,11 @@ def test_interleaved_and_serial_schedules_compute_the_same_and_interleaving_is_f
 @pytest.mark.parametrize("fits, built, kept", [
     # (what fits SRAM, the builds in order, the one kept): a build is (interleave, resident share)
     ({0.5}, [0.5], 0.5),
-    ({0.25, 0.125, 0.0}, [0.5, 0.0, 0.25], 0.25),
-    ({0.125, 0.0}, [0.5, 0.0, 0.25, 0.125], 0.125),
+    # a smaller share that fits: one more build halfway back up to the share that overflowed
+    ({0.25, 0.125, 0.0}, [0.5, 0.0, 0.25, 0.375], 0.25),
+    ({0.375, 0.25, 0.0}, [0.5, 0.0, 0.25, 0.375], 0.375),
+    ({0.125, 0.0}, [0.5, 0.0, 0.25, 0.125, 0.1875], 0.125),
+    ({0.1875, 0.125, 0.0}, [0.5, 0.0, 0.25, 0.125, 0.1875], 0.1875),
     ({0.0}, [0.5, 0.0, 0.25, 0.125], 0.0),
     # interleaving with nothing resident overflows: the smaller shares are not built; the order is
     # made again under tighter headrooms for the kernels' buffers, then the kernels are serialized
@@ -405,9 +408,10 @@ def test_interleaved_and_serial_schedules_compute_the_same_and_interleaving_is_f
     ({(0.0, 0.4)}, [0.5, 0.0, (0.0, 0.6), (0.0, 0.4), "serial"], "faster"),
 ])
 def test_the_fallbacks_build_no_share_below_an_interleaving_that_overflows(monkeypatch, fits, built, kept):
-    """The schedule's fallbacks keep the largest resident share that fits, as they did, but once
-    interleaving with none resident overflows they go to the serial schedule without building the
-    shares between (each build of a big program on tiny takes half a minute)."""
+    """The schedule's fallbacks keep the largest resident share that fits of those they build
+    (halving, then once halfway back up), but once interleaving with none resident overflows they
+    go to the serial schedule without building the shares between (each build of a big program on
+    tiny takes half a minute)."""
     import importlib
 
     from fexplore.npu.errors import SRAMOverflowError
@@ -416,7 +420,7 @@ def test_the_fallbacks_build_no_share_below_an_interleaving_that_overflows(monke
     torch.manual_seed(0)
     ex = fexplore.explore(*ZOO["mlp"](), target="tiny", verify=False)
     low, graph = ex["lower"].lowering, ex["lower"].after
-    real, calls = stage.build_schedule, []
+    real, calls, made = stage.build_schedule, [], []
     default_headroom = stage.SRAM_HEADROOMS[0]
 
     def build(graph, lowering, target, interleave=True, resident=0.5, stage=frozenset(), headroom=None):
@@ -426,6 +430,7 @@ def test_the_fallbacks_build_no_share_below_an_interleaving_that_overflows(monke
             calls.append(what)
         if interleave is True and what not in fits:
             raise SRAMOverflowError(f"the SRAM of a PE does not fit its buffers at {what}")
+        made.append(what)
         return real(graph, lowering, target, interleave=interleave, resident=resident, stage=stage,
                     headroom=headroom)
 
@@ -441,6 +446,8 @@ def test_the_fallbacks_build_no_share_below_an_interleaving_that_overflows(monke
         assert any(f"{slow:,}" in why for _, why in spills), spills
     else:
         assert serial == (kept == "serial")
+    if not isinstance(kept, str):   # the share of the schedule returned (or of its staged build)
+        assert made[-1] == kept
     if kept in ("serial", "faster"):
         assert any("25%, 12% of a PE's SRAM not tried" in why for _, why in spills), spills
     out = sched.simulate([x.numpy() for x in ex.example_inputs])
