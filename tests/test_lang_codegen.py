@@ -26,6 +26,7 @@ from fexplore.lang.codegen import UnsupportedRegionError, check_kernel
 from fexplore.lang.codegen import vector as vector_mod
 from fexplore.lang.examples._tiling import amortizing_bytes, panel_tiles, streamed_rows
 from fexplore.npu import get_target
+from fexplore.pipeline.numeric import to_numpy
 from fexplore.npu.commands import Load, Vector
 from fexplore.models import ZOO
 
@@ -41,17 +42,18 @@ def zoo_regions():
     for name, factory in ZOO.items():
         model, inputs = factory()
         cm = fexplore.compile(model, inputs, verify=False)
-        g = cm["fusion"].after
-        values = {c.name: c.payload for c in g.constants}
-        arrays = [t.detach().numpy() for t in inputs]
-        values.update({v.name: a for v, a in zip(g.inputs, arrays)})
-
-        def keep(node, outs):
-            values.update({v.name: a for v, a in zip(node.outputs, outs)})
-
-        run(g, arrays, hook=keep)
-        out[name] = [(n, [values[v.name] for v in n.inputs]) for n in g.nodes if n.op.name == "region"]
+        out[name] = _regions_with_inputs(cm["fusion"].after, inputs)
     return out
+
+
+def _regions_with_inputs(g, inputs) -> list:
+    """[(region node, its input arrays)] of graph `g` run by the IR interpreter on the torch
+    `inputs`."""
+    values = {c.name: c.payload for c in g.constants}
+    arrays = [to_numpy(t) for t in inputs]
+    values.update({v.name: a for v, a in zip(g.inputs, arrays)})
+    run(g, arrays, hook=lambda node, outs: values.update({v.name: a for v, a in zip(node.outputs, outs)}))
+    return [(n, [values[v.name] for v in n.inputs]) for n in g.nodes if n.op.name == "region"]
 
 
 # What the generator does not write yet, by the op it names (the lower stage will run these on
@@ -113,13 +115,9 @@ def test_regions_after_the_precision_stage_equal_the_ir_interpreter(precision, t
     for name in ("cnn", "gpt", "llama_decode", "post_norm"):
         model, inputs = ZOO[name]() if name in ZOO else _post_norm_block()
         g = fexplore.compile(model, inputs, verify=False, precision=precision)["precision"].after
-        values = {c.name: c.payload for c in g.constants}
-        arrays = [t.detach().numpy() for t in inputs]
-        values.update({v.name: a for v, a in zip(g.inputs, arrays)})
-        run(g, arrays, hook=lambda node, outs: values.update({v.name: a for v, a in zip(node.outputs, outs)}))
-        for node in (n for n in g.nodes if n.op.name == "region"):
+        for node, arrays in _regions_with_inputs(g, inputs):
             gk = codegen.generate(node, target)
-            check = check_kernel(node, gk, [values[v.name] for v in node.inputs])
+            check = check_kernel(node, gk, arrays)
             assert check.ok, f"{name} {precision}: {node.regions[0].name}\n{check}\n{gk.source}"
             checked[node.attrs["kind"]] += 1
     assert set(checked) == {"contraction", "attention", "norm", "elementwise"}
@@ -182,20 +180,17 @@ def test_a_bias_and_the_cast_to_the_output_dtype_are_one_vector_pass(name, loade
         model = copy.deepcopy(model).to(torch.bfloat16)
         inputs = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs)
     g = fexplore.compile(model, inputs, verify=False, precision="bf16")["precision"].after
-    values = {c.name: c.payload for c in g.constants}
-    arrays = [t.float().numpy().astype(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
-              for t in inputs]
-    values.update({v.name: a for v, a in zip(g.inputs, arrays)})
-    run(g, arrays, hook=lambda node, outs: values.update({v.name: a for v, a in zip(node.outputs, outs)}))
     one_pass = 0
-    for node in (n for n in g.nodes if n.op.name == "region" and n.attrs["kind"] == "contraction"):
+    for node, arrays in _regions_with_inputs(g, inputs):
+        if node.attrs["kind"] != "contraction":
+            continue
         gk = codegen.generate(node, "rngd")
         src = gk.source
         written = re.findall(r"^\s*(\w+) = fl\.add\(acc\w*, \w+(?:\[[^\]]*\])?, dtype=fl\.bf16\)$", src, re.M)
         for value in written + re.findall(r"^\s*(\w+) = acc\w* \+ ", src, re.M):   # neither cast again
             assert f"{value}.astype(" not in src and f"fl.cast({value}," not in src, src
         one_pass += len(written)
-        check = check_kernel(node, gk, [values[v.name] for v in node.inputs])
+        check = check_kernel(node, gk, arrays)
         assert check.ok, f"{node.regions[0].name}\n{check}\n{src}"
     assert one_pass >= 2
 

@@ -372,17 +372,15 @@ def generate_contraction(node: Node, cfg, head_layout: tuple | None = None) -> G
             emit = vector.VectorEmitter(w, names, label, axis='"N"')
             rounded = set()   # casts the contractions' values were written through
             for c, acc, bn in zip(cons, accs or ["acc"], b_names):
-                bt = rounding = None
+                bt = None
                 if bn is not None:
                     bt = bias_of(bn)
                     if bt is None:
                         bt = names.new(bn + "_t")
                         w(f"{bt} = fl.load({bn}[ns])")
-                    rounding = vector.rounding_cast(c, body.nodes, out_vals)
-                tiles[c.outputs[0].name] = vector.contraction_value(w, names, acc, bt, c, rounding)
-                if rounding is not None:
-                    tiles[rounding.outputs[0].name] = tiles[c.outputs[0].name]
-                    rounded.add(id(rounding))
+                cast = vector.contraction_value(w, names, acc, bt, c, body, out_vals, tiles)
+                if cast is not None:
+                    rounded.add(id(cast))
             for x, _ in epi_params:
                 t = names.new(epi_boxes[x.name].split("[")[0] + "_t")
                 w(f"{t} = fl.load({epi_boxes[x.name]})")

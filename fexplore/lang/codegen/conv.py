@@ -393,11 +393,9 @@ def generate_conv(node: Node, cfg) -> GeneratedKernel:
                     w_(f"if {acc} is None:   # every offset reads padding: the band is zeros")
                     with w_.indent():
                         w_(f"{acc} = fl.zeros((os_, ps, qs){'' if depthwise else ', space=fl.ACC'})")
-                rounding = vector.rounding_cast(c, body.nodes, body.outputs) if bt is not None else None
-                tiles[c.outputs[0].name] = vector.contraction_value(w_, names, acc, bt, c, rounding)
-                if rounding is not None:
-                    tiles[rounding.outputs[0].name] = tiles[c.outputs[0].name]
-                    rounded.add(id(rounding))
+                cast = vector.contraction_value(w_, names, acc, bt, c, body, body.outputs, tiles)
+                if cast is not None:
+                    rounded.add(id(cast))
             for name, box in epi_boxes.items():
                 t = names.new(box.split("[")[0] + "_t")
                 w_(f"{t} = fl.load({box})")

@@ -212,26 +212,31 @@ class VectorEmitter:
             self.w(f"{name} = fl.fma({normed}, {params[0]}, {params[1]}{kw})")
 
 
-def contraction_value(w: Writer, names: Names, acc: str, bias: str | None, out: Node,
-                      rounding: Node | None = None) -> str:
-    """Write the value of contraction node `out` from its f32 (or i32) accumulator `acc` and its
-    bias tile `bias` (or None), in the node's dtype, or in the dtype of `rounding`, the cast that
-    is its one reader (`rounding_cast`); return its name. A bias and a cast to a narrower dtype are
-    one vector pass (the unit adds in f32 and rounds on write, as a cast after the add would), not
-    an add and then a cast."""
+def contraction_value(w: Writer, names: Names, acc: str, bias: str | None, out: Node, body, results,
+                      tiles: dict) -> Node | None:
+    """Write the value of contraction node `out` (of region `body`, whose results are `results`)
+    from its f32 (or i32) accumulator `acc` and its bias tile `bias` (or None), into `tiles` by
+    value name. A bias and a cast to a narrower dtype are one vector pass (the unit adds in f32 and
+    rounds on write, as a cast after the add would), not an add and then a cast: the node's own
+    dtype, or that of the cast that is its one reader, whose value it then is too. Returns that
+    cast (the epilogue does not write it again), or None."""
+    rounding = _rounding_cast(out, body.nodes, results) if bias is not None else None
     dt = (rounding or out).outputs[0].type.dtype
     if bias is None:
-        if dt == DType.f32:
-            return acc
-        val = names.new(out.outputs[0].name + "_c")
-        w(f"{val} = {acc}.astype({fl_dtype(dt)})")
-        return val
-    val = names.new(out.outputs[0].name)
-    w(f"{val} = {acc} + {bias}" if dt == DType.f32 else f"{val} = fl.add({acc}, {bias}, dtype={fl_dtype(dt)})")
-    return val
+        val = acc
+        if dt != DType.f32:
+            val = names.new(out.outputs[0].name + "_c")
+            w(f"{val} = {acc}.astype({fl_dtype(dt)})")
+    else:
+        val = names.new(out.outputs[0].name)
+        w(f"{val} = {acc} + {bias}" if dt == DType.f32 else f"{val} = fl.add({acc}, {bias}, dtype={fl_dtype(dt)})")
+    for node in (out, rounding):
+        if node is not None:
+            tiles[node.outputs[0].name] = val
+    return rounding
 
 
-def rounding_cast(node: Node, nodes, outputs) -> Node | None:
+def _rounding_cast(node: Node, nodes, outputs) -> Node | None:
     """The cast that reads f32 contraction `node`'s result and nothing else does (among `nodes`,
     the region body's, with `outputs` its results), when the vector unit can round into its dtype
     on write; else None. fp8 is not such a dtype: its cast saturates to e4m3's range first."""
@@ -239,7 +244,7 @@ def rounding_cast(node: Node, nodes, outputs) -> Node | None:
     if val.type.dtype != DType.f32 or any(o is val for o in outputs):
         return None
     readers = [n for n in nodes if any(x is val for x in n.inputs)]
-    if len(readers) != 1 or readers[0].op.name != "cast" or readers[0].inputs[0] is not val:
+    if len(readers) != 1 or readers[0].op.name != "cast":
         return None
     dt = readers[0].outputs[0].type.dtype
     return readers[0] if dt.is_float and dt != DType.fp8 else None
